@@ -1,0 +1,101 @@
+#include "engine/rng.h"
+
+#include <memory>
+#include <vector>
+
+#include "cuda/allocator_backend.h"
+#include "engine/error.h"
+#include "engine/immortal.h"
+#include "engine/parallel_for.h"
+#include "engine/philox.h"
+
+namespace remat {
+
+RngState Generator::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+void Generator::set_state(RngState s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = s;
+}
+
+void Generator::manual_seed(std::uint64_t seed) { set_state(RngState{seed, 0}); }
+
+RngState Generator::reserve(std::uint64_t elements) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RngState start = state_;
+  state_.offset += philox_blocks(elements);
+  return start;
+}
+
+namespace {
+struct Generators {
+  std::mutex mu;
+  Generator cpu{0};
+  std::vector<std::unique_ptr<Generator>> cuda;
+};
+Generators& generators() {
+  static detail::Immortal<Generators> g;
+  return g.get();
+}
+}  // namespace
+
+Generator& default_generator(Device device) {
+  Generators& g = generators();
+  if (device.is_cpu()) return g.cpu;
+  std::lock_guard<std::mutex> lock(g.mu);
+  REMAT_CHECK(device.index >= 0 && device.index < cuda::device_count(), DeviceError,
+              "default_generator: device ", device, " is not available");
+  if (g.cuda.size() <= std::size_t(device.index)) g.cuda.resize(std::size_t(device.index) + 1);
+  auto& slot = g.cuda[std::size_t(device.index)];
+  if (!slot) slot = std::make_unique<Generator>(0);
+  return *slot;
+}
+
+void manual_seed(std::uint64_t seed) {
+  Generators& g = generators();
+  g.cpu.manual_seed(seed);
+  std::lock_guard<std::mutex> lock(g.mu);
+  const int n = cuda::device_count();
+  if (g.cuda.size() < std::size_t(n)) g.cuda.resize(std::size_t(n));
+  for (auto& slot : g.cuda) {
+    if (!slot) slot = std::make_unique<Generator>(0);
+    slot->manual_seed(seed);
+  }
+}
+
+namespace {
+// Calls fn(first_element, words) for every block of a draw, in parallel.
+template <typename Fn>
+void for_each_block(std::int64_t n, RngState state, Fn&& fn) {
+  const std::int64_t blocks = (n + 3) / 4;
+  parallel_for(0, blocks, 4096, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) fn(b * 4, state.seed, state.offset + std::uint64_t(b));
+  });
+}
+}  // namespace
+
+void philox_fill_uniform(float* out, std::int64_t n, RngState state) {
+  for_each_block(n, state, [&](std::int64_t first, std::uint64_t seed, std::uint64_t index) {
+    const auto w = philox::block(seed, index);
+    for (int j = 0; j < 4 && first + j < n; ++j) out[first + j] = philox::to_uniform(w.v[j]);
+  });
+}
+
+void philox_fill_normal(float* out, std::int64_t n, RngState state) {
+  for_each_block(n, state, [&](std::int64_t first, std::uint64_t seed, std::uint64_t index) {
+    const auto z = philox::normals(philox::block(seed, index));
+    for (int j = 0; j < 4 && first + j < n; ++j) out[first + j] = z[j];
+  });
+}
+
+void philox_fill_words(std::uint32_t* out, std::int64_t n, RngState state) {
+  for_each_block(n, state, [&](std::int64_t first, std::uint64_t seed, std::uint64_t index) {
+    const auto w = philox::block(seed, index);
+    for (int j = 0; j < 4 && first + j < n; ++j) out[first + j] = w.v[j];
+  });
+}
+
+}  // namespace remat

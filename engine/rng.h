@@ -1,0 +1,55 @@
+// The engine's random number generators: counter-based Philox4x32-10 with a
+// (seed, offset) state. A draw reserves a range of Philox blocks and advances
+// the offset; restoring a saved state replays exactly the same numbers, on CPU
+// and on CUDA alike (see engine/philox.h for the stream layout).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+#include "engine/device.h"
+
+namespace remat {
+
+// The complete state of a generator. `offset` counts Philox blocks (4 words).
+struct RngState {
+  std::uint64_t seed = 0;
+  std::uint64_t offset = 0;
+  friend bool operator==(const RngState&, const RngState&) = default;
+};
+
+class Generator {
+ public:
+  explicit Generator(std::uint64_t seed = 0) : state_{seed, 0} {}
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  RngState state() const;
+  void set_state(RngState s);
+  // Sets the seed and rewinds the offset to 0.
+  void manual_seed(std::uint64_t seed);
+  // Reserves the blocks for a draw of `elements` values and returns the state
+  // the draw starts at. Thread-safe; each call gets a disjoint range.
+  RngState reserve(std::uint64_t elements);
+
+ private:
+  mutable std::mutex mu_;
+  RngState state_;
+};
+
+// The default generator of a device (created on first use with seed 0).
+Generator& default_generator(Device device = kCPU);
+
+// Seeds the default generators of the CPU and of every CUDA device.
+void manual_seed(std::uint64_t seed);
+
+// Philox blocks a draw of `elements` values consumes.
+constexpr std::uint64_t philox_blocks(std::uint64_t elements) { return (elements + 3) / 4; }
+
+// Fill out[0..n) from the stream at `state` on the CPU (parallel, identical
+// to the CUDA kernels): uniform in [0, 1), standard normal, or raw 32-bit words.
+void philox_fill_uniform(float* out, std::int64_t n, RngState state);
+void philox_fill_normal(float* out, std::int64_t n, RngState state);
+void philox_fill_words(std::uint32_t* out, std::int64_t n, RngState state);
+
+}  // namespace remat

@@ -1,0 +1,71 @@
+// The Catch2 main shared by every remat test binary. Besides Catch2's own
+// report it prints one summary line that ./remat test adds up:
+//
+//   remat-tests: N passed, M failed, K skipped
+//
+// counting test cases. Tests tagged [cuda] need a GPU; without one they are
+// excluded from the run and counted (and listed) as skipped.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cuda/allocator_backend.h"
+
+namespace {
+
+int g_passed = 0;
+int g_failed = 0;
+
+struct CountingListener : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+  void testCaseEnded(Catch::TestCaseStats const& stats) override {
+    if (stats.totals.assertions.failed > 0)
+      ++g_failed;
+    else
+      ++g_passed;
+  }
+};
+
+bool has_tag(const Catch::TestCase& tc, const std::string& tag) {
+  const auto& tags = tc.getTestCaseInfo().tags;
+  return std::find(tags.begin(), tags.end(), tag) != tags.end();
+}
+
+}  // namespace
+
+CATCH_REGISTER_LISTENER(CountingListener)
+
+int main(int argc, char** argv) {
+  Catch::Session session;
+  if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+
+  int skipped = 0;
+  if (remat::cuda::device_count() == 0) {
+    std::vector<std::string> names;
+    for (const auto& tc : Catch::getAllTestCasesSorted(session.config()))
+      if (has_tag(tc, "cuda")) names.push_back(tc.getTestCaseInfo().name);
+    if (!names.empty()) {
+      skipped = int(names.size());
+      auto& data = session.configData();
+      if (data.testsOrTags.empty()) data.testsOrTags.push_back("~[cuda]");
+      else data.testsOrTags.back() += " ~[cuda]";
+      session.useConfigData(data);
+      for (const auto& n : names) std::printf("skipped (no CUDA device): %s\n", n.c_str());
+    }
+  }
+
+  // Everything skipped: Catch2 would call an empty run a failure.
+  const auto& all = Catch::getAllTestCasesSorted(session.config());
+  if (skipped > 0 && std::size_t(skipped) == all.size()) {
+    std::printf("remat-tests: 0 passed, 0 failed, %d skipped\n", skipped);
+    return 0;
+  }
+  const int rc = session.run();
+  std::printf("remat-tests: %d passed, %d failed, %d skipped\n", g_passed, g_failed, skipped);
+  std::fflush(stdout);
+  return rc != 0 || g_failed != 0 ? 1 : 0;
+}

@@ -1,0 +1,74 @@
+// The remat command-line tool (run through ./remat, which builds it first).
+// Every command returns an exit status; errors print one clear line.
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cuda/allocator_backend.h"
+#include "engine/allocator.h"
+#include "engine/error.h"
+#include "engine/parallel_for.h"
+#include "engine/tensor.h"
+
+namespace {
+
+using Args = std::vector<std::string>;
+
+int cmd_info(const Args&) {
+  std::printf("remat\n");
+  std::printf("  CUDA back end : %s\n", remat::cuda::built_with_cuda() ? "built" : "not built");
+  std::printf("  CUDA devices  : %d\n", remat::cuda::device_count());
+  std::printf("  CPU threads   : %d\n", remat::num_threads());
+  auto& alloc = remat::allocator_for(remat::kCPU);
+  remat::Tensor probe = remat::zeros({256, 256});
+  std::printf("  CPU allocator : %s\n", alloc.describe().c_str());
+  return 0;
+}
+
+int not_yet(const char* what) {
+  std::fprintf(stderr, "remat %s: this command is not implemented yet\n", what);
+  return 2;
+}
+
+struct Command {
+  const char* help;
+  std::function<int(const Args&)> run;
+};
+
+const std::map<std::string, Command>& commands() {
+  static const std::map<std::string, Command> c = {
+      {"info", {"show the build (CUDA or not), devices, threads and allocator", cmd_info}},
+      {"train", {"train a model (not implemented yet)", [](const Args&) { return not_yet("train"); }}},
+  };
+  return c;
+}
+
+void print_help() {
+  std::printf("commands:\n");
+  for (const auto& [name, c] : commands()) std::printf("  %-8s %s\n", name.c_str(), c.help);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help")) {
+    print_help();
+    return 0;
+  }
+  const std::string name = argv[1];
+  auto it = commands().find(name);
+  if (it == commands().end()) {
+    std::fprintf(stderr, "remat: unknown command '%s'\n", name.c_str());
+    print_help();
+    return 2;
+  }
+  try {
+    return it->second.run(Args(argv + 2, argv + argc));
+  } catch (const remat::Error& e) {
+    std::fprintf(stderr, "remat %s: %s\n", name.c_str(), e.what());
+    return 1;
+  }
+}
