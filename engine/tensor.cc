@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cuda/runtime.h"
+#include "engine/autograd.h"
 #include "engine/strided.h"
 
 namespace remat {
@@ -19,6 +20,28 @@ void check_dims(const Shape& sizes, const char* op) {
               " dims requested; at most ", kMaxDims, " are supported");
   for (auto s : sizes)
     REMAT_CHECK(s >= 0, ShapeError, op, ": negative size in ", shape_str(sizes));
+}
+// Records `out` as produced from `input` by a one-input op whose backward is
+// `bw` (a function of the output gradient), when autograd needs it.
+Tensor with_grad(const Tensor& input, Tensor out, const char* name,
+                 std::function<Tensor(const Tensor&)> bw) {
+  if (auto node = autograd::make_node(name, {&input})) {
+    node->backward_fn = [bw = std::move(bw)](Node&, std::vector<Tensor>& g) {
+      return std::vector<Tensor>{bw(g[0])};
+    };
+    autograd::set_history(out, node);
+  }
+  return out;
+}
+
+// The gradient of a view that picks part of an input of shape `sizes`: zeros
+// with `g` written where `pick` selects.
+Tensor scatter_view_grad(const Tensor& g, const Shape& sizes, DType dtype,
+                         const std::function<Tensor(const Tensor&)>& pick) {
+  Tensor r = zeros(sizes, TensorOptions(dtype, g.device()));
+  Tensor dst = pick(r);
+  dst.copy_(g);
+  return r;
 }
 }  // namespace
 
@@ -86,6 +109,8 @@ Tensor Tensor::as_strided(const Shape& sizes, const Shape& strides, std::int64_t
   REMAT_CHECK(offset >= 0 && last < std::max<std::int64_t>(cap, 1), ShapeError,
               "as_strided: sizes ", shape_str(sizes), " strides ", shape_str(strides), " offset ",
               offset, " reach element ", last, " of a storage of ", cap, " elements");
+  REMAT_CHECK(!(grad_enabled() && requires_grad()), AutogradError,
+              "as_strided: not differentiable; use view, narrow, slice, expand or permute");
   return make_view(sizes, strides, offset);
 }
 
@@ -119,7 +144,7 @@ Shape infer_size(Shape sizes, std::int64_t numel, const char* op, const Shape& f
 bool view_strides(const Shape& old_sizes, const Shape& old_strides, const Shape& sizes,
                   Shape& out) {
   out.assign(sizes.size(), 0);
-  if (shape_numel(old_sizes) == 0) {
+  if (shape_numel(old_sizes) == 0 || old_sizes.empty()) {
     out = contiguous_strides(sizes);
     return true;
   }
@@ -155,13 +180,19 @@ Tensor Tensor::view(const Shape& sizes_in) const {
   REMAT_CHECK(view_strides(this->sizes(), strides(), sizes, st), ShapeError, "view: a tensor of ",
               "sizes ", shape_str(this->sizes()), " and strides ", shape_str(strides()),
               " cannot be viewed as ", shape_str(sizes), "; call reshape() or contiguous() first");
-  return make_view(sizes, st, storage_offset());
+  const Shape in = this->sizes();
+  return with_grad(*this, make_view(sizes, st, storage_offset()), "view",
+                   [in](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::reshape(const Shape& sizes_in) const {
   Shape sizes = infer_size(sizes_in, numel(), "reshape", this->sizes());
   Shape st;
-  if (view_strides(this->sizes(), strides(), sizes, st)) return make_view(sizes, st, storage_offset());
+  if (view_strides(this->sizes(), strides(), sizes, st)) {
+    const Shape in = this->sizes();
+    return with_grad(*this, make_view(sizes, st, storage_offset()), "reshape",
+                     [in](const Tensor& g) { return g.reshape(in); });
+  }
   return contiguous().view(sizes);
 }
 
@@ -171,7 +202,8 @@ Tensor Tensor::transpose(std::int64_t d0, std::int64_t d1) const {
   Shape s = sizes(), st = strides();
   std::swap(s[std::size_t(d0)], s[std::size_t(d1)]);
   std::swap(st[std::size_t(d0)], st[std::size_t(d1)]);
-  return make_view(s, st, storage_offset());
+  return with_grad(*this, make_view(s, st, storage_offset()), "transpose",
+                   [d0, d1](const Tensor& g) { return g.transpose(d0, d1); });
 }
 
 Tensor Tensor::t() const {
@@ -191,7 +223,11 @@ Tensor Tensor::permute(const Shape& dims) const {
     s[i] = sizes()[d];
     st[i] = strides()[d];
   }
-  return make_view(s, st, storage_offset());
+  Shape inverse(dims.size());
+  for (std::size_t i = 0; i < dims.size(); ++i)
+    inverse[std::size_t(wrap_dim(dims[i], dim(), "permute"))] = std::int64_t(i);
+  return with_grad(*this, make_view(s, st, storage_offset()), "permute",
+                   [inverse](const Tensor& g) { return g.permute(inverse); });
 }
 
 Tensor Tensor::narrow(std::int64_t d, std::int64_t start, std::int64_t length) const {
@@ -203,7 +239,12 @@ Tensor Tensor::narrow(std::int64_t d, std::int64_t start, std::int64_t length) c
               shape_str(sizes()), ")");
   Shape s = sizes();
   s[std::size_t(d)] = length;
-  return make_view(s, strides(), storage_offset() + start * strides()[std::size_t(d)]);
+  const Shape in = sizes();
+  const DType dt = dtype();
+  return with_grad(*this, make_view(s, strides(), storage_offset() + start * strides()[std::size_t(d)]),
+                   "narrow", [=](const Tensor& g) {
+                     return scatter_view_grad(g, in, dt, [=](const Tensor& r) { return r.narrow(d, start, length); });
+                   });
 }
 
 Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t end, std::int64_t step) const {
@@ -217,7 +258,12 @@ Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t end, std::
   Shape s = sizes(), st = strides();
   s[std::size_t(d)] = (end - start + step - 1) / step;
   st[std::size_t(d)] *= step;
-  return make_view(s, st, storage_offset() + start * strides()[std::size_t(d)]);
+  const Shape in = sizes();
+  const DType dt = dtype();
+  return with_grad(*this, make_view(s, st, storage_offset() + start * strides()[std::size_t(d)]),
+                   "slice", [=](const Tensor& g) {
+                     return scatter_view_grad(g, in, dt, [=](const Tensor& r) { return r.slice(d, start, end, step); });
+                   });
 }
 
 Tensor Tensor::select(std::int64_t d, std::int64_t index) const {
@@ -229,7 +275,12 @@ Tensor Tensor::select(std::int64_t d, std::int64_t index) const {
   Shape s = sizes(), st = strides();
   s.erase(s.begin() + d);
   st.erase(st.begin() + d);
-  return make_view(s, st, storage_offset() + index * strides()[std::size_t(d)]);
+  const Shape in = sizes();
+  const DType dt = dtype();
+  return with_grad(*this, make_view(s, st, storage_offset() + index * strides()[std::size_t(d)]),
+                   "select", [=](const Tensor& g) {
+                     return scatter_view_grad(g, in, dt, [=](const Tensor& r) { return r.select(d, index); });
+                   });
 }
 
 Tensor Tensor::expand(const Shape& sizes_in) const {
@@ -254,16 +305,21 @@ Tensor Tensor::expand(const Shape& sizes_in) const {
     s[i] = want;
     st[i] = cur == want ? strides()[i - lead] : 0;
   }
-  return make_view(s, st, storage_offset());
+  const Shape in = sizes();
+  return with_grad(*this, make_view(s, st, storage_offset()), "expand",
+                   [in](const Tensor& g) { return detail::sum_to_shape(g, in); });
 }
 
 Tensor Tensor::squeeze(std::int64_t d) const {
   d = wrap_dim(d, dim(), "squeeze");
-  if (sizes()[std::size_t(d)] != 1) return make_view(sizes(), strides(), storage_offset());
   Shape s = sizes(), st = strides();
-  s.erase(s.begin() + d);
-  st.erase(st.begin() + d);
-  return make_view(s, st, storage_offset());
+  if (s[std::size_t(d)] == 1) {
+    s.erase(s.begin() + d);
+    st.erase(st.begin() + d);
+  }
+  const Shape in = sizes();
+  return with_grad(*this, make_view(s, st, storage_offset()), "squeeze",
+                   [in](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::squeeze() const {
@@ -273,7 +329,9 @@ Tensor Tensor::squeeze() const {
     s.push_back(sizes()[i]);
     st.push_back(strides()[i]);
   }
-  return make_view(s, st, storage_offset());
+  const Shape in = sizes();
+  return with_grad(*this, make_view(s, st, storage_offset()), "squeeze",
+                   [in](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::unsqueeze(std::int64_t d) const {
@@ -286,7 +344,9 @@ Tensor Tensor::unsqueeze(std::int64_t d) const {
   s.insert(s.begin() + d, 1);
   st.insert(st.begin() + d, new_stride);
   check_dims(s, "unsqueeze");
-  return make_view(s, st, storage_offset());
+  const Shape in = sizes();
+  return with_grad(*this, make_view(s, st, storage_offset()), "unsqueeze",
+                   [in](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::flatten(std::int64_t start, std::int64_t end) const {
@@ -349,24 +409,37 @@ Tensor Tensor::contiguous() const {
 Tensor Tensor::clone() const {
   Tensor out = empty(sizes(), TensorOptions(dtype(), device()));
   out.copy_from(*this);
-  return out;
+  return with_grad(*this, out, "clone", [](const Tensor& g) { return g; });
 }
 
 Tensor Tensor::to(DType t) const {
   if (t == dtype()) return *this;
   Tensor out = empty(sizes(), TensorOptions(t, device()));
   out.copy_from(*this);
-  return out;
+  const DType from = dtype();
+  return with_grad(*this, out, "cast", [from](const Tensor& g) { return g.to(from); });
 }
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
   Tensor out = empty(sizes(), TensorOptions(dtype(), d));
   out.copy_from(*this);
-  return out;
+  const Device from = device();
+  return with_grad(*this, out, "to_device", [from](const Tensor& g) { return g.to(from); });
 }
 
+namespace {
+void check_inplace(const Tensor& self, const char* op) {
+  REMAT_CHECK(!(grad_enabled() && self.requires_grad()), AutogradError, op,
+              ": in-place write to a tensor of shape ", shape_str(self.sizes()),
+              " that requires grad; use an out-of-place op, or no_grad for parameter updates");
+}
+}  // namespace
+
 Tensor& Tensor::copy_(const Tensor& src) {
+  check_inplace(*this, "copy_");
+  REMAT_CHECK(!(grad_enabled() && src.defined() && src.requires_grad()), AutogradError,
+              "copy_: the source requires grad but copy_ is not differentiable; use clone()");
   bump_version();
   copy_from(src);
   return *this;
@@ -406,6 +479,7 @@ void Tensor::copy_from(const Tensor& src_in) {
 }
 
 Tensor& Tensor::fill_(double value) {
+  check_inplace(*this, "fill_");
   bump_version();
   if (numel() == 0) return *this;
   if (device().is_cuda()) {
@@ -476,6 +550,7 @@ double Tensor::item() const {
 double Tensor::at(const Shape& index) const { return read_element(*this, element_offset(index, "at")); }
 
 void Tensor::set(const Shape& index, double value) {
+  check_inplace(*this, "set");
   const std::int64_t off = element_offset(index, "set");
   const std::size_t es = element_size(dtype());
   char* dst = static_cast<char*>(impl().storage->data()) + off * std::int64_t(es);

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <ostream>
@@ -45,6 +46,7 @@ struct VersionCounter {
 };
 
 struct AutogradMeta;  // engine/autograd.h
+class Node;          // engine/autograd.h
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
@@ -150,6 +152,28 @@ class Tensor {
   // All elements in row-major order, converted to T.
   template <typename T>
   std::vector<T> to_vector() const;
+
+  // ---- Autograd (engine/autograd.h) ----
+  // True if gradients flow to this tensor (a leaf marked so, or an op output).
+  bool requires_grad() const;
+  // Marks a leaf as needing gradients. Floating dtypes only; throws
+  // AutogradError for non-leaves and DTypeError for integer tensors.
+  Tensor& set_requires_grad(bool enable = true);
+  // The gradient accumulated into this leaf (undefined before any backward).
+  Tensor grad() const;
+  void set_grad(const Tensor& g) const;
+  // True for tensors no op produced (with or without requires_grad).
+  bool is_leaf() const;
+  // The node that produced this tensor (null for leaves).
+  std::shared_ptr<Node> grad_fn() const;
+  // Same data and version counter, no history, requires_grad false.
+  Tensor detach() const;
+  // Gradient of this tensor w.r.t. the graph's leaves, accumulated into their
+  // .grad; `seed` may be omitted for one-element tensors.
+  void backward(const Tensor& seed = Tensor(), bool retain_graph = false) const;
+  // Calls `hook` with the gradient flowing into this tensor during backward;
+  // a defined return value replaces the gradient.
+  void register_hook(std::function<Tensor(const Tensor&)> hook) const;
 
   // ---- Versions and identity ----
   std::uint64_t version() const { return impl().version->value.load(); }

@@ -1,0 +1,53 @@
+// The one dispatch point every op runs through. It knows the op's name,
+// inputs and outputs, tags the op's allocations with its name, and lets a
+// thread-local stack of hooks observe or intercept ops, so higher layers
+// (selective checkpoint policies, profilers, FLOP counters) work without ops/
+// ever including them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace remat {
+
+// One op call as hooks see it.
+struct OpCall {
+  const char* name;
+  const std::vector<Tensor>& inputs;
+};
+
+class DispatchHook {
+ public:
+  virtual ~DispatchHook() = default;
+  // Before the op runs. Returning outputs skips the op entirely (its kernel
+  // and its autograd recording); the outermost hook that returns wins.
+  virtual std::optional<std::vector<Tensor>> before(const OpCall&) { return std::nullopt; }
+  // After the op ran (or was intercepted), with its outputs.
+  virtual void after(const OpCall&, const std::vector<Tensor>& /*outputs*/) {}
+};
+
+// RAII: pushes a hook on this thread's dispatch stack.
+class DispatchHookScope {
+ public:
+  explicit DispatchHookScope(std::shared_ptr<DispatchHook> hook);
+  ~DispatchHookScope();
+  DispatchHookScope(const DispatchHookScope&) = delete;
+  DispatchHookScope& operator=(const DispatchHookScope&) = delete;
+};
+
+// Runs op `name` over `inputs`: `fn` computes and records the outputs.
+std::vector<Tensor> dispatch(const char* name, const std::vector<Tensor>& inputs,
+                             const std::function<std::vector<Tensor>()>& fn);
+// The same for an op with one output.
+Tensor dispatch1(const char* name, const std::vector<Tensor>& inputs,
+                 const std::function<Tensor()>& fn);
+
+// Ops dispatched on this thread since it started (nested ops count too).
+std::int64_t ops_dispatched();
+
+}  // namespace remat

@@ -1,0 +1,56 @@
+#include "ops/kernel_util.h"
+
+#include <sstream>
+
+namespace remat::ops_detail {
+
+std::string describe(const Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::ostringstream os;
+  os << shape_str(t.sizes()) << ' ' << t.dtype() << ' ' << t.device();
+  return os.str();
+}
+
+void check_defined(const char* op, const Tensor& t, const char* what) {
+  REMAT_CHECK(t.defined(), Error, op, ": ", what, " is an undefined tensor");
+}
+
+void check_floating(const char* op, const Tensor& t, const char* what) {
+  check_defined(op, t, what);
+  REMAT_CHECK(is_floating(t.dtype()), DTypeError, op, ": ", what, " must be floating (f32, bf16, ",
+              "f16), got ", describe(t));
+}
+
+void check_index(const char* op, const Tensor& t, const char* what) {
+  check_defined(op, t, what);
+  REMAT_CHECK(t.dtype() == DType::i32 || t.dtype() == DType::i64, DTypeError, op, ": ", what,
+              " must be an index tensor (i32 or i64), got ", describe(t));
+}
+
+void check_same(const char* op, const Tensor& a, const Tensor& b) {
+  check_defined(op, a, "first operand");
+  check_defined(op, b, "second operand");
+  REMAT_CHECK(a.dtype() == b.dtype(), DTypeError, op, ": operands have different dtypes: ",
+              describe(a), " and ", describe(b), " (cast one with .to(dtype))");
+  REMAT_CHECK(a.device() == b.device(), DeviceError, op, ": operands are on different devices: ",
+              describe(a), " and ", describe(b));
+}
+
+void check_cpu(const char* op, const Tensor& t) {
+  REMAT_CHECK(t.device().is_cpu(), DeviceError, op, ": no kernel for ", t.device(),
+              " yet (got ", describe(t), ")");
+}
+
+void check_dim(const char* op, const Tensor& t, std::int64_t n, const char* what) {
+  REMAT_CHECK(t.dim() == n, ShapeError, op, ": ", what, " must have ", n, " dims, got ",
+              describe(t));
+}
+
+Tensor f32_contiguous(const Tensor& t) {
+  Tensor c = t.dtype() == DType::f32 ? t : t.detach().to(DType::f32);
+  return c.is_contiguous() ? c : c.detach().contiguous();
+}
+
+Tensor from_f32(const Tensor& t, DType dtype) { return dtype == DType::f32 ? t : t.to(dtype); }
+
+}  // namespace remat::ops_detail

@@ -1,0 +1,74 @@
+// Helpers shared by the CPU kernels of ops/: operand checks with clear
+// messages, f32 staging for 16-bit dtypes, and parallel loops over
+// contiguous ranges. Internal to ops/.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/autograd.h"
+#include "engine/dispatch.h"
+#include "engine/error.h"
+#include "engine/parallel_for.h"
+#include "engine/tensor.h"
+
+namespace remat::ops_detail {
+
+// "[2, 3] f32 cpu" for error messages.
+std::string describe(const Tensor& t);
+
+// Throws unless `t` is defined.
+void check_defined(const char* op, const Tensor& t, const char* what);
+// Throws DTypeError unless `t` has a floating dtype.
+void check_floating(const char* op, const Tensor& t, const char* what);
+// Throws DTypeError unless `t` has dtype i32 or i64.
+void check_index(const char* op, const Tensor& t, const char* what);
+// Throws DTypeError / DeviceError unless a and b share dtype and device.
+void check_same(const char* op, const Tensor& a, const Tensor& b);
+// Throws DeviceError unless `t` is on the CPU (the only back end of these kernels).
+void check_cpu(const char* op, const Tensor& t);
+// Throws ShapeError unless t.dim() == n.
+void check_dim(const char* op, const Tensor& t, std::int64_t n, const char* what);
+
+// `t` as a contiguous f32 tensor (no copy if it already is one).
+Tensor f32_contiguous(const Tensor& t);
+// Converts an f32 result back to `dtype` (no copy if dtype is f32).
+Tensor from_f32(const Tensor& t, DType dtype);
+
+// Runs fn(begin, end) over [0, n) in chunks sized for elementwise work.
+template <typename Fn>
+void parallel_elementwise(std::int64_t n, Fn&& fn) {
+  parallel_for(0, n, 1 << 14, fn);
+}
+
+// Runs fn(row_begin, row_end) over rows of `cols` elements each.
+template <typename Fn>
+void parallel_rows(std::int64_t rows, std::int64_t cols, Fn&& fn) {
+  const std::int64_t grain = std::max<std::int64_t>(1, (1 << 14) / std::max<std::int64_t>(cols, 1));
+  parallel_for(0, rows, grain, fn);
+}
+
+// Deterministic sum of p[0..n): eight float lanes, combined in a fixed order,
+// independent of alignment and thread count.
+inline float lane_sum(const float* p, std::int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += p[i + j];
+  for (int j = 0; i < n; ++i, ++j) acc[j] += p[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// Deterministic dot product of a[0..n) and b[0..n) (same lane scheme).
+inline float lane_dot(const float* a, const float* b, std::int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+}  // namespace remat::ops_detail

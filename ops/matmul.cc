@@ -1,0 +1,170 @@
+#include "ops/matmul.h"
+
+#include "ops/binary.h"
+#include "ops/gemm.h"
+#include "ops/kernel_util.h"
+#include "ops/reduce.h"
+
+namespace remat {
+
+using namespace ops_detail;
+
+namespace {
+
+// A 2-D (or batched 3-D) f32 operand as the GEMM sees it: a pointer, whether
+// it is stored transposed, its row stride and its batch stride.
+struct GemmOperand {
+  Tensor keep;  // keeps the data alive
+  const float* ptr = nullptr;
+  bool trans = false;
+  std::int64_t ld = 0;
+  std::int64_t batch_stride = 0;
+};
+
+// `t` has shape [batch..., r, c]; `batch_dims` leading dims are batch dims
+// that must collapse into one stride.
+GemmOperand as_operand(const Tensor& t_in) {
+  GemmOperand op;
+  Tensor t = t_in.dtype() == DType::f32 ? t_in : t_in.to(DType::f32);
+  const std::int64_t nd = t.dim();
+  const std::int64_t r = t.size(-2), c = t.size(-1);
+  const std::int64_t sr = t.stride(-2), sc = t.stride(-1);
+  // Batch dims must be expressible with one stride (contiguous over each other).
+  bool batch_ok = true;
+  std::int64_t bstride = nd > 2 ? t.stride(nd - 3) : 0;
+  for (std::int64_t d = nd - 3; d > 0; --d)
+    if (t.size(d) != 1 && t.stride(d - 1) != t.stride(d) * t.size(d)) batch_ok = false;
+  if (batch_ok && (sc == 1 || c == 1) && (sr >= c || r == 1)) {
+    op.trans = false;
+    op.ld = r == 1 ? std::max<std::int64_t>(c, 1) : sr;
+  } else if (batch_ok && (sr == 1 || r == 1) && (sc >= r || c == 1)) {
+    op.trans = true;
+    op.ld = c == 1 ? std::max<std::int64_t>(r, 1) : sc;
+  } else {
+    t = t.contiguous();
+    op.trans = false;
+    op.ld = c;
+    bstride = r * c;
+  }
+  op.keep = t;
+  op.ptr = t.data<float>();
+  op.batch_stride = bstride;
+  return op;
+}
+
+// out[b] = a[b] @ b[b] for each of `batch` matrices (batch 1 for 2-D).
+Tensor gemm_batched(const Tensor& a, const Tensor& b, const Shape& out_shape, std::int64_t batch,
+                    std::int64_t m, std::int64_t n, std::int64_t k) {
+  NoGradGuard ng;
+  GemmOperand ga = as_operand(a.detach()), gb = as_operand(b.detach());
+  Tensor out = empty(out_shape, DType::f32);
+  float* po = out.data<float>();
+  if (batch == 1) {
+    gemm(ga.trans, gb.trans, m, n, k, 1.0f, ga.ptr, ga.ld, gb.ptr, gb.ld, 0.0f, po, n);
+  } else {
+    // Many small products: one thread per product beats splitting each.
+    parallel_for(0, batch, 1, [&](std::int64_t b0, std::int64_t b1) {
+      for (std::int64_t i = b0; i < b1; ++i)
+        gemm(ga.trans, gb.trans, m, n, k, 1.0f, ga.ptr + i * ga.batch_stride, ga.ld,
+             gb.ptr + i * gb.batch_stride, gb.ld, 0.0f, po + i * m * n, n, /*serial=*/true);
+    });
+  }
+  return out;
+}
+
+void check_matmul(const char* op, const Tensor& a, const Tensor& b) {
+  check_floating(op, a, "first operand");
+  check_same(op, a, b);
+  check_cpu(op, a);
+  REMAT_CHECK(a.dim() >= 2 && b.dim() >= 2, ShapeError, op, ": operands must have at least 2 dims, got ",
+              describe(a), " and ", describe(b));
+  REMAT_CHECK(a.size(-1) == b.size(-2), ShapeError, op, ": inner dims differ: ", describe(a), " @ ",
+              describe(b), " (", a.size(-1), " vs ", b.size(-2), ")");
+}
+
+// a [..., m, k] @ b [k, n]: fold a's leading dims into m.
+Tensor matmul_2d(const Tensor& a, const Tensor& b) {
+  const std::int64_t k = a.size(-1), n = b.size(-1);
+  Shape out_shape(a.sizes().begin(), a.sizes().end() - 1);
+  out_shape.push_back(n);
+  Tensor a2;
+  {
+    NoGradGuard ng;
+    a2 = a.detach().reshape({-1, k});
+  }
+  Tensor out = gemm_batched(a2, b, {a2.size(0), n}, 1, a2.size(0), n, k);
+  return from_f32(out.view(out_shape), a.dtype());
+}
+
+Tensor matmul_batched(const Tensor& a, const Tensor& b) {
+  Shape batch_shape(a.sizes().begin(), a.sizes().end() - 2);
+  REMAT_CHECK(Shape(b.sizes().begin(), b.sizes().end() - 2) == batch_shape, ShapeError,
+              "matmul: batch dims differ: ", describe(a), " @ ", describe(b),
+              " (batched products need identical batch dims, or a 2-D right operand)");
+  const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  const std::int64_t batch = shape_numel(batch_shape);
+  Shape out_shape = batch_shape;
+  out_shape.push_back(m);
+  out_shape.push_back(n);
+  return from_f32(gemm_batched(a, b, out_shape, batch, m, n, k), a.dtype());
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_matmul("matmul", a, b);
+  return dispatch1("matmul", {a, b}, [&] {
+    const bool two_d = b.dim() == 2;
+    Tensor out = two_d ? matmul_2d(a, b) : matmul_batched(a, b);
+    if (auto node = autograd::make_node("matmul", {&a, &b})) {
+      node->save(node->needs_input_grad(1) ? a : Tensor());
+      node->save(node->needs_input_grad(0) ? b : Tensor());
+      node->backward_fn = [two_d](Node& n, std::vector<Tensor>& g) {
+        Tensor ga, gb;
+        if (n.needs_input_grad(0)) {
+          Tensor bs = n.saved(1);
+          ga = matmul(g[0], bs.transpose(-1, -2));
+        }
+        if (n.needs_input_grad(1)) {
+          Tensor as = n.saved(0);
+          if (two_d) {
+            // Sum over folded rows: a_flat^T @ g_flat.
+            const std::int64_t k = as.size(-1), nn = g[0].size(-1);
+            gb = matmul(as.reshape({-1, k}).t(), g[0].reshape({-1, nn}));
+          } else {
+            gb = matmul(as.transpose(-1, -2), g[0]);
+          }
+        }
+        return std::vector<Tensor>{ga, gb};
+      };
+      autograd::set_history(out, node);
+    }
+    return out;
+  });
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  REMAT_CHECK(a.dim() == 3 && b.dim() == 3, ShapeError, "bmm: expected 3-D operands, got ",
+              describe(a), " and ", describe(b));
+  REMAT_CHECK(a.size(0) == b.size(0), ShapeError, "bmm: batch sizes differ: ", describe(a), " and ",
+              describe(b));
+  return matmul(a, b);
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  check_floating("linear", x, "input");
+  check_same("linear", x, w);
+  REMAT_CHECK(w.dim() == 2, ShapeError, "linear: weight must be [out, in], got ", describe(w));
+  REMAT_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), ShapeError, "linear: input ", describe(x),
+              " does not match weight ", describe(w), " (expected last dim ", w.size(1), ")");
+  if (bias.defined()) {
+    check_same("linear", x, bias);
+    REMAT_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), ShapeError, "linear: bias must be [",
+                w.size(0), "], got ", describe(bias));
+  }
+  Tensor y = matmul(x.dim() == 1 ? x.unsqueeze(0) : x, w.t());
+  if (x.dim() == 1) y = y.squeeze(0);
+  return bias.defined() ? add(y, bias) : y;
+}
+
+}  // namespace remat

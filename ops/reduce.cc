@@ -1,0 +1,202 @@
+#include "ops/reduce.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "ops/binary.h"
+#include "ops/kernel_util.h"
+
+namespace remat {
+
+using namespace ops_detail;
+
+namespace {
+
+// Normalised, sorted, unique reduced dims.
+std::vector<std::int64_t> reduced_dims(const char* op, const Tensor& x, const Shape& dims) {
+  std::vector<std::int64_t> d;
+  for (auto v : dims) d.push_back(wrap_dim(v, x.dim(), op));
+  std::sort(d.begin(), d.end());
+  REMAT_CHECK(std::adjacent_find(d.begin(), d.end()) == d.end(), ShapeError, op, ": dim repeated in ",
+              shape_str(dims));
+  return d;
+}
+
+// x permuted so the reduced dims come last, as a contiguous f32 [outer, inner]
+// matrix; also returns the output shapes with and without keepdim.
+struct Folded {
+  Tensor mat;
+  std::int64_t outer = 1, inner = 1;
+  Shape out_shape, keep_shape;
+};
+
+Folded fold(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd) {
+  Folded f;
+  Shape perm;
+  std::vector<bool> is_red(std::size_t(x.dim()), false);
+  for (auto d : rd) is_red[std::size_t(d)] = true;
+  for (std::int64_t d = 0; d < x.dim(); ++d) {
+    if (is_red[std::size_t(d)]) {
+      f.keep_shape.push_back(1);
+      continue;
+    }
+    perm.push_back(d);
+    f.out_shape.push_back(x.size(d));
+    f.keep_shape.push_back(x.size(d));
+    f.outer *= x.size(d);
+  }
+  for (auto d : rd) {
+    perm.push_back(d);
+    f.inner *= x.size(d);
+  }
+  check_cpu(op, x);
+  NoGradGuard ng;
+  f.mat = f32_contiguous(x.detach().permute(perm));
+  return f;
+}
+
+Tensor sum_kernel(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd,
+                  bool keepdim, float scale) {
+  Folded f = fold(op, x, rd);
+  Tensor out = empty(keepdim ? f.keep_shape : f.out_shape, DType::f32);
+  const float* p = f.mat.data<float>();
+  float* o = out.data<float>();
+  const std::int64_t inner = f.inner;
+  if (f.outer >= 8 || inner < 4096) {
+    parallel_rows(f.outer, inner, [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) o[r] = lane_sum(p + r * inner, inner) * scale;
+    });
+  } else {
+    // Few long rows: fixed-size blocks summed in parallel, then combined in order.
+    constexpr std::int64_t kBlock = 4096;
+    const std::int64_t nb = (inner + kBlock - 1) / kBlock;
+    std::vector<float> partial(std::size_t(f.outer * nb));
+    parallel_for(0, f.outer * nb, 1, [&](std::int64_t k0, std::int64_t k1) {
+      for (std::int64_t k = k0; k < k1; ++k) {
+        const std::int64_t r = k / nb, b = k % nb;
+        const std::int64_t len = std::min(kBlock, inner - b * kBlock);
+        partial[std::size_t(k)] = lane_sum(p + r * inner + b * kBlock, len);
+      }
+    });
+    for (std::int64_t r = 0; r < f.outer; ++r)
+      o[r] = lane_sum(partial.data() + r * nb, nb) * scale;
+  }
+  return from_f32(out, x.dtype());
+}
+
+// Gradient of a sum/mean: g (reduced shape) broadcast back to x's shape.
+Tensor expand_back(const Tensor& g, const Shape& keep_shape, const Shape& x_shape, double scale) {
+  Tensor e = g.reshape(keep_shape).expand(x_shape);
+  return scale != 1.0 ? mul(e, scale) : e.contiguous();
+}
+
+Tensor sum_impl(const char* name, const Tensor& x, const Shape& dims, bool keepdim, bool is_mean) {
+  check_floating(name, x, "input");
+  const auto rd = reduced_dims(name, x, dims);
+  std::int64_t count = 1;
+  for (auto d : rd) count *= x.size(d);
+  const double scale = is_mean ? 1.0 / double(std::max<std::int64_t>(count, 1)) : 1.0;
+  return dispatch1(name, {x}, [&] {
+    Tensor out = sum_kernel(name, x, rd, keepdim, float(scale));
+    if (auto node = autograd::make_node(name, {&x})) {
+      Shape keep = x.sizes();
+      for (auto d : rd) keep[std::size_t(d)] = 1;
+      node->backward_fn = [keep, xs = x.sizes(), scale](Node&, std::vector<Tensor>& g) {
+        return std::vector<Tensor>{expand_back(g[0], keep, xs, scale)};
+      };
+      autograd::set_history(out, node);
+    }
+    return out;
+  });
+}
+
+Shape all_dims(const Tensor& x) {
+  Shape d;
+  for (std::int64_t i = 0; i < x.dim(); ++i) d.push_back(i);
+  return d;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
+  return sum_impl("sum", x, dims, keepdim, false);
+}
+Tensor sum(const Tensor& x) { return sum_impl("sum", x, all_dims(x), false, false); }
+Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
+  return sum_impl("mean", x, dims, keepdim, true);
+}
+Tensor mean(const Tensor& x) { return sum_impl("mean", x, all_dims(x), false, true); }
+
+std::pair<Tensor, Tensor> max(const Tensor& x, std::int64_t dim, bool keepdim) {
+  check_floating("max", x, "input");
+  const std::int64_t d = wrap_dim(dim, x.dim(), "max");
+  REMAT_CHECK(x.dim() == 0 || x.size(d) > 0, ShapeError, "max: dim ", d, " of ",
+              describe(x), " is empty");
+  auto outs = dispatch("max", {x}, [&] {
+    Folded f = fold("max", x, x.dim() == 0 ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{d});
+    Tensor values = empty(keepdim ? f.keep_shape : f.out_shape, DType::f32);
+    Tensor index = empty(keepdim ? f.keep_shape : f.out_shape, DType::i64);
+    const float* p = f.mat.data<float>();
+    float* v = values.data<float>();
+    std::int64_t* ix = index.data<std::int64_t>();
+    const std::int64_t inner = f.inner;
+    parallel_rows(f.outer, inner, [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const float* row = p + r * inner;
+        std::int64_t best = 0;
+        for (std::int64_t i = 1; i < inner; ++i)
+          if (row[i] > row[best] || (std::isnan(row[i]) && !std::isnan(row[best]))) best = i;
+        v[r] = row[best];
+        ix[r] = best;
+      }
+    });
+    Tensor out = from_f32(values, x.dtype());
+    if (auto node = autograd::make_node("max", {&x})) {
+      node->save(index, true);
+      node->backward_fn = [xs = x.sizes(), d, keepdim, dt = x.dtype()](Node& n, std::vector<Tensor>& g) {
+        Tensor idx = n.saved(0);
+        Tensor gg = g[0];
+        if (!keepdim && !xs.empty()) {
+          idx = idx.unsqueeze(d);
+          gg = gg.unsqueeze(d);
+        }
+        Tensor gx = zeros(xs, DType::f32);
+        Tensor gf = f32_contiguous(gg);
+        Tensor ic = idx.contiguous();
+        // Scatter each reduced row's gradient to its argmax.
+        Shape perm;
+        for (std::int64_t k = 0; k < std::int64_t(xs.size()); ++k)
+          if (k != d) perm.push_back(k);
+        if (!xs.empty()) perm.push_back(d);
+        Tensor gxp = xs.empty() ? gx : gx.permute(perm);  // view: writes land in gx
+        const std::int64_t inner = xs.empty() ? 1 : xs[std::size_t(d)];
+        const std::int64_t rows = gx.numel() / std::max<std::int64_t>(inner, 1);
+        Tensor gsrc = xs.empty() ? gf : gf.permute(perm).contiguous();
+        Tensor isrc = xs.empty() ? ic : ic.permute(perm).contiguous();
+        const float* pg = gsrc.data<float>();
+        const std::int64_t* pi = isrc.data<std::int64_t>();
+        float* base = gx.data<float>();
+        const Shape& st = gxp.strides();
+        for (std::int64_t r = 0; r < rows; ++r) {
+          // Offset of row r in gx through the permuted view.
+          std::int64_t off = 0, rem = r;
+          for (std::int64_t k = std::int64_t(perm.size()) - 2; k >= 0; --k) {
+            const std::int64_t sz = gxp.size(k);
+            off += (rem % sz) * st[std::size_t(k)];
+            rem /= sz;
+          }
+          base[off + pi[r] * (xs.empty() ? 0 : st.back())] += pg[r];
+        }
+        return std::vector<Tensor>{from_f32(gx, dt)};
+      };
+      autograd::set_history(out, node);
+    }
+    return std::vector<Tensor>{out, index};
+  });
+  return {outs[0], outs[1]};
+}
+
+Tensor amax(const Tensor& x, std::int64_t dim, bool keepdim) { return max(x, dim, keepdim).first; }
+
+}  // namespace remat

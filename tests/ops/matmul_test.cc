@@ -1,0 +1,80 @@
+#include <catch2/catch.hpp>
+
+#include "ops/gemm.h"
+#include "ops/ops.h"
+#include "tests/ops/gradcheck.h"
+
+using namespace remat;
+using namespace remat::testing;
+
+namespace {
+// Reference product in double.
+std::vector<double> ref_matmul(const Tensor& a, const Tensor& b) {
+  const auto m = a.size(0), k = a.size(1), n = b.size(1);
+  std::vector<double> out(std::size_t(m * n), 0.0);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t p = 0; p < k; ++p) out[std::size_t(i * n + j)] += a.at({i, p}) * b.at({p, j});
+  return out;
+}
+
+void check_close(const Tensor& got, const std::vector<double>& want) {
+  const auto g = got.to_vector<float>();
+  REQUIRE(g.size() == want.size());
+  for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == Approx(want[i]).margin(1e-4).epsilon(1e-5));
+}
+}  // namespace
+
+TEST_CASE("matmul matches a reference, for every operand layout and both GEMM back ends",
+          "[ops][matmul]") {
+  for (auto backend : {ops_detail::GemmBackend::eigen, ops_detail::GemmBackend::openblas}) {
+    ops_detail::set_gemm_backend(backend);
+    const Tensor a = normal({7, 5}, 1), b = normal({5, 6}, 2);
+    const auto want = ref_matmul(a, b);
+    check_close(matmul(a, b), want);
+    check_close(matmul(a.t().contiguous().t(), b), want);          // transposed A
+    check_close(matmul(a, b.t().contiguous().t()), want);          // transposed B
+    check_close(matmul(a.t().contiguous().t(), b.t().contiguous().t()), want);
+    check_close(matmul(a.narrow(1, 0, 5), b.narrow(0, 0, 5)), want);
+    // Row-strided views (lda > k).
+    Tensor wide = normal({7, 9}, 3);
+    Tensor av = wide.narrow(1, 2, 5);
+    check_close(matmul(av, b), ref_matmul(av.contiguous(), b));
+  }
+  ops_detail::set_gemm_backend(ops_detail::GemmBackend::openblas);
+  // Leading dims fold; batched products.
+  Tensor x = normal({2, 3, 5}, 4), w = normal({5, 4}, 5);
+  Tensor y = matmul(x, w);
+  CHECK(y.sizes() == Shape{2, 3, 4});
+  check_close(y.select(0, 1), ref_matmul(x.select(0, 1).contiguous(), w));
+  Tensor bb = normal({2, 5, 4}, 6);
+  Tensor z = bmm(x, bb);
+  check_close(z.select(0, 1), ref_matmul(x.select(0, 1).contiguous(), bb.select(0, 1).contiguous()));
+  Tensor zt = bmm(x, bb.transpose(1, 2).contiguous().transpose(1, 2));
+  check_close(zt.select(0, 0), ref_matmul(x.select(0, 0).contiguous(), bb.select(0, 0).contiguous()));
+  CHECK_THROWS_WITH(matmul(zeros({2, 3}), zeros({4, 5})),
+                    Catch::Contains("matmul: inner dims differ: [2, 3] f32 cpu @ [4, 5] f32 cpu"));
+  CHECK_THROWS_AS(bmm(zeros({2, 3, 4}), zeros({3, 4, 5})), ShapeError);
+}
+
+TEST_CASE("linear = x w^T + b", "[ops][matmul]") {
+  Tensor x = normal({4, 3}, 7), w = normal({5, 3}, 8), b = normal({5}, 9);
+  Tensor y = linear(x, w, b);
+  auto want = ref_matmul(x, w.t().contiguous());
+  for (std::int64_t i = 0; i < 4; ++i)
+    for (std::int64_t j = 0; j < 5; ++j) want[std::size_t(i * 5 + j)] += b.at({j});
+  check_close(y, want);
+  CHECK_THROWS_WITH(linear(x, zeros({5, 4})), Catch::Contains("linear: input [4, 3] f32 cpu does not match weight"));
+}
+
+TEST_CASE("matmul and linear: gradients match finite differences", "[ops][matmul][grad]") {
+  check_gradients([](auto& t) { return matmul(t[0], t[1]); }, {normal({3, 4}, 1), normal({4, 2}, 2)});
+  check_gradients([](auto& t) { return matmul(t[0], t[1].t()); }, {normal({3, 4}, 3), normal({2, 4}, 4)});
+  check_gradients([](auto& t) { return matmul(t[0].t(), t[1]); }, {normal({4, 3}, 5), normal({4, 2}, 6)});
+  check_gradients([](auto& t) { return matmul(t[0], t[1]); }, {normal({2, 3, 4}, 7), normal({4, 2}, 8)});
+  check_gradients([](auto& t) { return bmm(t[0], t[1]); }, {normal({2, 3, 4}, 9), normal({2, 4, 2}, 10)});
+  check_gradients([](auto& t) { return bmm(t[0], t[1].transpose(1, 2)); },
+                  {normal({2, 3, 4}, 11), normal({2, 2, 4}, 12)});
+  check_gradients([](auto& t) { return linear(t[0], t[1], t[2]); },
+                  {normal({2, 3, 4}, 13), normal({5, 4}, 14), normal({5}, 15)});
+}
