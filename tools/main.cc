@@ -12,6 +12,8 @@
 #include "engine/error.h"
 #include "engine/parallel_for.h"
 #include "engine/tensor.h"
+#include "tools/bench_ops.h"
+#include "tools/commands.h"
 
 namespace {
 
@@ -28,11 +30,6 @@ int cmd_info(const Args&) {
   return 0;
 }
 
-int not_yet(const char* what) {
-  std::fprintf(stderr, "remat %s: this command is not implemented yet\n", what);
-  return 2;
-}
-
 struct Command {
   const char* help;
   std::function<int(const Args&)> run;
@@ -41,14 +38,19 @@ struct Command {
 const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> c = {
       {"info", {"show the build (CUDA or not), devices, threads and allocator", cmd_info}},
-      {"train", {"train a model (not implemented yet)", [](const Args&) { return not_yet("train"); }}},
+      {"bench-ops", {"GFLOP/s and GB/s of the CPU kernels at transformer shapes (--json FILE)",
+                     remat::tools::run_bench_ops}},
+      {"train", {"train a model (--config, --data, --steps, --seed, --save, --resume, --log)",
+                 remat::tools::run_train}},
+      {"dump", {"one forward/backward written to safetensors (--config, --seed, --out)",
+                remat::tools::run_dump}},
   };
   return c;
 }
 
 void print_help() {
   std::printf("commands:\n");
-  for (const auto& [name, c] : commands()) std::printf("  %-8s %s\n", name.c_str(), c.help);
+  for (const auto& [name, c] : commands()) std::printf("  %-10s %s\n", name.c_str(), c.help);
 }
 
 }  // namespace

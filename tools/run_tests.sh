@@ -14,6 +14,9 @@ mkdir -p "$logdir"
 per_binary_timeout="${REMAT_TEST_TIMEOUT:-1200}"
 
 mapfile -t targets < <(bazel query --noshow_progress 'kind(cc_test, //tests/...)' 2>/dev/null | sort)
+# Script tests (tests/**/*_test.sh) run after the binaries they use are built.
+mapfile -t scripts < <(find tests -name '*_test.sh' | sort)
+targets+=("${scripts[@]}")
 if [ ${#targets[@]} -eq 0 ]; then
   echo "no test targets found" >&2
   echo "0 passed, 1 failed"
@@ -24,9 +27,13 @@ passed=0 failed=0 skipped=0 failed_bins=()
 start_all=$(date +%s)
 for t in "${targets[@]}"; do
   [ -n "$filter" ] && [[ "$t" != *"$filter"* ]] && continue
-  path="bazel-bin/${t#//}"
-  path="${path/://}"
-  name="${t#//}"; name="${name//[:\/]/_}"
+  if [[ "$t" == //* ]]; then
+    path="bazel-bin/${t#//}"
+    path="${path/://}"
+  else
+    path="$t"
+  fi
+  name="${t#//}"; name="${name//[:\/.]/_}"
   logf="$logdir/$name.log"
   t0=$(date +%s%N)
   timeout "$per_binary_timeout" "$path" >"$logf" 2>&1

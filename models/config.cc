@@ -1,0 +1,173 @@
+#include "models/config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "engine/error.h"
+
+namespace remat {
+
+namespace {
+ModelConfig make(const char* name, std::int64_t vocab, std::int64_t d, std::int64_t layers,
+                 std::int64_t heads, std::int64_t ffn, std::int64_t seq, std::int64_t batch,
+                 std::int64_t experts = 0, std::int64_t top_k = 0, std::int64_t moe_ffn = 0,
+                 std::int64_t shared = 0, std::int64_t dense_first = 0) {
+  ModelConfig c;
+  c.name = name;
+  c.vocab = vocab;
+  c.d_model = d;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.ffn = ffn;
+  c.seq = seq;
+  c.batch = batch;
+  c.experts = experts;
+  c.top_k = top_k;
+  c.moe_ffn = moe_ffn;
+  c.shared = shared;
+  c.dense_first = dense_first;
+  return c;
+}
+
+// DESIGN.md §7.
+const std::vector<ModelConfig>& registry() {
+  static const std::vector<ModelConfig> r = {
+      make("tiny", 256, 128, 4, 4, 344, 128, 8),
+      make("tiny-moe", 256, 128, 4, 4, 344, 128, 8, 8, 2, 128, 1, 1),
+      make("bench-dense", 256, 512, 8, 8, 1376, 256, 4),
+      make("bench-moe", 256, 256, 4, 4, 688, 256, 4, 8, 2, 256, 1, 1),
+  };
+  return r;
+}
+
+const char* kKeys[] = {"name",   "vocab",   "d_model",  "n_layers",    "n_heads",  "ffn",
+                       "seq",    "batch",   "experts",  "top_k",       "moe_ffn",  "shared",
+                       "dense_first", "dropout", "rope_theta", "norm_eps", "init_std", "aux_coef",
+                       "z_coef"};
+}  // namespace
+
+std::vector<std::string> ModelConfig::names() {
+  std::vector<std::string> n;
+  for (const auto& c : registry()) n.push_back(c.name);
+  return n;
+}
+
+ModelConfig ModelConfig::named(const std::string& name) {
+  for (const auto& c : registry())
+    if (c.name == name) return c;
+  std::string valid;
+  for (const auto& n : names()) valid += (valid.empty() ? "" : ", ") + n;
+  throw Error("unknown config '" + name + "'; valid configs are " + valid +
+              ", or a path to a .json file");
+}
+
+void ModelConfig::validate() const {
+  std::vector<std::string> bad;
+  auto need = [&](bool ok, const std::string& what) {
+    if (!ok) bad.push_back(what);
+  };
+  need(vocab > 0, "vocab must be > 0");
+  need(d_model > 0, "d_model must be > 0");
+  need(n_layers > 0, "n_layers must be > 0");
+  need(n_heads > 0 && d_model % n_heads == 0, "n_heads must divide d_model");
+  need(n_heads > 0 && (d_model / std::max<std::int64_t>(n_heads, 1)) % 2 == 0,
+       "head dim (d_model / n_heads) must be even for rotary embeddings");
+  need(ffn > 0, "ffn must be > 0");
+  need(seq > 0 && batch > 0, "seq and batch must be > 0");
+  need(dropout >= 0 && dropout < 1, "dropout must be in [0, 1)");
+  need(experts >= 0, "experts must be >= 0");
+  if (experts > 0) {
+    need(top_k >= 1 && top_k <= experts, "top_k must be in [1, experts]");
+    need(moe_ffn > 0, "moe_ffn must be > 0");
+    need(shared >= 0, "shared must be >= 0");
+    need(dense_first >= 0 && dense_first <= n_layers, "dense_first must be in [0, n_layers]");
+  }
+  if (!bad.empty()) {
+    std::string msg = "invalid config '" + name + "':";
+    for (const auto& b : bad) msg += "\n  " + b;
+    throw Error(msg);
+  }
+}
+
+Json ModelConfig::to_json() const {
+  Json j = Json::object();
+  j.set("name", Json::string(name));
+  j.set("vocab", Json::number(double(vocab)));
+  j.set("d_model", Json::number(double(d_model)));
+  j.set("n_layers", Json::number(double(n_layers)));
+  j.set("n_heads", Json::number(double(n_heads)));
+  j.set("ffn", Json::number(double(ffn)));
+  j.set("seq", Json::number(double(seq)));
+  j.set("batch", Json::number(double(batch)));
+  j.set("experts", Json::number(double(experts)));
+  j.set("top_k", Json::number(double(top_k)));
+  j.set("moe_ffn", Json::number(double(moe_ffn)));
+  j.set("shared", Json::number(double(shared)));
+  j.set("dense_first", Json::number(double(dense_first)));
+  j.set("dropout", Json::number(dropout));
+  j.set("rope_theta", Json::number(rope_theta));
+  j.set("norm_eps", Json::number(norm_eps));
+  j.set("init_std", Json::number(init_std));
+  j.set("aux_coef", Json::number(aux_coef));
+  j.set("z_coef", Json::number(z_coef));
+  return j;
+}
+
+ModelConfig ModelConfig::from_json(const Json& j) {
+  REMAT_CHECK(j.is_object(), Error, "config: expected a JSON object");
+  ModelConfig c;
+  if (j.has("name") && j.at("name").is_string()) {
+    // Start from the named config when the name is a known one.
+    for (const auto& r : registry())
+      if (r.name == j.at("name").as_string()) c = r;
+    c.name = j.at("name").as_string();
+  }
+  for (const auto& [key, value] : j.members()) {
+    bool known = false;
+    for (const char* k : kKeys) known = known || key == k;
+    if (!known) {
+      std::string valid;
+      for (const char* k : kKeys) valid += std::string(valid.empty() ? "" : ", ") + k;
+      throw Error("config: unknown key \"" + key + "\"; valid keys are " + valid);
+    }
+  }
+  auto geti = [&](const char* k, std::int64_t& v) {
+    if (j.has(k)) v = j.at(k).as_int();
+  };
+  auto getd = [&](const char* k, double& v) {
+    if (j.has(k)) v = j.at(k).as_number();
+  };
+  geti("vocab", c.vocab);
+  geti("d_model", c.d_model);
+  geti("n_layers", c.n_layers);
+  geti("n_heads", c.n_heads);
+  geti("ffn", c.ffn);
+  geti("seq", c.seq);
+  geti("batch", c.batch);
+  geti("experts", c.experts);
+  geti("top_k", c.top_k);
+  geti("moe_ffn", c.moe_ffn);
+  geti("shared", c.shared);
+  geti("dense_first", c.dense_first);
+  getd("dropout", c.dropout);
+  getd("rope_theta", c.rope_theta);
+  getd("norm_eps", c.norm_eps);
+  getd("init_std", c.init_std);
+  getd("aux_coef", c.aux_coef);
+  getd("z_coef", c.z_coef);
+  c.validate();
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::string& name_or_path) {
+  if (name_or_path.size() > 5 && name_or_path.substr(name_or_path.size() - 5) == ".json") {
+    std::ifstream in(name_or_path);
+    REMAT_CHECK(in.good(), IOError, "config: cannot read ", name_or_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return from_json(Json::parse(ss.str(), name_or_path));
+  }
+  return named(name_or_path);
+}
+
+}  // namespace remat

@@ -1,0 +1,74 @@
+#include "models/decoder.h"
+
+#include "ops/dropout.h"
+#include "ops/loss.h"
+#include "ops/ops.h"
+
+namespace remat {
+
+DecoderBlock::DecoderBlock(const ModelConfig& c, Generator& gen) : dropout(c.dropout) {
+  input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
+  self_attn = register_module("self_attn", std::make_shared<SelfAttention>(c, gen));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
+  mlp = register_module("mlp", std::make_shared<MLP>(c.d_model, c.ffn, c.init_std, gen));
+}
+
+Tensor DecoderBlock::attention_part(const Tensor& x) const {
+  Tensor a = self_attn->forward(input_layernorm->forward(x));
+  return add(x, remat::dropout(a, dropout, training()));
+}
+
+Tensor DecoderBlock::mlp_part(const Tensor& h) const {
+  Tensor m = mlp->forward(post_attention_layernorm->forward(h));
+  return add(h, remat::dropout(m, dropout, training()));
+}
+
+Tensor DecoderBlock::forward(const Tensor& x) const { return mlp_part(attention_part(x)); }
+
+DecoderStack::DecoderStack(const ModelConfig& c, Generator& gen) {
+  embed_tokens = register_module("embed_tokens", std::make_shared<Embedding>(c.vocab, c.d_model, c.init_std, gen));
+  for (std::int64_t i = 0; i < c.n_layers; ++i)
+    layers.push_back(register_module("layers." + std::to_string(i), std::make_shared<DecoderBlock>(c, gen)));
+  norm = register_module("norm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
+}
+
+DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed) : config_(c) {
+  c.validate();
+  Generator gen(seed);
+  model = register_module("model", std::make_shared<DecoderStack>(c, gen));
+  lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab, c.init_std, gen));
+}
+
+Tensor DecoderModel::embed(const Tensor& input_ids) const { return model->embed_tokens->forward(input_ids); }
+
+Tensor DecoderModel::run_blocks(const Tensor& x) const {
+  if (runner_) return runner_(*this, x);
+  Tensor h = x;
+  for (const auto& block : model->layers) h = block->forward(h);
+  return h;
+}
+
+Tensor DecoderModel::head(const Tensor& x) const { return lm_head->forward(model->norm->forward(x)); }
+
+Tensor DecoderModel::forward(const Tensor& input_ids) const {
+  REMAT_CHECK(input_ids.dim() == 2, ShapeError, "DecoderModel: input_ids must be [batch, seq], got ",
+              shape_str(input_ids.sizes()));
+  return head(run_blocks(embed(input_ids)));
+}
+
+DecoderModel::Output DecoderModel::forward_loss(const Tensor& tokens) const {
+  REMAT_CHECK(tokens.dim() == 2 && tokens.size(1) >= 2, ShapeError,
+              "DecoderModel: tokens must be [batch, seq + 1], got ", shape_str(tokens.sizes()));
+  const std::int64_t S = tokens.size(1) - 1;
+  Tensor inputs = tokens.narrow(1, 0, S).contiguous();
+  Tensor targets = tokens.narrow(1, 1, S).contiguous();
+  Output out;
+  out.logits = forward(inputs);
+  out.ce = cross_entropy(out.logits, targets);
+  out.aux = zeros({});
+  out.loss = out.ce;
+  return out;
+}
+
+}  // namespace remat

@@ -1,0 +1,78 @@
+// The Llama-style decoder of DESIGN.md §7: token embedding, pre-norm blocks
+// (RMSNorm, rotary causal attention, residual, RMSNorm, SwiGLU MLP,
+// residual), final RMSNorm and an untied LM head; loss = mean cross-entropy
+// over all positions. Parameter names follow Hugging Face Llama.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "models/config.h"
+#include "models/layers.h"
+#include "models/module.h"
+
+namespace remat {
+
+class DecoderBlock : public Module {
+ public:
+  DecoderBlock(const ModelConfig& c, Generator& gen);
+  // x [B, S, d] -> [B, S, d].
+  Tensor forward(const Tensor& x) const;
+  // The attention half and the MLP half (each includes its residual).
+  Tensor attention_part(const Tensor& x) const;
+  Tensor mlp_part(const Tensor& h) const;
+
+  std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<SelfAttention> self_attn;
+  std::shared_ptr<MLP> mlp;
+  double dropout;
+};
+
+// "model": the embedding, the blocks and the final norm.
+class DecoderStack : public Module {
+ public:
+  DecoderStack(const ModelConfig& c, Generator& gen);
+  std::shared_ptr<Embedding> embed_tokens;
+  std::vector<std::shared_ptr<DecoderBlock>> layers;
+  std::shared_ptr<RMSNorm> norm;
+};
+
+class DecoderModel : public Module {
+ public:
+  // Parameters initialised from a Generator seeded with `seed`, in name order.
+  DecoderModel(const ModelConfig& c, std::uint64_t seed);
+
+  // Runs blocks [first, last) on x. The default runs them one after the other;
+  // recompute plans replace it to wrap blocks in checkpoint regions.
+  using BlockRunner = std::function<Tensor(const DecoderModel&, const Tensor& x)>;
+
+  struct Output {
+    Tensor logits;  // [B, S, vocab]
+    Tensor ce;      // mean cross-entropy (0-dim)
+    Tensor aux;     // sum over MoE layers of the load-balancing loss (0-dim; 0 when dense)
+    Tensor loss;    // ce + aux_coef * aux
+  };
+  // tokens [B, S + 1] (i64): inputs tokens[:, :S], targets tokens[:, 1:].
+  Output forward_loss(const Tensor& tokens) const;
+  // input_ids [B, S] -> logits [B, S, vocab].
+  Tensor forward(const Tensor& input_ids) const;
+  // The hidden states after the embedding: input_ids [B, S] -> [B, S, d].
+  Tensor embed(const Tensor& input_ids) const;
+  // Runs every block (through the block runner, if set).
+  Tensor run_blocks(const Tensor& x) const;
+  // Final norm and LM head: [B, S, d] -> logits.
+  Tensor head(const Tensor& x) const;
+
+  const ModelConfig& config() const { return config_; }
+  void set_block_runner(BlockRunner r) { runner_ = std::move(r); }
+
+  std::shared_ptr<DecoderStack> model;
+  std::shared_ptr<Linear> lm_head;
+
+ private:
+  ModelConfig config_;
+  BlockRunner runner_;
+};
+
+}  // namespace remat

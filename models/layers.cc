@@ -1,0 +1,83 @@
+#include "models/layers.h"
+
+#include "engine/allocator.h"
+#include "engine/grad_mode.h"
+#include "ops/attention.h"
+#include "ops/embedding.h"
+#include "ops/norm.h"
+#include "ops/ops.h"
+#include "ops/rotary.h"
+#include "ops/swiglu.h"
+
+namespace remat {
+
+namespace {
+Tensor init_normal(const Shape& shape, double std, Generator& gen) {
+  CategoryScope cat(MemoryCategory::parameter);
+  NoGradGuard ng;
+  Tensor t = randn(shape, DType::f32, &gen);
+  if (std != 1.0) {
+    float* p = t.data<float>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = float(double(p[i]) * std);
+  }
+  return t;
+}
+}  // namespace
+
+Linear::Linear(std::int64_t in, std::int64_t out, double init_std, Generator& gen) {
+  weight = register_parameter("weight", init_normal({out, in}, init_std, gen));
+}
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, weight); }
+
+Embedding::Embedding(std::int64_t vocab, std::int64_t dim, double init_std, Generator& gen) {
+  weight = register_parameter("weight", init_normal({vocab, dim}, init_std, gen));
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
+
+RMSNorm::RMSNorm(std::int64_t dim, double eps_) : eps(eps_) {
+  CategoryScope cat(MemoryCategory::parameter);
+  weight = register_parameter("weight", ones({dim}));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight, eps); }
+
+SelfAttention::SelfAttention(const ModelConfig& c, Generator& gen)
+    : n_heads(c.n_heads), head_dim(c.head_dim()), rope_theta(c.rope_theta) {
+  q_proj = register_module("q_proj", std::make_shared<Linear>(c.d_model, c.d_model, c.init_std, gen));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(c.d_model, c.d_model, c.init_std, gen));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(c.d_model, c.d_model, c.init_std, gen));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(c.d_model, c.d_model, c.init_std, gen));
+}
+
+Tensor SelfAttention::core(const Tensor& q, const Tensor& k, const Tensor& v) const {
+  Tensor qr = rotary_embedding(q, rope_theta);
+  Tensor kr = rotary_embedding(k, rope_theta);
+  Tensor o = scaled_dot_product_attention(qr, kr, v, /*causal=*/true);  // [B, H, S, Dh]
+  const std::int64_t B = o.size(0), S = o.size(2);
+  return o.transpose(1, 2).reshape({B, S, n_heads * head_dim});
+}
+
+Tensor SelfAttention::forward(const Tensor& x) const {
+  const std::int64_t B = x.size(0), S = x.size(1);
+  auto heads = [&](const Tensor& t) {
+    return t.view({B, S, n_heads, head_dim}).transpose(1, 2).contiguous();  // [B, H, S, Dh]
+  };
+  Tensor q = heads(q_proj->forward(x));
+  Tensor k = heads(k_proj->forward(x));
+  Tensor v = heads(v_proj->forward(x));
+  return o_proj->forward(core(q, k, v));
+}
+
+MLP::MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& gen) {
+  gate_proj = register_module("gate_proj", std::make_shared<Linear>(d_model, hidden, init_std, gen));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(d_model, hidden, init_std, gen));
+  down_proj = register_module("down_proj", std::make_shared<Linear>(hidden, d_model, init_std, gen));
+}
+
+Tensor MLP::forward(const Tensor& x) const {
+  return down_proj->forward(swiglu(gate_proj->forward(x), up_proj->forward(x)));
+}
+
+}  // namespace remat

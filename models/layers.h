@@ -1,0 +1,61 @@
+// The building blocks of the decoder: Linear (no bias, [out, in] weight),
+// Embedding, RMSNorm, rotary causal self-attention and the SwiGLU MLP.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/rng.h"
+#include "models/config.h"
+#include "models/module.h"
+
+namespace remat {
+
+// Parameters start as normal(0, std) from `gen` (weights) or ones (norms), in
+// allocation category `parameter`.
+class Linear : public Module {
+ public:
+  Linear(std::int64_t in, std::int64_t out, double init_std, Generator& gen);
+  // x [..., in] -> [..., out].
+  Tensor forward(const Tensor& x) const;
+  Tensor weight;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(std::int64_t vocab, std::int64_t dim, double init_std, Generator& gen);
+  // ids [...] (i64) -> [..., dim].
+  Tensor forward(const Tensor& ids) const;
+  Tensor weight;
+};
+
+class RMSNorm : public Module {
+ public:
+  RMSNorm(std::int64_t dim, double eps);
+  // x * rsqrt(mean(x^2) + eps) * weight over the last dim.
+  Tensor forward(const Tensor& x) const;
+  Tensor weight;
+  double eps;
+};
+
+// Multi-head causal self-attention with rotary position embeddings.
+class SelfAttention : public Module {
+ public:
+  SelfAttention(const ModelConfig& c, Generator& gen);
+  // x [B, S, d] -> [B, S, d] (before dropout and the residual).
+  Tensor forward(const Tensor& x) const;
+  // The core: q, k, v [B, H, S, Dh] -> [B, S, d] (rotary, fused attention, merge heads).
+  Tensor core(const Tensor& q, const Tensor& k, const Tensor& v) const;
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+  std::int64_t n_heads, head_dim;
+  double rope_theta;
+};
+
+// SwiGLU MLP: down(silu(gate(x)) * up(x)).
+class MLP : public Module {
+ public:
+  MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& gen);
+  Tensor forward(const Tensor& x) const;
+  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+};
+
+}  // namespace remat

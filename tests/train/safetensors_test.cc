@@ -1,0 +1,98 @@
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+#include "train/safetensors.h"
+
+using namespace remat;
+
+namespace {
+std::string temp_dir() {
+  char tmpl[] = "/tmp/remat-st-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+std::string read_all(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+void write_all(const std::string& p, const std::string& s) {
+  std::ofstream out(p, std::ios::binary);
+  out << s;
+}
+}  // namespace
+
+TEST_CASE("safetensors round-trips every dtype with metadata", "[safetensors]") {
+  const std::string dir = temp_dir(), path = dir + "/a.safetensors";
+  Tensor f = from_vector<float>({1.5f, -2, 3, 4, 5, 6}, {2, 3});
+  Tensor i = from_vector<std::int64_t>({7, 8, 9});
+  Tensor h = from_vector<float>({1, 2}).to(DType::bf16);
+  Tensor s = full({}, 3.25);
+  save_safetensors(path, {{"w", f.t()}, {"ids", i}, {"half", h}, {"scalar", s}}, {{"step", "12"}});
+  SafetensorsFile r = load_safetensors(path);
+  CHECK(r.metadata.at("step") == "12");
+  CHECK(r.tensors.at("w").sizes() == Shape{3, 2});
+  CHECK(r.tensors.at("w").to_vector<float>() == f.t().contiguous().to_vector<float>());
+  CHECK(r.tensors.at("ids").to_vector<std::int64_t>() == std::vector<std::int64_t>{7, 8, 9});
+  CHECK(r.tensors.at("half").dtype() == DType::bf16);
+  CHECK(r.tensors.at("scalar").dim() == 0);
+  CHECK(r.tensors.at("scalar").item() == 3.25);
+  // The header is what the format says: 8-byte length, JSON, aligned data.
+  const std::string bytes = read_all(path);
+  std::uint64_t n = 0;
+  for (int k = 0; k < 8; ++k) n |= std::uint64_t(static_cast<unsigned char>(bytes[std::size_t(k)])) << (8 * k);
+  CHECK((8 + n) % 8 == 0);
+  CHECK(bytes.substr(8, n).find("\"dtype\":\"F32\"") != std::string::npos);
+  CHECK(bytes.substr(8, n).find("\"__metadata__\":{\"step\":\"12\"}") != std::string::npos);
+  CHECK_THROWS_WITH(save_safetensors(path, {{"a", f}, {"a", f}}), Catch::Contains("duplicate tensor name 'a'"));
+}
+
+TEST_CASE("truncated or corrupt safetensors files are rejected with a clear error", "[safetensors]") {
+  const std::string dir = temp_dir(), path = dir + "/a.safetensors";
+  save_safetensors(path, {{"w", ones({4, 4})}, {"b", zeros({4})}});
+  const std::string good = read_all(path);
+
+  write_all(path, good.substr(0, good.size() - 3));
+  CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("outside the data section") ||
+                                                Catch::Contains("data section has"));
+  write_all(path, good.substr(0, 5));
+  CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("truncated"));
+  std::string bad_json = good;
+  bad_json[9] = '#';
+  write_all(path, bad_json);
+  CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("malformed JSON"));
+  std::string huge_len = good;
+  huge_len[6] = '\x7f';
+  write_all(path, huge_len);
+  CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("exceeds the file size"));
+  write_all(path, good + "xx");
+  CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("data section has"));
+  CHECK_THROWS_AS(load_safetensors(dir + "/missing.safetensors"), IOError);
+  write_all(path, good);
+  CHECK(load_safetensors(path).tensors.size() == 2);
+}
+
+TEST_CASE("atomic writes leave no temporary files and replace the old file whole", "[safetensors]") {
+  const std::string dir = temp_dir(), path = dir + "/a.safetensors";
+  save_safetensors(path, {{"w", ones({2})}});
+  save_safetensors(path, {{"w", full({3}, 2.0)}});
+  CHECK(load_safetensors(path).tensors.at("w").to_vector<float>() == std::vector<float>{2, 2, 2});
+  // Nothing but the file itself is left in the folder.
+  const std::string listing = [&] {
+    std::string cmd = "ls -A " + dir;
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    char buf[256];
+    while (p && std::fgets(buf, sizeof buf, p)) out += buf;
+    if (p) ::pclose(p);
+    return out;
+  }();
+  CHECK(listing == "a.safetensors\n");
+  // A failed write (unwritable folder) throws and leaves the old file.
+  CHECK_THROWS_AS(save_safetensors(dir + "/no/such/dir/x.safetensors", {{"w", ones({1})}}), IOError);
+}

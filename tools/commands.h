@@ -1,0 +1,14 @@
+// The CLI's commands (each returns the process exit status).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace remat::tools {
+
+// ./remat train: trains a model, showing progress; see DESIGN.md §8.
+int run_train(const std::vector<std::string>& args);
+// ./remat dump: one deterministic forward/backward written to safetensors.
+int run_dump(const std::vector<std::string>& args);
+
+}  // namespace remat::tools

@@ -1,0 +1,69 @@
+#include <cstdio>
+
+#include "engine/autograd.h"
+#include "engine/parallel_for.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+#include "train/data.h"
+#include "train/safetensors.h"
+#include "models/decoder.h"
+
+namespace remat::tools {
+
+int run_dump(const std::vector<std::string>& args) {
+  Flags f("dump", args,
+          {{"config", "model config name or FILE.json (default tiny)"},
+           {"seed", "seed for weights and the batch (default 0)"},
+           {"load", "take weights from this safetensors file (Hugging Face names)"},
+           {"recompute", "recompute plan (default none)"},
+           {"out", "output FILE.safetensors (required)"},
+           {"threads", "CPU threads (default: all cores)"}});
+  if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
+  REMAT_CHECK(f.has("out"), Error, "dump: --out FILE.safetensors is required");
+  const std::string plan = f.get("recompute", "none");
+  REMAT_CHECK(plan == "none", Error, "--recompute ", plan, ": recompute plans are not available yet; use none");
+  const ModelConfig c = ModelConfig::load(f.get("config", "tiny"));
+  const auto seed = std::uint64_t(f.get_int("seed", 0));
+
+  manual_seed(seed);
+  DecoderModel model(c, seed);
+  if (f.has("load")) {
+    const std::string path = f.get("load", "");
+    SafetensorsFile w = load_safetensors(path);
+    for (const auto& [name, p] : model.named_parameters()) {
+      auto it = w.tensors.find(name);
+      REMAT_CHECK(it != w.tensors.end(), IOError, "--load: ", path, " has no tensor '", name, "'");
+      REMAT_CHECK(it->second.sizes() == p.sizes(), IOError, "--load: tensor '", name, "' in ", path, " is ",
+                  shape_str(it->second.sizes()), ", the model needs ", shape_str(p.sizes()));
+    }
+    NoGradGuard ng;
+    for (auto& [name, p] : model.named_parameters()) {
+      Tensor dst = p;
+      dst.copy_(w.tensors.at(name).to(DType::f32));
+    }
+  }
+  // The batch: the generated corpus and sampler, both from the seed.
+  Corpus corpus = generated_corpus(seed, std::int64_t(1) << 18, c.seq + 2);
+  BatchSampler sampler(corpus.train, c.batch, c.seq, seed + 1);
+  Tensor tokens = sampler.next();
+
+  auto out = model.forward_loss(tokens);
+  out.loss.backward();
+
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, p] : model.named_parameters()) tensors.emplace_back(name, p.detach());
+  tensors.emplace_back("batch.tokens", tokens);
+  tensors.emplace_back("loss.ce", out.ce.detach());
+  tensors.emplace_back("loss.aux", out.aux.detach());
+  for (const auto& [name, p] : model.named_parameters()) {
+    REMAT_CHECK(p.grad().defined(), Error, "dump: parameter '", name, "' received no gradient");
+    tensors.emplace_back("grad." + name, p.grad());
+  }
+  save_safetensors(f.get("out", ""), tensors,
+                   {{"config", c.to_json().dump()}, {"seed", std::to_string(seed)}, {"recompute", plan}});
+  std::printf("dump: %s  loss.ce %.6f  loss.aux %.6f  (%zu tensors)\n", f.get("out", "").c_str(),
+              out.ce.item(), out.aux.item(), tensors.size());
+  return 0;
+}
+
+}  // namespace remat::tools

@@ -1,0 +1,120 @@
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "engine/parallel_for.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+#include "tools/json.h"
+#include "train/trainer.h"
+
+namespace remat::tools {
+
+namespace {
+std::string hms(double s) {
+  char buf[32];
+  const int t = int(std::lround(s));
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%d:%02d:%02d", t / 3600, (t / 60) % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%d:%02d", t / 60, t % 60);
+  return buf;
+}
+}  // namespace
+
+int run_train(const std::vector<std::string>& args) {
+  Flags f("train", args,
+          {{"config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json (default tiny)"},
+           {"data", "train on this text file (byte level; last 10% held out) instead of the generated corpus"},
+           {"steps", "optimizer steps of the whole run (default 300)"},
+           {"stop-after", "stop this invocation after N steps (resume later with --resume)"},
+           {"seed", "seed for weights, data and dropout (default 0)"},
+           {"lr", "peak learning rate (default 3e-3)"},
+           {"warmup", "warm-up steps (default 20)"},
+           {"recompute", "recompute plan (default none)"},
+           {"save", "save state to DIR at the end (and every --save-every steps)"},
+           {"save-every", "save every N steps"},
+           {"resume", "resume from the state in DIR"},
+           {"log", "write one JSON object per step to FILE.jsonl"},
+           {"eval-every", "validation every N steps (default 50)"},
+           {"threads", "CPU threads (default: all cores)"}});
+  if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
+  TrainOptions o;
+  o.config = ModelConfig::load(f.get("config", "tiny"));
+  o.data_file = f.get("data", "");
+  o.steps = f.get_int("steps", 300);
+  o.stop_after = f.get_int("stop-after", 0);
+  o.seed = std::uint64_t(f.get_int("seed", 0));
+  o.lr = f.get_double("lr", 3e-3);
+  o.min_lr = o.lr / 10;
+  o.warmup = f.get_int("warmup", 20);
+  o.recompute = f.get("recompute", "none");
+  o.save_dir = f.get("save", "");
+  o.save_every = f.get_int("save-every", 0);
+  o.resume_dir = f.get("resume", "");
+  o.eval_every = f.get_int("eval-every", 50);
+  REMAT_CHECK(o.steps > 0, Error, "--steps must be > 0");
+
+  std::unique_ptr<std::ofstream> log;
+  if (f.has("log")) {
+    log = std::make_unique<std::ofstream>(f.get("log", ""));
+    REMAT_CHECK(log->good(), IOError, "--log: cannot write ", f.get("log", ""));
+  }
+
+  Trainer trainer(o);
+  const auto& c = o.config;
+  const bool tty = ::isatty(STDOUT_FILENO);
+  std::printf("remat train: config %s (%lld parameters, %lld layers, d %lld), %d threads\n", c.name.c_str(),
+              static_cast<long long>(trainer.model().num_parameters()), static_cast<long long>(c.n_layers),
+              static_cast<long long>(c.d_model), num_threads());
+  std::printf("  data: %s", trainer.corpus().name.c_str());
+  if (trainer.corpus().entropy_floor >= 0)
+    std::printf(", entropy floor %.3f nats/byte", trainer.corpus().entropy_floor);
+  std::printf("\n  %lld steps of %lld x %lld tokens, lr %.2g (warm-up %lld, cosine), start loss ~ ln %lld = %.3f\n",
+              static_cast<long long>(o.steps), static_cast<long long>(c.batch), static_cast<long long>(c.seq), o.lr,
+              static_cast<long long>(o.warmup), static_cast<long long>(c.vocab), trainer.initial_loss_estimate());
+  if (trainer.step() > 0) std::printf("  resumed at step %lld from %s\n", static_cast<long long>(trainer.step()), o.resume_dir.c_str());
+  std::fflush(stdout);
+
+  double first_val = -1, last_val = -1, last_loss = 0, tok_s_sum = 0;
+  std::int64_t n = 0;
+  trainer.run([&](const StepStats& s) {
+    last_loss = s.loss;
+    tok_s_sum += s.tokens_per_s;
+    ++n;
+    if (log) {
+      JsonObject j;
+      j.set("step", s.step).set("loss", s.loss).set("lr", s.lr).set("grad_norm", s.grad_norm);
+      j.set("tokens_per_s", s.tokens_per_s).set("step_ms", s.step_ms);
+      j.set("peak_allocated_bytes", s.peak_allocated_bytes).set("peak_reserved_bytes", s.peak_reserved_bytes);
+      if (s.val_loss) j.set("val_loss", *s.val_loss);
+      *log << j.str() << "\n";
+      log->flush();
+    }
+    char line[256];
+    std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  lr %.2e  %7.0f tok/s  elapsed %s  eta %s",
+                  static_cast<long long>(s.step), static_cast<long long>(s.total_steps), s.loss, s.lr,
+                  s.tokens_per_s, hms(s.elapsed_s).c_str(), hms(s.eta_s).c_str());
+    if (s.val_loss) {
+      if (first_val < 0) first_val = *s.val_loss;
+      last_val = *s.val_loss;
+      std::printf("%s%s  val %.4f\n", tty ? "\r" : "", line, *s.val_loss);
+    } else if (tty) {
+      std::printf("\r%s", line);
+    } else if (s.step % 10 == 0) {
+      std::printf("%s\n", line);
+    }
+    std::fflush(stdout);
+  });
+  std::printf("%sdone: %lld steps, final train loss %.4f, validation loss %.4f", tty ? "\n" : "",
+              static_cast<long long>(trainer.step()), last_loss, last_val);
+  if (trainer.corpus().entropy_floor >= 0)
+    std::printf(" (entropy floor %.4f, start ~ %.4f)", trainer.corpus().entropy_floor, trainer.initial_loss_estimate());
+  std::printf(", %.0f tokens/s on average\n", n ? tok_s_sum / double(n) : 0.0);
+  if (!o.save_dir.empty()) std::printf("state saved in %s/state.safetensors\n", o.save_dir.c_str());
+  return 0;
+}
+
+}  // namespace remat::tools

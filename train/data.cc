@@ -1,0 +1,115 @@
+#include "train/data.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "engine/error.h"
+
+namespace remat {
+
+namespace {
+constexpr char kAlphabet[] = "etaoinshrdlucmfwypb ";  // 20 symbols
+constexpr int kSymbols = 20;
+constexpr double kProbs[4] = {0.5, 0.25, 0.15, 0.1};
+
+// Successor table: for each context (a, b), four distinct successors.
+struct Chain {
+  int next[kSymbols][kSymbols][4];
+};
+
+Chain make_chain(std::uint64_t seed) {
+  Chain c{};
+  std::vector<std::uint32_t> w(std::size_t(kSymbols * kSymbols * 8));
+  philox_fill_words(w.data(), std::int64_t(w.size()), RngState{seed ^ 0x5eed5eedull, 0});
+  std::size_t k = 0;
+  for (int a = 0; a < kSymbols; ++a)
+    for (int b = 0; b < kSymbols; ++b) {
+      int chosen = 0;
+      while (chosen < 4) {
+        const int cand = int(w[k++ % w.size()] % kSymbols);
+        bool dup = false;
+        for (int j = 0; j < chosen; ++j) dup = dup || c.next[a][b][j] == cand;
+        if (!dup) c.next[a][b][chosen++] = cand;
+        if (k > w.size() * 4) break;  // cannot happen with 20 symbols; guards the loop
+      }
+    }
+  return c;
+}
+
+std::vector<std::uint8_t> sample(const Chain& c, std::int64_t n, std::uint64_t seed, std::uint64_t stream) {
+  std::vector<float> u(static_cast<std::size_t>(n));
+  philox_fill_uniform(u.data(), n, RngState{seed, stream << 40});
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(n));
+  int a = 0, b = 1;
+  for (std::int64_t i = 0; i < n; ++i) {
+    double acc = 0;
+    int pick = 3;
+    for (int j = 0; j < 4; ++j) {
+      acc += kProbs[j];
+      if (u[std::size_t(i)] < acc) {
+        pick = j;
+        break;
+      }
+    }
+    const int s = c.next[a][b][pick];
+    out[std::size_t(i)] = std::uint8_t(kAlphabet[s]);
+    a = b;
+    b = s;
+  }
+  return out;
+}
+}  // namespace
+
+Corpus generated_corpus(std::uint64_t seed, std::int64_t train_bytes, std::int64_t val_bytes) {
+  const Chain c = make_chain(seed);
+  Corpus corpus;
+  corpus.name = "generated (order-2 Markov, seed " + std::to_string(seed) + ")";
+  corpus.train = sample(c, train_bytes, seed, 1);
+  corpus.val = sample(c, val_bytes, seed, 2);
+  double h = 0;
+  for (double p : kProbs) h -= p * std::log(p);
+  corpus.entropy_floor = h;
+  return corpus;
+}
+
+Corpus text_corpus(const std::string& path, std::int64_t window, double val_fraction) {
+  std::ifstream in(path, std::ios::binary);
+  REMAT_CHECK(in.good(), IOError, "--data: cannot read ", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string s = ss.str();
+  const auto n = std::int64_t(s.size());
+  const auto nval = std::int64_t(double(n) * val_fraction);
+  REMAT_CHECK(n - nval > window && nval > window, IOError, "--data: ", path, " has ", n,
+              " bytes; need more than ", window, " for training and for the held-out ",
+              int(val_fraction * 100), "% (windows of ", window, " bytes)");
+  Corpus c;
+  c.name = path;
+  c.train.assign(s.begin(), s.begin() + (n - nval));
+  c.val.assign(s.begin() + (n - nval), s.end());
+  return c;
+}
+
+BatchSampler::BatchSampler(const std::vector<std::uint8_t>& data, std::int64_t batch,
+                           std::int64_t seq, std::uint64_t seed)
+    : data_(data), batch_(batch), seq_(seq), gen_(seed) {
+  REMAT_CHECK(std::int64_t(data.size()) > seq + 1, Error, "BatchSampler: ", data.size(),
+              " bytes of data are too few for windows of ", seq + 1);
+}
+
+Tensor BatchSampler::next() {
+  const RngState s = gen_.reserve(std::uint64_t(batch_));
+  std::vector<std::uint32_t> w(static_cast<std::size_t>(batch_));
+  philox_fill_words(w.data(), batch_, s);
+  const auto range = std::uint64_t(data_.size()) - std::uint64_t(seq_ + 1);
+  std::vector<std::int64_t> tokens(std::size_t(batch_ * (seq_ + 1)));
+  for (std::int64_t b = 0; b < batch_; ++b) {
+    const std::uint64_t start = std::uint64_t(w[std::size_t(b)]) % (range + 1);
+    for (std::int64_t i = 0; i <= seq_; ++i)
+      tokens[std::size_t(b * (seq_ + 1) + i)] = data_[std::size_t(start) + std::size_t(i)];
+  }
+  return from_vector<std::int64_t>(tokens, {batch_, seq_ + 1});
+}
+
+}  // namespace remat

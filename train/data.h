@@ -1,0 +1,52 @@
+// Training data, byte level (vocab 256): a built-in generated corpus with a
+// known entropy floor, or any text file; and a seeded batch sampler whose
+// state is a Philox (seed, offset), so a resumed run draws the same batches.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/rng.h"
+#include "engine/tensor.h"
+
+namespace remat {
+
+// A corpus split into training and held-out bytes.
+struct Corpus {
+  std::string name;
+  std::vector<std::uint8_t> train;
+  std::vector<std::uint8_t> val;
+  // Entropy rate of the source in nats per byte (the best loss any model can
+  // reach); negative when unknown (text files).
+  double entropy_floor = -1;
+};
+
+// The generated corpus: an order-2 Markov chain over a 20-letter alphabet in
+// which every two-letter context has four possible successors with
+// probabilities 0.5, 0.25, 0.15 and 0.1 (drawn per context from the seed).
+// Its entropy rate is exactly H(0.5, 0.25, 0.15, 0.1) nats per byte.
+Corpus generated_corpus(std::uint64_t seed, std::int64_t train_bytes = 1 << 21,
+                        std::int64_t val_bytes = 1 << 16);
+
+// A text file read as bytes; the last `val_fraction` is held out. Throws
+// IOError if the file cannot be read or is too short for one window.
+Corpus text_corpus(const std::string& path, std::int64_t window, double val_fraction = 0.1);
+
+// Draws batches of `batch` windows of `seq + 1` bytes at Philox-random offsets.
+class BatchSampler {
+ public:
+  BatchSampler(const std::vector<std::uint8_t>& data, std::int64_t batch, std::int64_t seq,
+               std::uint64_t seed);
+  // The next batch as an i64 tensor [batch, seq + 1].
+  Tensor next();
+  RngState state() const { return gen_.state(); }
+  void set_state(RngState s) { gen_.set_state(s); }
+
+ private:
+  const std::vector<std::uint8_t>& data_;
+  std::int64_t batch_, seq_;
+  Generator gen_;
+};
+
+}  // namespace remat

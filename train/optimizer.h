@@ -1,0 +1,57 @@
+// AdamW (decoupled weight decay, bias correction, f32 state), gradient
+// clipping by global norm, and the cosine learning-rate schedule with linear
+// warm-up.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace remat {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // applied to parameters with 2 or more dims
+};
+
+class AdamW {
+ public:
+  // Takes the parameters by name (the names key the saved state).
+  AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWOptions opts = {});
+
+  // One update with learning rate `lr` from each parameter's .grad (a
+  // parameter without a gradient is left alone). Runs without autograd.
+  void step(double lr);
+  std::int64_t steps() const { return step_; }
+
+  // The state as named tensors ("optimizer.exp_avg.<name>",
+  // "optimizer.exp_avg_sq.<name>") for saving.
+  std::vector<std::pair<std::string, Tensor>> state() const;
+  // Restores state saved by state(); throws IOError naming any missing or
+  // mismatched tensor (and changes nothing in that case).
+  void load_state(const std::map<std::string, Tensor>& tensors, std::int64_t step);
+
+ private:
+  struct Slot {
+    std::string name;
+    Tensor param, exp_avg, exp_avg_sq;
+  };
+  std::vector<Slot> slots_;
+  AdamWOptions opts_;
+  std::int64_t step_ = 0;
+};
+
+// Scales every gradient so that their global L2 norm is at most max_norm;
+// returns the norm before scaling (computed in double, deterministically).
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+
+// Linear warm-up from 0 to max_lr over `warmup` steps, then cosine decay to
+// min_lr at `total` steps (constant after). `step` counts from 0.
+double cosine_lr(std::int64_t step, std::int64_t warmup, std::int64_t total, double max_lr, double min_lr);
+
+}  // namespace remat

@@ -1,0 +1,170 @@
+#include "train/trainer.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "engine/autograd.h"
+#include "train/safetensors.h"
+
+namespace remat {
+
+namespace {
+std::string state_path(const std::string& dir) { return dir + "/state.safetensors"; }
+std::string prev_path(const std::string& dir) { return dir + "/state.prev.safetensors"; }
+bool exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+constexpr const char* kFormat = "remat-train-state-1";
+}  // namespace
+
+Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
+  opts_.config.validate();
+  REMAT_CHECK(opts_.recompute == "none", Error, "--recompute ", opts_.recompute,
+              ": recompute plans are not available yet; use none");
+  const auto& c = opts_.config;
+  corpus_ = opts_.data_file.empty() ? generated_corpus(opts_.seed)
+                                    : text_corpus(opts_.data_file, c.seq + 1);
+  manual_seed(opts_.seed);
+  model_ = std::make_unique<DecoderModel>(c, opts_.seed);
+  AdamWOptions ao;
+  ao.weight_decay = opts_.weight_decay;
+  optimizer_ = std::make_unique<AdamW>(model_->named_parameters(), ao);
+  sampler_ = std::make_unique<BatchSampler>(corpus_.train, c.batch, c.seq, opts_.seed + 1);
+  if (!opts_.resume_dir.empty()) resume(opts_.resume_dir);
+}
+
+double Trainer::initial_loss_estimate() const { return std::log(double(opts_.config.vocab)); }
+
+double Trainer::evaluate() {
+  NoGradGuard ng;
+  model_->train(false);
+  BatchSampler val(corpus_.val, opts_.config.batch, opts_.config.seq, 0xe7a1ull);
+  double total = 0;
+  for (std::int64_t i = 0; i < opts_.eval_batches; ++i) total += model_->forward_loss(val.next()).ce.item();
+  model_->train(true);
+  return total / double(std::max<std::int64_t>(opts_.eval_batches, 1));
+}
+
+void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
+  const auto& c = opts_.config;
+  auto& alloc = allocator_for(kCPU);
+  const auto t_start = std::chrono::steady_clock::now();
+  const std::int64_t first = step_;
+  model_->train(true);
+  const std::int64_t stop = opts_.stop_after > 0 ? std::min(opts_.steps, first + opts_.stop_after) : opts_.steps;
+  while (step_ < stop) {
+    const auto t0 = std::chrono::steady_clock::now();
+    alloc.reset_peak();
+    const double lr = cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
+    Tensor batch = sampler_->next();
+    model_->zero_grad();
+    double loss;
+    {
+      CategoryScope cat(MemoryCategory::activation);
+      auto out = model_->forward_loss(batch);
+      loss = out.loss.item();
+      out.loss.backward();
+    }
+    StepStats s;
+    s.grad_norm = clip_grad_norm(model_->parameters(), opts_.clip);
+    optimizer_->step(lr);
+    ++step_;
+    const auto t1 = std::chrono::steady_clock::now();
+    const auto stats = alloc.stats();
+    s.step = step_;
+    s.total_steps = opts_.steps;
+    s.loss = loss;
+    s.lr = lr;
+    s.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    s.tokens_per_s = double(c.batch * c.seq) / (s.step_ms * 1e-3);
+    s.elapsed_s = std::chrono::duration<double>(t1 - t_start).count();
+    s.eta_s = s.elapsed_s / double(step_ - first) * double(opts_.steps - step_);
+    s.peak_allocated_bytes = stats.allocated_peak;
+    s.peak_reserved_bytes = stats.reserved_peak;
+    if ((opts_.eval_every > 0 && step_ % opts_.eval_every == 0) || step_ == stop) s.val_loss = evaluate();
+    if (!opts_.save_dir.empty() && ((opts_.save_every > 0 && step_ % opts_.save_every == 0) || step_ == stop))
+      save(opts_.save_dir);
+    if (on_step) on_step(s);
+  }
+}
+
+void Trainer::save(const std::string& dir) const {
+  ::mkdir(dir.c_str(), 0755);
+  std::vector<std::pair<std::string, Tensor>> tensors = model_->named_parameters();
+  for (auto& t : optimizer_->state()) tensors.push_back(t);
+  const RngState data = sampler_->state();
+  const RngState dropout = default_generator(kCPU).state();
+  std::map<std::string, std::string> meta = {
+      {"format", kFormat},
+      {"step", std::to_string(step_)},
+      {"seed", std::to_string(opts_.seed)},
+      {"config", opts_.config.to_json().dump()},
+      {"data", opts_.data_file.empty() ? "generated" : opts_.data_file},
+      {"data_rng_seed", std::to_string(data.seed)},
+      {"data_rng_offset", std::to_string(data.offset)},
+      {"rng_seed", std::to_string(dropout.seed)},
+      {"rng_offset", std::to_string(dropout.offset)},
+  };
+  const std::string cur = state_path(dir);
+  if (exists(cur)) ::rename(cur.c_str(), prev_path(dir).c_str());
+  save_safetensors(cur, tensors, meta);
+}
+
+void Trainer::resume(const std::string& dir) {
+  const std::string cur = state_path(dir);
+  const std::string prev_note = exists(prev_path(dir))
+      ? " (the previous state " + prev_path(dir) + " is intact; move it to " + cur + " to resume from it)"
+      : "";
+  REMAT_CHECK(exists(cur), IOError, "--resume: no state file ", cur, prev_note);
+  SafetensorsFile f;
+  try {
+    f = load_safetensors(cur);
+  } catch (const IOError& e) {
+    throw IOError(std::string("--resume: ") + e.what() + prev_note);
+  }
+  auto meta = [&](const char* key) -> const std::string& {
+    auto it = f.metadata.find(key);
+    REMAT_CHECK(it != f.metadata.end(), IOError, "--resume: ", cur, " has no metadata '", key, "'", prev_note);
+    return it->second;
+  };
+  auto meta_u64 = [&](const char* key) {
+    const std::string& v = meta(key);
+    REMAT_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos, IOError,
+                "--resume: metadata '", key, "' of ", cur, " is not a number: '", v, "'", prev_note);
+    return std::stoull(v);
+  };
+  REMAT_CHECK(meta("format") == kFormat, IOError, "--resume: ", cur, " has format '", meta("format"),
+              "', expected ", kFormat);
+  const ModelConfig saved = ModelConfig::from_json(Json::parse(meta("config"), cur + " config"));
+  REMAT_CHECK(saved.to_json().dump() == opts_.config.to_json().dump(), IOError, "--resume: ", cur,
+              " was trained with config ", saved.to_json().dump(), ", but this run uses ",
+              opts_.config.to_json().dump());
+  const std::int64_t step = std::int64_t(meta_u64("step"));
+  // Validate every parameter before changing anything.
+  for (const auto& [name, p] : model_->named_parameters()) {
+    auto it = f.tensors.find(name);
+    REMAT_CHECK(it != f.tensors.end(), IOError, "--resume: ", cur, " is missing parameter '", name, "'", prev_note);
+    REMAT_CHECK(it->second.sizes() == p.sizes() && it->second.dtype() == p.dtype(), IOError, "--resume: parameter '",
+                name, "' in ", cur, " is ", shape_str(it->second.sizes()), " ", it->second.dtype(), ", expected ",
+                shape_str(p.sizes()), " ", p.dtype());
+  }
+  const RngState data{meta_u64("data_rng_seed"), meta_u64("data_rng_offset")};
+  const RngState rng{meta_u64("rng_seed"), meta_u64("rng_offset")};
+  optimizer_->load_state(f.tensors, step);  // validates, then loads
+  {
+    NoGradGuard ng;
+    for (auto& [name, p] : model_->named_parameters()) {
+      Tensor dst = p;
+      dst.copy_(f.tensors.at(name));
+    }
+  }
+  sampler_->set_state(data);
+  default_generator(kCPU).set_state(rng);
+  step_ = step;
+}
+
+}  // namespace remat

@@ -1,0 +1,87 @@
+// The training loop: model, AdamW, schedule, data, evaluation, and state
+// saved to / resumed from safetensors so that a resumed run continues
+// bit-identically.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "models/config.h"
+#include "models/decoder.h"
+#include "train/data.h"
+#include "train/optimizer.h"
+
+namespace remat {
+
+struct TrainOptions {
+  ModelConfig config = ModelConfig::named("tiny");
+  std::string data_file;        // empty: the generated corpus
+  std::int64_t steps = 300;     // total steps of the run (the schedule spans them)
+  std::int64_t stop_after = 0;  // stop this invocation after N steps (0: run to `steps`)
+  std::uint64_t seed = 0;
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  std::int64_t warmup = 20;
+  double clip = 1.0;            // global gradient-norm clip (0: off)
+  double weight_decay = 0.1;
+  std::int64_t eval_every = 50; // 0: only at the end
+  std::int64_t eval_batches = 8;
+  std::string save_dir;         // empty: no saves
+  std::int64_t save_every = 0;  // 0: only at the end
+  std::string resume_dir;
+  std::string recompute = "none";
+};
+
+struct StepStats {
+  std::int64_t step = 0;        // 1-based: steps completed
+  std::int64_t total_steps = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  double elapsed_s = 0;
+  double eta_s = 0;
+  std::int64_t peak_allocated_bytes = 0;  // this step's peak (CPU allocator)
+  std::int64_t peak_reserved_bytes = 0;
+  std::optional<double> val_loss;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(TrainOptions opts);
+
+  // Trains from the current step to opts.steps, calling on_step after each
+  // step (with val_loss set on evaluation steps). Saves to save_dir every
+  // save_every steps and at the end.
+  void run(const std::function<void(const StepStats&)>& on_step);
+  // Mean loss over eval_batches fixed held-out batches (no grad; does not
+  // touch any training RNG).
+  double evaluate();
+
+  // Writes DIR/state.safetensors atomically; the state it replaces is kept
+  // as DIR/state.prev.safetensors.
+  void save(const std::string& dir) const;
+  // Loads DIR/state.safetensors, validating everything before changing
+  // anything; throws IOError naming the problem (and the previous state, if
+  // there is one).
+  void resume(const std::string& dir);
+
+  std::int64_t step() const { return step_; }
+  const Corpus& corpus() const { return corpus_; }
+  DecoderModel& model() { return *model_; }
+  const TrainOptions& options() const { return opts_; }
+  double initial_loss_estimate() const;
+
+ private:
+  TrainOptions opts_;
+  Corpus corpus_;
+  std::unique_ptr<DecoderModel> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<BatchSampler> sampler_;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace remat
