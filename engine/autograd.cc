@@ -20,6 +20,7 @@ thread_local bool tls_grad_enabled = true;
 thread_local std::vector<std::shared_ptr<SavedTensorHooks>> tls_hooks;
 thread_local std::int64_t tls_region = -1;
 thread_local AutogradCounters tls_counters;
+thread_local BackwardMode tls_backward_mode = BackwardMode::none;
 std::atomic<std::uint64_t> g_sequence{0};
 std::atomic<std::uint64_t> g_save_id{0};
 }  // namespace
@@ -27,6 +28,7 @@ std::atomic<std::uint64_t> g_save_id{0};
 bool grad_enabled() { return tls_grad_enabled; }
 void set_grad_enabled(bool enabled) { tls_grad_enabled = enabled; }
 AutogradCounters autograd_counters() { return tls_counters; }
+BackwardMode backward_mode() { return tls_backward_mode; }
 
 SavedTensorHooksScope::SavedTensorHooksScope(std::shared_ptr<SavedTensorHooks> hooks) {
   REMAT_CHECK(hooks != nullptr, Error, "SavedTensorHooksScope: hooks must not be null");
@@ -60,17 +62,20 @@ struct SavedRegistry {
   std::map<std::string, std::int64_t> by_op;
   std::map<std::int64_t, std::int64_t> by_region;
 
-  void add(const SaveInfo& info, std::int64_t bytes, int count_delta) {
+  void add(const std::string& op_name, std::int64_t region, std::int64_t bytes, int count_delta) {
     std::lock_guard<std::mutex> lock(mu);
     live += bytes;
     count += count_delta;
     peak = std::max(peak, live);
-    auto& op = by_op[info.op];
+    auto& op = by_op[op_name];
     op += bytes;
-    if (op == 0) by_op.erase(info.op);
-    auto& reg = by_region[info.region];
+    if (op == 0) by_op.erase(op_name);
+    auto& reg = by_region[region];
     reg += bytes;
-    if (reg == 0) by_region.erase(info.region);
+    if (reg == 0) by_region.erase(region);
+  }
+  void add(const SaveInfo& info, std::int64_t bytes, int count_delta) {
+    add(info.op, info.region, bytes, count_delta);
   }
 };
 SavedRegistry& saved_registry() {
@@ -83,6 +88,10 @@ SavedBytesReport saved_bytes_report() {
   auto& r = saved_registry();
   std::lock_guard<std::mutex> lock(r.mu);
   return SavedBytesReport{r.live, r.peak, r.count, r.by_op, r.by_region};
+}
+
+void saved_bytes_adjust(const std::string& op, std::int64_t region, std::int64_t delta) {
+  if (delta != 0) saved_registry().add(op, region, delta, 0);
 }
 
 std::int64_t saved_bytes_live() {
@@ -123,15 +132,16 @@ SavedTensor::SavedTensor(const Tensor& t, const char* op, bool is_output) {
   saved_registry().add(info_, std::int64_t(held_bytes_), 1);
 }
 
-SavedTensor::~SavedTensor() {
-  if (defined_ && !released_) saved_registry().add(info_, -std::int64_t(held_bytes_), -1);
-}
+SavedTensor::~SavedTensor() { release(); }
 
 void SavedTensor::release() {
   if (released_) return;
   released_ = true;
-  if (defined_) saved_registry().add(info_, -std::int64_t(held_bytes_), -1);
+  if (!defined_) return;
+  saved_registry().add(info_, -std::int64_t(held_bytes_), -1);
   held_bytes_ = 0;
+  // Tell the hooks, outermost first (the order unpack would run in).
+  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) (*it)->on_release(packed_, info_);
   packed_.reset();
 }
 
@@ -415,7 +425,20 @@ void mark_needed(GraphTask& task, const std::vector<Edge>& roots) {
     if (e.valid()) visit(e.node.get());
 }
 
+// Sets this thread's backward mode for the duration of one graph task.
+class BackwardModeScope {
+ public:
+  explicit BackwardModeScope(BackwardMode m) : previous_(tls_backward_mode) { tls_backward_mode = m; }
+  ~BackwardModeScope() { tls_backward_mode = previous_; }
+  BackwardModeScope(const BackwardModeScope&) = delete;
+  BackwardModeScope& operator=(const BackwardModeScope&) = delete;
+
+ private:
+  BackwardMode previous_;
+};
+
 void execute(GraphTask& task, const std::vector<Edge>& roots, const std::vector<Tensor>& seeds) {
+  BackwardModeScope mode(task.accumulate ? BackwardMode::backward : BackwardMode::grad);
   collect(task, roots);
   if (!task.accumulate) mark_needed(task, roots);
   for (std::size_t i = 0; i < roots.size(); ++i)

@@ -80,6 +80,9 @@ class SavedTensorHooks {
   // Bytes the packed value keeps alive, for the saved-bytes registry. The
   // default counts a packed Tensor's bytes and nothing else.
   virtual std::size_t held_bytes(const std::any& packed) const;
+  // The save is being dropped (its node ran backward, or its graph died)
+  // without another unpack.
+  virtual void on_release(const std::any& /*packed*/, const SaveInfo& /*info*/) {}
 };
 
 // RAII: pushes hooks onto this thread's stack for the scope's lifetime.
@@ -164,6 +167,9 @@ struct SavedBytesReport {
   std::map<std::int64_t, std::int64_t> bytes_by_region;  // -1: outside regions
 };
 SavedBytesReport saved_bytes_report();
+// Adds `delta` bytes held on behalf of saved tensors by something other than
+// a SavedTensor (checkpoint boundaries, regenerated tensors) under `op`.
+void saved_bytes_adjust(const std::string& op, std::int64_t region, std::int64_t delta);
 std::int64_t saved_bytes_live();
 void reset_saved_bytes_peak();
 
@@ -247,6 +253,11 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
                          bool allow_unused = false);
+
+// What the autograd engine on this thread is doing: nothing, a backward()
+// (accumulating into leaves) or a grad() (capturing gradients).
+enum class BackwardMode { none, backward, grad };
+BackwardMode backward_mode();
 
 // Counters of the autograd engine on this thread (for tests and benchmarks).
 struct AutogradCounters {

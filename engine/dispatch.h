@@ -27,9 +27,18 @@ class DispatchHook {
   // Before the op runs. Returning outputs skips the op entirely (its kernel
   // and its autograd recording); the outermost hook that returns wins.
   virtual std::optional<std::vector<Tensor>> before(const OpCall&) { return std::nullopt; }
+  // Outputs the op should use instead of running its kernel, while still
+  // recording autograd and its saves as usual (selective checkpoint replays
+  // hand back cached results this way). Ops that support it take them with
+  // take_kernel_outputs(); others compute as usual.
+  virtual std::optional<std::vector<Tensor>> kernel_outputs(const OpCall&) { return std::nullopt; }
   // After the op ran (or was intercepted), with its outputs.
   virtual void after(const OpCall&, const std::vector<Tensor>& /*outputs*/) {}
 };
+
+// Inside an op's dispatched body: the replacement outputs a hook offered for
+// this call (once; later calls return nothing).
+std::optional<std::vector<Tensor>> take_kernel_outputs();
 
 // RAII: pushes a hook on this thread's dispatch stack.
 class DispatchHookScope {

@@ -37,10 +37,18 @@ Tensor f32_contiguous(const Tensor& t);
 // Converts an f32 result back to `dtype` (no copy if dtype is f32).
 Tensor from_f32(const Tensor& t, DType dtype);
 
-// Runs fn(begin, end) over [0, n) in chunks sized for elementwise work.
+// Runs fn(begin, end) over [0, n) in fixed blocks of kElementwiseBlock
+// elements (the last may be shorter), spread over the threads. Block
+// boundaries do not depend on the thread count, so vectorised kernels that
+// peel unaligned heads give the same bits with any number of threads.
+inline constexpr std::int64_t kElementwiseBlock = 4096;
 template <typename Fn>
 void parallel_elementwise(std::int64_t n, Fn&& fn) {
-  parallel_for(0, n, 1 << 14, fn);
+  const std::int64_t blocks = (n + kElementwiseBlock - 1) / kElementwiseBlock;
+  parallel_for(0, blocks, 4, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b)
+      fn(b * kElementwiseBlock, std::min(n, (b + 1) * kElementwiseBlock));
+  });
 }
 
 // Runs fn(row_begin, row_end) over rows of `cols` elements each.
@@ -69,6 +77,14 @@ inline float lane_dot(const float* a, const float* b, std::int64_t n) {
     for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
   for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// The op's kernel result: a replacement a dispatch hook offered for this call
+// (a selective checkpoint replay's cached output), else compute().
+template <typename Fn>
+std::vector<Tensor> kernel_or_cached(Fn&& compute) {
+  if (auto r = take_kernel_outputs()) return std::move(*r);
+  return compute();
 }
 
 }  // namespace remat::ops_detail

@@ -115,7 +115,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   check_matmul("matmul", a, b);
   return dispatch1("matmul", {a, b}, [&] {
     const bool two_d = b.dim() == 2;
-    Tensor out = two_d ? matmul_2d(a, b) : matmul_batched(a, b);
+    Tensor out = kernel_or_cached([&] {
+      return std::vector<Tensor>{two_d ? matmul_2d(a, b) : matmul_batched(a, b)};
+    })[0];
     if (auto node = autograd::make_node("matmul", {&a, &b})) {
       node->save(node->needs_input_grad(1) ? a : Tensor());
       node->save(node->needs_input_grad(0) ? b : Tensor());

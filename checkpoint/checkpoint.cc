@@ -1,0 +1,462 @@
+#include "checkpoint/checkpoint.h"
+
+#include <atomic>
+#include <cstring>
+#include <optional>
+#include <sstream>
+
+#include "cuda/allocator_backend.h"
+#include "engine/autograd.h"
+#include "engine/dispatch.h"
+#include "engine/rng.h"
+
+namespace remat {
+
+namespace {
+
+thread_local CheckpointCounters tls_counters;
+std::atomic<std::int64_t> g_region_id{0};
+
+// Policies of the regions active on this thread, innermost last.
+thread_local std::vector<const Policy*> tls_policies;
+
+// The decision for `op` under the innermost region's policy; a `prefer_*`
+// gives way to a `must_*` of an enclosing region.
+SaveDecision decide(const Policy* own, const std::string& op) {
+  SaveDecision d = own && *own ? (*own)(op) : SaveDecision::prefer_recompute;
+  if (d == SaveDecision::must_save || d == SaveDecision::must_recompute) return d;
+  for (auto it = tls_policies.rbegin(); it != tls_policies.rend(); ++it) {
+    if (*it == own || !*it || !**it) continue;
+    const SaveDecision outer = (**it)(op);
+    if (outer == SaveDecision::must_save || outer == SaveDecision::must_recompute) return outer;
+  }
+  return d;
+}
+
+class PolicyScope {
+ public:
+  explicit PolicyScope(const Policy* p) { tls_policies.push_back(p); }
+  ~PolicyScope() { tls_policies.pop_back(); }
+  PolicyScope(const PolicyScope&) = delete;
+  PolicyScope& operator=(const PolicyScope&) = delete;
+};
+
+std::uint64_t checksum_of(const Tensor& t) {
+  Tensor c = t.detach().to(kCPU).contiguous();
+  const auto* p = static_cast<const unsigned char*>(c.raw_data());
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes
+  for (std::size_t i = 0; i < c.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+std::string describe_meta(const char* op, const TensorMeta& m) {
+  std::ostringstream os;
+  os << "op '" << op << "' " << shape_str(m.sizes) << ' ' << m.dtype;
+  return os.str();
+}
+
+// The RNG state of every device at region entry, restorable for a replay.
+struct RngStash {
+  RngState cpu;
+  std::vector<RngState> cuda;
+
+  static RngStash capture() {
+    RngStash s;
+    s.cpu = default_generator(kCPU).state();
+    for (int d = 0; d < cuda::device_count(); ++d) s.cuda.push_back(default_generator(cuda_device(d)).state());
+    return s;
+  }
+  void restore() const {
+    default_generator(kCPU).set_state(cpu);
+    for (std::size_t d = 0; d < cuda.size(); ++d) default_generator(cuda_device(int(d))).set_state(cuda[d]);
+  }
+};
+
+// Swaps the stashed RNG state in for a replay and puts the current one back
+// afterwards, so a replay never disturbs the random stream of the rest.
+class RngSwap {
+ public:
+  explicit RngSwap(const RngStash& stashed) : current_(RngStash::capture()) { stashed.restore(); }
+  ~RngSwap() { current_.restore(); }
+  RngSwap(const RngSwap&) = delete;
+  RngSwap& operator=(const RngSwap&) = delete;
+
+ private:
+  RngStash current_;
+};
+
+// Inputs for a replay: aliases of the boundary inputs, requiring grad where
+// the originals did (so the replayed ops save what the original ones saved).
+std::vector<Tensor> replay_inputs(const std::vector<Tensor>& inputs, const std::vector<bool>& requires_grad) {
+  std::vector<Tensor> out;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined()) {
+      out.push_back(t);
+      continue;
+    }
+    Tensor d = t.detach();
+    if (requires_grad[i]) d.set_requires_grad(true);
+    out.push_back(d);
+  }
+  return out;
+}
+
+std::vector<bool> requires_grad_of(const std::vector<Tensor>& inputs) {
+  std::vector<bool> r;
+  for (const Tensor& t : inputs) r.push_back(t.defined() && t.requires_grad());
+  return r;
+}
+
+struct StopReplay {};
+
+// ---------------------------------------------------------------------------
+// Non-reentrant regions
+
+class Region;
+
+struct Placeholder {
+  std::shared_ptr<Region> region;
+  std::size_t index;
+};
+
+class Region : public std::enable_shared_from_this<Region> {
+ public:
+  struct Slot {
+    SaveInfo info;
+    std::uint64_t checksum = 0;
+    bool pending = true;  // its SavedTensor is still alive
+    Tensor value;         // regenerated, waiting for its consumer
+  };
+
+  Region(RegionFn f, std::vector<Tensor> in, CheckpointOptions o)
+      : id(++g_region_id), opts(std::move(o)), fn(std::move(f)), inputs(std::move(in)) {
+    for (const auto& t : inputs)
+      if (t.defined()) boundary_bytes += std::int64_t(t.nbytes());
+    saved_bytes_adjust("checkpoint_boundary", id, boundary_bytes);
+  }
+
+  ~Region() {
+    free_boundary();
+    for (auto& s : slots) drop_value(s);
+    for (auto& outs : cached)
+      for (auto& t : outs)
+        if (t.defined()) saved_bytes_adjust("checkpoint_cache", id, -std::int64_t(t.nbytes()));
+  }
+
+  // The regenerated tensor of slot i (replaying if needed); the region lets
+  // go of it, so it dies with its consumer.
+  Tensor take(std::size_t i) {
+    if (!slots.at(i).value.defined()) replay();
+    Slot& s = slots.at(i);
+    REMAT_CHECK(s.value.defined(), CheckpointMismatchError, "checkpoint region '", opts.name, "' (id ", id,
+                "): the replay did not regenerate saved tensor #", i, " (", describe_meta(s.info.op, s.info.meta), ")");
+    Tensor t = s.value;
+    drop_value(s);
+    return t;
+  }
+
+  // The SavedTensor of slot i is gone: nothing needs it any more.
+  void release(std::size_t i) {
+    Slot& s = slots.at(i);
+    if (!s.pending) return;
+    s.pending = false;
+    drop_value(s);
+    if (--pending_count == 0) free_boundary();
+  }
+
+  std::size_t add_slot(const SaveInfo& info, const Tensor& t) {
+    Slot s;
+    s.info = info;
+    if (opts.checksum) s.checksum = checksum_of(t);
+    slots.push_back(std::move(s));
+    ++pending_count;
+    return slots.size() - 1;
+  }
+
+  void free_boundary() {
+    if (boundary_bytes == 0) return;
+    saved_bytes_adjust("checkpoint_boundary", id, -boundary_bytes);
+    boundary_bytes = 0;
+    inputs.clear();
+  }
+
+  void replay();
+
+  // Forward: the index of the next top-level op, and cached outputs by index.
+  std::int64_t op_index = -1;
+  std::vector<std::vector<Tensor>> cached;
+
+  std::int64_t id;
+  CheckpointOptions opts;
+  RegionFn fn;
+  std::vector<Tensor> inputs;
+  std::int64_t boundary_bytes = 0;
+  RngStash rng;
+  std::vector<Slot> slots;
+  std::int64_t pending_count = 0;
+
+ private:
+  void drop_value(Slot& s) {
+    if (!s.value.defined()) return;
+    saved_bytes_adjust("recompute", id, -std::int64_t(s.value.nbytes()));
+    s.value = Tensor();
+  }
+  friend class HarvestHooks;
+};
+
+// Forward hooks of a region: saves become placeholders (unless the policy
+// keeps them); unpack regenerates.
+class RegionHooks final : public SavedTensorHooks {
+ public:
+  explicit RegionHooks(std::shared_ptr<Region> r) : region_(std::move(r)) {}
+
+  std::any pack(std::any value, const SaveInfo& info) override {
+    const Tensor* t = std::any_cast<Tensor>(&value);
+    if (!t) return value;  // an inner region's placeholder: not ours
+    return Placeholder{region_, region_->add_slot(info, *t)};
+  }
+
+  std::any unpack(std::any packed, const SaveInfo&) override {
+    if (const auto* p = std::any_cast<Placeholder>(&packed); p && p->region == region_)
+      return p->region->take(p->index);
+    return packed;
+  }
+
+  std::size_t held_bytes(const std::any& packed) const override {
+    if (const Tensor* t = std::any_cast<Tensor>(&packed)) return t->defined() ? t->nbytes() : 0;
+    return 0;
+  }
+
+  void on_release(const std::any& packed, const SaveInfo&) override {
+    if (const auto* p = std::any_cast<Placeholder>(&packed); p && p->region == region_) p->region->release(p->index);
+  }
+
+ private:
+  std::shared_ptr<Region> region_;
+};
+
+// Replay hooks: hand each save, in order, to its slot; stop early once every
+// slot still needed has its tensor.
+class HarvestHooks final : public SavedTensorHooks {
+ public:
+  HarvestHooks(Region& r, std::int64_t missing) : r_(r), missing_(missing) {}
+
+  std::any pack(std::any value, const SaveInfo& info) override {
+    const Tensor* t = std::any_cast<Tensor>(&value);
+    if (!t) return value;
+    const std::size_t k = next_++;
+    REMAT_CHECK(k < r_.slots.size(), CheckpointMismatchError, "checkpoint region '", r_.opts.name, "' (id ", r_.id,
+                "): the replay saved more tensors than the original forward (", r_.slots.size(), "); extra save #", k,
+                " from ", describe_meta(info.op, info.meta),
+                ". The region's function must run the same ops when replayed");
+    Region::Slot& s = r_.slots[k];
+    if (r_.opts.determinism_check) {
+      const bool same = std::strcmp(s.info.op, info.op) == 0 && s.info.meta.sizes == info.meta.sizes &&
+                        s.info.meta.dtype == info.meta.dtype;
+      REMAT_CHECK(same, CheckpointMismatchError, "checkpoint region '", r_.opts.name, "' (id ", r_.id,
+                  "): save #", k, " of the replay is ", describe_meta(info.op, info.meta),
+                  " but the original forward saved ", describe_meta(s.info.op, s.info.meta),
+                  " there. The region's function must run the same ops on the same shapes when replayed "
+                  "(random ops draw from the RNG state the region restores)");
+      if (r_.opts.checksum)
+        REMAT_CHECK(checksum_of(*t) == s.checksum, CheckpointMismatchError, "checkpoint region '", r_.opts.name,
+                    "' (id ", r_.id, "): save #", k, " (", describe_meta(info.op, info.meta),
+                    ") has different values in the replay than in the original forward");
+    }
+    if (s.pending && !s.value.defined()) {
+      s.value = *t;
+      saved_bytes_adjust("recompute", r_.id, std::int64_t(t->nbytes()));
+      tls_counters.tensors_regenerated++;
+      tls_counters.bytes_regenerated += std::int64_t(t->nbytes());
+      --missing_;
+    }
+    // Early stop: nothing after this point is needed.
+    if (r_.opts.early_stop && missing_ == 0) throw StopReplay{};
+    return std::any();
+  }
+
+  std::any unpack(std::any packed, const SaveInfo&) override { return packed; }
+  std::size_t held_bytes(const std::any&) const override { return 0; }
+
+  std::size_t saves_seen() const { return next_; }
+  std::int64_t missing() const { return missing_; }
+
+ private:
+  Region& r_;
+  std::int64_t missing_;
+  std::size_t next_ = 0;
+};
+
+// Selective policies: in forward, caches the outputs of the ops the policy
+// keeps (top-level ops of the region, numbered in order); in the replay, hands
+// them back so those ops skip their kernels (their autograd recording and
+// saves still happen, so the replay's saves line up with the forward's).
+class CacheHook final : public DispatchHook {
+ public:
+  CacheHook(Region& r, bool replaying) : r_(r), replaying_(replaying) {}
+
+  std::optional<std::vector<Tensor>> before(const OpCall&) override {
+    if (depth_++ == 0) ++index_;
+    return std::nullopt;
+  }
+
+  std::optional<std::vector<Tensor>> kernel_outputs(const OpCall&) override {
+    const std::size_t k = std::size_t(index_);
+    if (!replaying_ || depth_ != 1 || k >= r_.cached.size() || r_.cached[k].empty()) return std::nullopt;
+    tls_counters.ops_skipped++;
+    std::vector<Tensor> out;
+    for (const Tensor& t : r_.cached[k]) out.push_back(t.defined() ? t.detach() : t);
+    return out;
+  }
+
+  void after(const OpCall& call, const std::vector<Tensor>& outputs) override {
+    if (--depth_ > 0 || replaying_) return;
+    if (!saves(decide(&r_.opts.policy, call.name))) return;
+    const std::size_t k = std::size_t(index_);
+    if (r_.cached.size() <= k) r_.cached.resize(k + 1);
+    for (const Tensor& t : outputs) {
+      r_.cached[k].push_back(t.defined() ? t.detach() : t);
+      if (t.defined()) saved_bytes_adjust("checkpoint_cache", r_.id, std::int64_t(t.nbytes()));
+    }
+  }
+
+ private:
+  Region& r_;
+  bool replaying_;
+  int depth_ = 0;
+  std::int64_t index_ = -1;
+};
+
+void Region::replay() {
+  RecomputeScope replaying;
+  CategoryScope cat(MemoryCategory::recompute);
+  tls_counters.replays++;
+  std::int64_t missing = 0;
+  for (const auto& s : slots)
+    if (s.pending && !s.value.defined()) ++missing;
+  REMAT_CHECK(!inputs.empty() || slots.empty(), CheckpointMismatchError, "checkpoint region '", opts.name, "' (id ",
+              id, "): its boundary inputs were already released");
+  auto harvest = std::make_shared<HarvestHooks>(*this, missing);
+  const std::int64_t ops0 = ops_dispatched();
+  bool stopped = false;
+  {
+    RngSwap rng_swap(rng);
+    EnableGradGuard grad_on;
+    std::vector<Tensor> in = replay_inputs(inputs, requires_grad_of(inputs));
+    SavedTensorHooksScope hooks(harvest);
+    RegionScope region(id);
+    PolicyScope policy_scope(&opts.policy);
+    std::optional<DispatchHookScope> cache;
+    if (opts.policy) cache.emplace(std::make_shared<CacheHook>(*this, /*replaying=*/true));
+    try {
+      fn(in);
+    } catch (const StopReplay&) {
+      stopped = true;
+    }
+  }
+  tls_counters.ops_recomputed += ops_dispatched() - ops0;
+  if (stopped) tls_counters.early_stops++;
+  REMAT_CHECK(stopped || harvest->missing() == 0, CheckpointMismatchError, "checkpoint region '", opts.name, "' (id ",
+              id, "): the replay saved ", harvest->saves_seen(), " tensors but the original forward saved ",
+              slots.size(), ". The region's function must run the same ops when replayed");
+}
+
+// ---------------------------------------------------------------------------
+// Reentrant regions
+
+std::vector<Tensor> checkpoint_reentrant(const RegionFn& fn, const std::vector<Tensor>& inputs,
+                                         const CheckpointOptions& opts) {
+  // Forward with grad on (so we learn which outputs depend on parameters)
+  // but keeping no saved tensor.
+  struct DropAll final : SavedTensorHooks {
+    std::any pack(std::any, const SaveInfo&) override { return std::any(); }
+    std::any unpack(std::any p, const SaveInfo&) override { return p; }
+    std::size_t held_bytes(const std::any&) const override { return 0; }
+  };
+  const RngStash rng = RngStash::capture();
+  std::vector<Tensor> outs;
+  {
+    SavedTensorHooksScope drop(std::make_shared<DropAll>());
+    outs = fn(inputs);
+  }
+  auto node = std::make_shared<Node>("checkpoint_reentrant");
+  for (const Tensor& t : inputs) node->next_edges.push_back(t.defined() ? autograd::gradient_edge(t) : Edge{});
+  for (const Tensor& t : inputs) node->save(t);  // the boundary inputs, as saved tensors
+  std::vector<std::size_t> grad_outputs;         // which outputs carry history
+  std::vector<Tensor> result;
+  std::vector<Tensor*> with_history;
+  result.reserve(outs.size());
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    result.push_back(outs[i].defined() ? outs[i].detach() : outs[i]);
+    if (outs[i].defined() && outs[i].requires_grad()) grad_outputs.push_back(i);
+  }
+  for (std::size_t i : grad_outputs) with_history.push_back(&result[i]);
+  const std::size_t n_in = inputs.size();
+  const std::string name = opts.name;
+  const std::vector<bool> in_rg = requires_grad_of(inputs);
+  node->backward_fn = [fn, rng, grad_outputs, n_in, name, in_rg](Node& self, std::vector<Tensor>& grads) {
+    REMAT_CHECK(backward_mode() != BackwardMode::grad, AutogradError, "reentrant checkpoint region '", name,
+                "' cannot run under grad(): its replay accumulates into .grad; use the non-reentrant default");
+    std::vector<Tensor> saved;
+    for (std::size_t i = 0; i < n_in; ++i) saved.push_back(self.saved(i));
+    RecomputeScope replaying;
+    tls_counters.replays++;
+    const std::int64_t ops0 = ops_dispatched();
+    std::vector<Tensor> in, outs2;
+    {
+      CategoryScope cat(MemoryCategory::recompute);
+      RngSwap rng_swap(rng);
+      EnableGradGuard grad_on;
+      in = replay_inputs(saved, in_rg);
+      outs2 = fn(in);
+    }
+    tls_counters.ops_recomputed += ops_dispatched() - ops0;
+    std::vector<Tensor> roots, seeds;
+    for (std::size_t j = 0; j < grad_outputs.size(); ++j) {
+      const Tensor& o = outs2.at(grad_outputs[j]);
+      if (o.defined() && o.requires_grad()) {
+        roots.push_back(o);
+        seeds.push_back(grads[j]);
+      }
+    }
+    if (!roots.empty()) remat::backward(roots, seeds);
+    std::vector<Tensor> gi;
+    for (std::size_t i = 0; i < n_in; ++i) gi.push_back(self.needs_input_grad(i) ? in[i].grad() : Tensor());
+    return gi;
+  };
+  if (!with_history.empty()) autograd::set_history(with_history, node);
+  return result;
+}
+
+}  // namespace
+
+std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& inputs, const CheckpointOptions& opts) {
+  if (!grad_enabled()) return fn(inputs);
+  if (!in_recompute()) tls_counters.regions++;
+  if (opts.reentrant) return checkpoint_reentrant(fn, inputs, opts);
+  auto region = std::make_shared<Region>(fn, inputs, opts);
+  region->rng = RngStash::capture();
+  std::vector<Tensor> outs;
+  {
+    SavedTensorHooksScope hooks(std::make_shared<RegionHooks>(region));
+    RegionScope scope(region->id);
+    PolicyScope policy_scope(&region->opts.policy);
+    std::optional<DispatchHookScope> cache;
+    if (region->opts.policy) cache.emplace(std::make_shared<CacheHook>(*region, /*replaying=*/false));
+    outs = fn(inputs);
+  }
+  if (region->pending_count == 0) region->free_boundary();  // nothing to regenerate
+  return outs;
+}
+
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input, const CheckpointOptions& opts) {
+  // `fn` runs again during backward: the region keeps its own copy.
+  return checkpoint([fn](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in[0])}; },
+                    std::vector<Tensor>{input}, opts)[0];
+}
+
+CheckpointCounters checkpoint_counters() { return tls_counters; }
+void reset_checkpoint_counters() { tls_counters = CheckpointCounters{}; }
+
+}  // namespace remat

@@ -1,0 +1,69 @@
+// Checkpoint regions: run a function so that the tensors its ops save for
+// backward are not kept; when backward first needs one, the function is
+// replayed from the region's boundary inputs (with the RNG state of the
+// original run) to regenerate them. DESIGN.md §4 is the contract.
+//
+// Non-reentrant (default): built on saved-tensor hooks. Inside the region
+// each save becomes a placeholder; the graph itself is recorded normally, so
+// gradients reach parameters used inside the region even when no input
+// requires grad, and grad() with explicit inputs works. The replay stops as
+// soon as every placeholder still needed has been regenerated (early stop),
+// and each regenerated tensor is dropped once its consumer has used it.
+//
+// Reentrant: the region records one node; its backward replays the whole
+// function with grad enabled and differentiates it on its own.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/policy.h"
+#include "checkpoint/recompute_context.h"
+#include "engine/tensor.h"
+
+namespace remat {
+
+struct CheckpointOptions {
+  std::string name = "checkpoint";  // names the region in errors and reports
+  bool reentrant = false;
+  bool early_stop = true;           // non-reentrant only
+  // The replay must save the same number of tensors with the same op names,
+  // shapes and dtypes; a difference raises CheckpointMismatchError.
+  bool determinism_check = true;
+  // Also compare a checksum of each regenerated tensor's values (costs a pass
+  // over every saved tensor in forward and replay).
+  bool checksum = false;
+  // Selective saving (non-reentrant): the outputs of ops the policy saves are
+  // kept from the forward, and the replay reuses them instead of running
+  // those ops' kernels. Null: recompute everything.
+  Policy policy;
+};
+
+using RegionFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+// Runs fn(inputs) as a checkpoint region and returns its outputs. Under
+// no_grad it just runs fn. The region keeps a copy of `fn` and calls it again
+// during backward, so whatever it captures must outlive the backward. `fn` must be deterministic given its inputs and
+// the RNG state (random ops draw from the default generators, which the
+// region stashes and restores for the replay).
+std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& inputs,
+                               const CheckpointOptions& opts = {});
+// One input, one output.
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input,
+                  const CheckpointOptions& opts = {});
+
+// What the checkpoint engine did on this thread.
+struct CheckpointCounters {
+  std::int64_t regions = 0;              // regions entered outside any replay
+  std::int64_t replays = 0;              // region replays run
+  std::int64_t early_stops = 0;          // replays cut short by early stop
+  std::int64_t ops_recomputed = 0;       // ops dispatched inside replays
+  std::int64_t tensors_regenerated = 0;  // saved tensors a replay produced
+  std::int64_t bytes_regenerated = 0;
+  std::int64_t ops_skipped = 0;          // op kernels a replay skipped (outputs cached by a policy)
+};
+CheckpointCounters checkpoint_counters();
+void reset_checkpoint_counters();
+
+}  // namespace remat

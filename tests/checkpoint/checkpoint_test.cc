@@ -1,0 +1,245 @@
+#include <catch2/catch.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "engine/autograd.h"
+#include "ops/dropout.h"
+#include "ops/ops.h"
+#include "ops/softmax.h"
+
+using namespace remat;
+
+namespace {
+
+Tensor param(const Shape& s, std::uint64_t seed) {
+  Generator g(seed);
+  Tensor t = randn(s, DType::f32, &g);
+  t.set_requires_grad(true);
+  return t;
+}
+
+// A two-layer block with a nonlinearity and (optionally) dropout: enough ops
+// that a replay has several saves to regenerate.
+struct Block {
+  Tensor w1 = param({16, 8}, 1), w2 = param({8, 16}, 2);
+  double p = 0.0;
+  Tensor operator()(const Tensor& x) const {
+    Tensor h = silu(linear(x, w1));
+    h = dropout(h, p);
+    return add(x, linear(softmax(h), w2));
+  }
+  void zero() {
+    w1.set_grad(Tensor());
+    w2.set_grad(Tensor());
+  }
+};
+
+std::vector<float> v(const Tensor& t) { return t.to_vector<float>(); }
+
+struct Grads {
+  std::vector<float> x, w1, w2;
+  bool operator==(const Grads&) const = default;
+};
+
+// Runs blocks^n on x (optionally checkpointing each) and returns the grads.
+Grads run(Block& b, const Tensor& x0, int n, const std::function<Tensor(const Tensor&)>& wrap_block) {
+  b.zero();
+  Tensor x = x0.detach();
+  x.set_requires_grad(true);
+  manual_seed(77);
+  Tensor h = x;
+  for (int i = 0; i < n; ++i) h = wrap_block(h);
+  sum(mul(h, h)).backward();
+  return Grads{v(x.grad()), v(b.w1.grad()), v(b.w2.grad())};
+}
+
+}  // namespace
+
+TEST_CASE("checkpointed gradients equal plain ones bit for bit", "[checkpoint]") {
+  Block b;
+  b.p = 0.25;  // dropout inside the region: the replay must reuse the same mask
+  Generator g(3);
+  Tensor x = randn({4, 8}, DType::f32, &g);
+  const Grads plain = run(b, x, 3, [&](const Tensor& h) { return b(h); });
+  for (bool reentrant : {false, true})
+    for (bool early : {true, false}) {
+      INFO("reentrant " << reentrant << " early_stop " << early);
+      CheckpointOptions o;
+      o.reentrant = reentrant;
+      o.early_stop = early;
+      const Grads ck = run(b, x, 3, [&](const Tensor& h) { return checkpoint([&b](const Tensor& t) { return b(t); }, h, o); });
+      CHECK(ck == plain);
+    }
+  // Nested regions: a region of two blocks, each its own inner region.
+  const Grads nested = run(b, x, 1, [&](const Tensor& h) {
+    return checkpoint(
+        [&b](const Tensor& t) {
+          Tensor u = checkpoint([&b](const Tensor& s) { return b(s); }, t);
+          Tensor w = checkpoint([&b](const Tensor& s) { return b(s); }, u);
+          return b(w);
+        },
+        h);
+  });
+  CHECK(nested == plain);
+  // Selective policies.
+  CheckpointOptions sel;
+  sel.policy = save_matmul_outputs();
+  reset_checkpoint_counters();
+  const Grads s1 = run(b, x, 3, [&](const Tensor& h) { return checkpoint([&b](const Tensor& t) { return b(t); }, h, sel); });
+  CHECK(s1 == plain);
+  CHECK(checkpoint_counters().ops_skipped == 3 * 2);  // both matmuls of every block come from the cache
+}
+
+TEST_CASE("a region keeps only its boundary; backward regenerates and frees everything", "[checkpoint]") {
+  Block b;
+  Tensor x = param({64, 8}, 5);
+  const std::int64_t base = saved_bytes_live();
+  Tensor y_plain = b(x);
+  const std::int64_t plain_saved = saved_bytes_live() - base;
+  y_plain = Tensor();
+  CHECK(saved_bytes_live() == base);
+
+  reset_checkpoint_counters();
+  Tensor y = checkpoint([&b](const Tensor& t) { return b(t); }, x);
+  const auto rep = saved_bytes_report();
+  CHECK(rep.live_bytes - base == std::int64_t(x.nbytes()));  // just the boundary input
+  CHECK(rep.bytes_by_op.at("checkpoint_boundary") == std::int64_t(x.nbytes()));
+  CHECK(plain_saved > 4 * std::int64_t(x.nbytes()));
+
+  // While backward runs inside the region, the regenerated tensors shrink as
+  // their consumers use them.
+  std::vector<std::int64_t> seen;
+  y.register_hook([&](const Tensor&) {
+    seen.push_back(saved_bytes_live() - base);
+    return Tensor();
+  });
+  sum(y).backward();
+  CHECK(saved_bytes_live() == base);
+  CHECK(checkpoint_counters().replays == 1);
+  CHECK(checkpoint_counters().tensors_regenerated > 0);
+  CHECK(checkpoint_counters().bytes_regenerated <= plain_saved);
+}
+
+TEST_CASE("early stop replays fewer ops than the reentrant variant", "[checkpoint]") {
+  // Only the first op (exp) saves anything; the two after it save nothing.
+  auto fn = [](const Tensor& t) { return mul(add(exp(t), 1.0), 2.0); };
+  Tensor x = param({8}, 9);
+  CheckpointOptions non, re, no_early;
+  re.reentrant = true;
+  no_early.early_stop = false;
+  std::int64_t ops[3];
+  int i = 0;
+  for (const auto* o : {&non, &no_early, &re}) {
+    reset_checkpoint_counters();
+    sum(checkpoint(fn, x, *o)).backward();
+    ops[i++] = checkpoint_counters().ops_recomputed;
+  }
+  CHECK(ops[0] == 1);  // early stop: exp only
+  CHECK(ops[1] == 3);  // the whole region
+  CHECK(ops[2] == 3);  // reentrant replays the whole region
+  CHECK(checkpoint_counters().replays == 1);
+}
+
+TEST_CASE("parameters inside a region get gradients even when no input requires grad", "[checkpoint]") {
+  for (bool reentrant : {false, true}) {
+    Block b;
+    Tensor x = randn({4, 8});  // requires no grad
+    CheckpointOptions o;
+    o.reentrant = reentrant;
+    Tensor y = checkpoint([&b](const Tensor& t) { return b(t); }, x, o);
+    REQUIRE(y.requires_grad());
+    sum(y).backward();
+    CHECK(b.w1.grad().defined());
+    CHECK(b.w2.grad().defined());
+    b.zero();
+    Tensor y2 = b(x);
+    sum(y2).backward();
+    CHECK(v(b.w1.grad()) == v(b.w1.grad()));
+  }
+}
+
+TEST_CASE("grad() with explicit inputs works through non-reentrant regions", "[checkpoint]") {
+  Block b;
+  Tensor x = param({4, 8}, 11);
+  Tensor y = checkpoint([&b](const Tensor& t) { return b(t); }, x);
+  auto g = grad({sum(y)}, {x, b.w1});
+  Tensor y2 = b(x);
+  auto g2 = grad({sum(y2)}, {x, b.w1});
+  CHECK(v(g[0]) == v(g2[0]));
+  CHECK(v(g[1]) == v(g2[1]));
+  CHECK(!b.w1.grad().defined());
+  CheckpointOptions re;
+  re.reentrant = true;
+  Tensor y3 = checkpoint([&b](const Tensor& t) { return b(t); }, x, re);
+  CHECK_THROWS_WITH(grad({sum(y3)}, {x}), Catch::Contains("cannot run under grad()"));
+}
+
+TEST_CASE("under no_grad a region just runs its function", "[checkpoint]") {
+  Block b;
+  reset_checkpoint_counters();
+  NoGradGuard ng;
+  Tensor y = checkpoint([&b](const Tensor& t) { return b(t); }, randn({2, 8}));
+  CHECK(!y.requires_grad());
+  CHECK(checkpoint_counters().regions == 0);
+}
+
+TEST_CASE("side effects inside a region happen once per forward", "[checkpoint]") {
+  int calls = 0, runs = 0;
+  auto fn = [&](const Tensor& t) {
+    ++runs;
+    once([&] { ++calls; });
+    CHECK(in_recompute() == (runs > 1));
+    return exp(t);
+  };
+  Tensor x = param({4}, 13);
+  sum(checkpoint(fn, x)).backward();
+  CHECK(runs == 2);   // forward + replay
+  CHECK(calls == 1);  // counted once
+  CHECK(!in_recompute());
+}
+
+TEST_CASE("a replay that differs from the forward is reported with the region and op", "[checkpoint]") {
+  Tensor x = param({4, 4}, 15);
+  auto fn = [](const Tensor& t) {
+    // Misbehaves: a different shape when replayed.
+    return in_recompute() ? sum(exp(t.narrow(0, 0, 2))) : sum(exp(t));
+  };
+  CheckpointOptions o;
+  o.name = "block 3";
+  Tensor y = checkpoint(fn, x, o);
+  try {
+    y.backward();
+    FAIL("expected CheckpointMismatchError");
+  } catch (const CheckpointMismatchError& e) {
+    const std::string msg = e.what();
+    CHECK_THAT(msg, Catch::Contains("checkpoint region 'block 3'"));
+    CHECK_THAT(msg, Catch::Contains("op 'exp' [2, 4] f32"));
+    CHECK_THAT(msg, Catch::Contains("saved op 'exp' [4, 4] f32"));
+  }
+  // Optional value checksums catch same-shape differences.
+  CheckpointOptions c;
+  c.checksum = true;
+  auto fn2 = [](const Tensor& t) { return in_recompute() ? exp(mul(t, 2.0)) : exp(t); };
+  Tensor z = checkpoint(fn2, x, c);
+  CHECK_THROWS_WITH(sum(z).backward(), Catch::Contains("different values in the replay"));
+}
+
+TEST_CASE("selective policies keep what they name and sit between none and full recompute",
+          "[checkpoint]") {
+  Block b;
+  Tensor x = param({64, 8}, 17);
+  const std::int64_t base = saved_bytes_live();
+  auto measure = [&](const CheckpointOptions* o) {
+    reset_saved_bytes_peak();
+    Tensor y = o ? checkpoint([&b](const Tensor& t) { return b(t); }, x, *o) : b(x);
+    const std::int64_t held = saved_bytes_live() - base;
+    sum(y).backward();
+    return held;
+  };
+  CheckpointOptions full, sel;
+  sel.policy = save_matmul_outputs();
+  const std::int64_t none_bytes = measure(nullptr);
+  const std::int64_t full_bytes = measure(&full);
+  const std::int64_t sel_bytes = measure(&sel);
+  CHECK(full_bytes < sel_bytes);
+  CHECK(sel_bytes < none_bytes);
+}

@@ -1,0 +1,228 @@
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/parallel_for.h"
+#include "ops/attention.h"
+#include "ops/ops.h"
+#include "tests/ops/gradcheck.h"
+
+using namespace remat;
+using namespace remat::testing;
+
+namespace {
+
+constexpr const char* kOp = "scaled_dot_product_attention";
+
+// max |got - want| / max(1, max |want|): the error relative to the tensor's scale.
+double scaled_error(const Tensor& got, const Tensor& want) {
+  REQUIRE(got.sizes() == want.sizes());
+  const auto g = got.to(DType::f32).contiguous().to_vector<float>();
+  const auto w = want.to(DType::f32).contiguous().to_vector<float>();
+  double err = 0, mag = 1;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    err = std::max(err, std::abs(double(g[i]) - double(w[i])));
+    mag = std::max(mag, std::abs(double(w[i])));
+  }
+  return err / mag;
+}
+
+struct Result {
+  Tensor out, dq, dk, dv;
+};
+
+// Output and input gradients for a random output gradient.
+template <typename F>
+Result run(F f, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout) {
+  Tensor lq = q.detach().set_requires_grad(true), lk = k.detach().set_requires_grad(true),
+         lv = v.detach().set_requires_grad(true);
+  Tensor out = f(lq, lk, lv);
+  auto g = grad({out}, {lq, lk, lv}, {dout});
+  return {out.detach(), g[0], g[1], g[2]};
+}
+
+Result fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, bool causal,
+             double scale = 0) {
+  return run([&](auto& a, auto& b, auto& c) { return scaled_dot_product_attention(a, b, c, causal, scale); },
+             q, k, v, dout);
+}
+
+Result reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, bool causal,
+                 double scale = 0) {
+  return run([&](auto& a, auto& b, auto& c) { return attention_reference(a, b, c, causal, scale); },
+             q, k, v, dout);
+}
+
+// Fused and reference agree on the output and all three gradients.
+void check_matches(const Shape& shape, bool causal, double scale, std::uint64_t seed,
+                   double tol = 1e-5) {
+  INFO("shape " << shape_str(shape) << " causal " << causal << " scale " << scale);
+  const Tensor q = normal(shape, seed), k = normal(shape, seed + 1), v = normal(shape, seed + 2);
+  const Tensor dout = normal(shape, seed + 3);
+  const Result a = fused(q, k, v, dout, causal, scale), b = reference(q, k, v, dout, causal, scale);
+  CHECK(scaled_error(a.out, b.out) <= tol);
+  CHECK(scaled_error(a.dq, b.dq) <= tol);
+  CHECK(scaled_error(a.dk, b.dk) <= tol);
+  CHECK(scaled_error(a.dv, b.dv) <= tol);
+}
+
+bool bit_equal(const Tensor& a, const Tensor& b) {
+  return a.to_vector<float>() == b.to_vector<float>();
+}
+
+}  // namespace
+
+TEST_CASE("fused attention matches the reference: output and gradients", "[ops][attention]") {
+  // Tolerance: max abs error <= 1e-5 * max(1, max |reference|), per tensor.
+  for (bool causal : {true, false}) {
+    check_matches({2, 3, 37, 16}, causal, 0, 10);   // S not a multiple of the 32-row tiles
+    check_matches({1, 2, 70, 8}, causal, 0, 20);    // three tiles, ragged last
+    check_matches({1, 1, 32, 24}, causal, 0.5, 30); // exactly one tile, explicit scale
+    check_matches({2, 1, 5, 4}, causal, 0, 40);     // smaller than a tile
+    check_matches({1, 2, 1, 8}, causal, 0, 50);     // one row
+    check_matches({1, 2, 37, 44}, causal, 0, 70);   // D = 32 + 8 + 4: every vector path
+  }
+  // Peaked softmax (large scores): the running max must rescale correctly.
+  check_matches({1, 2, 50, 8}, true, 4.0, 60);
+}
+
+TEST_CASE("fused attention: causal masking, layouts and dtypes", "[ops][attention]") {
+  const Tensor q = normal({1, 2, 37, 8}, 1), k = normal({1, 2, 37, 8}, 2), v = normal({1, 2, 37, 8}, 3);
+  // Row 0 attends only to key 0: its output is v[0]; future keys do not matter.
+  Tensor out = scaled_dot_product_attention(q, k, v);
+  CHECK(bit_equal(out.select(2, 0), v.select(2, 0)));
+  Tensor k2 = k.clone(), v2 = v.clone();
+  k2.narrow(2, 20, 17).fill_(5.0);
+  v2.narrow(2, 20, 17).fill_(-3.0);
+  CHECK(bit_equal(scaled_dot_product_attention(q, k2, v2).narrow(2, 0, 20), out.narrow(2, 0, 20)));
+  // Non-contiguous inputs: [B, S, H, D] tensors viewed as [B, H, S, D].
+  const Tensor qs = normal({2, 37, 3, 8}, 4), ks = normal({2, 37, 3, 8}, 5), vs = normal({2, 37, 3, 8}, 6);
+  const Tensor qt = qs.transpose(1, 2), kt = ks.transpose(1, 2), vt = vs.transpose(1, 2);
+  const Tensor dout = normal({2, 3, 37, 8}, 7);
+  const Result a = fused(qt, kt, vt, dout, true);
+  const Result b = fused(qt.contiguous(), kt.contiguous(), vt.contiguous(), dout, true);
+  CHECK(bit_equal(a.out, b.out));
+  CHECK(bit_equal(a.dq, b.dq));
+  CHECK(bit_equal(a.dk, b.dk));
+  CHECK(bit_equal(a.dv, b.dv));
+  const Result r = reference(qt, kt, vt, dout, true);
+  CHECK(scaled_error(a.dq, r.dq) <= 1e-5);
+  // bf16: computed in f32, rounded once (tolerance: bf16 rounding of inputs and output).
+  const Tensor qh = qt.to(DType::bf16), kh = kt.to(DType::bf16), vh = vt.to(DType::bf16);
+  const Result h = fused(qh, kh, vh, dout.to(DType::bf16), true);
+  CHECK(h.out.dtype() == DType::bf16);
+  CHECK(h.dq.dtype() == DType::bf16);
+  const Result hr = fused(qh.to(DType::f32), kh.to(DType::f32), vh.to(DType::f32),
+                          dout.to(DType::bf16).to(DType::f32), true);
+  CHECK(scaled_error(h.out, hr.out) <= 1e-2);
+  CHECK(scaled_error(h.dq, hr.dq) <= 2e-2);
+  CHECK(scaled_error(h.dk, hr.dk) <= 2e-2);
+  CHECK(scaled_error(h.dv, hr.dv) <= 2e-2);
+}
+
+TEST_CASE("fused attention: results do not depend on the thread count or on which inputs need grad",
+          "[ops][attention]") {
+  const int threads = num_threads();
+  for (const Shape& shape : {Shape{1, 1, 160, 32}, Shape{2, 1, 100, 32}}) {
+    const Tensor q = normal(shape, 1), k = normal(shape, 2), v = normal(shape, 3), dout = normal(shape, 4);
+    for (bool causal : {true, false}) {
+      set_num_threads(1);
+      const Result one = fused(q, k, v, dout, causal);
+      for (int t : {2, 3}) {
+        INFO("shape " << shape_str(shape) << " causal " << causal << " threads " << t);
+        set_num_threads(t);
+        const Result many = fused(q, k, v, dout, causal);
+        CHECK(bit_equal(one.out, many.out));
+        CHECK(bit_equal(one.dq, many.dq));
+        CHECK(bit_equal(one.dk, many.dk));
+        CHECK(bit_equal(one.dv, many.dv));
+      }
+      set_num_threads(threads);
+      // Only one input requiring grad gives that input's gradient unchanged.
+      Tensor lq = q.detach().set_requires_grad(true);
+      CHECK(bit_equal(grad({scaled_dot_product_attention(lq, k, v, causal)}, {lq}, {dout})[0], one.dq));
+      Tensor lk = k.detach().set_requires_grad(true);
+      CHECK(bit_equal(grad({scaled_dot_product_attention(q, lk, v, causal)}, {lk}, {dout})[0], one.dk));
+      Tensor lv = v.detach().set_requires_grad(true);
+      CHECK(bit_equal(grad({scaled_dot_product_attention(q, k, lv, causal)}, {lv}, {dout})[0], one.dv));
+    }
+  }
+  set_num_threads(threads);
+}
+
+TEST_CASE("fused attention: gradients match finite differences", "[ops][attention][grad]") {
+  for (bool causal : {true, false}) {
+    check_gradients([causal](auto& t) { return scaled_dot_product_attention(t[0], t[1], t[2], causal); },
+                    {normal({1, 2, 5, 4}, 1), normal({1, 2, 5, 4}, 2), normal({1, 2, 5, 4}, 3)});
+    check_gradients(
+        [causal](auto& t) { return scaled_dot_product_attention(t[0], t[1], t[2], causal, 0.7); },
+        {normal({2, 1, 6, 3}, 4), normal({2, 1, 6, 3}, 5), normal({2, 1, 6, 3}, 6)});
+  }
+  // Non-contiguous inputs, and the same tensor as q, k and v (self-attention).
+  check_gradients(
+      [](auto& t) {
+        return scaled_dot_product_attention(t[0].transpose(1, 2), t[1].transpose(1, 2), t[2].transpose(1, 2));
+      },
+      {normal({1, 6, 2, 4}, 7), normal({1, 6, 2, 4}, 8), normal({1, 6, 2, 4}, 9)});
+  check_gradients([](auto& t) { return scaled_dot_product_attention(t[0], t[0], t[0]); },
+                  {normal({1, 1, 7, 4}, 10)});
+  // More than one key tile (S = 37 > 32), on a random subset of elements.
+  check_gradients([](auto& t) { return scaled_dot_product_attention(t[0], t[1], t[2]); },
+                  {normal({1, 1, 37, 2}, 11), normal({1, 1, 37, 2}, 12), normal({1, 1, 37, 2}, 13)});
+}
+
+TEST_CASE("fused attention saves q, k, v, out and a [B, H, S] log-sum-exp only; the reference "
+          "saves Theta(S^2)", "[ops][attention][memory]") {
+  const std::int64_t B = 2, H = 2, D = 8;
+  std::vector<std::int64_t> diffs;
+  std::int64_t previous_fused = 0;
+  for (std::int64_t S : {32, 64, 128}) {
+    INFO("S = " << S);
+    Tensor q = normal({B, H, S, D}, 1).set_requires_grad(true);
+    Tensor k = normal({B, H, S, D}, 2).set_requires_grad(true);
+    Tensor v = normal({B, H, S, D}, 3).set_requires_grad(true);
+    const std::int64_t operand = B * H * S * D * 4;
+    std::int64_t fused_bytes = 0, ref_bytes = 0;
+    {
+      const std::int64_t live0 = saved_bytes_live();
+      const std::int64_t op0 = saved_bytes_report().bytes_by_op[kOp];
+      Tensor out = scaled_dot_product_attention(q, k, v);
+      fused_bytes = saved_bytes_live() - live0;
+      CHECK(saved_bytes_report().bytes_by_op[kOp] - op0 == fused_bytes);
+      CHECK(fused_bytes == 4 * operand + 4 * B * H * S);  // q + k + v + out + f32 lse
+    }
+    {
+      const std::int64_t live0 = saved_bytes_live();
+      Tensor out = attention_reference(q, k, v);
+      ref_bytes = saved_bytes_live() - live0;
+      CHECK(ref_bytes >= 2 * B * H * S * S * 4);  // the probabilities, at least twice
+    }
+    if (previous_fused) CHECK(fused_bytes == 2 * previous_fused);  // linear in S
+    previous_fused = fused_bytes;
+    diffs.push_back(ref_bytes - fused_bytes);
+  }
+  // Doubling S quadruples what the reference saves beyond the fused op.
+  for (std::size_t i = 1; i < diffs.size(); ++i) {
+    INFO("saved-bytes difference " << diffs[i - 1] << " -> " << diffs[i]);
+    const double ratio = double(diffs[i]) / double(diffs[i - 1]);
+    CHECK(ratio > 3.5);
+    CHECK(ratio < 4.5);
+  }
+}
+
+TEST_CASE("attention rejects bad operands with clear messages", "[ops][attention]") {
+  const Tensor x = zeros({1, 2, 3, 4});
+  CHECK_THROWS_WITH(scaled_dot_product_attention(zeros({2, 3, 4}), zeros({2, 3, 4}), zeros({2, 3, 4})),
+                    Catch::Contains("scaled_dot_product_attention: q must be [B, H, S, D], got [2, 3, 4] f32 cpu"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(x, zeros({1, 2, 5, 4}), x),
+                    Catch::Contains("q, k and v must have the same shape [B, H, S, D], got q [1, 2, 3, 4] "
+                                    "f32 cpu, k [1, 2, 5, 4] f32 cpu, v [1, 2, 3, 4] f32 cpu"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(x, x, x.to(DType::bf16)),
+                    Catch::Contains("scaled_dot_product_attention: operands have different dtypes"));
+  CHECK_THROWS_AS(scaled_dot_product_attention(zeros({1, 2, 3, 4}, DType::i64), x, x), DTypeError);
+  CHECK_THROWS_WITH(scaled_dot_product_attention(x, x, x, true, std::nan("")),
+                    Catch::Contains("scale must be finite"));
+  CHECK_THROWS_WITH(attention_reference(x, zeros({1, 2, 3, 5}), x),
+                    Catch::Contains("attention_reference: q, k and v must have the same shape"));
+}
