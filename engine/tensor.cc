@@ -650,11 +650,16 @@ Tensor empty(const Shape& sizes, TensorOptions opts) {
   return Tensor(std::move(impl));
 }
 
-Tensor zeros(const Shape& sizes, TensorOptions opts) { return empty(sizes, opts).zero_(); }
-Tensor ones(const Shape& sizes, TensorOptions opts) { return empty(sizes, opts).fill_(1.0); }
+// Factories hand out fresh tensors at version 0: filling them is not an
+// in-place write anyone could have observed.
 Tensor full(const Shape& sizes, double value, TensorOptions opts) {
-  return empty(sizes, opts).fill_(value);
+  Tensor t = empty(sizes, opts);
+  t.fill_(value);
+  t.impl().version->value.store(0);
+  return t;
 }
+Tensor zeros(const Shape& sizes, TensorOptions opts) { return full(sizes, 0.0, opts); }
+Tensor ones(const Shape& sizes, TensorOptions opts) { return full(sizes, 1.0, opts); }
 
 Tensor arange(std::int64_t end, TensorOptions opts) { return arange(0.0, double(end), 1.0, opts); }
 
@@ -680,7 +685,7 @@ Tensor from_vector(const std::vector<T>& values, Shape sizes, Device device) {
     bool* p = static_cast<bool*>(cpu.raw_data());
     for (std::size_t i = 0; i < values.size(); ++i) p[i] = values[i];
   } else {
-    std::memcpy(cpu.raw_data(), values.data(), values.size() * sizeof(T));
+    if (!values.empty()) std::memcpy(cpu.raw_data(), values.data(), values.size() * sizeof(T));
   }
   return cpu.to(device);
 }

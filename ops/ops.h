@@ -1,7 +1,20 @@
 // Every public op of remat: include this one header to use them.
 #pragma once
 
+#include "ops/attention.h"
 #include "ops/binary.h"
+#include "ops/cast.h"
+#include "ops/dropout.h"
+#include "ops/embedding.h"
+#include "ops/index.h"
+#include "ops/inplace.h"
+#include "ops/join.h"
+#include "ops/loss.h"
 #include "ops/matmul.h"
+#include "ops/norm.h"
 #include "ops/reduce.h"
+#include "ops/rotary.h"
+#include "ops/softmax.h"
+#include "ops/swiglu.h"
+#include "ops/topk.h"
 #include "ops/unary.h"
