@@ -131,17 +131,15 @@ class Region : public std::enable_shared_from_this<Region> {
 
   Region(RegionFn f, std::vector<Tensor> in, CheckpointOptions o)
       : id(++g_region_id), opts(std::move(o)), fn(std::move(f)), inputs(std::move(in)) {
-    for (const auto& t : inputs)
-      if (t.defined()) boundary_bytes += std::int64_t(t.nbytes());
-    saved_bytes_adjust("checkpoint_boundary", id, boundary_bytes);
+    for (const auto& t : inputs) saved_bytes_hold(t, "checkpoint_boundary", id);
+    holding_boundary = true;
   }
 
   ~Region() {
     free_boundary();
     for (auto& s : slots) drop_value(s);
     for (auto& outs : cached)
-      for (auto& t : outs)
-        if (t.defined()) saved_bytes_adjust("checkpoint_cache", id, -std::int64_t(t.nbytes()));
+      for (auto& t : outs) saved_bytes_release(t, "checkpoint_cache", id);
   }
 
   // The regenerated tensor of slot i (replaying if needed); the region lets
@@ -175,9 +173,9 @@ class Region : public std::enable_shared_from_this<Region> {
   }
 
   void free_boundary() {
-    if (boundary_bytes == 0) return;
-    saved_bytes_adjust("checkpoint_boundary", id, -boundary_bytes);
-    boundary_bytes = 0;
+    if (!holding_boundary) return;
+    for (const auto& t : inputs) saved_bytes_release(t, "checkpoint_boundary", id);
+    holding_boundary = false;
     inputs.clear();
   }
 
@@ -191,7 +189,7 @@ class Region : public std::enable_shared_from_this<Region> {
   CheckpointOptions opts;
   RegionFn fn;
   std::vector<Tensor> inputs;
-  std::int64_t boundary_bytes = 0;
+  bool holding_boundary = false;
   RngStash rng;
   std::vector<Slot> slots;
   std::int64_t pending_count = 0;
@@ -199,7 +197,7 @@ class Region : public std::enable_shared_from_this<Region> {
  private:
   void drop_value(Slot& s) {
     if (!s.value.defined()) return;
-    saved_bytes_adjust("recompute", id, -std::int64_t(s.value.nbytes()));
+    saved_bytes_release(s.value, "recompute", id);
     s.value = Tensor();
   }
   friend class HarvestHooks;
@@ -266,7 +264,7 @@ class HarvestHooks final : public SavedTensorHooks {
     }
     if (s.pending && !s.value.defined()) {
       s.value = *t;
-      saved_bytes_adjust("recompute", r_.id, std::int64_t(t->nbytes()));
+      saved_bytes_hold(s.value, "recompute", r_.id);
       tls_counters.tensors_regenerated++;
       tls_counters.bytes_regenerated += std::int64_t(t->nbytes());
       --missing_;
@@ -317,7 +315,7 @@ class CacheHook final : public DispatchHook {
     if (r_.cached.size() <= k) r_.cached.resize(k + 1);
     for (const Tensor& t : outputs) {
       r_.cached[k].push_back(t.defined() ? t.detach() : t);
-      if (t.defined()) saved_bytes_adjust("checkpoint_cache", r_.id, std::int64_t(t.nbytes()));
+      saved_bytes_hold(r_.cached[k].back(), "checkpoint_cache", r_.id);
     }
   }
 

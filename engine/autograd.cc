@@ -55,27 +55,49 @@ RegionScope::~RegionScope() { tls_region = previous_; }
 
 namespace {
 struct SavedRegistry {
+  struct Holding {
+    std::int64_t refs = 0;
+    std::int64_t bytes = 0;
+  };
   std::mutex mu;
   std::int64_t live = 0;
   std::int64_t peak = 0;
   std::int64_t count = 0;
+  std::unordered_map<const void*, Holding> storages;  // storage (or raw key) -> holders
   std::map<std::string, std::int64_t> by_op;
   std::map<std::int64_t, std::int64_t> by_region;
 
-  void add(const std::string& op_name, std::int64_t region, std::int64_t bytes, int count_delta) {
+  // key: what is held (a storage, deduplicated); bytes: its full size;
+  // own_bytes: the holder's share for the by-op/by-region attribution.
+  void hold(const void* key, std::int64_t bytes, const std::string& op, std::int64_t region,
+            std::int64_t own_bytes, int sign, int count_delta) {
     std::lock_guard<std::mutex> lock(mu);
-    live += bytes;
-    count += count_delta;
+    Holding& h = storages[key];
+    if (sign > 0) {
+      if (h.refs++ == 0) {
+        h.bytes = bytes;
+        live += bytes;
+      }
+    } else {
+      if (--h.refs == 0) {
+        live -= h.bytes;
+        storages.erase(key);
+      }
+    }
     peak = std::max(peak, live);
-    auto& op = by_op[op_name];
-    op += bytes;
-    if (op == 0) by_op.erase(op_name);
-    auto& reg = by_region[region];
-    reg += bytes;
-    if (reg == 0) by_region.erase(region);
+    count += count_delta;
+    auto& o = by_op[op];
+    o += sign * own_bytes;
+    if (o == 0) by_op.erase(op);
+    auto& r = by_region[region];
+    r += sign * own_bytes;
+    if (r == 0) by_region.erase(region);
   }
-  void add(const SaveInfo& info, std::int64_t bytes, int count_delta) {
-    add(info.op, info.region, bytes, count_delta);
+
+  void tensor(const Tensor& t, const std::string& op, std::int64_t region, int sign, int count_delta) {
+    if (!t.defined() || !t.impl().storage) return;
+    const Storage* st = t.impl().storage.get();
+    hold(st, std::int64_t(st->nbytes()), op, region, std::int64_t(t.nbytes()), sign, count_delta);
   }
 };
 SavedRegistry& saved_registry() {
@@ -90,8 +112,12 @@ SavedBytesReport saved_bytes_report() {
   return SavedBytesReport{r.live, r.peak, r.count, r.by_op, r.by_region};
 }
 
-void saved_bytes_adjust(const std::string& op, std::int64_t region, std::int64_t delta) {
-  if (delta != 0) saved_registry().add(op, region, delta, 0);
+void saved_bytes_hold(const Tensor& t, const std::string& holder, std::int64_t region) {
+  saved_registry().tensor(t, holder, region, +1, 0);
+}
+
+void saved_bytes_release(const Tensor& t, const std::string& holder, std::int64_t region) {
+  saved_registry().tensor(t, holder, region, -1, 0);
 }
 
 std::int64_t saved_bytes_live() {
@@ -129,7 +155,14 @@ SavedTensor::SavedTensor(const Tensor& t, const char* op, bool is_output) {
   else
     held_bytes_ = hooks_.back()->held_bytes(value);
   packed_ = std::move(value);
-  saved_registry().add(info_, std::int64_t(held_bytes_), 1);
+  // The registry counts the packed tensor's storage (deduplicated), or what
+  // the hook reports it keeps.
+  if (const Tensor* p = std::any_cast<Tensor>(&packed_); p && p->defined() && held_bytes_ > 0) {
+    held_ = *p;
+    saved_registry().tensor(held_, info_.op, info_.region, +1, 1);
+  } else if (held_bytes_ > 0) {
+    saved_registry().hold(this, std::int64_t(held_bytes_), info_.op, info_.region, std::int64_t(held_bytes_), +1, 1);
+  }
 }
 
 SavedTensor::~SavedTensor() { release(); }
@@ -138,7 +171,11 @@ void SavedTensor::release() {
   if (released_) return;
   released_ = true;
   if (!defined_) return;
-  saved_registry().add(info_, -std::int64_t(held_bytes_), -1);
+  if (held_.defined())
+    saved_registry().tensor(held_, info_.op, info_.region, -1, -1);
+  else if (held_bytes_ > 0)
+    saved_registry().hold(this, std::int64_t(held_bytes_), info_.op, info_.region, std::int64_t(held_bytes_), -1, -1);
+  held_ = Tensor();
   held_bytes_ = 0;
   // Tell the hooks, outermost first (the order unpack would run in).
   for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) (*it)->on_release(packed_, info_);

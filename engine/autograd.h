@@ -155,21 +155,28 @@ class SavedTensor {
   std::vector<std::shared_ptr<SavedTensorHooks>> hooks_;  // innermost first
   std::any packed_;
   std::size_t held_bytes_ = 0;
+  Tensor held_;  // what the registry counts (the packed tensor, if any)
 };
 
-// Live saved bytes, by op and in total (all threads). Counts what SavedTensors
-// hold right now; the peak is since the last reset_peak.
+// Bytes held for backward right now, across threads: by saved tensors, and
+// by the checkpoint engine (region boundaries, regenerated tensors, cached
+// outputs). live_bytes and peak_bytes count each storage once however many
+// holders it has (the memory really held); bytes_by_op and bytes_by_region
+// attribute each holder its own tensor's bytes, so a tensor saved by two ops
+// appears under both. The peak is since the last reset_saved_bytes_peak.
 struct SavedBytesReport {
   std::int64_t live_bytes = 0;
   std::int64_t peak_bytes = 0;
-  std::int64_t live_count = 0;
+  std::int64_t live_count = 0;  // SavedTensors holding data
   std::map<std::string, std::int64_t> bytes_by_op;
   std::map<std::int64_t, std::int64_t> bytes_by_region;  // -1: outside regions
 };
 SavedBytesReport saved_bytes_report();
-// Adds `delta` bytes held on behalf of saved tensors by something other than
-// a SavedTensor (checkpoint boundaries, regenerated tensors) under `op`.
-void saved_bytes_adjust(const std::string& op, std::int64_t region, std::int64_t delta);
+// Registers (hold) or unregisters (release) `t` as held for backward by
+// `holder` (an op name such as "checkpoint_boundary") in `region`. Calls must
+// pair up with the same arguments.
+void saved_bytes_hold(const Tensor& t, const std::string& holder, std::int64_t region);
+void saved_bytes_release(const Tensor& t, const std::string& holder, std::int64_t region);
 std::int64_t saved_bytes_live();
 void reset_saved_bytes_peak();
 

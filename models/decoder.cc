@@ -14,13 +14,26 @@ DecoderBlock::DecoderBlock(const ModelConfig& c, Generator& gen) : dropout(c.dro
   mlp = register_module("mlp", std::make_shared<MLP>(c.d_model, c.ffn, c.init_std, gen));
 }
 
+namespace {
+Tensor norm_part(const RegionWrap& wrap, const RMSNorm& norm, const Tensor& x) {
+  return run_part(wrap, "layernorm", [&norm](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{norm.forward(in[0])};
+  }, {x})[0];
+}
+}  // namespace
+
 Tensor DecoderBlock::attention_part(const Tensor& x) const {
-  Tensor a = self_attn->forward(input_layernorm->forward(x));
-  return add(x, remat::dropout(a, dropout, training()));
+  return run_part(wrap, "attention", [this](const std::vector<Tensor>& in) {
+    Tensor a = self_attn->forward(norm_part(wrap, *input_layernorm, in[0]));
+    return std::vector<Tensor>{add(in[0], remat::dropout(a, dropout, training()))};
+  }, {x})[0];
 }
 
 Tensor DecoderBlock::mlp_part(const Tensor& h) const {
-  Tensor m = mlp->forward(post_attention_layernorm->forward(h));
+  Tensor n = norm_part(wrap, *post_attention_layernorm, h);
+  Tensor m = run_part(wrap, "mlp", [this](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{mlp->forward(in[0])};
+  }, {n})[0];
   return add(h, remat::dropout(m, dropout, training()));
 }
 

@@ -27,6 +27,7 @@ class DecoderBlock : public Module {
   std::shared_ptr<SelfAttention> self_attn;
   std::shared_ptr<MLP> mlp;
   double dropout;
+  RegionWrap wrap;  // "attention", "layernorm", "mlp" regions (recompute plans)
 };
 
 // "model": the embedding, the blocks and the final norm.

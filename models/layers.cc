@@ -24,6 +24,12 @@ Tensor init_normal(const Shape& shape, double std, Generator& gen) {
 }
 }  // namespace
 
+std::vector<Tensor> run_part(const RegionWrap& wrap, const std::string& part,
+                             const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
+                             const std::vector<Tensor>& inputs) {
+  return wrap ? wrap(part, fn, inputs) : fn(inputs);
+}
+
 Linear::Linear(std::int64_t in, std::int64_t out, double init_std, Generator& gen) {
   weight = register_parameter("weight", init_normal({out, in}, init_std, gen));
 }
@@ -67,7 +73,10 @@ Tensor SelfAttention::forward(const Tensor& x) const {
   Tensor q = heads(q_proj->forward(x));
   Tensor k = heads(k_proj->forward(x));
   Tensor v = heads(v_proj->forward(x));
-  return o_proj->forward(core(q, k, v));
+  Tensor o = run_part(wrap, "core_attn", [this](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{core(in[0], in[1], in[2])};
+  }, {q, k, v})[0];
+  return o_proj->forward(o);
 }
 
 MLP::MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& gen) {

@@ -3,12 +3,27 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "engine/rng.h"
 #include "models/config.h"
 #include "models/module.h"
 
 namespace remat {
+
+// Runs a named part of a block (`fn` over `inputs`), possibly as a
+// checkpoint region; set by recompute plans (models/recompute.h). Empty:
+// run the part directly.
+using RegionWrap = std::function<std::vector<Tensor>(
+    const std::string& part, const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
+    const std::vector<Tensor>& inputs)>;
+
+// Runs fn(inputs) through `wrap` when set.
+std::vector<Tensor> run_part(const RegionWrap& wrap, const std::string& part,
+                             const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
+                             const std::vector<Tensor>& inputs);
 
 // Parameters start as normal(0, std) from `gen` (weights) or ones (norms), in
 // allocation category `parameter`.
@@ -48,6 +63,7 @@ class SelfAttention : public Module {
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   std::int64_t n_heads, head_dim;
   double rope_theta;
+  RegionWrap wrap;  // "core_attn" regions
 };
 
 // SwiGLU MLP: down(silu(gate(x)) * up(x)).

@@ -7,6 +7,7 @@
 #include "train/data.h"
 #include "train/safetensors.h"
 #include "models/decoder.h"
+#include "models/recompute.h"
 
 namespace remat::tools {
 
@@ -21,12 +22,13 @@ int run_dump(const std::vector<std::string>& args) {
   if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
   REMAT_CHECK(f.has("out"), Error, "dump: --out FILE.safetensors is required");
   const std::string plan = f.get("recompute", "none");
-  REMAT_CHECK(plan == "none", Error, "--recompute ", plan, ": recompute plans are not available yet; use none");
   const ModelConfig c = ModelConfig::load(f.get("config", "tiny"));
+  const RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
   const auto seed = std::uint64_t(f.get_int("seed", 0));
 
   manual_seed(seed);
   DecoderModel model(c, seed);
+  apply_recompute_plan(model, parsed);
   if (f.has("load")) {
     const std::string path = f.get("load", "");
     SafetensorsFile w = load_safetensors(path);

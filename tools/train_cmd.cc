@@ -33,7 +33,7 @@ int run_train(const std::vector<std::string>& args) {
            {"seed", "seed for weights, data and dropout (default 0)"},
            {"lr", "peak learning rate (default 3e-3)"},
            {"warmup", "warm-up steps (default 20)"},
-           {"recompute", "recompute plan (default none)"},
+           {"recompute", "recompute plan: none, per_block, chunk, selected:I,J, uniform:N, block:N, attention, selective:NAMES, or A+B (default none)"},
            {"save", "save state to DIR at the end (and every --save-every steps)"},
            {"save-every", "save every N steps"},
            {"resume", "resume from the state in DIR"},
@@ -89,6 +89,8 @@ int run_train(const std::vector<std::string>& args) {
       j.set("step", s.step).set("loss", s.loss).set("lr", s.lr).set("grad_norm", s.grad_norm);
       j.set("tokens_per_s", s.tokens_per_s).set("step_ms", s.step_ms);
       j.set("peak_allocated_bytes", s.peak_allocated_bytes).set("peak_reserved_bytes", s.peak_reserved_bytes);
+      j.set("recomputed_ops", s.recomputed_ops).set("saved_bytes_peak", s.saved_bytes_peak);
+      j.set("boundary_bytes", s.boundary_bytes);
       if (s.val_loss) j.set("val_loss", *s.val_loss);
       *log << j.str() << "\n";
       log->flush();

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdio>
 
+#include "checkpoint/checkpoint.h"
 #include "engine/autograd.h"
+#include "models/recompute.h"
 #include "train/safetensors.h"
 
 namespace remat {
@@ -23,13 +25,13 @@ constexpr const char* kFormat = "remat-train-state-1";
 
 Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   opts_.config.validate();
-  REMAT_CHECK(opts_.recompute == "none", Error, "--recompute ", opts_.recompute,
-              ": recompute plans are not available yet; use none");
   const auto& c = opts_.config;
+  const RecomputePlan plan = RecomputePlan::parse(opts_.recompute, c.n_layers);
   corpus_ = opts_.data_file.empty() ? generated_corpus(opts_.seed)
                                     : text_corpus(opts_.data_file, c.seq + 1);
   manual_seed(opts_.seed);
   model_ = std::make_unique<DecoderModel>(c, opts_.seed);
+  apply_recompute_plan(*model_, plan);
   AdamWOptions ao;
   ao.weight_decay = opts_.weight_decay;
   optimizer_ = std::make_unique<AdamW>(model_->named_parameters(), ao);
@@ -62,14 +64,21 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     const double lr = cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
     Tensor batch = sampler_->next();
     model_->zero_grad();
+    reset_saved_bytes_peak();
+    const std::int64_t ops0 = checkpoint_counters().ops_recomputed;
     double loss;
+    StepStats s;
     {
       CategoryScope cat(MemoryCategory::activation);
       auto out = model_->forward_loss(batch);
       loss = out.loss.item();
+      const auto report = saved_bytes_report();
+      auto it = report.bytes_by_op.find("checkpoint_boundary");
+      s.boundary_bytes = it == report.bytes_by_op.end() ? 0 : it->second;
       out.loss.backward();
     }
-    StepStats s;
+    s.recomputed_ops = checkpoint_counters().ops_recomputed - ops0;
+    s.saved_bytes_peak = saved_bytes_report().peak_bytes;
     s.grad_norm = clip_grad_norm(model_->parameters(), opts_.clip);
     optimizer_->step(lr);
     ++step_;

@@ -116,7 +116,9 @@ TEST_CASE("a region keeps only its boundary; backward regenerates and frees ever
   CHECK(saved_bytes_live() == base);
   CHECK(checkpoint_counters().replays == 1);
   CHECK(checkpoint_counters().tensors_regenerated > 0);
-  CHECK(checkpoint_counters().bytes_regenerated <= plain_saved);
+  // Per-save bytes regenerated cover what the plain forward held (which counts
+  // each storage once).
+  CHECK(checkpoint_counters().bytes_regenerated >= plain_saved);
 }
 
 TEST_CASE("early stop replays fewer ops than the reentrant variant", "[checkpoint]") {

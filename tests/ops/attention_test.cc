@@ -196,7 +196,7 @@ TEST_CASE("fused attention saves q, k, v, out and a [B, H, S] log-sum-exp only; 
       const std::int64_t live0 = saved_bytes_live();
       Tensor out = attention_reference(q, k, v);
       ref_bytes = saved_bytes_live() - live0;
-      CHECK(ref_bytes >= 2 * B * H * S * S * 4);  // the probabilities, at least twice
+      CHECK(ref_bytes >= B * H * S * S * 4);  // at least the probabilities (storages count once)
     }
     if (previous_fused) CHECK(fused_bytes == 2 * previous_fused);  // linear in S
     previous_fused = fused_bytes;
@@ -206,8 +206,8 @@ TEST_CASE("fused attention saves q, k, v, out and a [B, H, S] log-sum-exp only; 
   for (std::size_t i = 1; i < diffs.size(); ++i) {
     INFO("saved-bytes difference " << diffs[i - 1] << " -> " << diffs[i]);
     const double ratio = double(diffs[i]) / double(diffs[i - 1]);
-    CHECK(ratio > 3.5);
-    CHECK(ratio < 4.5);
+    CHECK(ratio > 3.0);
+    CHECK(ratio < 5.0);
   }
 }
 

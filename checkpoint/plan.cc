@@ -1,0 +1,164 @@
+#include "checkpoint/plan.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "engine/error.h"
+
+namespace remat {
+
+namespace {
+
+const char* kValidForms =
+    "valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, attention, moe_expert, "
+    "selective:NAMES (core_attn, layernorm, mlp, moe_act, moe, shared_experts, save_matmul, "
+    "save_attention, save_ops=op1/op2), combined with '+' where they do not overlap";
+
+[[noreturn]] void bad(const std::string& spec, const std::string& why) {
+  throw Error("--recompute " + spec + ": " + why + "; " + kValidForms);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream in(s);
+  while (std::getline(in, cur, sep)) out.push_back(cur);
+  if (!s.empty() && s.back() == sep) out.push_back("");
+  return out;
+}
+
+std::int64_t parse_int(const std::string& spec, const std::string& what, const std::string& s) {
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+    bad(spec, what + " expects a non-negative integer, got '" + s + "'");
+  return std::stoll(s);
+}
+
+// Which sub-block parts each module region covers, for the overlap check.
+std::set<std::string> parts_of(const std::string& module) {
+  if (module == "attention") return {"input_layernorm", "core_attn", "attn_proj"};
+  if (module == "layernorm") return {"input_layernorm", "post_attention_layernorm"};
+  if (module == "core_attn") return {"core_attn"};
+  if (module == "mlp") return {"mlp", "moe_act", "moe_experts", "shared_experts", "router"};
+  if (module == "moe") return {"moe_act", "moe_experts", "shared_experts", "router"};
+  if (module == "moe_expert") return {"moe_act", "moe_experts"};
+  if (module == "moe_act") return {"moe_act"};
+  if (module == "shared_experts") return {"shared_experts"};
+  return {};
+}
+
+}  // namespace
+
+bool RecomputePlan::block_in_region(std::int64_t i) const {
+  for (const auto& r : block_regions)
+    if (std::find(r.begin(), r.end(), i) != r.end()) return true;
+  return false;
+}
+
+RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layers) {
+  RecomputePlan plan;
+  plan.spec = spec;
+  if (spec.empty()) bad(spec, "empty plan");
+  if (spec == "none") return plan;
+  std::vector<std::int64_t> owner(std::size_t(n_layers), -1);  // block -> component index
+  std::vector<std::string> components = split(spec, '+');
+  auto claim_blocks = [&](std::size_t comp, const std::vector<std::vector<std::int64_t>>& regions) {
+    for (const auto& r : regions)
+      for (auto b : r) {
+        if (owner[std::size_t(b)] >= 0)
+          bad(spec, "'" + components[std::size_t(owner[std::size_t(b)])] + "' and '" + components[comp] +
+                        "' overlap at block " + std::to_string(b) + " (a block can be in only one region)");
+        owner[std::size_t(b)] = std::int64_t(comp);
+      }
+    plan.block_regions.insert(plan.block_regions.end(), regions.begin(), regions.end());
+  };
+  auto all_blocks_each = [&]() {
+    std::vector<std::vector<std::int64_t>> r;
+    for (std::int64_t i = 0; i < n_layers; ++i) r.push_back({i});
+    return r;
+  };
+  std::map<std::string, std::string> part_owner;  // sub-block part -> component
+  auto claim_module = [&](std::size_t comp, const std::string& module) {
+    for (const auto& p : parts_of(module)) {
+      auto it = part_owner.find(p);
+      if (it != part_owner.end())
+        bad(spec, "'" + it->second + "' and '" + components[comp] + "' overlap (both cover " + p + ")");
+      part_owner[p] = components[comp];
+    }
+    plan.modules.insert(module);
+  };
+
+  for (std::size_t c = 0; c < components.size(); ++c) {
+    const std::string& comp = components[c];
+    const auto colon = comp.find(':');
+    const std::string head = comp.substr(0, colon);
+    const std::string arg = colon == std::string::npos ? "" : comp.substr(colon + 1);
+    if (comp == "none") {
+      if (components.size() > 1) bad(spec, "'none' cannot be combined");
+    } else if (comp == "per_block") {
+      claim_blocks(c, all_blocks_each());
+    } else if (comp == "chunk") {
+      std::vector<std::int64_t> all;
+      for (std::int64_t i = 0; i < n_layers; ++i) all.push_back(i);
+      claim_blocks(c, {all});
+    } else if (head == "selected" && colon != std::string::npos) {
+      std::vector<std::vector<std::int64_t>> r;
+      for (const auto& s : split(arg, ',')) {
+        const std::int64_t i = parse_int(spec, "selected", s);
+        if (i >= n_layers) bad(spec, "block " + s + " does not exist (the model has " + std::to_string(n_layers) + " blocks)");
+        r.push_back({i});
+      }
+      claim_blocks(c, r);
+    } else if (head == "uniform" && colon != std::string::npos) {
+      const std::int64_t g = parse_int(spec, "uniform", arg);
+      if (g < 1 || g > n_layers) bad(spec, "uniform:N needs 1 <= N <= " + std::to_string(n_layers));
+      std::vector<std::vector<std::int64_t>> r;
+      for (std::int64_t i = 0; i < n_layers; i += g) {
+        std::vector<std::int64_t> grp;
+        for (std::int64_t j = i; j < std::min(n_layers, i + g); ++j) grp.push_back(j);
+        r.push_back(grp);
+      }
+      claim_blocks(c, r);
+    } else if (head == "block" && colon != std::string::npos) {
+      const std::int64_t n = parse_int(spec, "block", arg);
+      if (n > n_layers) bad(spec, "block:N needs N <= " + std::to_string(n_layers));
+      std::vector<std::vector<std::int64_t>> r;
+      for (std::int64_t i = 0; i < n; ++i) r.push_back({i});
+      claim_blocks(c, r);
+    } else if (comp == "attention" || comp == "moe_expert") {
+      claim_module(c, comp);
+    } else if (head == "selective" && colon != std::string::npos) {
+      for (const auto& name : split(arg, ',')) {
+        if (name == "save_matmul" || name == "save_attention" || name.rfind("save_ops=", 0) == 0) {
+          if (plan.policy) bad(spec, "only one op policy per plan");
+          if (name == "save_matmul") plan.policy = save_matmul_outputs();
+          else if (name == "save_attention") plan.policy = save_attention_outputs();
+          else {
+            auto ops = split(name.substr(9), '/');
+            if (ops.empty() || ops[0].empty()) bad(spec, "save_ops= needs op names, e.g. save_ops=matmul/softmax");
+            plan.policy = save_ops(ops);
+          }
+          plan.policy_name = name;
+          claim_blocks(c, all_blocks_each());
+        } else if (name == "core_attn" || name == "layernorm" || name == "mlp" || name == "moe_act" ||
+                   name == "moe" || name == "shared_experts") {
+          claim_module(c, name);
+        } else {
+          bad(spec, "unknown selective name '" + name + "'");
+        }
+      }
+    } else {
+      bad(spec, "unknown component '" + comp + "'");
+    }
+  }
+  // Module regions live inside blocks: they cannot share a block with a block region.
+  if (!plan.modules.empty())
+    for (std::int64_t b = 0; b < n_layers; ++b)
+      if (owner[std::size_t(b)] >= 0)
+        bad(spec, "'" + components[std::size_t(owner[std::size_t(b)])] + "' and the module regions (" +
+                      *plan.modules.begin() + ") overlap at block " + std::to_string(b) +
+                      " (module regions would nest inside the block's region)");
+  return plan;
+}
+
+}  // namespace remat

@@ -1,0 +1,50 @@
+// Model-level recompute plans: the `--recompute` values of DESIGN.md §4,
+// parsed and checked here; models/ applies them to its blocks.
+//
+//   none                 no regions
+//   per_block            every block is a region (keeps each block's input)
+//   chunk                the whole block stack is one region
+//   selected:I,J,...     the named blocks are regions
+//   uniform:N            consecutive groups of N blocks are regions
+//   block:N              the first N blocks are regions
+//   attention            the attention half of every block is a region
+//   moe_expert           routed-expert compute + unpermute of every MoE block
+//   selective:NAMES      module regions (core_attn, layernorm, mlp, moe_act,
+//                        moe, shared_experts) in every block, or per-block
+//                        regions with an op policy (save_matmul,
+//                        save_attention, save_ops=op1/op2/...)
+//
+// Components combine with '+' where they do not overlap.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "checkpoint/policy.h"
+
+namespace remat {
+
+struct RecomputePlan {
+  std::string spec = "none";
+  // Block-level regions: groups of consecutive block indices, each one region.
+  std::vector<std::vector<std::int64_t>> block_regions;
+  // Sub-block module regions applied in every block ("attention", "core_attn",
+  // "layernorm", "mlp", "moe_act", "moe", "shared_experts", "moe_expert").
+  std::set<std::string> modules;
+  // Op policy for the block-level regions (selective:save_*), or null.
+  Policy policy;
+  std::string policy_name;
+
+  bool is_none() const { return block_regions.empty() && modules.empty(); }
+  // True if block `i` is inside a block-level region.
+  bool block_in_region(std::int64_t i) const;
+
+  // Parses `spec` for a model of `n_layers` blocks. Throws Error naming the
+  // bad component and why (unknown name, out-of-range block, overlapping
+  // components), listing the valid forms.
+  static RecomputePlan parse(const std::string& spec, std::int64_t n_layers);
+};
+
+}  // namespace remat
