@@ -138,8 +138,6 @@ class Region : public std::enable_shared_from_this<Region> {
   ~Region() {
     free_boundary();
     for (auto& s : slots) drop_value(s);
-    for (auto& outs : cached)
-      for (auto& t : outs) saved_bytes_release(t, "checkpoint_cache", id);
   }
 
   // The regenerated tensor of slot i (replaying if needed); the region lets
@@ -172,11 +170,16 @@ class Region : public std::enable_shared_from_this<Region> {
     return slots.size() - 1;
   }
 
+  // Lets go of the boundary inputs and cached outputs once no replay can be
+  // needed any more.
   void free_boundary() {
     if (!holding_boundary) return;
     for (const auto& t : inputs) saved_bytes_release(t, "checkpoint_boundary", id);
     holding_boundary = false;
     inputs.clear();
+    for (auto& outs : cached)
+      for (auto& t : outs) saved_bytes_release(t, "checkpoint_cache", id);
+    cached.clear();
   }
 
   void replay();

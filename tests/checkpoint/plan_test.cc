@@ -1,0 +1,132 @@
+#include <catch2/catch.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/plan.h"
+#include "engine/autograd.h"
+#include "models/decoder.h"
+#include "models/recompute.h"
+
+using namespace remat;
+
+namespace {
+using Groups = std::vector<std::vector<std::int64_t>>;
+}
+
+TEST_CASE("plans parse into the regions DESIGN.md lists", "[checkpoint][plan]") {
+  CHECK(RecomputePlan::parse("none", 4).is_none());
+  CHECK(RecomputePlan::parse("per_block", 3).block_regions == Groups{{0}, {1}, {2}});
+  CHECK(RecomputePlan::parse("chunk", 3).block_regions == Groups{{0, 1, 2}});
+  CHECK(RecomputePlan::parse("selected:0,2", 4).block_regions == Groups{{0}, {2}});
+  CHECK(RecomputePlan::parse("uniform:2", 5).block_regions == Groups{{0, 1}, {2, 3}, {4}});
+  CHECK(RecomputePlan::parse("block:2", 4).block_regions == Groups{{0}, {1}});
+  CHECK(RecomputePlan::parse("attention", 4).modules == std::set<std::string>{"attention"});
+  CHECK(RecomputePlan::parse("selective:mlp,layernorm", 4).modules == std::set<std::string>{"layernorm", "mlp"});
+  auto sel = RecomputePlan::parse("selective:save_matmul", 2);
+  CHECK(sel.policy != nullptr);
+  CHECK(sel.block_regions == Groups{{0}, {1}});
+  CHECK(RecomputePlan::parse("selected:2,3+block:2", 4).block_regions == Groups{{2}, {3}, {0}, {1}});
+  CHECK(RecomputePlan::parse("attention+selective:mlp", 4).modules.size() == 2);
+}
+
+TEST_CASE("overlapping or unknown plans are rejected with the reason", "[checkpoint][plan]") {
+  CHECK_THROWS_WITH(RecomputePlan::parse("chunk+per_block", 4),
+                    Catch::Contains("'chunk' and 'per_block' overlap at block 0"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("selected:1+block:2", 4),
+                    Catch::Contains("'selected:1' and 'block:2' overlap at block 1"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block+attention", 4),
+                    Catch::Contains("module regions would nest inside the block's region"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("attention+selective:core_attn", 4),
+                    Catch::Contains("overlap (both cover core_attn)"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("attention+selective:layernorm", 4),
+                    Catch::Contains("overlap (both cover input_layernorm)"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_blok", 4), Catch::Contains("unknown component 'per_blok'") &&
+                                                             Catch::Contains("valid plans: none, per_block"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("selected:7", 4), Catch::Contains("block 7 does not exist"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("uniform:0", 4), Catch::Contains("uniform:N needs 1 <= N <= 4"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("uniform:x", 4), Catch::Contains("expects a non-negative integer"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("selective:foo", 4), Catch::Contains("unknown selective name 'foo'"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("none+chunk", 4), Catch::Contains("'none' cannot be combined"));
+  DecoderModel dense(ModelConfig::named("tiny"), 0);
+  CHECK_THROWS_WITH(apply_recompute_plan(dense, RecomputePlan::parse("moe_expert", 4)),
+                    Catch::Contains("'moe_expert' needs MoE blocks"));
+}
+
+namespace {
+
+// A model of L blocks small enough to run quickly; shapes chosen so a block's
+// saved tensors are several times its input.
+ModelConfig memory_config(std::int64_t layers) {
+  ModelConfig c = ModelConfig::named("tiny");
+  c.name = "memory-test";
+  c.n_layers = layers;
+  c.d_model = 64;
+  c.n_heads = 4;
+  c.ffn = 172;
+  c.seq = 64;
+  c.batch = 4;
+  return c;
+}
+
+Tensor batch_for(const ModelConfig& c) {
+  Generator g(3);
+  Tensor u = rand({c.batch, c.seq + 1}, DType::f32, &g);
+  std::vector<std::int64_t> ids;
+  for (float x : u.to_vector<float>()) ids.push_back(std::int64_t(x * 255.0f));
+  return from_vector<std::int64_t>(ids, {c.batch, c.seq + 1});
+}
+
+// Peak bytes held for backward over one forward + backward under `plan`.
+std::int64_t peak_saved(const ModelConfig& c, const std::string& plan) {
+  DecoderModel m(c, 1);
+  apply_recompute_plan(m, RecomputePlan::parse(plan, c.n_layers));
+  Tensor tokens = batch_for(c);
+  const std::int64_t base = saved_bytes_live();
+  reset_saved_bytes_peak();
+  auto out = m.forward_loss(tokens);
+  out.loss.backward();
+  if (saved_bytes_live() != base)
+    for (auto& [op, b] : saved_bytes_report().bytes_by_op) WARN(plan << " still held by " << op << ": " << b);
+  REQUIRE(saved_bytes_live() == base);
+  return saved_bytes_report().peak_bytes - base;
+}
+
+}  // namespace
+
+TEST_CASE("peak saved bytes follow the arithmetic of each plan", "[checkpoint][plan][memory]") {
+  const std::int64_t L = 8;
+  const ModelConfig c = memory_config(L);
+  const double I = double(c.batch * c.seq * c.d_model * 4);  // one block input, bytes
+
+  // One block's saved bytes (S_b) and the rest of the model's (embedding,
+  // final norm, head, loss: H), measured from the plain run of 1 and 2 blocks.
+  const double one = double(peak_saved(memory_config(1), "none"));
+  const double two = double(peak_saved(memory_config(2), "none"));
+  const double Sb = two - one;
+  const double H = one - Sb;
+  REQUIRE(Sb > 4 * I);
+
+  const double none = double(peak_saved(c, "none"));
+  CHECK(none == Approx(L * Sb + H).epsilon(0.02));
+
+  // per_block: every block input is kept, plus one block's saves at a time.
+  const double per_block = double(peak_saved(c, "per_block"));
+  CHECK(per_block == Approx(L * I + std::max(Sb, H)).epsilon(0.10));
+  CHECK(per_block < 0.5 * none);
+
+  // uniform:g: L/g kept inputs plus g blocks' saves while a group replays.
+  for (std::int64_t g : {2, 4}) {
+    INFO("uniform:" << g);
+    const double u = double(peak_saved(c, "uniform:" + std::to_string(g)));
+    CHECK(u == Approx(double(L / g) * I + std::max(double(g) * Sb, H)).epsilon(0.10));
+  }
+  // chunk: one input kept, the whole stack replays at once.
+  const double chunk = double(peak_saved(c, "chunk"));
+  CHECK(chunk == Approx(I + std::max(L * Sb, H)).epsilon(0.10));
+
+  // Selective (save matmul outputs) sits between none and per_block.
+  const double sel = double(peak_saved(c, "selective:save_matmul"));
+  CHECK(sel > per_block);
+  CHECK(sel < none);
+  WARN("I " << I << " Sb " << Sb << " H " << H << " none " << none << " per_block " << per_block
+            << " chunk " << chunk << " selective " << sel);
+}
