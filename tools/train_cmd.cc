@@ -89,6 +89,7 @@ int run_train(const std::vector<std::string>& args) {
       j.set("step", s.step).set("loss", s.loss).set("lr", s.lr).set("grad_norm", s.grad_norm);
       j.set("tokens_per_s", s.tokens_per_s).set("step_ms", s.step_ms);
       j.set("peak_allocated_bytes", s.peak_allocated_bytes).set("peak_reserved_bytes", s.peak_reserved_bytes);
+      j.set("persistent_bytes", s.persistent_bytes).set("activation_bytes", s.activation_bytes);
       j.set("recomputed_ops", s.recomputed_ops).set("saved_bytes_peak", s.saved_bytes_peak);
       j.set("boundary_bytes", s.boundary_bytes);
       if (s.val_loss) j.set("val_loss", *s.val_loss);

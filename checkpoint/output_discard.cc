@@ -1,0 +1,85 @@
+#include "checkpoint/output_discard.h"
+
+#include "checkpoint/recompute_context.h"
+
+namespace remat {
+
+namespace {
+
+thread_local std::int64_t tls_regenerations = 0;
+
+// What a save of the discarded output holds instead of its data.
+struct Recipe {
+  std::shared_ptr<const DiscardedOutput::Producer> producer;
+  std::shared_ptr<const std::vector<Tensor>> inputs;
+};
+
+class DiscardHooks final : public SavedTensorHooks {
+ public:
+  // The hooks see the inputs only weakly: recipes keep them alive, and they
+  // go when the last recipe is released.
+  DiscardHooks(const char* name, const Tensor& output, DiscardedOutput::Producer producer,
+               const std::shared_ptr<const std::vector<Tensor>>& inputs)
+      : name_(name),
+        storage_(output.impl().storage.get()),
+        sizes_(output.sizes()),
+        strides_(output.strides()),
+        offset_(output.storage_offset()),
+        producer_(std::make_shared<const DiscardedOutput::Producer>(std::move(producer))),
+        inputs_(inputs) {}
+
+  std::any pack(std::any value, const SaveInfo& info) override {
+    const Tensor* t = std::any_cast<Tensor>(&value);
+    // Only saves of the discarded output itself (same storage and layout).
+    if (!t || t->impl().storage.get() != storage_ || t->sizes() != sizes_ || t->strides() != strides_ ||
+        t->storage_offset() != offset_)
+      return value;
+    auto inputs = inputs_.lock();
+    REMAT_CHECK(inputs != nullptr, Error, "output-discard '", name_, "': a save of its output by op '", info.op,
+                "' after the DiscardedOutput was destroyed");
+    for (const auto& in : *inputs) saved_bytes_hold(in, "output_discard_inputs", info.region);
+    return Recipe{producer_, inputs};
+  }
+
+  void on_release(const std::any& packed, const SaveInfo& info) override {
+    if (const Recipe* r = std::any_cast<Recipe>(&packed))
+      for (const auto& in : *r->inputs) saved_bytes_release(in, "output_discard_inputs", info.region);
+  }
+
+  std::any unpack(std::any packed, const SaveInfo&) override {
+    const Recipe* r = std::any_cast<Recipe>(&packed);
+    if (!r) return packed;
+    RecomputeScope replaying;
+    NoGradGuard no_grad;
+    CategoryScope cat(MemoryCategory::recompute);
+    ++tls_regenerations;
+    std::vector<Tensor> in;
+    for (const auto& t : *r->inputs) in.push_back(t.defined() ? t.detach() : t);
+    return (*r->producer)(in);
+  }
+
+  std::size_t held_bytes(const std::any& packed) const override {
+    if (const Tensor* t = std::any_cast<Tensor>(&packed)) return t->defined() ? t->nbytes() : 0;
+    return 0;  // a recipe holds no data of its own
+  }
+
+ private:
+  const char* name_;
+  const Storage* storage_;
+  Shape sizes_, strides_;
+  std::int64_t offset_;
+  std::shared_ptr<const DiscardedOutput::Producer> producer_;
+  std::weak_ptr<const std::vector<Tensor>> inputs_;
+};
+
+}  // namespace
+
+DiscardedOutput::DiscardedOutput(const char* name, Producer producer, std::vector<Tensor> inputs)
+    : inputs_(std::make_shared<const std::vector<Tensor>>(std::move(inputs))) {
+  output_ = producer(*inputs_);
+  hooks_ = std::make_shared<DiscardHooks>(name, output_, std::move(producer), inputs_);
+}
+
+std::int64_t DiscardedOutput::regenerations() { return tls_regenerations; }
+
+}  // namespace remat
