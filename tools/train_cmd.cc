@@ -28,7 +28,7 @@ int run_train(const std::vector<std::string>& args) {
   Flags f("train", args,
           {{"config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json (default tiny)"},
            {"data", "train on this text file (byte level; last 10% held out) instead of the generated corpus"},
-           {"steps", "optimizer steps of the whole run (default 300)"},
+           {"steps", "optimizer steps of the whole run (default 600)"},
            {"stop-after", "stop this invocation after N steps (resume later with --resume)"},
            {"seed", "seed for weights, data and dropout (default 0)"},
            {"lr", "peak learning rate (default 3e-3)"},
@@ -38,13 +38,13 @@ int run_train(const std::vector<std::string>& args) {
            {"save-every", "save every N steps"},
            {"resume", "resume from the state in DIR"},
            {"log", "write one JSON object per step to FILE.jsonl"},
-           {"eval-every", "validation every N steps (default 50)"},
+           {"eval-every", "validation every N steps (default 100)"},
            {"threads", "CPU threads (default: all cores)"}});
   if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
   TrainOptions o;
   o.config = ModelConfig::load(f.get("config", "tiny"));
   o.data_file = f.get("data", "");
-  o.steps = f.get_int("steps", 300);
+  o.steps = f.get_int("steps", 600);
   o.stop_after = f.get_int("stop-after", 0);
   o.seed = std::uint64_t(f.get_int("seed", 0));
   o.lr = f.get_double("lr", 3e-3);
@@ -54,7 +54,7 @@ int run_train(const std::vector<std::string>& args) {
   o.save_dir = f.get("save", "");
   o.save_every = f.get_int("save-every", 0);
   o.resume_dir = f.get("resume", "");
-  o.eval_every = f.get_int("eval-every", 50);
+  o.eval_every = f.get_int("eval-every", 100);
   REMAT_CHECK(o.steps > 0, Error, "--steps must be > 0");
 
   std::unique_ptr<std::ofstream> log;

@@ -18,7 +18,7 @@ namespace remat {
 struct TrainOptions {
   ModelConfig config = ModelConfig::named("tiny");
   std::string data_file;        // empty: the generated corpus
-  std::int64_t steps = 300;     // total steps of the run (the schedule spans them)
+  std::int64_t steps = 600;     // total steps of the run (the schedule spans them)
   std::int64_t stop_after = 0;  // stop this invocation after N steps (0: run to `steps`)
   std::uint64_t seed = 0;
   double lr = 3e-3;
@@ -26,7 +26,7 @@ struct TrainOptions {
   std::int64_t warmup = 20;
   double clip = 1.0;            // global gradient-norm clip (0: off)
   double weight_decay = 0.1;
-  std::int64_t eval_every = 50; // 0: only at the end
+  std::int64_t eval_every = 100; // 0: only at the end
   std::int64_t eval_batches = 8;
   std::string save_dir;         // empty: no saves
   std::int64_t save_every = 0;  // 0: only at the end
