@@ -43,7 +43,7 @@ const std::vector<ModelConfig>& registry() {
 const char* kKeys[] = {"name",   "vocab",   "d_model",  "n_layers",    "n_heads",  "ffn",
                        "seq",    "batch",   "experts",  "top_k",       "moe_ffn",  "shared",
                        "dense_first", "dropout", "rope_theta", "norm_eps", "init_std", "aux_coef",
-                       "z_coef"};
+                       "z_coef", "capacity_factor", "random_routing"};
 }  // namespace
 
 std::vector<std::string> ModelConfig::names() {
@@ -81,6 +81,7 @@ void ModelConfig::validate() const {
     need(moe_ffn > 0, "moe_ffn must be > 0");
     need(shared >= 0, "shared must be >= 0");
     need(dense_first >= 0 && dense_first <= n_layers, "dense_first must be in [0, n_layers]");
+    need(capacity_factor >= 0, "capacity_factor must be >= 0 (0: dropless)");
   }
   if (!bad.empty()) {
     std::string msg = "invalid config '" + name + "':";
@@ -110,6 +111,8 @@ Json ModelConfig::to_json() const {
   j.set("init_std", Json::number(init_std));
   j.set("aux_coef", Json::number(aux_coef));
   j.set("z_coef", Json::number(z_coef));
+  j.set("capacity_factor", Json::number(capacity_factor));
+  j.set("random_routing", Json::boolean(random_routing));
   return j;
 }
 
@@ -155,6 +158,8 @@ ModelConfig ModelConfig::from_json(const Json& j) {
   getd("init_std", c.init_std);
   getd("aux_coef", c.aux_coef);
   getd("z_coef", c.z_coef);
+  getd("capacity_factor", c.capacity_factor);
+  if (j.has("random_routing")) c.random_routing = j.at("random_routing").as_bool();
   c.validate();
   return c;
 }

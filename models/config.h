@@ -31,6 +31,8 @@ struct ModelConfig {
   double init_std = 0.02;
   double aux_coef = 0.01;        // load-balancing loss coefficient
   double z_coef = 0.0;           // router z-loss coefficient
+  double capacity_factor = 0.0;  // 0: dropless; else each expert keeps ceil(cf * T * K / E) rows
+  bool random_routing = false;   // uniform random routes (seeded; for benchmarks)
 
   std::int64_t head_dim() const { return d_model / n_heads; }
   bool is_moe_layer(std::int64_t i) const { return experts > 0 && i >= dense_first; }

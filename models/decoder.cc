@@ -6,12 +6,15 @@
 
 namespace remat {
 
-DecoderBlock::DecoderBlock(const ModelConfig& c, Generator& gen) : dropout(c.dropout) {
+DecoderBlock::DecoderBlock(const ModelConfig& c, std::int64_t layer, Generator& gen) : dropout(c.dropout) {
   input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
   self_attn = register_module("self_attn", std::make_shared<SelfAttention>(c, gen));
   post_attention_layernorm =
       register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
-  mlp = register_module("mlp", std::make_shared<MLP>(c.d_model, c.ffn, c.init_std, gen));
+  if (c.is_moe_layer(layer))
+    moe = register_module("mlp", std::make_shared<MoELayer>(c, layer, gen));
+  else
+    mlp = register_module("mlp", std::make_shared<MLP>(c.d_model, c.ffn, c.init_std, gen));
 }
 
 namespace {
@@ -32,7 +35,7 @@ Tensor DecoderBlock::attention_part(const Tensor& x) const {
 Tensor DecoderBlock::mlp_part(const Tensor& h) const {
   Tensor n = norm_part(wrap, *post_attention_layernorm, h);
   Tensor m = run_part(wrap, "mlp", [this](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{mlp->forward(in[0])};
+    return std::vector<Tensor>{moe ? moe->forward(in[0]) : mlp->forward(in[0])};
   }, {n})[0];
   return add(h, remat::dropout(m, dropout, training()));
 }
@@ -42,7 +45,7 @@ Tensor DecoderBlock::forward(const Tensor& x) const { return mlp_part(attention_
 DecoderStack::DecoderStack(const ModelConfig& c, Generator& gen) {
   embed_tokens = register_module("embed_tokens", std::make_shared<Embedding>(c.vocab, c.d_model, c.init_std, gen));
   for (std::int64_t i = 0; i < c.n_layers; ++i)
-    layers.push_back(register_module("layers." + std::to_string(i), std::make_shared<DecoderBlock>(c, gen)));
+    layers.push_back(register_module("layers." + std::to_string(i), std::make_shared<DecoderBlock>(c, i, gen)));
   norm = register_module("norm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
 }
 
@@ -51,6 +54,13 @@ DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed) : config_(c
   Generator gen(seed);
   model = register_module("model", std::make_shared<DecoderStack>(c, gen));
   lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab, c.init_std, gen));
+  for (auto& block : model->layers)
+    if (block->moe)
+      block->moe->sink = [this](const Tensor& aux, const Tensor& z, const MoELayerStats& st) {
+        aux_terms_.push_back(aux);
+        if (z.defined()) z_terms_.push_back(z);
+        stats_.push_back(st);
+      };
 }
 
 Tensor DecoderModel::embed(const Tensor& input_ids) const { return model->embed_tokens->forward(input_ids); }
@@ -76,11 +86,23 @@ DecoderModel::Output DecoderModel::forward_loss(const Tensor& tokens) const {
   const std::int64_t S = tokens.size(1) - 1;
   Tensor inputs = tokens.narrow(1, 0, S).contiguous();
   Tensor targets = tokens.narrow(1, 1, S).contiguous();
+  aux_terms_.clear();
+  z_terms_.clear();
+  stats_.clear();
   Output out;
   out.logits = forward(inputs);
   out.ce = cross_entropy(out.logits, targets);
-  out.aux = zeros({});
   out.loss = out.ce;
+  if (aux_terms_.empty()) {
+    out.aux = zeros({});
+  } else {
+    out.aux = aux_terms_[0];
+    for (std::size_t i = 1; i < aux_terms_.size(); ++i) out.aux = add(out.aux, aux_terms_[i]);
+    out.loss = add(out.loss, mul(out.aux, config_.aux_coef));
+  }
+  for (const Tensor& z : z_terms_) out.loss = add(out.loss, mul(z, config_.z_coef));
+  aux_terms_.clear();
+  z_terms_.clear();
   return out;
 }
 

@@ -11,12 +11,13 @@
 #include "models/config.h"
 #include "models/layers.h"
 #include "models/module.h"
+#include "models/moe_layer.h"
 
 namespace remat {
 
 class DecoderBlock : public Module {
  public:
-  DecoderBlock(const ModelConfig& c, Generator& gen);
+  DecoderBlock(const ModelConfig& c, std::int64_t layer, Generator& gen);
   // x [B, S, d] -> [B, S, d].
   Tensor forward(const Tensor& x) const;
   // The attention half and the MLP half (each includes its residual).
@@ -25,7 +26,8 @@ class DecoderBlock : public Module {
 
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<SelfAttention> self_attn;
-  std::shared_ptr<MLP> mlp;
+  std::shared_ptr<MLP> mlp;      // dense blocks
+  std::shared_ptr<MoELayer> moe; // MoE blocks (registered as "mlp" too)
   double dropout;
   RegionWrap wrap;  // "attention", "layernorm", "mlp" regions (recompute plans)
 };
@@ -67,6 +69,9 @@ class DecoderModel : public Module {
 
   const ModelConfig& config() const { return config_; }
   void set_block_runner(BlockRunner r) { runner_ = std::move(r); }
+  // Routing metrics of the MoE layers from the last forward_loss (original
+  // pass only, one entry per MoE layer).
+  const std::vector<MoELayerStats>& routing_stats() const { return stats_; }
 
   std::shared_ptr<DecoderStack> model;
   std::shared_ptr<Linear> lm_head;
@@ -74,6 +79,9 @@ class DecoderModel : public Module {
  private:
   ModelConfig config_;
   BlockRunner runner_;
+  // Collected from the MoE layers during forward_loss.
+  mutable std::vector<Tensor> aux_terms_, z_terms_;
+  mutable std::vector<MoELayerStats> stats_;
 };
 
 }  // namespace remat

@@ -86,7 +86,12 @@ MLP::MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& 
 }
 
 Tensor MLP::forward(const Tensor& x) const {
-  return down_proj->forward(swiglu(gate_proj->forward(x), up_proj->forward(x)));
+  Tensor g = gate_proj->forward(x), u = up_proj->forward(x);
+  Tensor h = act_part.empty() ? swiglu(g, u)
+                              : run_part(wrap, act_part, [](const std::vector<Tensor>& in) {
+                                  return std::vector<Tensor>{swiglu(in[0], in[1])};
+                                }, {g, u})[0];
+  return down_proj->forward(h);
 }
 
 }  // namespace remat

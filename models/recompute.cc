@@ -26,6 +26,10 @@ void apply_recompute_plan(DecoderModel& model, const RecomputePlan& plan) {
   for (auto& block : model.model->layers) {
     block->wrap = wrap;
     block->self_attn->wrap = wrap;
+    if (block->moe) {
+      block->moe->wrap = wrap;
+      for (auto& e : block->moe->experts) e->wrap = wrap;
+    }
   }
 
   if (plan.block_regions.empty()) {

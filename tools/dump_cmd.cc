@@ -57,10 +57,10 @@ int run_dump(const std::vector<std::string>& args) {
   tensors.emplace_back("batch.tokens", tokens);
   tensors.emplace_back("loss.ce", out.ce.detach());
   tensors.emplace_back("loss.aux", out.aux.detach());
-  for (const auto& [name, p] : model.named_parameters()) {
-    REMAT_CHECK(p.grad().defined(), Error, "dump: parameter '", name, "' received no gradient");
-    tensors.emplace_back("grad." + name, p.grad());
-  }
+  // A parameter the batch did not reach (an expert no token was routed to)
+  // has a zero gradient.
+  for (const auto& [name, p] : model.named_parameters())
+    tensors.emplace_back("grad." + name, p.grad().defined() ? p.grad() : zeros(p.sizes()));
   save_safetensors(f.get("out", ""), tensors,
                    {{"config", c.to_json().dump()}, {"seed", std::to_string(seed)}, {"recompute", plan}});
   std::printf("dump: %s  loss.ce %.6f  loss.aux %.6f  (%zu tensors)\n", f.get("out", "").c_str(),

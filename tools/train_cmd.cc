@@ -1,6 +1,8 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 
@@ -93,13 +95,38 @@ int run_train(const std::vector<std::string>& args) {
       j.set("recomputed_ops", s.recomputed_ops).set("saved_bytes_peak", s.saved_bytes_peak);
       j.set("boundary_bytes", s.boundary_bytes);
       if (s.val_loss) j.set("val_loss", *s.val_loss);
+      if (!s.routing.empty()) {
+        std::string layers = "[";
+        double worst = 0;
+        std::int64_t dropped = 0;
+        for (std::size_t i = 0; i < s.routing.size(); ++i) {
+          const auto& r = s.routing[i];
+          std::string tpe = "[";
+          for (std::size_t e = 0; e < r.tokens_per_expert.size(); ++e)
+            tpe += (e ? "," : "") + std::to_string(r.tokens_per_expert[e]);
+          JsonObject l;
+          l.set("layer", r.layer).set_raw("tokens_per_expert", tpe + "]").set("imbalance", r.imbalance);
+          l.set("dropped", r.dropped).set("aux", r.aux).set("z_loss", r.z);
+          layers += (i ? ", " : "") + l.str();
+          worst = std::max(worst, r.imbalance);
+          dropped += r.dropped;
+        }
+        j.set("loss_aux", s.aux_loss).set("moe_imbalance_max", worst).set("moe_dropped", dropped);
+        j.set_raw("moe", layers + "]");
+      }
       *log << j.str() << "\n";
       log->flush();
     }
-    char line[256];
+    char line[320];
     std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  lr %.2e  %7.0f tok/s  elapsed %s  eta %s",
                   static_cast<long long>(s.step), static_cast<long long>(s.total_steps), s.loss, s.lr,
                   s.tokens_per_s, hms(s.elapsed_s).c_str(), hms(s.eta_s).c_str());
+    if (!s.routing.empty()) {
+      double worst = 0;
+      for (const auto& r : s.routing) worst = std::max(worst, r.imbalance);
+      const std::size_t len = std::strlen(line);
+      std::snprintf(line + len, sizeof line - len, "  aux %.3f  imbalance %.2f", s.aux_loss, worst);
+    }
     if (s.val_loss) {
       if (first_val < 0) first_val = *s.val_loss;
       last_val = *s.val_loss;

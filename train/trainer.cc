@@ -72,6 +72,8 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
       CategoryScope cat(MemoryCategory::activation);
       auto out = model_->forward_loss(batch);
       loss = out.loss.item();
+      s.aux_loss = out.aux.item();
+      s.routing = model_->routing_stats();
       const auto report = saved_bytes_report();
       auto it = report.bytes_by_op.find("checkpoint_boundary");
       s.boundary_bytes = it == report.bytes_by_op.end() ? 0 : it->second;

@@ -52,6 +52,9 @@ struct StepStats {
   std::int64_t saved_bytes_peak = 0;      // peak bytes held for backward (saved tensors, boundaries, regenerated)
   std::int64_t boundary_bytes = 0;        // bytes held at region boundaries after the forward
   std::optional<double> val_loss;
+  // MoE runs: the routing metrics of each MoE layer for this step's batch.
+  std::vector<MoELayerStats> routing;
+  double aux_loss = 0;  // sum over MoE layers of the load-balancing loss
 };
 
 class Trainer {

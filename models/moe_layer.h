@@ -1,0 +1,50 @@
+// The routed MoE layer of a block (Qwen2-MoE parameter names under
+// "model.layers.{i}.mlp"): router "gate" [E, d], routed experts
+// "experts.{e}.{gate,up,down}_proj" (hidden moe_ffn), an optional shared
+// expert "shared_expert.*" (hidden moe_ffn * shared) added unweighted.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "models/config.h"
+#include "models/layers.h"
+#include "moe/dispatch.h"
+
+namespace remat {
+
+// Routing metrics of one layer for one forward (original pass only).
+struct MoELayerStats {
+  std::int64_t layer = 0;
+  std::vector<std::int64_t> tokens_per_expert;  // routed slots per expert (before capacity)
+  double imbalance = 0;   // max / mean of tokens_per_expert
+  std::int64_t dropped = 0;
+  double aux = 0;         // load-balancing loss value
+  double z = 0;           // router z-loss value (0 when off)
+};
+
+// Where a layer reports its losses and metrics (once per original forward).
+using MoESink = std::function<void(const Tensor& aux, const Tensor& z, const MoELayerStats& stats)>;
+
+class MoELayer : public Module {
+ public:
+  MoELayer(const ModelConfig& c, std::int64_t layer, Generator& gen);
+  // x [B, S, d] -> [B, S, d]. Losses and metrics go to `sink` in the
+  // original pass only (never in a replay).
+  Tensor forward(const Tensor& x) const;
+
+  std::shared_ptr<Linear> gate;
+  std::vector<std::shared_ptr<MLP>> experts;
+  std::shared_ptr<MLP> shared_expert;  // null when shared == 0
+  std::shared_ptr<TokenDispatcher> dispatcher;
+  RegionWrap wrap;  // "moe", "moe_expert", "shared_experts" regions
+  MoESink sink;
+
+ private:
+  Tensor routed_experts(const Tensor& xp, const Routing& routing) const;
+  ModelConfig config_;
+  std::int64_t layer_;
+};
+
+}  // namespace remat

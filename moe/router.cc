@@ -1,0 +1,77 @@
+#include "moe/router.h"
+
+#include <algorithm>
+
+#include "checkpoint/output_discard.h"
+#include "engine/autograd.h"
+#include "engine/rng.h"
+#include "ops/ops.h"
+
+namespace remat {
+
+namespace {
+
+// K distinct experts per token, uniformly at random (Philox from the default
+// generator of x's device), best-first order by draw.
+Tensor random_indices(std::int64_t tokens, std::int64_t experts, std::int64_t k, Device device) {
+  const RngState s = default_generator(device).reserve(std::uint64_t(tokens * experts));
+  std::vector<float> u(static_cast<std::size_t>(tokens * experts));
+  philox_fill_uniform(u.data(), tokens * experts, s);
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(tokens * k));
+  std::vector<std::int64_t> order(static_cast<std::size_t>(experts));
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (std::int64_t e = 0; e < experts; ++e) order[std::size_t(e)] = e;
+    const float* row = u.data() + t * experts;
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return row[a] > row[b]; });
+    for (std::int64_t j = 0; j < k; ++j) idx[std::size_t(t * k + j)] = order[std::size_t(j)];
+  }
+  return from_vector<std::int64_t>(idx, {tokens, k});
+}
+
+}  // namespace
+
+RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOptions& opts) {
+  REMAT_CHECK(x.dim() == 2 && router_weight.dim() == 2 && x.size(1) == router_weight.size(1), ShapeError,
+              "router: tokens must be [T, d] and the router weight [E, d]; got ", shape_str(x.sizes()), " and ",
+              shape_str(router_weight.sizes()));
+  const std::int64_t T = x.size(0), E = router_weight.size(0), K = opts.top_k;
+  REMAT_CHECK(K >= 1 && K <= E, ShapeError, "router: top_k ", K, " must be in [1, ", E, "]");
+  RouterOutput out;
+
+  // Logits from an FP32 copy of x that is not kept for backward: the router
+  // linear's save of it becomes a recipe, regenerated before its backward.
+  Tensor logits;
+  {
+    DiscardedOutput x32("router_cast", [](const std::vector<Tensor>& in) { return cast(in[0], DType::f32); }, {x});
+    SavedTensorHooksScope scope(x32.hooks());
+    logits = linear(x32.output(), router_weight.dtype() == DType::f32 ? router_weight : cast(router_weight, DType::f32));
+  }
+  out.probs = softmax(logits, -1);
+
+  if (opts.random_routing) {
+    out.indices = random_indices(T, E, K, x.device());
+  } else {
+    NoGradGuard ng;
+    Tensor scores = out.probs.detach();
+    if (opts.expert_bias.defined()) scores = add(scores, opts.expert_bias.to(DType::f32));
+    out.indices = topk(scores, K, -1, true).second;
+  }
+  Tensor picked = gather(out.probs, 1, out.indices);
+  out.weights = div(picked, sum(picked, {1}, true));
+
+  // Load balance: f_e (a count, no gradient) and P_e (mean probability).
+  out.slots_per_expert.assign(std::size_t(E), 0);
+  for (std::int64_t e : out.indices.to_vector<std::int64_t>()) out.slots_per_expert[std::size_t(e)]++;
+  std::vector<float> f(static_cast<std::size_t>(E));
+  for (std::int64_t e = 0; e < E; ++e) f[std::size_t(e)] = float(double(out.slots_per_expert[std::size_t(e)]) / double(T * K));
+  Tensor p_mean = mean(out.probs, {0});
+  out.aux = mul(sum(mul(p_mean, from_vector<float>(f, {E}))), double(E));
+  if (opts.compute_z_loss) {
+    // logsumexp(logits) = logits[:, 0] - log_softmax(logits)[:, 0].
+    Tensor lse = sub(logits.select(1, 0), log_softmax(logits, -1).select(1, 0));
+    out.z = mean(mul(lse, lse));
+  }
+  return out;
+}
+
+}  // namespace remat

@@ -1,0 +1,36 @@
+// The MoE router: logits from an FP32 copy of the block input (an
+// output-discard checkpoint: the copy is not kept for backward), softmax over
+// experts, top-K selection (ties to the lower expert index), renormalised
+// top-K weights, the switch-style load-balancing loss E * sum_e f_e * P_e and
+// the router z-loss. Selection may add an expert bias (selection only) or be
+// uniformly random (seeded from the default generator, so a replay draws the
+// same routes).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace remat {
+
+struct RouterOptions {
+  std::int64_t top_k = 2;
+  bool random_routing = false;
+  Tensor expert_bias;  // [E] added to the scores for selection only (optional)
+  bool compute_z_loss = false;
+};
+
+struct RouterOutput {
+  Tensor indices;  // [T, K] i64, best first
+  Tensor weights;  // [T, K] renormalised (differentiable w.r.t. x and the router weight)
+  Tensor probs;    // [T, E] f32
+  Tensor aux;      // 0-dim: E * sum_e f_e * P_e
+  Tensor z;        // 0-dim: mean over tokens of logsumexp(logits)^2 (undefined unless asked)
+  std::vector<std::int64_t> slots_per_expert;  // f_e * T * K
+};
+
+// Routes tokens x [T, d] with router weight [E, d].
+RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOptions& opts);
+
+}  // namespace remat
