@@ -1,9 +1,12 @@
 #include "moe/dispatch.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "checkpoint/recompute_context.h"
 #include "engine/autograd.h"
+#include "moe/buffer_pool.h"
+#include "ops/kernel_util.h"
 #include "ops/ops.h"
 
 namespace remat {
@@ -21,15 +24,6 @@ void count_move(std::int64_t rows, std::int64_t bytes) {
   }
 }
 
-// Counts the bytes of a gradient moved back during backward.
-Tensor count_backward(const Tensor& t) {
-  if (t.requires_grad())
-    t.register_hook([](const Tensor& g) {
-      tls_counters.backward_bytes_moved += std::int64_t(g.nbytes());
-      return Tensor();
-    });
-  return t;
-}
 }  // namespace
 
 DispatchCounters dispatch_counters() { return tls_counters; }
@@ -80,19 +74,125 @@ Routing make_routing(const Tensor& indices, std::int64_t experts, double capacit
   return r;
 }
 
+namespace {
+
+// Copies rows: out[r] = x[src[r]] (x, out contiguous f32 of width d).
+void gather_rows(const float* x, const std::int64_t* src, float* out, std::int64_t rows, std::int64_t d) {
+  ops_detail::parallel_rows(rows, d, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) std::copy_n(x + src[r] * d, d, out + r * d);
+  });
+}
+
+// out[dst[r]] += w[r] * y[r] for rows in order: parallel over column blocks,
+// so every element adds its rows in the same order whatever the thread count.
+void scatter_add_rows(const float* y, const float* w, const std::int64_t* dst, float* out, std::int64_t rows,
+                      std::int64_t d) {
+  constexpr std::int64_t kCols = 64;
+  const std::int64_t blocks = (d + kCols - 1) / kCols;
+  parallel_for(0, blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) {
+      const std::int64_t c0 = b * kCols, c1 = std::min(d, c0 + kCols);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float wr = w ? w[r] : 1.0f;
+        float* o = out + dst[r] * d;
+        const float* yr = y + r * d;
+        for (std::int64_t c = c0; c < c1; ++c) o[c] += wr * yr[c];
+      }
+    }
+  });
+}
+
+// The payload outlives the forward only when a backward will read it: then
+// it comes from the leased pool; inside a checkpoint region (or a replay, or
+// without grad) it is ordinary scratch.
+Tensor payload_buffer(const Shape& sizes, DType dtype, Device device, bool needs_backward) {
+  const bool in_region = current_save_region() >= 0 || in_recompute();
+  if (needs_backward && !in_region) return DispatchBufferPool::for_device(device).lease(sizes, dtype);
+  return empty(sizes, TensorOptions(dtype, device));
+}
+
+}  // namespace
+
 Tensor LocalDispatcher::dispatch(const Tensor& x, const Routing& routing) {
   tls_counters.dispatch_calls++;
-  Tensor out = index_select(x, 0, routing.token_of_row);
-  count_move(routing.rows(), std::int64_t(out.nbytes()));
-  return count_backward(out);
+  const std::int64_t rows = routing.rows(), d = x.size(1);
+  Tensor out = dispatch1("moe_dispatch", {x}, [&] {
+    Tensor xf = ops_detail::f32_contiguous(x.detach());
+    Tensor idx = routing.token_of_row.contiguous();
+    Tensor o = payload_buffer({rows, d}, DType::f32, x.device(), grad_enabled() && x.requires_grad());
+    gather_rows(xf.data<float>(), idx.data<std::int64_t>(), o.data<float>(), rows, d);
+    if (x.dtype() != DType::f32) o = o.to(x.dtype());
+    if (auto node = autograd::make_node("moe_dispatch", {&x})) {
+      node->save(idx);
+      node->backward_fn = [tokens = routing.tokens, d, dt = x.dtype()](Node& n, std::vector<Tensor>& g) {
+        Tensor i = n.saved(0);
+        Tensor gf = ops_detail::f32_contiguous(g[0]);
+        Tensor gx = zeros({tokens, d});
+        scatter_add_rows(gf.data<float>(), nullptr, i.data<std::int64_t>(), gx.data<float>(), i.size(0), d);
+        tls_counters.backward_bytes_moved += std::int64_t(g[0].nbytes());
+        return std::vector<Tensor>{ops_detail::from_f32(gx, dt)};
+      };
+      autograd::set_history(o, node);
+    }
+    return o;
+  });
+  count_move(rows, std::int64_t(out.nbytes()));
+  return out;
 }
 
 Tensor LocalDispatcher::combine(const Tensor& y, const Tensor& row_weights, const Routing& routing) {
   tls_counters.combine_calls++;
-  count_move(routing.rows(), std::int64_t(y.nbytes()));
-  Tensor weighted = mul(y, row_weights.unsqueeze(1));
-  Tensor base = zeros({routing.tokens, y.size(1)}, TensorOptions(y.dtype(), y.device()));
-  return index_add(base, 0, routing.token_of_row, count_backward(weighted));
+  const std::int64_t rows = routing.rows(), d = y.size(1), tokens = routing.tokens;
+  REMAT_CHECK(y.dim() == 2 && y.size(0) == rows && row_weights.dim() == 1 && row_weights.size(0) == rows, ShapeError,
+              "moe_combine: expected expert rows [", rows, ", d] and weights [", rows, "], got ",
+              shape_str(y.sizes()), " and ", shape_str(row_weights.sizes()));
+  count_move(rows, std::int64_t(y.nbytes()));
+  return dispatch1("moe_combine", {y, row_weights}, [&] {
+    Tensor yf = ops_detail::f32_contiguous(y.detach());
+    Tensor wf = ops_detail::f32_contiguous(row_weights.detach());
+    Tensor idx = routing.token_of_row.contiguous();
+    Tensor out = zeros({tokens, d});
+    scatter_add_rows(yf.data<float>(), wf.data<float>(), idx.data<std::int64_t>(), out.data<float>(), rows, d);
+    out = ops_detail::from_f32(out, y.dtype());
+    if (auto node = autograd::make_node("moe_combine", {&y, &row_weights})) {
+      node->save(node->needs_input_grad(1) ? y : Tensor());
+      node->save(node->needs_input_grad(0) ? row_weights : Tensor());
+      node->save(idx);
+      node->backward_fn = [d, ydt = y.dtype(), wdt = row_weights.dtype()](Node& n, std::vector<Tensor>& g) {
+        Tensor i = n.saved(2);
+        const std::int64_t* tok = i.data<std::int64_t>();
+        const std::int64_t r = i.size(0);
+        Tensor gf = ops_detail::f32_contiguous(g[0]);
+        const float* go = gf.data<float>();
+        Tensor gy, gw;
+        if (n.needs_input_grad(0)) {
+          Tensor w = ops_detail::f32_contiguous(n.saved(1));
+          const float* wp = w.data<float>();
+          gy = empty({r, d});
+          float* p = gy.data<float>();
+          ops_detail::parallel_rows(r, d, [&](std::int64_t r0, std::int64_t r1) {
+            for (std::int64_t k = r0; k < r1; ++k)
+              for (std::int64_t c = 0; c < d; ++c) p[k * d + c] = wp[k] * go[tok[k] * d + c];
+          });
+          gy = ops_detail::from_f32(gy, ydt);
+        }
+        if (n.needs_input_grad(1)) {
+          Tensor yv = ops_detail::f32_contiguous(n.saved(0));
+          const float* yp = yv.data<float>();
+          gw = empty({r});
+          float* p = gw.data<float>();
+          ops_detail::parallel_rows(r, d, [&](std::int64_t r0, std::int64_t r1) {
+            for (std::int64_t k = r0; k < r1; ++k) p[k] = ops_detail::lane_dot(go + tok[k] * d, yp + k * d, d);
+          });
+          gw = ops_detail::from_f32(gw, wdt);
+        }
+        tls_counters.backward_bytes_moved += std::int64_t(g[0].nbytes());
+        return std::vector<Tensor>{gy, gw};
+      };
+      autograd::set_history(out, node);
+    }
+    return out;
+  });
 }
 
 }  // namespace remat

@@ -112,6 +112,7 @@ int run_train(const std::vector<std::string>& args) {
           dropped += r.dropped;
         }
         j.set("loss_aux", s.aux_loss).set("moe_imbalance_max", worst).set("moe_dropped", dropped);
+        j.set("moved_bytes", s.moved_bytes).set("replayed_comm_bytes", s.replayed_comm_bytes);
         j.set_raw("moe", layers + "]");
       }
       *log << j.str() << "\n";

@@ -9,6 +9,7 @@
 #include "checkpoint/checkpoint.h"
 #include "engine/autograd.h"
 #include "models/recompute.h"
+#include "moe/dispatch.h"
 #include "train/safetensors.h"
 
 namespace remat {
@@ -66,6 +67,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     model_->zero_grad();
     reset_saved_bytes_peak();
     const std::int64_t ops0 = checkpoint_counters().ops_recomputed;
+    const DispatchCounters moved0 = dispatch_counters();
     double loss;
     StepStats s;
     {
@@ -80,6 +82,8 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
       out.loss.backward();
     }
     s.recomputed_ops = checkpoint_counters().ops_recomputed - ops0;
+    s.moved_bytes = dispatch_counters().bytes_moved - moved0.bytes_moved;
+    s.replayed_comm_bytes = dispatch_counters().replay_bytes_moved - moved0.replay_bytes_moved;
     s.saved_bytes_peak = saved_bytes_report().peak_bytes;
     s.grad_norm = clip_grad_norm(model_->parameters(), opts_.clip);
     optimizer_->step(lr);

@@ -51,6 +51,8 @@ struct StepStats {
   std::int64_t recomputed_ops = 0;        // ops replayed by checkpoint regions
   std::int64_t saved_bytes_peak = 0;      // peak bytes held for backward (saved tensors, boundaries, regenerated)
   std::int64_t boundary_bytes = 0;        // bytes held at region boundaries after the forward
+  std::int64_t moved_bytes = 0;           // MoE dispatch/combine bytes in the original forward
+  std::int64_t replayed_comm_bytes = 0;   // ... moved again by recompute replays
   std::optional<double> val_loss;
   // MoE runs: the routing metrics of each MoE layer for this step's batch.
   std::vector<MoELayerStats> routing;

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Every recompute plan gives the same dump as `none`, bit for bit: `tiny` with
-# dropout on (so the replay must restore the RNG), two seeds.
+# dropout on (so the replay must restore the RNG), two seeds; and `tiny-moe`
+# (learned and random routing) with the MoE plans.
 set -u
 cd "$(dirname "$(readlink -f "$0")")/../.."
 passed=0
 failed=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-config=tests/checkpoint/data/tiny_dropout.json
-plans="per_block chunk selected:0,2 uniform:2 block:3 attention selective:core_attn selective:layernorm selective:mlp
-       selective:save_matmul selective:save_attention selective:mlp,layernorm selected:1,3+block:1 attention+selective:mlp"
-for seed in 0 1; do
+check() {
+  local config=$1 seed=$2 plans=$3
+
   ./bazel-bin/tools/remat dump --config "$config" --seed "$seed" --out "$tmp/none.safetensors" > /dev/null || exit 1
   for plan in $plans; do
     out="$tmp/plan.safetensors"
@@ -23,6 +23,14 @@ for seed in 0 1; do
       sed 's/^/    /' "$tmp/cmp.txt"
     fi
   done
+}
+dense="per_block chunk selected:0,2 uniform:2 block:3 attention selective:core_attn selective:layernorm selective:mlp
+       selective:save_matmul selective:save_attention selective:mlp,layernorm selected:1,3+block:1 attention+selective:mlp"
+moe="per_block chunk attention moe_expert selective:moe_act selective:moe selective:shared_experts attention+moe_expert"
+for seed in 0 1; do
+  check tests/checkpoint/data/tiny_dropout.json "$seed" "$dense"
+  check tests/checkpoint/data/tiny_moe_dropout.json "$seed" "$moe"
 done
+check tests/checkpoint/data/tiny_moe_random.json 0 "$moe"
 echo "remat-tests: $passed passed, $failed failed, 0 skipped"
 [ "$failed" -eq 0 ]

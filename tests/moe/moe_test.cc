@@ -6,6 +6,7 @@
 #include "engine/autograd.h"
 #include "models/decoder.h"
 #include "models/recompute.h"
+#include "moe/buffer_pool.h"
 #include "moe/dispatch.h"
 #include "moe/router.h"
 #include "ops/ops.h"
@@ -147,4 +148,33 @@ TEST_CASE("routing metrics are counted once; per_block re-moves rows once, moe_e
   CHECK(me.moved.replay_rows_moved == 0);
   const std::int64_t slots = c.batch * c.seq * c.top_k;
   CHECK(none.moved.rows_moved == 2 * 2 * slots);  // two layers, dispatch + combine
+}
+
+TEST_CASE("the dispatch payload comes from the leased pool, or scratch inside a region", "[moe][buffers]") {
+  const ModelConfig c = small_moe(false);
+  auto& pool = DispatchBufferPool::for_device(kCPU);
+  auto held_after_forward = [&](const std::string& plan, std::int64_t* saved) {
+    DecoderModel m(c, 7);
+    apply_recompute_plan(m, RecomputePlan::parse(plan, c.n_layers));
+    const std::int64_t base = saved_bytes_live();
+    auto out = m.forward_loss(tokens_for(c));
+    const std::int64_t leased = pool.stats().leased_bytes;
+    *saved = saved_bytes_live() - base;
+    out.loss.backward();
+    return leased;
+  };
+  std::int64_t saved_none = 0, saved_pb = 0;
+  const std::int64_t rows = c.batch * c.seq * c.top_k;
+  const std::int64_t leased_none = held_after_forward("none", &saved_none);
+  CHECK(leased_none == 2 * rows * c.d_model * 4);  // one payload per MoE layer, alive until backward
+  CHECK(pool.stats().leased_bytes == 0);           // given back after backward
+  const auto leases = pool.stats().leases;
+  held_after_forward("none", &saved_none);
+  CHECK(pool.stats().reuses >= 2);                 // the next step reuses the blocks
+  CHECK(pool.stats().leases == leases + 2);
+  // Inside per-block regions nobody will read the payload: scratch, no pool block held.
+  CHECK(held_after_forward("per_block", &saved_pb) == 0);
+  CHECK(saved_pb < saved_none);
+  WARN("saved bytes after forward: none " << saved_none << " (payload leased " << leased_none << "), per_block "
+                                          << saved_pb);
 }

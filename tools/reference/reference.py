@@ -1,16 +1,24 @@
 #!/usr/bin/python3
 """Independent PyTorch reference for `./remat dump` files.
 
-Reads a dump (safetensors: parameters under Hugging Face Llama names,
-batch.tokens, loss.ce, loss.aux, grad.<name>), rebuilds the same decoder in
-PyTorch (float64 on the CPU), computes the loss and every parameter gradient,
-and reports the largest differences:
+Reads a dump (safetensors: parameters under Hugging Face Llama / Qwen-MoE
+names, batch.tokens, loss.ce, loss.aux, grad.<name>), rebuilds the same
+decoder in PyTorch (float64 on the CPU; dense or mixture-of-experts blocks as
+the config says), computes the loss and every parameter gradient, and reports
+the largest differences:
 
   loss.ce   relative difference |remat - torch| / |torch|
+  loss.aux  relative difference (absolute when torch's aux is 0: dense models)
   grad.X    max |remat - torch| / max |torch|
 
+The gradients are those of ce + aux_coef * aux + z_coef * z, where aux is the
+sum over MoE blocks of the load-balancing loss and z the sum of their router
+z-losses.
+
 Exit status 0 when every difference is within the tolerances (--loss-rtol,
---grad-rtol), 1 otherwise. Uses Debian's python3-torch; no network.
+--aux-rtol / --aux-atol, --grad-rtol), 1 otherwise, 2 when the dump's config
+is one the reference cannot reproduce (random routing, expert capacity
+limits). Uses Debian's python3-torch; no network.
 """
 
 import argparse
@@ -23,6 +31,13 @@ import numpy as np
 import torch
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64, "BOOL": np.bool_}
+
+# Config keys that are counts (the JSON may spell them 8 or 8.0), and the
+# defaults of models/config.h for the MoE keys a dense dump may leave out.
+INT_KEYS = ("vocab", "d_model", "n_layers", "n_heads", "ffn", "seq", "batch",
+            "experts", "top_k", "moe_ffn", "shared", "dense_first")
+DEFAULTS = {"experts": 0, "top_k": 0, "moe_ffn": 0, "shared": 0, "dense_first": 0,
+            "aux_coef": 0.01, "z_coef": 0.0, "capacity_factor": 0.0, "random_routing": False}
 
 
 def read_safetensors(path):
@@ -42,6 +57,54 @@ def read_safetensors(path):
             arr = np.frombuffer(data[base + b : base + e], dtype=DTYPES[info["dtype"]])
         tensors[name] = torch.from_numpy(arr.copy().reshape(info["shape"]))
     return tensors, meta
+
+
+def load_config(meta):
+    cfg = dict(DEFAULTS)
+    cfg.update(json.loads(meta["config"]))
+    for k in INT_KEYS:
+        cfg[k] = int(cfg[k])
+    return cfg
+
+
+def unsupported(cfg):
+    """Why the reference cannot reproduce this config's dump, or None."""
+    if cfg["experts"] > 0 and bool(cfg["random_routing"]):
+        return "random routing draws its own expert choices; the reference cannot reproduce them"
+    if cfg["experts"] > 0 and float(cfg["capacity_factor"]) > 0:
+        return (f"capacity_factor {cfg['capacity_factor']:g} limits the tokens per expert; "
+                "the reference models dropless routing only (capacity_factor 0)")
+    return None
+
+
+def is_moe_layer(cfg, i):
+    return cfg["experts"] > 0 and i >= cfg["dense_first"]
+
+
+def expected_parameters(cfg):
+    """Name -> shape of every parameter the model of `cfg` has."""
+    d, ffn, vocab = cfg["d_model"], cfg["ffn"], cfg["vocab"]
+
+    def swiglu(prefix, hidden):
+        return {prefix + "gate_proj.weight": [hidden, d], prefix + "up_proj.weight": [hidden, d],
+                prefix + "down_proj.weight": [d, hidden]}
+
+    shapes = {"model.embed_tokens.weight": [vocab, d], "model.norm.weight": [d], "lm_head.weight": [vocab, d]}
+    for i in range(cfg["n_layers"]):
+        pre = f"model.layers.{i}."
+        shapes[pre + "input_layernorm.weight"] = [d]
+        shapes[pre + "post_attention_layernorm.weight"] = [d]
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            shapes[pre + f"self_attn.{proj}.weight"] = [d, d]
+        if not is_moe_layer(cfg, i):
+            shapes.update(swiglu(pre + "mlp.", ffn))
+            continue
+        shapes[pre + "mlp.gate.weight"] = [cfg["experts"], d]
+        for e in range(cfg["experts"]):
+            shapes.update(swiglu(pre + f"mlp.experts.{e}.", cfg["moe_ffn"]))
+        if cfg["shared"] > 0:
+            shapes.update(swiglu(pre + "mlp.shared_expert.", cfg["moe_ffn"] * cfg["shared"]))
+    return shapes
 
 
 def rms_norm(x, w, eps):
@@ -80,51 +143,154 @@ def attention(x, p, prefix, cfg):
 
 
 def mlp(x, p, prefix):
+    # SwiGLU: the dense MLP, and also each routed expert and the shared expert.
     g = x @ p[prefix + "gate_proj.weight"].T
     u = x @ p[prefix + "up_proj.weight"].T
     return (torch.nn.functional.silu(g) * u) @ p[prefix + "down_proj.weight"].T
 
 
+def moe(h, p, prefix, cfg):
+    """Dropless top-k mixture of experts on h [B, S, d].
+
+    Returns (output [B, S, d], load-balancing loss, router z-loss, routing
+    margin). The margin is the smallest gap, over tokens, between the k-th and
+    the (k+1)-th router probability (inf when every expert is selected): when
+    it is tiny, float32 rounding on the remat side may pick another expert.
+    """
+    b, s, d = h.shape
+    n_exp, top_k = cfg["experts"], cfg["top_k"]
+    t = h.reshape(b * s, d)
+    n_tok = t.shape[0]
+
+    # Router: softmax over the experts, top-k by probability, the chosen
+    # probabilities renormalised to sum to 1 (the gradient flows through them).
+    logits = t @ p[prefix + "gate.weight"].T  # [T, E]
+    probs = torch.softmax(logits, -1)
+    idx = torch.topk(probs, top_k, dim=-1, largest=True, sorted=True).indices  # [T, K]
+    w = probs.gather(1, idx)
+    w = w / w.sum(-1, keepdim=True)
+
+    # Routed experts: each runs on the tokens that chose it, and its output,
+    # scaled by the token's weight for it, is added to those tokens' rows.
+    y = torch.zeros_like(t)
+    for e in range(n_exp):
+        tok, slot = (idx == e).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue  # no tokens: this expert's weights get a zero gradient
+        out = mlp(t[tok], p, prefix + f"experts.{e}.")
+        y = y.index_add(0, tok, out * w[tok, slot].unsqueeze(-1))
+
+    # Shared expert: every token, unweighted.
+    if cfg["shared"] > 0:
+        y = y + mlp(t, p, prefix + "shared_expert.")
+
+    # Load balancing: E * sum_e f_e * P_e, f_e the fraction of the T*K
+    # (token, slot) pairs sent to expert e (a constant), P_e the mean router
+    # probability of e (differentiable).
+    counts = torch.bincount(idx.reshape(-1), minlength=n_exp).to(t.dtype)
+    aux = n_exp * ((counts / (n_tok * top_k)) * probs.mean(0)).sum()
+
+    # Router z-loss: mean over tokens of logsumexp(logits)^2.
+    z = torch.logsumexp(logits, -1).pow(2).mean()
+
+    margin = math.inf
+    if top_k < n_exp:
+        with torch.no_grad():
+            top = torch.topk(probs, top_k + 1, dim=-1).values
+            margin = (top[:, top_k - 1] - top[:, top_k]).min().item()
+    return y.reshape(b, s, d), aux, z, margin
+
+
 def forward(p, tokens, cfg):
+    """Returns (cross-entropy, summed aux loss, summed z-loss, routing margins per MoE layer)."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     x = p["model.embed_tokens.weight"][inputs]
     eps = cfg["norm_eps"]
+    aux = torch.zeros((), dtype=torch.float64)
+    z = torch.zeros((), dtype=torch.float64)
+    margins = {}
     for i in range(cfg["n_layers"]):
         pre = f"model.layers.{i}."
         x = x + attention(rms_norm(x, p[pre + "input_layernorm.weight"], eps), p, pre + "self_attn.", cfg)
-        x = x + mlp(rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps), p, pre + "mlp.")
+        h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        if is_moe_layer(cfg, i):
+            y, layer_aux, layer_z, margins[i] = moe(h, p, pre + "mlp.", cfg)
+            aux, z = aux + layer_aux, z + layer_z
+        else:
+            y = mlp(h, p, pre + "mlp.")
+        x = x + y
     x = rms_norm(x, p["model.norm.weight"], eps)
     logits = x @ p["lm_head.weight"].T
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return ce, aux, z, margins
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dump", help="a file written by ./remat dump")
     ap.add_argument("--loss-rtol", type=float, default=1e-5)
+    ap.add_argument("--aux-rtol", type=float, default=1e-5)
+    ap.add_argument("--aux-atol", type=float, default=1e-7, help="used when the reference aux loss is 0")
     ap.add_argument("--grad-rtol", type=float, default=1e-4)
     args = ap.parse_args()
 
     tensors, meta = read_safetensors(args.dump)
-    cfg = json.loads(meta["config"])
-    if cfg.get("experts", 0) > 0:
-        print("reference: MoE configs are not supported by this reference yet", file=sys.stderr)
+    cfg = load_config(meta)
+    why = unsupported(cfg)
+    if why:
+        print(f"reference: {why}", file=sys.stderr)
         return 2
+
+    # The dump must hold exactly the parameters of the config's model.
     names = [k for k in tensors if not k.startswith(("grad.", "batch.", "loss."))]
+    shapes = expected_parameters(cfg)
+    bad = [f"missing parameter {k} {v}" for k, v in shapes.items() if k not in tensors]
+    bad += [f"unexpected parameter {k}" for k in names if k not in shapes]
+    bad += [f"parameter {k} is {list(tensors[k].shape)}, expected {shapes[k]}"
+            for k in names if k in shapes and list(tensors[k].shape) != shapes[k]]
+    bad += [f"missing or misshapen grad.{k}" for k in names
+            if "grad." + k not in tensors or tensors["grad." + k].shape != tensors[k].shape]
+    if bad:
+        for b in bad:
+            print(f"FAIL {b}")
+        return 1
+
     params = {k: tensors[k].to(torch.float64).requires_grad_(True) for k in names}
     tokens = tensors["batch.tokens"].to(torch.int64)
-    loss = forward(params, tokens, cfg)
-    loss.backward()
+    ce_t, aux_t, z_t, margins = forward(params, tokens, cfg)
+    total = ce_t + cfg["aux_coef"] * aux_t
+    if cfg["z_coef"] != 0:
+        total = total + cfg["z_coef"] * z_t
+    total.backward()
 
     ok = True
     ce = float(tensors["loss.ce"].reshape(-1)[0])
-    rel = abs(ce - loss.item()) / abs(loss.item())
+    rel = abs(ce - ce_t.item()) / abs(ce_t.item())
     status = "ok" if rel <= args.loss_rtol else "FAIL"
     ok &= status == "ok"
-    print(f"{status:4} loss.ce  remat {ce:.8f}  torch {loss.item():.8f}  rel diff {rel:.2e} (tol {args.loss_rtol:g})")
+    print(f"{status:4} loss.ce  remat {ce:.8f}  torch {ce_t.item():.8f}  rel diff {rel:.2e} (tol {args.loss_rtol:g})")
+
+    aux = float(tensors["loss.aux"].reshape(-1)[0])
+    if aux_t.item() != 0:
+        diff, kind, tol = abs(aux - aux_t.item()) / abs(aux_t.item()), "rel", args.aux_rtol
+    else:
+        diff, kind, tol = abs(aux), "abs", args.aux_atol
+    status = "ok" if diff <= tol else "FAIL"
+    ok &= status == "ok"
+    print(f"{status:4} loss.aux remat {aux:.8f}  torch {aux_t.item():.8f}  {kind} diff {diff:.2e} (tol {tol:g})")
+
+    if margins:
+        # Not checked (the dump has no z-loss or routing); shown to help read failures.
+        layer = min(margins, key=margins.get)
+        routing = (f"smallest top-{cfg['top_k']} routing margin {margins[layer]:.2e} (layer {layer})"
+                   if math.isfinite(margins[layer]) else "every expert selected")
+        print(f"info {len(margins)} MoE layers, z-loss sum {z_t.item():.6f} (coef {cfg['z_coef']:g}); {routing}")
+
     worst = (0.0, "")
     for k in names:
         g = params[k].grad
+        if g is None:  # e.g. an expert no token chose
+            g = torch.zeros_like(params[k])
         mine = tensors["grad." + k].to(torch.float64)
         scale = g.abs().max().item()
         diff = (mine - g).abs().max().item() / (scale if scale > 0 else 1.0)
