@@ -1,5 +1,6 @@
 #include "models/layers.h"
 
+#include "checkpoint/output_discard.h"
 #include "engine/allocator.h"
 #include "engine/grad_mode.h"
 #include "ops/attention.h"
@@ -87,11 +88,10 @@ MLP::MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& 
 
 Tensor MLP::forward(const Tensor& x) const {
   Tensor g = gate_proj->forward(x), u = up_proj->forward(x);
-  Tensor h = act_part.empty() ? swiglu(g, u)
-                              : run_part(wrap, act_part, [](const std::vector<Tensor>& in) {
-                                  return std::vector<Tensor>{swiglu(in[0], in[1])};
-                                }, {g, u})[0];
-  return down_proj->forward(h);
+  if (!recompute_activation) return down_proj->forward(swiglu(g, u));
+  DiscardedOutput act("moe_act", [](const std::vector<Tensor>& in) { return swiglu(in[0], in[1]); }, {g, u});
+  SavedTensorHooksScope scope(act.hooks());
+  return down_proj->forward(act.output());
 }
 
 }  // namespace remat

@@ -72,8 +72,10 @@ class MLP : public Module {
   MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& gen);
   Tensor forward(const Tensor& x) const;
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
-  RegionWrap wrap;         // runs the activation as part `act_part` when set
-  std::string act_part;    // "moe_act" for routed experts, empty otherwise
+  // Drop the activation output after the forward and regenerate it (from the
+  // gate and up outputs, which its backward keeps anyway) right before the
+  // down projection's backward: an output-discard checkpoint ("moe_act").
+  bool recompute_activation = false;
 };
 
 }  // namespace remat

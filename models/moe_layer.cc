@@ -11,9 +11,7 @@ namespace remat {
 MoELayer::MoELayer(const ModelConfig& c, std::int64_t layer, Generator& gen) : config_(c), layer_(layer) {
   gate = register_module("gate", std::make_shared<Linear>(c.d_model, c.experts, c.init_std, gen));
   for (std::int64_t e = 0; e < c.experts; ++e) {
-    auto m = std::make_shared<MLP>(c.d_model, c.moe_ffn, c.init_std, gen);
-    m->act_part = "moe_act";
-    experts.push_back(register_module("experts." + std::to_string(e), m));
+    experts.push_back(register_module("experts." + std::to_string(e), std::make_shared<MLP>(c.d_model, c.moe_ffn, c.init_std, gen)));
   }
   if (c.shared > 0)
     shared_expert = register_module("shared_expert", std::make_shared<MLP>(c.d_model, c.moe_ffn * c.shared, c.init_std, gen));

@@ -28,7 +28,7 @@ void apply_recompute_plan(DecoderModel& model, const RecomputePlan& plan) {
     block->self_attn->wrap = wrap;
     if (block->moe) {
       block->moe->wrap = wrap;
-      for (auto& e : block->moe->experts) e->wrap = wrap;
+      for (auto& e : block->moe->experts) e->recompute_activation = plan.modules.count("moe_act") > 0;
     }
   }
 
