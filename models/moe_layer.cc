@@ -39,6 +39,7 @@ Tensor MoELayer::forward(const Tensor& x_in) const {
     ro.top_k = config_.top_k;
     ro.random_routing = config_.random_routing;
     ro.compute_z_loss = config_.z_coef > 0;
+    ro.expert_bias = expert_bias;
     RouterOutput r = route(t, gate->weight, ro);
     // Shared: the moe_expert region's replay (during backward) needs it too.
     const auto routing_ptr = std::make_shared<const Routing>(make_routing(r.indices, config_.experts, config_.capacity_factor));

@@ -38,6 +38,7 @@ class MoELayer : public Module {
   std::vector<std::shared_ptr<MLP>> experts;
   std::shared_ptr<MLP> shared_expert;  // null when shared == 0
   std::shared_ptr<TokenDispatcher> dispatcher;
+  Tensor expert_bias;  // [E], added to the router scores for selection only (undefined: none)
   RegionWrap wrap;  // "moe", "moe_expert", "shared_experts" regions
   MoESink sink;
 

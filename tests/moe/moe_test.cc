@@ -178,3 +178,17 @@ TEST_CASE("the dispatch payload comes from the leased pool, or scratch inside a 
   WARN("saved bytes after forward: none " << saved_none << " (payload leased " << leased_none << "), per_block "
                                           << saved_pb);
 }
+
+TEST_CASE("an expert bias changes selection but not the weights' source", "[moe]") {
+  Generator g(5);
+  Tensor x = randn({8, 8}, DType::f32, &g);
+  Tensor w = randn({4, 8}, DType::f32, &g);
+  RouterOptions o;
+  o.top_k = 1;
+  o.expert_bias = from_vector<float>({0, 0, 0, 10});  // forces expert 3
+  RouterOutput r = route(x, w, o);
+  CHECK(r.indices.to_vector<std::int64_t>() == std::vector<std::int64_t>(8, 3));
+  // With top-1 the renormalised weight is 1 whatever the probability.
+  CHECK(r.weights.to_vector<float>() == std::vector<float>(8, 1.0f));
+  CHECK(r.slots_per_expert == std::vector<std::int64_t>{0, 0, 0, 8});
+}
