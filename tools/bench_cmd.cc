@@ -1,0 +1,300 @@
+// ./remat bench: each plan x repeat runs in a fresh process (this binary
+// re-executed as `bench-worker`), so allocator caches, peaks and warm state
+// never leak from one measurement into the next. Workers run warm-up steps
+// untimed, then timed training steps, and print one JSON result line; the
+// parent reports medians and min-max over repeats, ratios against `none`,
+// MFU and HFU.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/plan.h"
+#include "engine/autograd.h"
+#include "engine/dispatch.h"
+#include "engine/json.h"
+#include "engine/parallel_for.h"
+#include "models/decoder.h"
+#include "models/recompute.h"
+#include "moe/dispatch.h"
+#include "ops/gemm.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+#include "tools/json.h"
+#include "train/data.h"
+#include "train/optimizer.h"
+
+namespace remat::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+// Counts forward FLOPs of matmuls and attention run inside recompute replays.
+class ReplayFlops final : public DispatchHook {
+ public:
+  void after(const OpCall& call, const std::vector<Tensor>& outputs) override {
+    if (!in_recompute() || depth_ > 0) return;
+    const std::string name = call.name;
+    if (name == "matmul" && call.inputs.size() == 2) {
+      const Tensor& a = call.inputs[0];
+      const Tensor& b = call.inputs[1];
+      const double m = double(a.numel() / a.size(-1)), k = double(a.size(-1)), n = double(b.size(-1));
+      flops += 2 * m * n * k;
+    } else if (name == "scaled_dot_product_attention" && !outputs.empty()) {
+      const Tensor& q = call.inputs[0];
+      flops += 4.0 * double(q.size(0) * q.size(1)) * double(q.size(2)) * double(q.size(2)) * double(q.size(3));
+    }
+  }
+  double flops = 0;
+
+ private:
+  int depth_ = 0;
+};
+
+// Parameters that do matmul work for each token: everything but the
+// embedding table, with routed experts counted at top_k / experts.
+double active_params(const DecoderModel& m) {
+  const ModelConfig& c = m.config();
+  double n = 0;
+  for (const auto& [name, p] : m.named_parameters()) {
+    if (name == "model.embed_tokens.weight") continue;
+    if (name.find(".mlp.experts.") != std::string::npos)
+      n += double(p.numel()) * double(c.top_k) / double(c.experts);
+    else
+      n += double(p.numel());
+  }
+  return n;
+}
+
+// Model FLOPs of one training step (PaLM, Chowdhery et al. 2022, appendix B):
+// 6 N per token for the matmuls plus 12 L d S per token for attention.
+double model_flops(const DecoderModel& m) {
+  const ModelConfig& c = m.config();
+  const double tokens = double(c.batch * c.seq);
+  return tokens * (6.0 * active_params(m) + 12.0 * double(c.n_layers) * double(c.d_model) * double(c.seq));
+}
+
+// The best of a few 1024^3 GEMMs: the machine's practical f32 peak.
+double measure_peak_flops() {
+  const std::int64_t n = 1024;
+  std::vector<float> a(static_cast<std::size_t>(n * n), 1.0f), b(a), c(a);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = Clock::now();
+    ops_detail::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    best = std::max(best, 2.0 * double(n * n * n) / (ms_since(t0) * 1e-3));
+  }
+  return best;
+}
+
+// Splits "none,selected:0,2,per_block" into plans: a piece that does not start
+// a plan continues the previous one.
+std::vector<std::string> split_plans(const std::string& s) {
+  static const char* heads[] = {"none", "per_block", "chunk", "selected:", "uniform:", "block:", "attention",
+                                "moe_expert", "selective:"};
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string piece;
+  while (std::getline(in, piece, ',')) {
+    bool starts = false;
+    for (const char* h : heads) starts = starts || piece.rfind(h, 0) == 0;
+    if (starts || out.empty())
+      out.push_back(piece);
+    else
+      out.back() += "," + piece;
+  }
+  return out;
+}
+
+}  // namespace
+
+// The worker: one process, one plan, one repeat. Prints "BENCH-RESULT {json}".
+int run_bench_worker(const std::vector<std::string>& args) {
+  Flags f("bench-worker", args,
+          {{"config", ""}, {"recompute", ""}, {"warmup", ""}, {"steps", ""}, {"threads", ""}, {"seed", ""}});
+  if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
+  const ModelConfig c = ModelConfig::load(f.get("config", "bench-dense"));
+  const std::string plan = f.get("recompute", "none");
+  const std::int64_t warmup = f.get_int("warmup", 2), steps = f.get_int("steps", 5);
+  const auto seed = std::uint64_t(f.get_int("seed", 0));
+
+  manual_seed(seed);
+  DecoderModel model(c, seed);
+  apply_recompute_plan(model, RecomputePlan::parse(plan, c.n_layers));
+  AdamW opt(model.named_parameters());
+  Corpus corpus = generated_corpus(seed, std::int64_t(1) << 20, c.seq + 2);
+  BatchSampler sampler(corpus.train, c.batch, c.seq, seed + 1);
+  auto flops_hook = std::make_shared<ReplayFlops>();
+  DispatchHookScope hook(flops_hook);
+  auto& alloc = allocator_for(kCPU);
+
+  std::vector<double> step_ms, fwd_ms, bwd_ms, replay_flops;
+  std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
+  for (std::int64_t i = 0; i < warmup + steps; ++i) {
+    Tensor batch = sampler.next();
+    model.zero_grad();
+    alloc.reset_peak();
+    const auto ops0 = checkpoint_counters().ops_recomputed;
+    const auto moved0 = dispatch_counters().replay_bytes_moved;
+    flops_hook->flops = 0;
+    const auto t0 = Clock::now();
+    Tensor loss;
+    {
+      CategoryScope cat(MemoryCategory::activation);
+      loss = model.forward_loss(batch).loss;
+      (void)loss.item();
+    }
+    const double f_ms = ms_since(t0);
+    const auto t1 = Clock::now();
+    {
+      CategoryScope cat(MemoryCategory::activation);
+      loss.backward();
+    }
+    const double b_ms = ms_since(t1);
+    loss = Tensor();
+    clip_grad_norm(model.parameters(), 1.0);
+    opt.step(1e-3);
+    const double s_ms = ms_since(t0);
+    if (i < warmup) continue;
+    const auto st = alloc.stats();
+    step_ms.push_back(s_ms);
+    fwd_ms.push_back(f_ms);
+    bwd_ms.push_back(b_ms);
+    replay_flops.push_back(flops_hook->flops);
+    peak_alloc = std::max(peak_alloc, st.allocated_peak);
+    peak_res = std::max(peak_res, st.reserved_peak);
+    const std::int64_t persistent_at_peak = st.category_at_peak(MemoryCategory::parameter) +
+                                            st.category_at_peak(MemoryCategory::gradient) +
+                                            st.category_at_peak(MemoryCategory::optimizer);
+    activations = std::max(activations, st.allocated_peak - persistent_at_peak);
+    persistent = st.category(MemoryCategory::parameter) + st.category(MemoryCategory::gradient) +
+                 st.category(MemoryCategory::optimizer);
+    ops = checkpoint_counters().ops_recomputed - ops0;
+    replayed = dispatch_counters().replay_bytes_moved - moved0;
+  }
+  JsonObject j;
+  j.set("step_ms", median(step_ms)).set("forward_ms", median(fwd_ms)).set("backward_ms", median(bwd_ms));
+  j.set("peak_allocated_bytes", peak_alloc).set("peak_reserved_bytes", peak_res);
+  j.set("persistent_bytes", persistent).set("activation_bytes", activations);
+  j.set("recomputed_ops", ops).set("replayed_comm_bytes", replayed);
+  j.set("model_flops", model_flops(model)).set("replay_flops", median(replay_flops));
+  j.set("tokens", double(c.batch * c.seq));
+  std::printf("BENCH-RESULT %s\n", j.str().c_str());
+  return 0;
+}
+
+int run_bench(const std::vector<std::string>& args) {
+  Flags f("bench", args,
+          {{"config", "model config name or FILE.json (default bench-dense)"},
+           {"recompute", "comma-separated plans (default none,per_block)"},
+           {"warmup", "untimed warm-up steps per process (default 2)"},
+           {"steps", "timed steps per process (default 5)"},
+           {"repeats", "fresh processes per plan (default 3)"},
+           {"threads", "CPU threads (default: all cores)"},
+           {"seed", "seed (default 0)"},
+           {"peak-flops", "device peak FLOP/s for MFU (default: measured f32 GEMM peak on the CPU)"},
+           {"json", "write the results to FILE"}});
+  const std::string config = f.get("config", "bench-dense");
+  const ModelConfig c = ModelConfig::load(config);
+  const auto plans = split_plans(f.get("recompute", "none,per_block"));
+  for (const auto& p : plans) RecomputePlan::parse(p, c.n_layers);  // reject bad plans before any run
+  const std::int64_t repeats = f.get_int("repeats", 3), warmup = f.get_int("warmup", 2), steps = f.get_int("steps", 5);
+  REMAT_CHECK(repeats >= 1 && steps >= 1 && warmup >= 0, Error, "bench: --repeats and --steps must be >= 1");
+  if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
+  const int threads = num_threads();
+  const double peak = f.has("peak-flops") ? f.get_double("peak-flops", 0) : measure_peak_flops();
+
+  std::printf("remat bench: config %s, %d threads, %lld repeats x (%lld warm-up + %lld timed steps), peak %.1f GFLOP/s%s\n",
+              c.name.c_str(), threads, static_cast<long long>(repeats), static_cast<long long>(warmup),
+              static_cast<long long>(steps), peak / 1e9, f.has("peak-flops") ? "" : " (measured GEMM)");
+  std::fflush(stdout);
+
+  struct Result {
+    std::string plan;
+    std::map<std::string, std::vector<double>> v;
+  };
+  std::vector<Result> results;
+  for (const auto& plan : plans) {
+    Result r{plan, {}};
+    for (std::int64_t rep = 0; rep < repeats; ++rep) {
+      std::string cmd = "'/proc/" + std::to_string(::getpid()) + "/exe' bench-worker --config '" + config +
+                        "' --recompute '" + plan + "' --warmup " + std::to_string(warmup) + " --steps " +
+                        std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " +
+                        f.get("seed", "0") + " 2>&1";
+      FILE* p = ::popen(cmd.c_str(), "r");
+      REMAT_CHECK(p != nullptr, Error, "bench: cannot start a worker process");
+      std::string out, line;
+      char buf[4096];
+      while (std::fgets(buf, sizeof buf, p)) out += buf;
+      const int rc = ::pclose(p);
+      const auto pos = out.find("BENCH-RESULT ");
+      REMAT_CHECK(rc == 0 && pos != std::string::npos, Error, "bench: worker for plan ", plan, " failed:\n", out);
+      line = out.substr(pos + 13);
+      line = line.substr(0, line.find('\n'));
+      const Json parsed = Json::parse(line, "bench worker output");
+      for (const auto& [k, val] : parsed.members()) r.v[k].push_back(val.as_number());
+      std::printf("  %-24s repeat %lld: step %.0f ms\n", plan.c_str(), static_cast<long long>(rep + 1),
+                  r.v["step_ms"].back());
+      std::fflush(stdout);
+    }
+    results.push_back(r);
+  }
+
+  // The baseline for ratios: `none` if measured, else the first plan.
+  const Result* base = &results.front();
+  for (const auto& r : results)
+    if (r.plan == "none") base = &r;
+  const double base_ms = median(base->v.at("step_ms")), base_act = median(base->v.at("activation_bytes"));
+
+  std::vector<JsonObject> rows;
+  std::printf("\n%-24s %10s %10s %10s %10s %9s %9s %8s %8s %6s %6s %9s %8s\n", "plan", "peak MiB", "reserved",
+              "persist.", "activ.", "step ms", "fwd ms", "bwd ms", "tok/s", "MFU", "HFU", "recomp.", "x time");
+  for (const auto& r : results) {
+    auto med = [&](const char* k) { return median(r.v.at(k)); };
+    const double step = med("step_ms");
+    const double mfu = med("model_flops") / (step * 1e-3) / peak;
+    const double hfu = (med("model_flops") + med("replay_flops")) / (step * 1e-3) / peak;
+    JsonObject j;
+    j.set("plan", r.plan).set("config", c.name).set("repeats", repeats).set("threads", threads);
+    j.set("peak_allocated_bytes", med("peak_allocated_bytes")).set("peak_reserved_bytes", med("peak_reserved_bytes"));
+    j.set("persistent_bytes", med("persistent_bytes")).set("activation_bytes", med("activation_bytes"));
+    j.set("step_ms", step).set("step_ms_min", *std::min_element(r.v.at("step_ms").begin(), r.v.at("step_ms").end()));
+    j.set("step_ms_max", *std::max_element(r.v.at("step_ms").begin(), r.v.at("step_ms").end()));
+    j.set("forward_ms", med("forward_ms")).set("backward_ms", med("backward_ms"));
+    j.set("tokens_per_s", med("tokens") / (step * 1e-3)).set("recomputed_ops", med("recomputed_ops"));
+    j.set("replayed_comm_bytes", med("replayed_comm_bytes")).set("mfu", mfu).set("hfu", hfu);
+    j.set("model_flops", med("model_flops")).set("recomputed_flops", med("replay_flops")).set("peak_flops", peak);
+    j.set("time_ratio", step / base_ms).set("memory_ratio", base_act > 0 ? med("activation_bytes") / base_act : 0.0);
+    rows.push_back(j);
+    std::printf("%-24s %10.1f %10.1f %10.1f %10.1f %9.0f %9.0f %8.0f %8.0f %5.1f%% %5.1f%% %9.0f %7.2fx\n",
+                r.plan.c_str(), med("peak_allocated_bytes") / 1048576.0, med("peak_reserved_bytes") / 1048576.0,
+                med("persistent_bytes") / 1048576.0, med("activation_bytes") / 1048576.0, step, med("forward_ms"),
+                med("backward_ms"), med("tokens") / (step * 1e-3), 100 * mfu, 100 * hfu, med("recomputed_ops"),
+                step / base_ms);
+  }
+  std::printf("(medians over repeats; activations = peak - persistent state at the peak; ratios against %s)\n",
+              base->plan.c_str());
+  if (f.has("json")) {
+    const std::string path = f.get("json", "");
+    std::ofstream out(path);
+    REMAT_CHECK(out.good(), IOError, "bench: cannot write ", path);
+    out << json_array(rows);
+    std::printf("wrote %s\n", path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace remat::tools
