@@ -275,18 +275,7 @@ void dump_into(std::string& out, const Json& j) {
   switch (j.type()) {
     case Json::Type::null: out += "null"; break;
     case Json::Type::boolean: out += j.as_bool() ? "true" : "false"; break;
-    case Json::Type::number: {
-      const double v = j.as_number();
-      char buf[40];
-      if (!std::isfinite(v))
-        std::snprintf(buf, sizeof buf, "null");
-      else if (v == std::floor(v) && std::abs(v) < 1e15)
-        std::snprintf(buf, sizeof buf, "%.0f", v);
-      else
-        std::snprintf(buf, sizeof buf, "%.17g", v);
-      out += buf;
-      break;
-    }
+    case Json::Type::number: out += Json::format_number(j.as_number()); break;
     case Json::Type::string: quote_into(out, j.as_string()); break;
     case Json::Type::array: {
       out += '[';
@@ -315,6 +304,23 @@ void dump_into(std::string& out, const Json& j) {
   }
 }
 }  // namespace
+
+std::string Json::quote(const std::string& s) {
+  std::string out;
+  quote_into(out, s);
+  return out;
+}
+
+std::string Json::format_number(double v, int digits) {
+  char buf[48];
+  if (!std::isfinite(v))
+    std::snprintf(buf, sizeof buf, "null");
+  else if (v == std::floor(v) && std::abs(v) < 1e15)
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+  return buf;
+}
 
 std::string Json::dump() const {
   std::string out;

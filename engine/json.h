@@ -51,6 +51,12 @@ class Json {
   // Compact serialisation (keys in sorted order).
   std::string dump() const;
 
+  // `s` as a JSON string literal (quotes and escapes).
+  static std::string quote(const std::string& s);
+  // `v` as a JSON number: integers exactly, others with `digits` significant
+  // digits; non-finite values become null.
+  static std::string format_number(double v, int digits = 17);
+
  private:
   Type type_ = Type::null;
   bool bool_ = false;

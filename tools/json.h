@@ -1,13 +1,12 @@
-// A small JSON writer for the CLI's machine-readable output.
+// A small JSON writer for the CLI's machine-readable output: objects whose
+// fields keep their insertion order (engine/json.h sorts keys).
 #pragma once
 
-#include <cmath>
-#include <cstdio>
-#include <map>
-#include <sstream>
 #include <string>
-#include <variant>
+#include <utility>
 #include <vector>
+
+#include "engine/json.h"
 
 namespace remat::tools {
 
@@ -20,14 +19,7 @@ class JsonObject {
   }
   JsonObject& set(const std::string& key, const char* v) { return set(key, std::string(v)); }
   JsonObject& set(const std::string& key, double v) {
-    char buf[64];
-    if (!std::isfinite(v))
-      std::snprintf(buf, sizeof buf, "null");
-    else if (v == std::floor(v) && std::abs(v) < 1e15)
-      std::snprintf(buf, sizeof buf, "%.0f", v);
-    else
-      std::snprintf(buf, sizeof buf, "%.6g", v);
-    fields_.emplace_back(key, buf);
+    fields_.emplace_back(key, Json::format_number(v, 6));
     return *this;
   }
   JsonObject& set(const std::string& key, std::int64_t v) { return set(key, double(v)); }
@@ -50,26 +42,7 @@ class JsonObject {
     return out + "}";
   }
 
-  static std::string quote(const std::string& s) {
-    std::string out = "\"";
-    for (char c : s) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\t': out += "\\t"; break;
-        default:
-          if (static_cast<unsigned char>(c) < 0x20) {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\u%04x", c);
-            out += buf;
-          } else {
-            out += c;
-          }
-      }
-    }
-    return out + "\"";
-  }
+  static std::string quote(const std::string& s) { return Json::quote(s); }
 
  private:
   std::vector<std::pair<std::string, std::string>> fields_;
