@@ -10,6 +10,8 @@ namespace remat::tools {
 int run_train(const std::vector<std::string>& args);
 // ./remat dump: one deterministic forward/backward written to safetensors.
 int run_dump(const std::vector<std::string>& args);
+// ./remat mem: the allocator history over one training step as JSON and HTML.
+int run_mem(const std::vector<std::string>& args);
 // ./remat bench: plans x repeats in fresh processes; table and --json.
 int run_bench(const std::vector<std::string>& args);
 // The per-process measurement ./remat bench starts (internal).

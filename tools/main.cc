@@ -44,6 +44,8 @@ const std::map<std::string, Command>& commands() {
                  remat::tools::run_train}},
       {"dump", {"one forward/backward written to safetensors (--config, --seed, --out)",
                 remat::tools::run_dump}},
+      {"mem", {"memory timeline of one training step as JSON + HTML (--config, --recompute, --out FILE)",
+               remat::tools::run_mem}},
       {"bench", {"memory and speed of recompute plans, each in fresh processes (--config, --recompute A,B, --json)",
                  remat::tools::run_bench}},
       {"bench-worker", {"(internal) one measurement process of bench", remat::tools::run_bench_worker}},
