@@ -58,10 +58,13 @@ struct SavedRegistry {
   struct Holding {
     std::int64_t refs = 0;
     std::int64_t bytes = 0;
+    bool activation = true;
   };
   std::mutex mu;
   std::int64_t live = 0;
   std::int64_t peak = 0;
+  std::int64_t act_live = 0;
+  std::int64_t act_peak = 0;
   std::int64_t count = 0;
   std::unordered_map<const void*, Holding> storages;  // storage (or raw key) -> holders
   std::map<std::string, std::int64_t> by_op;
@@ -70,21 +73,25 @@ struct SavedRegistry {
   // key: what is held (a storage, deduplicated); bytes: its full size;
   // own_bytes: the holder's share for the by-op/by-region attribution.
   void hold(const void* key, std::int64_t bytes, const std::string& op, std::int64_t region,
-            std::int64_t own_bytes, int sign, int count_delta) {
+            std::int64_t own_bytes, int sign, int count_delta, bool activation = true) {
     std::lock_guard<std::mutex> lock(mu);
     Holding& h = storages[key];
     if (sign > 0) {
       if (h.refs++ == 0) {
         h.bytes = bytes;
+        h.activation = activation;
         live += bytes;
+        if (activation) act_live += bytes;
       }
     } else {
       if (--h.refs == 0) {
         live -= h.bytes;
+        if (h.activation) act_live -= h.bytes;
         storages.erase(key);
       }
     }
     peak = std::max(peak, live);
+    act_peak = std::max(act_peak, act_live);
     count += count_delta;
     auto& o = by_op[op];
     o += sign * own_bytes;
@@ -97,7 +104,10 @@ struct SavedRegistry {
   void tensor(const Tensor& t, const std::string& op, std::int64_t region, int sign, int count_delta) {
     if (!t.defined() || !t.impl().storage) return;
     const Storage* st = t.impl().storage.get();
-    hold(st, std::int64_t(st->nbytes()), op, region, std::int64_t(t.nbytes()), sign, count_delta);
+    const MemoryCategory c = st->category();
+    const bool activation = c != MemoryCategory::parameter && c != MemoryCategory::gradient &&
+                            c != MemoryCategory::optimizer;
+    hold(st, std::int64_t(st->nbytes()), op, region, std::int64_t(t.nbytes()), sign, count_delta, activation);
   }
 };
 SavedRegistry& saved_registry() {
@@ -109,7 +119,15 @@ SavedRegistry& saved_registry() {
 SavedBytesReport saved_bytes_report() {
   auto& r = saved_registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  return SavedBytesReport{r.live, r.peak, r.count, r.by_op, r.by_region};
+  SavedBytesReport rep;
+  rep.live_bytes = r.live;
+  rep.peak_bytes = r.peak;
+  rep.activation_live_bytes = r.act_live;
+  rep.activation_peak_bytes = r.act_peak;
+  rep.live_count = r.count;
+  rep.bytes_by_op = r.by_op;
+  rep.bytes_by_region = r.by_region;
+  return rep;
 }
 
 void saved_bytes_hold(const Tensor& t, const std::string& holder, std::int64_t region) {
@@ -130,6 +148,7 @@ void reset_saved_bytes_peak() {
   auto& r = saved_registry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.peak = r.live;
+  r.act_peak = r.act_live;
 }
 
 // ---------------------------------------------------------------------------

@@ -167,6 +167,11 @@ class SavedTensor {
 struct SavedBytesReport {
   std::int64_t live_bytes = 0;
   std::int64_t peak_bytes = 0;
+  // The same, without storages of the persistent categories (parameters,
+  // gradients, optimizer state) that ops save too: the activation memory
+  // kept for backward.
+  std::int64_t activation_live_bytes = 0;
+  std::int64_t activation_peak_bytes = 0;
   std::int64_t live_count = 0;  // SavedTensors holding data
   std::map<std::string, std::int64_t> bytes_by_op;
   std::map<std::int64_t, std::int64_t> bytes_by_region;  // -1: outside regions

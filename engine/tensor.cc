@@ -49,7 +49,10 @@ Tensor scatter_view_grad(const Tensor& g, const Shape& sizes, DType dtype,
 // Storage
 
 Storage::Storage(std::size_t nbytes, Device device)
-    : data_(allocator_for(device).allocate(nbytes)), nbytes_(nbytes), device_(device) {}
+    : data_(allocator_for(device).allocate(nbytes)),
+      nbytes_(nbytes),
+      device_(device),
+      category_(current_category()) {}
 
 // ---------------------------------------------------------------------------
 // Basic queries

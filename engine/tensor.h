@@ -33,11 +33,14 @@ class Storage {
   void* data() const { return data_.get(); }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  // The memory category the storage was allocated under.
+  MemoryCategory category() const { return category_; }
 
  private:
   DataPtr data_;
   std::size_t nbytes_;
   Device device_;
+  MemoryCategory category_;
 };
 
 // Counts in-place writes to a storage's elements; shared by a base and its views.

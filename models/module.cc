@@ -1,6 +1,7 @@
 #include "models/module.h"
 
 #include "engine/autograd.h"
+#include "engine/grad_mode.h"
 
 namespace remat {
 
@@ -34,7 +35,12 @@ Tensor Module::parameter(const std::string& name) const {
 }
 
 void Module::zero_grad() {
-  for (auto& [n, t] : named_parameters()) t.set_grad(Tensor());
+  // Gradient buffers stay allocated (zeroed in place), so parameters,
+  // gradients and optimizer state form a constant persistent footprint and
+  // backward accumulates into the same memory every step.
+  NoGradGuard ng;
+  for (auto& [n, t] : named_parameters())
+    if (Tensor g = t.grad(); g.defined()) g.zero_();
 }
 
 void Module::train(bool on) {

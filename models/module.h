@@ -26,7 +26,7 @@ class Module {
   std::int64_t num_parameters() const;
   // The parameter called `name` (full name); throws Error if there is none.
   Tensor parameter(const std::string& name) const;
-  // Drops every parameter's .grad.
+  // Zeroes every parameter's .grad in place (buffers stay allocated).
   void zero_grad();
   // Training mode (dropout on) or evaluation mode, for this module and its children.
   void train(bool on = true);

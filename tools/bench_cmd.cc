@@ -25,6 +25,8 @@
 #include "moe/dispatch.h"
 #include "ops/gemm.h"
 #include "tools/args.h"
+#include "tools/bench_plot.h"
+#include "tools/html.h"
 #include "tools/commands.h"
 #include "tools/json.h"
 #include "train/data.h"
@@ -63,6 +65,14 @@ class ReplayFlops final : public DispatchHook {
  private:
   int depth_ = 0;
 };
+
+// Bytes of parameters, their gradients and the optimizer state.
+std::int64_t persistent_bytes(const DecoderModel& m, const AdamW& opt) {
+  std::int64_t n = 0;
+  for (const auto& [name, p] : m.named_parameters()) n += std::int64_t(p.nbytes()) * 2;  // weight + gradient
+  for (const auto& [name, t] : opt.state()) n += std::int64_t(t.nbytes());
+  return n;
+}
 
 // Parameters that do matmul work for each token: everything but the
 // embedding table, with routed experts counted at top_k / experts.
@@ -117,6 +127,111 @@ std::vector<std::string> split_plans(const std::string& s) {
       out.back() += "," + piece;
   }
   return out;
+}
+
+// One traced training step of `c` under `plan`: the peak of the activation
+// bytes the ops save (saved-tensor registry, persistent state excluded), and
+// the peak of all non-persistent bytes (those plus backward's working set of
+// gradients and temporaries), from the allocator.
+struct Trace {
+  double saved = 0;
+  double total = 0;
+};
+
+Trace trace_step(const ModelConfig& c, const std::string& plan) {
+  DecoderModel model(c, 0);
+  apply_recompute_plan(model, RecomputePlan::parse(plan, c.n_layers));
+  Corpus corpus = generated_corpus(0, std::int64_t(1) << 16, c.seq + 2);
+  BatchSampler sampler(corpus.train, c.batch, c.seq, 1);
+  auto& alloc = allocator_for(kCPU);
+  // Gradient buffers exist from the first step on: allocate them first.
+  for (auto& [name, p] : model.named_parameters()) {
+    CategoryScope cat(MemoryCategory::gradient);
+    p.set_grad(zeros(p.sizes()));
+  }
+  const std::int64_t base_saved = saved_bytes_report().activation_live_bytes;
+  const std::int64_t base_alloc = alloc.stats().allocated_bytes;
+  reset_saved_bytes_peak();
+  alloc.reset_peak();
+  {
+    CategoryScope cat(MemoryCategory::activation);
+    Tensor loss = model.forward_loss(sampler.next()).loss;
+    loss.backward();
+  }
+  Trace t;
+  t.saved = double(saved_bytes_report().activation_peak_bytes - base_saved);
+  t.total = double(alloc.stats().allocated_peak - base_alloc);
+  return t;
+}
+
+// Runs one worker process and returns its result fields.
+std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
+                                         std::int64_t steps, int threads, const std::string& seed) {
+  std::string cmd = "'/proc/" + std::to_string(::getpid()) + "/exe' bench-worker --config '" + config +
+                    "' --recompute '" + plan + "' --warmup " + std::to_string(warmup) + " --steps " +
+                    std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " + seed + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REMAT_CHECK(p != nullptr, Error, "bench: cannot start a worker process");
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = ::pclose(p);
+  const auto pos = out.find("BENCH-RESULT ");
+  REMAT_CHECK(rc == 0 && pos != std::string::npos, Error, "bench: worker for plan ", plan, " failed:\n", out);
+  std::string line = out.substr(pos + 13);
+  line = line.substr(0, line.find('\n'));
+  const Json parsed = Json::parse(line, "bench worker output");
+  std::map<std::string, double> r;
+  for (const auto& [k, val] : parsed.members()) r[k] = val.as_number();
+  return r;
+}
+
+// ./remat bench --estimate: activation bytes predicted from a traced step at
+// batch 1 (what the ops save, plus backward's working set), scaled to the
+// batch (both grow linearly with it), next to the allocator's measurement of
+// a real step at the full batch.
+int run_estimate(const std::string& config, const ModelConfig& c, const std::vector<std::string>& plans,
+                 int threads, const std::string& seed, const std::string& json_path) {
+  ModelConfig one = c;
+  one.batch = 1;
+  const double B = double(c.batch);
+  const double input_bytes = double(c.batch * c.seq * c.d_model * 4);
+  // One block's saves and the rest of the model's, from 1- and 2-block traces.
+  ModelConfig l1 = one, l2 = one;
+  l1.n_layers = 1;
+  l2.n_layers = 2;
+  l1.dense_first = l2.dense_first = 0;  // MoE configs: the per-block figure is an MoE block's
+  const double p1 = trace_step(l1, "none").saved, p2 = trace_step(l2, "none").saved;
+  const double block_saves = (p2 - p1) * B, rest = (p1 - (p2 - p1)) * B;
+  std::printf("activation estimate for %s (traced at batch 1, scaled to batch %lld):\n", c.name.c_str(),
+              static_cast<long long>(c.batch));
+  std::printf("  per block: saved tensors %.2f MiB, block input (a region boundary) %.2f MiB; embedding + head + loss %.2f MiB\n\n",
+              block_saves / 1048576.0, input_bytes / 1048576.0, rest / 1048576.0);
+  std::printf("%-24s %12s %14s %14s %8s\n", "plan", "saved MiB", "predicted MiB", "measured MiB", "error");
+  std::vector<JsonObject> rows;
+  for (const auto& plan : plans) {
+    const Trace t = trace_step(one, plan);
+    const double predicted = t.total * B;
+    const auto m = run_worker(config, plan, 1, 1, threads, seed);
+    const double measured = m.at("activation_bytes");
+    const double err = measured > 0 ? (predicted - measured) / measured : 0.0;
+    std::printf("%-24s %12.2f %14.2f %14.2f %7.1f%%\n", plan.c_str(), t.saved * B / 1048576.0, predicted / 1048576.0,
+                measured / 1048576.0, 100 * err);
+    JsonObject j;
+    j.set("plan", plan).set("config", c.name).set("predicted_activation_bytes", predicted);
+    j.set("predicted_saved_bytes", t.saved * B);
+    j.set("activation_bytes", measured).set("relative_error", err);
+    j.set("block_saved_bytes", block_saves).set("block_input_bytes", input_bytes).set("rest_saved_bytes", rest);
+    rows.push_back(j);
+  }
+  std::printf("(measured: peak allocated minus parameters, gradients and optimizer state, one step in a fresh process)\n");
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    REMAT_CHECK(out.good(), IOError, "bench: cannot write ", json_path);
+    out << json_array(rows);
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  return 0;
 }
 
 }  // namespace
@@ -176,12 +291,10 @@ int run_bench_worker(const std::vector<std::string>& args) {
     replay_flops.push_back(flops_hook->flops);
     peak_alloc = std::max(peak_alloc, st.allocated_peak);
     peak_res = std::max(peak_res, st.reserved_peak);
-    const std::int64_t persistent_at_peak = st.category_at_peak(MemoryCategory::parameter) +
-                                            st.category_at_peak(MemoryCategory::gradient) +
-                                            st.category_at_peak(MemoryCategory::optimizer);
-    activations = std::max(activations, st.allocated_peak - persistent_at_peak);
-    persistent = st.category(MemoryCategory::parameter) + st.category(MemoryCategory::gradient) +
-                 st.category(MemoryCategory::optimizer);
+    // Persistent: parameters, their gradient buffers and optimizer state
+    // (constant from the first step on); activations: the rest of the peak.
+    persistent = persistent_bytes(model, opt);
+    activations = std::max(activations, st.allocated_peak - persistent);
     ops = checkpoint_counters().ops_recomputed - ops0;
     replayed = dispatch_counters().replay_bytes_moved - moved0;
   }
@@ -206,7 +319,10 @@ int run_bench(const std::vector<std::string>& args) {
            {"threads", "CPU threads (default: all cores)"},
            {"seed", "seed (default 0)"},
            {"peak-flops", "device peak FLOP/s for MFU (default: measured f32 GEMM peak on the CPU)"},
-           {"json", "write the results to FILE"}});
+           {"json", "write the results to FILE"},
+           {"estimate", "predict activation bytes per plan from what the ops save, next to a measured step"},
+           {"html", "write a page plotting memory against step time per plan to FILE"}},
+          {"estimate"});
   const std::string config = f.get("config", "bench-dense");
   const ModelConfig c = ModelConfig::load(config);
   const auto plans = split_plans(f.get("recompute", "none,per_block"));
@@ -215,6 +331,7 @@ int run_bench(const std::vector<std::string>& args) {
   REMAT_CHECK(repeats >= 1 && steps >= 1 && warmup >= 0, Error, "bench: --repeats and --steps must be >= 1");
   if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
   const int threads = num_threads();
+  if (f.get_bool("estimate")) return run_estimate(config, c, plans, threads, f.get("seed", "0"), f.get("json", ""));
   const double peak = f.has("peak-flops") ? f.get_double("peak-flops", 0) : measure_peak_flops();
 
   std::printf("remat bench: config %s, %d threads, %lld repeats x (%lld warm-up + %lld timed steps), peak %.1f GFLOP/s%s\n",
@@ -230,22 +347,7 @@ int run_bench(const std::vector<std::string>& args) {
   for (const auto& plan : plans) {
     Result r{plan, {}};
     for (std::int64_t rep = 0; rep < repeats; ++rep) {
-      std::string cmd = "'/proc/" + std::to_string(::getpid()) + "/exe' bench-worker --config '" + config +
-                        "' --recompute '" + plan + "' --warmup " + std::to_string(warmup) + " --steps " +
-                        std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " +
-                        f.get("seed", "0") + " 2>&1";
-      FILE* p = ::popen(cmd.c_str(), "r");
-      REMAT_CHECK(p != nullptr, Error, "bench: cannot start a worker process");
-      std::string out, line;
-      char buf[4096];
-      while (std::fgets(buf, sizeof buf, p)) out += buf;
-      const int rc = ::pclose(p);
-      const auto pos = out.find("BENCH-RESULT ");
-      REMAT_CHECK(rc == 0 && pos != std::string::npos, Error, "bench: worker for plan ", plan, " failed:\n", out);
-      line = out.substr(pos + 13);
-      line = line.substr(0, line.find('\n'));
-      const Json parsed = Json::parse(line, "bench worker output");
-      for (const auto& [k, val] : parsed.members()) r.v[k].push_back(val.as_number());
+      for (const auto& [k, val] : run_worker(config, plan, warmup, steps, threads, f.get("seed", "0"))) r.v[k].push_back(val);
       std::printf("  %-24s repeat %lld: step %.0f ms\n", plan.c_str(), static_cast<long long>(rep + 1),
                   r.v["step_ms"].back());
       std::fflush(stdout);
@@ -260,6 +362,7 @@ int run_bench(const std::vector<std::string>& args) {
   const double base_ms = median(base->v.at("step_ms")), base_act = median(base->v.at("activation_bytes"));
 
   std::vector<JsonObject> rows;
+  std::vector<BenchPoint> points;
   std::printf("\n%-24s %10s %10s %10s %10s %9s %9s %8s %8s %6s %6s %9s %8s\n", "plan", "peak MiB", "reserved",
               "persist.", "activ.", "step ms", "fwd ms", "bwd ms", "tok/s", "MFU", "HFU", "recomp.", "x time");
   for (const auto& r : results) {
@@ -279,19 +382,41 @@ int run_bench(const std::vector<std::string>& args) {
     j.set("model_flops", med("model_flops")).set("recomputed_flops", med("replay_flops")).set("peak_flops", peak);
     j.set("time_ratio", step / base_ms).set("memory_ratio", base_act > 0 ? med("activation_bytes") / base_act : 0.0);
     rows.push_back(j);
+    BenchPoint bp;
+    bp.plan = r.plan;
+    bp.step_ms = step;
+    bp.step_ms_min = *std::min_element(r.v.at("step_ms").begin(), r.v.at("step_ms").end());
+    bp.step_ms_max = *std::max_element(r.v.at("step_ms").begin(), r.v.at("step_ms").end());
+    bp.activation_bytes = med("activation_bytes");
+    bp.peak_allocated_bytes = med("peak_allocated_bytes");
+    bp.mfu = mfu;
+    bp.hfu = hfu;
+    bp.time_ratio = step / base_ms;
+    bp.memory_ratio = base_act > 0 ? med("activation_bytes") / base_act : 0.0;
+    points.push_back(bp);
     std::printf("%-24s %10.1f %10.1f %10.1f %10.1f %9.0f %9.0f %8.0f %8.0f %5.1f%% %5.1f%% %9.0f %7.2fx\n",
                 r.plan.c_str(), med("peak_allocated_bytes") / 1048576.0, med("peak_reserved_bytes") / 1048576.0,
                 med("persistent_bytes") / 1048576.0, med("activation_bytes") / 1048576.0, step, med("forward_ms"),
                 med("backward_ms"), med("tokens") / (step * 1e-3), 100 * mfu, 100 * hfu, med("recomputed_ops"),
                 step / base_ms);
   }
-  std::printf("(medians over repeats; activations = peak - persistent state at the peak; ratios against %s)\n",
+  std::printf("(medians over repeats; activations = peak - persistent (parameters + gradients + optimizer state); ratios against %s)\n",
               base->plan.c_str());
   if (f.has("json")) {
     const std::string path = f.get("json", "");
     std::ofstream out(path);
     REMAT_CHECK(out.good(), IOError, "bench: cannot write ", path);
     out << json_array(rows);
+    std::printf("wrote %s\n", path.c_str());
+  }
+  if (f.has("html")) {
+    const std::string path = f.get("html", "");
+    std::ofstream out(path);
+    REMAT_CHECK(out.good(), IOError, "bench: cannot write ", path);
+    out << bench_html(c.name, fmt("%d threads, %lld fresh processes per plan x %lld timed steps; ratios against %s",
+                                  threads, static_cast<long long>(repeats), static_cast<long long>(steps),
+                                  base->plan.c_str()),
+                      points);
     std::printf("wrote %s\n", path.c_str());
   }
   return 0;

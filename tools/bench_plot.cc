@@ -1,0 +1,103 @@
+#include "tools/bench_plot.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tools/html.h"
+
+namespace remat::tools {
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+const char* kColors[] = {"#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1", "#76b7b2", "#edc948", "#9c755f"};
+
+// A "nice" axis limit and step above `v`.
+void axis(double v, double& limit, double& step) {
+  const double raw = std::max(v, 1e-9) * 1.1 / 5.0;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double r = raw / mag;
+  step = (r <= 1 ? 1 : r <= 2 ? 2 : r <= 5 ? 5 : 10) * mag;
+  limit = step * std::ceil(std::max(v, 1e-9) * 1.1 / step);
+}
+
+}  // namespace
+
+std::string bench_html(const std::string& config, const std::string& subtitle, const std::vector<BenchPoint>& points) {
+  const double W = 960, H = 520, L = 80, R = 220, T = 30, B = 60;
+  double xmax = 0, ymax = 0;
+  for (const auto& p : points) {
+    xmax = std::max(xmax, p.step_ms_max);
+    ymax = std::max(ymax, p.peak_allocated_bytes / kMiB);
+  }
+  double xlim, xstep, ylim, ystep;
+  axis(xmax, xlim, xstep);
+  axis(ymax, ylim, ystep);
+  auto X = [&](double ms) { return L + (W - L - R) * ms / xlim; };
+  auto Y = [&](double mib) { return H - B - (H - T - B) * mib / ylim; };
+
+  std::string s = fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+                      "font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\" role=\"img\">\n",
+                      W, H);
+  s += "<title>" + html_escape("Memory against step time per recompute plan: " + config) + "</title>\n";
+  for (double v = 0; v <= xlim + 1e-9; v += xstep) {
+    s += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e6e6e6\"/>\n", X(v), Y(0), X(v), Y(ylim));
+    s += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#444\">%.0f</text>\n", X(v), Y(0) + 16, v);
+  }
+  for (double v = 0; v <= ylim + 1e-9; v += ystep) {
+    s += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e6e6e6\"/>\n", X(0), Y(v), X(xlim), Y(v));
+    s += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#444\">%.0f</text>\n", X(0) - 6, Y(v) + 4, v);
+  }
+  s += fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#888\"/>\n", X(0), Y(ylim),
+           X(xlim) - X(0), Y(0) - Y(ylim));
+  s += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">step time (ms; median, bar = min-max over repeats)</text>\n",
+           (X(0) + X(xlim)) / 2, H - 18);
+  s += fmt("<text transform=\"translate(%.1f %.1f) rotate(-90)\" text-anchor=\"middle\">memory (MiB)</text>\n", 22.0,
+           (Y(0) + Y(ylim)) / 2);
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const auto& p = points[i];
+    const char* c = kColors[i % 8];
+    const double x = X(p.step_ms), ya = Y(p.activation_bytes / kMiB), yp = Y(p.peak_allocated_bytes / kMiB);
+    s += "<g class=\"plan\"><title>" +
+         html_escape(fmt("%s: step %.0f ms, activations %.1f MiB, peak allocated %.1f MiB", p.plan.c_str(), p.step_ms,
+                         p.activation_bytes / kMiB, p.peak_allocated_bytes / kMiB)) +
+         "</title>\n";
+    s += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", X(p.step_ms_min),
+             ya, X(p.step_ms_max), ya, c);
+    s += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"3 3\"/>\n", x, ya, x,
+             yp, c);
+    s += fmt("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"6\" fill=\"%s\"/>\n", x, ya, c);
+    s += fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"#fff\" stroke=\"%s\" stroke-width=\"2\"/>\n",
+             x - 5, yp - 5, c);
+    s += fmt("<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\" font-weight=\"bold\">", x + 9, ya - 8, c) + html_escape(p.plan) +
+         "</text></g>\n";
+  }
+  const double lx = W - R + 24;
+  s += fmt("<g class=\"legend\"><circle cx=\"%.1f\" cy=\"%.1f\" r=\"6\" fill=\"#666\"/>"
+           "<text x=\"%.1f\" y=\"%.1f\">activations (peak - persistent)</text>\n",
+           lx, T + 10.0, lx + 12, T + 14.0);
+  s += fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"#fff\" stroke=\"#666\" stroke-width=\"2\"/>"
+           "<text x=\"%.1f\" y=\"%.1f\">peak allocated</text></g>\n",
+           lx - 5, T + 26.0, lx + 12, T + 35.0);
+  s += "</svg>\n";
+
+  std::string h = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
+                  html_escape("remat bench: " + config) + "</title>\n" + page_style() + "</head>\n<body>\n";
+  h += "<h1>Recompute plans: <code>" + html_escape(config) + "</code></h1>\n";
+  h += "<p class=\"summary\">" + html_escape(subtitle) + "</p>\n" + s;
+  h += "<h2>Per plan</h2>\n<table>\n<tr><th>plan</th><th>step ms</th><th>min-max</th><th>activations</th>"
+       "<th>peak allocated</th><th>MFU</th><th>HFU</th><th>time ratio</th><th>memory ratio</th></tr>\n";
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const auto& p = points[i];
+    h += fmt("<tr><td><span class=\"sw\" style=\"background:%s\"></span>", kColors[i % 8]) + html_escape(p.plan) +
+         fmt("</td><td class=\"n\">%.0f</td><td class=\"n\">%.0f-%.0f</td><td class=\"n\">%.1f MiB</td>"
+             "<td class=\"n\">%.1f MiB</td><td class=\"n\">%.1f%%</td><td class=\"n\">%.1f%%</td><td class=\"n\">%.2fx</td>"
+             "<td class=\"n\">%.2fx</td></tr>\n",
+             p.step_ms, p.step_ms_min, p.step_ms_max, p.activation_bytes / kMiB, p.peak_allocated_bytes / kMiB,
+             100 * p.mfu, 100 * p.hfu, p.time_ratio, p.memory_ratio);
+  }
+  h += "</table>\n</body>\n</html>\n";
+  return h;
+}
+
+}  // namespace remat::tools
