@@ -12,20 +12,7 @@ using namespace ops_detail;
 namespace {
 
 // ids as i64 in row-major order.
-std::vector<std::int64_t> read_ids(const Tensor& ids) {
-  NoGradGuard ng;
-  Tensor t = ids.detach().contiguous();
-  const std::int64_t n = t.numel();
-  std::vector<std::int64_t> out(static_cast<std::size_t>(n));
-  if (t.dtype() == DType::i64) {
-    const std::int64_t* p = t.data<std::int64_t>();
-    for (std::int64_t i = 0; i < n; ++i) out[std::size_t(i)] = p[i];
-  } else {
-    const std::int32_t* p = t.data<std::int32_t>();
-    for (std::int64_t i = 0; i < n; ++i) out[std::size_t(i)] = p[i];
-  }
-  return out;
-}
+std::vector<std::int64_t> read_ids(const Tensor& ids) { return ids.detach().to_vector<std::int64_t>(); }
 
 void check_ids(const std::vector<std::int64_t>& ids, const Tensor& weight) {
   const std::int64_t vocab = weight.size(0);

@@ -19,17 +19,8 @@ using ConstArrayMap = Eigen::Map<const Eigen::ArrayXf>;
 // number of targets that count.
 std::int64_t read_targets(const Tensor& targets, std::int64_t classes, std::int64_t ignore_index,
                           std::vector<std::int64_t>& out) {
-  NoGradGuard ng;
-  Tensor t = targets.detach().contiguous();
-  const std::int64_t n = t.numel();
-  out.resize(std::size_t(n));
-  if (t.dtype() == DType::i64) {
-    const std::int64_t* p = t.data<std::int64_t>();
-    for (std::int64_t i = 0; i < n; ++i) out[std::size_t(i)] = p[i];
-  } else {
-    const std::int32_t* p = t.data<std::int32_t>();
-    for (std::int64_t i = 0; i < n; ++i) out[std::size_t(i)] = p[i];
-  }
+  out = targets.detach().to_vector<std::int64_t>();
+  const auto n = std::int64_t(out.size());
   std::int64_t count = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t v = out[std::size_t(i)];

@@ -10,15 +10,6 @@
 using namespace remat;
 using namespace remat::testing;
 
-namespace {
-
-std::int64_t op_bytes(const SavedBytesReport& r, const std::string& op) {
-  auto it = r.bytes_by_op.find(op);
-  return it == r.bytes_by_op.end() ? 0 : it->second;
-}
-
-}  // namespace
-
 TEST_CASE("embedding gathers rows", "[ops][embedding]") {
   const Tensor w = arange(0.0, 24.0, 1.0).view({6, 4});
   Tensor y = embedding(w, from_vector<std::int64_t>({5, 0, 5, 2}, {2, 2}));

@@ -119,6 +119,12 @@ inline void check_gradients(const TensorFn& f, std::vector<Tensor> inputs,
   }
 }
 
+// Bytes the saved-bytes registry attributes to `op` in report `r`.
+inline std::int64_t op_bytes(const SavedBytesReport& r, const std::string& op) {
+  auto it = r.bytes_by_op.find(op);
+  return it == r.bytes_by_op.end() ? 0 : it->second;
+}
+
 // A random f32 tensor with values in [lo, hi).
 inline Tensor uniform(const Shape& shape, double lo, double hi, std::uint64_t seed) {
   Generator g(seed);

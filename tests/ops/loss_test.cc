@@ -31,10 +31,6 @@ double ref_ce(const Tensor& logits, const std::vector<std::int64_t>& t, std::int
   return count ? total / double(count) : 0.0;
 }
 
-std::int64_t op_bytes(const SavedBytesReport& r, const std::string& op) {
-  auto it = r.bytes_by_op.find(op);
-  return it == r.bytes_by_op.end() ? 0 : it->second;
-}
 
 }  // namespace
 

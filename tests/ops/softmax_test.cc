@@ -41,10 +41,6 @@ void check_close(const Tensor& got, const std::vector<double>& want, double tol 
   for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == Approx(want[i]).margin(tol).epsilon(1e-5));
 }
 
-std::int64_t op_bytes(const SavedBytesReport& r, const std::string& op) {
-  auto it = r.bytes_by_op.find(op);
-  return it == r.bytes_by_op.end() ? 0 : it->second;
-}
 
 }  // namespace
 

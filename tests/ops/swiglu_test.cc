@@ -11,15 +11,6 @@
 using namespace remat;
 using namespace remat::testing;
 
-namespace {
-
-std::int64_t op_bytes(const SavedBytesReport& r, const std::string& op) {
-  auto it = r.bytes_by_op.find(op);
-  return it == r.bytes_by_op.end() ? 0 : it->second;
-}
-
-}  // namespace
-
 TEST_CASE("swiglu matches silu(gate) * up", "[ops][swiglu]") {
   const Tensor gate = normal({3, 7}, 1, 3.0), up = normal({3, 7}, 2);
   auto check_ref = [](const Tensor& y, const Tensor& g, const Tensor& u) {
