@@ -1,0 +1,48 @@
+// remat's public C++ API: include this one header.
+//
+//   #include <remat/remat.h>
+//
+// It brings in, all in namespace remat:
+//   tensors and dtypes ........ engine/tensor.h, engine/dtype.h, engine/device.h
+//   ops ....................... ops/ops.h (every differentiable op)
+//   autograd .................. engine/autograd.h (backward, grad, hooks on
+//                               gradients and on saved tensors), engine/grad_mode.h
+//   memory .................... engine/allocator.h (stats, categories, history)
+//   random numbers ............ engine/rng.h
+//   op dispatch hooks ......... engine/dispatch.h
+//   checkpointing ............. checkpoint/checkpoint.h, checkpoint/policy.h,
+//                               checkpoint/output_discard.h, checkpoint/plan.h
+//   modules and models ........ models/module.h, models/layers.h, models/decoder.h,
+//                               models/moe_layer.h, models/config.h, models/recompute.h
+//   training .................. train/optimizer.h (AdamW, clipping, schedule),
+//                               train/safetensors.h, train/data.h
+//   errors .................... engine/error.h (remat::Error and its subclasses)
+//
+// Everything reachable from here is installed by `./remat install`; headers
+// that are not (kernel helpers, the CUDA seam) are internal.
+#pragma once
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/output_discard.h"
+#include "checkpoint/plan.h"
+#include "checkpoint/policy.h"
+#include "engine/allocator.h"
+#include "engine/autograd.h"
+#include "engine/device.h"
+#include "engine/dispatch.h"
+#include "engine/dtype.h"
+#include "engine/error.h"
+#include "engine/grad_mode.h"
+#include "engine/parallel_for.h"
+#include "engine/rng.h"
+#include "engine/tensor.h"
+#include "models/config.h"
+#include "models/decoder.h"
+#include "models/layers.h"
+#include "models/module.h"
+#include "models/moe_layer.h"
+#include "models/recompute.h"
+#include "ops/ops.h"
+#include "train/data.h"
+#include "train/optimizer.h"
+#include "train/safetensors.h"
