@@ -1,0 +1,181 @@
+// The MPI back end of ProcessGroup (OpenMPI), for CPU tensors. Errors are
+// returned (MPI_ERRORS_RETURN) and raised as remat::Error naming the
+// collective; MPI is finalised at exit.
+#include <mpi.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "parallel/process_group.h"
+
+namespace remat {
+
+namespace {
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(std::string("MPI ") + what + " failed: " + std::string(msg, std::size_t(len)));
+}
+
+MPI_Datatype mpi_type(const Tensor& t, const char* op) {
+  REMAT_CHECK(t.device().is_cpu() && t.is_contiguous(), DeviceError, op,
+              ": the MPI back end takes contiguous CPU tensors, got ", shape_str(t.sizes()), " on ", t.device());
+  switch (t.dtype()) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::i64: return MPI_INT64_T;
+    case DType::i32: return MPI_INT32_T;
+    default: throw DTypeError(std::string(op) + ": the MPI back end supports f32, i32 and i64, got " + dtype_name(t.dtype()));
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
+
+class MpiGroup final : public ProcessGroup {
+ public:
+  explicit MpiGroup(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce(Tensor& t, ReduceOp op) override {
+    count(std::int64_t(t.nbytes()));
+    check(MPI_Allreduce(MPI_IN_PLACE, t.raw_data(), int(t.numel()), mpi_type(t, "all_reduce"), mpi_op(op), comm_),
+          "all_reduce");
+    if (op == ReduceOp::avg) divide(t);
+    t.bump_version();
+  }
+
+  Tensor all_gather(const Tensor& t_in) override {
+    Tensor t = t_in.contiguous();
+    Shape s = t.sizes();
+    REMAT_CHECK(!s.empty(), ShapeError, "all_gather: needs at least one dim");
+    s[0] *= size_;
+    Tensor out = empty(s, t.dtype());
+    count(std::int64_t(t.nbytes()));
+    check(MPI_Allgather(t.raw_data(), int(t.numel()), mpi_type(t, "all_gather"), out.raw_data(), int(t.numel()),
+                        mpi_type(t, "all_gather"), comm_),
+          "all_gather");
+    return out;
+  }
+
+  Tensor reduce_scatter(const Tensor& t_in, ReduceOp op) override {
+    Tensor t = t_in.contiguous();
+    REMAT_CHECK(t.dim() >= 1 && t.size(0) % size_ == 0, ShapeError, "reduce_scatter: dim 0 of ", shape_str(t.sizes()),
+                " must divide by the group size ", size_);
+    Shape s = t.sizes();
+    s[0] /= size_;
+    Tensor out = empty(s, t.dtype());
+    count(std::int64_t(t.nbytes()));
+    check(MPI_Reduce_scatter_block(t.raw_data(), out.raw_data(), int(out.numel()), mpi_type(t, "reduce_scatter"),
+                                   mpi_op(op), comm_),
+          "reduce_scatter");
+    if (op == ReduceOp::avg) divide(out);
+    return out;
+  }
+
+  Tensor all_to_all(const Tensor& t_in, const std::vector<std::int64_t>& send_rows, std::vector<std::int64_t>& recv_rows,
+                    const std::vector<std::int64_t>* known_recv_rows) override {
+    Tensor t = t_in.contiguous();
+    REMAT_CHECK(int(send_rows.size()) == size_, ShapeError, "all_to_all: ", send_rows.size(),
+                " send counts for a group of ", size_);
+    std::int64_t total = 0;
+    for (auto r : send_rows) total += r;
+    REMAT_CHECK(t.dim() >= 1 && total == t.size(0), ShapeError, "all_to_all: send counts add up to ", total,
+                " rows but the tensor has ", t.dim() ? t.size(0) : 0);
+    if (known_recv_rows) {
+      recv_rows = *known_recv_rows;
+    } else {
+      recv_rows.assign(std::size_t(size_), 0);
+      count(std::int64_t(size_) * 8);
+      check(MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1, MPI_INT64_T, comm_),
+            "all_to_all (counts)");
+    }
+    const std::int64_t row = t.dim() ? t.numel() / std::max<std::int64_t>(t.size(0), 1) : 1;
+    std::int64_t recv_total = 0;
+    for (auto r : recv_rows) recv_total += r;
+    Shape s = t.sizes();
+    s[0] = recv_total;
+    Tensor out = empty(s, t.dtype());
+    const auto n = static_cast<std::size_t>(size_);
+    std::vector<int> sc(n), sd(n), rc(n), rd(n);
+    int so = 0, ro = 0;
+    for (int r = 0; r < size_; ++r) {
+      sc[std::size_t(r)] = int(send_rows[std::size_t(r)] * row);
+      sd[std::size_t(r)] = so;
+      so += sc[std::size_t(r)];
+      rc[std::size_t(r)] = int(recv_rows[std::size_t(r)] * row);
+      rd[std::size_t(r)] = ro;
+      ro += rc[std::size_t(r)];
+    }
+    count(std::int64_t(t.nbytes()));
+    const MPI_Datatype ty = mpi_type(t, "all_to_all");
+    check(MPI_Alltoallv(t.raw_data(), sc.data(), sd.data(), ty, out.raw_data(), rc.data(), rd.data(), ty, comm_),
+          "all_to_all");
+    return out;
+  }
+
+  void broadcast(Tensor& t, int root) override {
+    count(std::int64_t(t.nbytes()));
+    check(MPI_Bcast(t.raw_data(), int(t.numel()), mpi_type(t, "broadcast"), root, comm_), "broadcast");
+    t.bump_version();
+  }
+
+  void barrier() override { check(MPI_Barrier(comm_), "barrier"); }
+
+  std::shared_ptr<ProcessGroup> split(int color, int key) override {
+    MPI_Comm sub;
+    check(MPI_Comm_split(comm_, color, key, &sub), "split");
+    return std::make_shared<MpiGroup>(sub);
+  }
+
+ private:
+  void divide(Tensor& t) const {
+    if (t.dtype() != DType::f32) return;
+    float* p = t.data<float>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] /= float(size_);
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+// Started by mpirun / srun? (OpenMPI and Slurm set these.)
+bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+void finalize_mpi() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> world_group() {
+  static std::mutex mu;
+  static std::shared_ptr<ProcessGroup> world;  // guarded by mu
+  std::lock_guard<std::mutex> lock(mu);
+  if (world) return world;
+  if (!launched_by_mpi()) {
+    world = single_process_group();
+    return world;
+  }
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    std::atexit(finalize_mpi);
+  }
+  world = std::make_shared<MpiGroup>(MPI_COMM_WORLD);
+  return world;
+}
+
+}  // namespace remat

@@ -1,0 +1,105 @@
+// Collectives on the world group. Runs in one process (trivial group) and
+// under `mpirun -np 2` / `-np 4` (tests/parallel/mpi_test.sh): every rank
+// checks the values it receives.
+#include <catch2/catch.hpp>
+
+#include "engine/autograd.h"
+#include "parallel/process_group.h"
+
+using namespace remat;
+
+namespace {
+std::vector<float> v(const Tensor& t) { return t.to_vector<float>(); }
+}  // namespace
+
+TEST_CASE("all_reduce sums, averages and takes the max over ranks", "[parallel]") {
+  auto g = world_group();
+  const int r = g->rank(), n = g->size();
+  Tensor t = from_vector<float>({float(r + 1), float(10 * r)});
+  g->all_reduce(t, ReduceOp::sum);
+  CHECK(v(t) == std::vector<float>{float(n * (n + 1) / 2), float(10 * n * (n - 1) / 2)});
+  Tensor a = from_vector<float>({float(r)});
+  g->all_reduce(a, ReduceOp::avg);
+  CHECK(a.item() == Approx((n - 1) / 2.0));
+  Tensor m = from_vector<std::int64_t>({std::int64_t(r * 7)});
+  g->all_reduce(m, ReduceOp::max);
+  CHECK(m.item() == double(7 * (n - 1)));
+}
+
+TEST_CASE("all_gather and reduce_scatter", "[parallel]") {
+  auto g = world_group();
+  const int r = g->rank(), n = g->size();
+  Tensor t = full({2, 3}, double(r));
+  Tensor all = g->all_gather(t);
+  REQUIRE(all.sizes() == Shape{2 * n, 3});
+  for (int k = 0; k < n; ++k) CHECK(all.at({2 * k + 1, 2}) == double(k));
+  // Every rank contributes arange(n * 2); rank r gets rows [2r, 2r + 2) summed.
+  Tensor x = arange(0.0, double(2 * n), 1.0).view({2 * n, 1});
+  Tensor mine = g->reduce_scatter(x, ReduceOp::sum);
+  CHECK(v(mine) == std::vector<float>{float(n * 2 * r), float(n * (2 * r + 1))});
+  if (n > 1)
+    CHECK_THROWS_WITH(g->reduce_scatter(zeros({2 * n + 1, 1}), ReduceOp::sum), Catch::Contains("must divide"));
+}
+
+TEST_CASE("all_to_all moves rows with per-rank split sizes, and can reuse known counts", "[parallel]") {
+  auto g = world_group();
+  const int r = g->rank(), n = g->size();
+  // Rank r sends (k + 1) rows to rank k, each row [r, k].
+  std::vector<std::int64_t> send(static_cast<std::size_t>(n));
+  std::vector<float> rows;
+  for (int k = 0; k < n; ++k) {
+    send[std::size_t(k)] = k + 1;
+    for (int j = 0; j <= k; ++j) {
+      rows.push_back(float(r));
+      rows.push_back(float(k));
+    }
+  }
+  Tensor t = from_vector<float>(rows, {std::int64_t(rows.size() / 2), 2});
+  std::vector<std::int64_t> recv;
+  g->reset_counters();
+  Tensor got = g->all_to_all(t, send, recv);
+  // From every rank s this rank receives r + 1 rows [s, r].
+  CHECK(recv == std::vector<std::int64_t>(std::size_t(n), r + 1));
+  REQUIRE(got.size(0) == std::int64_t(n) * (r + 1));
+  for (int s = 0; s < n; ++s) {
+    CHECK(got.at({std::int64_t(s) * (r + 1), 0}) == double(s));
+    CHECK(got.at({std::int64_t(s) * (r + 1), 1}) == double(r));
+  }
+  // Reusing the known receive counts skips the count exchange.
+  const auto c1 = g->counters();
+  std::vector<std::int64_t> recv2;
+  Tensor again = g->all_to_all(t, send, recv2, &recv);
+  const auto c2 = g->counters();
+  CHECK(v(again) == v(got));
+  CHECK(c2.calls_in(CommPhase::forward) - c1.calls_in(CommPhase::forward) == 1);
+  if (n > 1) CHECK(c1.calls_in(CommPhase::forward) == 2);  // counts + rows
+}
+
+TEST_CASE("broadcast, barrier, sub-groups and phase counters", "[parallel]") {
+  auto g = world_group();
+  const int r = g->rank(), n = g->size();
+  Tensor t = full({3}, double(r + 5));
+  g->broadcast(t, 0);
+  CHECK(v(t) == std::vector<float>(3, 5.0f));
+  g->barrier();
+  // Even and odd ranks form two groups.
+  auto sub = g->split(r % 2, r);
+  CHECK(sub->size() == (n + 1 - r % 2) / 2);
+  Tensor s = from_vector<float>({1.0f});
+  sub->all_reduce(s, ReduceOp::sum);
+  CHECK(s.item() == double(sub->size()));
+  // Collectives inside a backward count as backward traffic.
+  g->reset_counters();
+  Tensor x = from_vector<float>({1.0f, 2.0f});
+  x.set_requires_grad(true);
+  Tensor y = x.clone();
+  y.register_hook([&](const Tensor& grad) {
+    Tensor gr = grad.clone();
+    g->all_reduce(gr, ReduceOp::sum);
+    return gr;
+  });
+  y.backward(from_vector<float>({1.0f, 1.0f}));
+  CHECK(g->counters().calls_in(CommPhase::backward) == 1);
+  CHECK(g->counters().calls_in(CommPhase::forward) == 0);
+  CHECK(v(x.grad()) == std::vector<float>(2, float(n)));
+}
