@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include "engine/autograd.h"
+#include "ops/ops.h"
+#include "parallel/comm_ops.h"
 #include "parallel/process_group.h"
 
 using namespace remat;
@@ -102,4 +104,38 @@ TEST_CASE("broadcast, barrier, sub-groups and phase counters", "[parallel]") {
   CHECK(g->counters().calls_in(CommPhase::backward) == 1);
   CHECK(g->counters().calls_in(CommPhase::forward) == 0);
   CHECK(v(x.grad()) == std::vector<float>(2, float(n)));
+}
+
+TEST_CASE("collectives as autograd ops send gradients back the way data came", "[parallel][autograd]") {
+  auto g = world_group();
+  const int r = g->rank(), n = g->size();
+  // all_to_all: rank r sends one row [r * 10 + k] to each rank k.
+  std::vector<float> rows;
+  for (int k = 0; k < n; ++k) rows.push_back(float(r * 10 + k));
+  Tensor x = from_vector<float>(rows, {n, 1});
+  x.set_requires_grad(true);
+  std::vector<std::int64_t> recv;
+  Tensor y = all_to_all(g, x, std::vector<std::int64_t>(std::size_t(n), 1), recv);
+  for (int s = 0; s < n; ++s) CHECK(y.at({s, 0}) == double(s * 10 + r));
+  // Weight each received row by (its sender + 1): the gradient that comes back
+  // to row k of rank r is (r + 1), since rank k received it from r.
+  std::vector<float> w;
+  for (int s = 0; s < n; ++s) w.push_back(float(s + 1));
+  g->reset_counters();
+  sum(mul(y, from_vector<float>(w, {n, 1}))).backward();
+  CHECK(x.grad().to_vector<float>() == std::vector<float>(std::size_t(n), float(r + 1)));
+  CHECK(g->counters().calls_in(CommPhase::backward) == 1);  // known counts: no exchange
+  // all_gather <-> reduce_scatter.
+  Tensor a = full({1, 2}, double(r));
+  a.set_requires_grad(true);
+  Tensor gathered = all_gather(g, a);
+  CHECK(gathered.size(0) == n);
+  sum(gathered).backward();
+  CHECK(a.grad().to_vector<float>() == std::vector<float>(2, float(n)));
+  Tensor b = ones({std::int64_t(n), 1});
+  b.set_requires_grad(true);
+  Tensor part = reduce_scatter(g, b);
+  CHECK(part.item() == double(n));
+  sum(part).backward();
+  CHECK(b.grad().to_vector<float>() == std::vector<float>(std::size_t(n), 1.0f));
 }
