@@ -66,14 +66,6 @@ class ReplayFlops final : public DispatchHook {
   int depth_ = 0;
 };
 
-// Bytes of parameters, their gradients and the optimizer state.
-std::int64_t persistent_bytes(const DecoderModel& m, const AdamW& opt) {
-  std::int64_t n = 0;
-  for (const auto& [name, p] : m.named_parameters()) n += std::int64_t(p.nbytes()) * 2;  // weight + gradient
-  for (const auto& [name, t] : opt.state()) n += std::int64_t(t.nbytes());
-  return n;
-}
-
 // Parameters that do matmul work for each token: everything but the
 // embedding table, with routed experts counted at top_k / experts.
 double active_params(const DecoderModel& m) {
@@ -293,7 +285,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
     peak_res = std::max(peak_res, st.reserved_peak);
     // Persistent: parameters, their gradient buffers and optimizer state
     // (constant from the first step on); activations: the rest of the peak.
-    persistent = persistent_bytes(model, opt);
+    persistent = persistent_bytes(model.named_parameters(), opt);
     activations = std::max(activations, st.allocated_peak - persistent);
     ops = checkpoint_counters().ops_recomputed - ops0;
     replayed = dispatch_counters().replay_bytes_moved - moved0;

@@ -77,6 +77,13 @@ void AdamW::load_state(const std::map<std::string, Tensor>& tensors, std::int64_
   step_ = step;
 }
 
+std::int64_t persistent_bytes(const std::vector<std::pair<std::string, Tensor>>& params, const AdamW& opt) {
+  std::int64_t n = 0;
+  for (const auto& [name, p] : params) n += 2 * std::int64_t(p.nbytes());  // weight + gradient
+  for (const auto& [name, t] : opt.state()) n += std::int64_t(t.nbytes());
+  return n;
+}
+
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   double total = 0;
   for (const Tensor& p : params) {

@@ -46,6 +46,10 @@ class AdamW {
   std::int64_t step_ = 0;
 };
 
+// The persistent footprint of training: the parameters, one gradient
+// buffer per parameter, and the optimizer's state.
+std::int64_t persistent_bytes(const std::vector<std::pair<std::string, Tensor>>& params, const AdamW& opt);
+
 // Scales every gradient so that their global L2 norm is at most max_norm;
 // returns the norm before scaling (computed in double, deterministically).
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);

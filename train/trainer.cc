@@ -100,9 +100,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     s.eta_s = s.elapsed_s / double(step_ - first) * double(opts_.steps - step_);
     s.peak_allocated_bytes = stats.allocated_peak;
     s.peak_reserved_bytes = stats.reserved_peak;
-    s.persistent_bytes = 0;
-    for (const auto& [name, p] : model_->named_parameters()) s.persistent_bytes += 2 * std::int64_t(p.nbytes());
-    for (const auto& [name, t] : optimizer_->state()) s.persistent_bytes += std::int64_t(t.nbytes());
+    s.persistent_bytes = persistent_bytes(model_->named_parameters(), *optimizer_);
     s.activation_bytes = s.peak_allocated_bytes - s.persistent_bytes;
     if ((opts_.eval_every > 0 && step_ % opts_.eval_every == 0) || step_ == stop) s.val_loss = evaluate();
     if (!opts_.save_dir.empty() && ((opts_.save_every > 0 && step_ % opts_.save_every == 0) || step_ == stop))

@@ -46,7 +46,7 @@ struct StepStats {
   double eta_s = 0;
   std::int64_t peak_allocated_bytes = 0;  // this step's peak (CPU allocator)
   std::int64_t peak_reserved_bytes = 0;
-  std::int64_t persistent_bytes = 0;      // parameters + gradients + optimizer state at the peak
+  std::int64_t persistent_bytes = 0;      // parameters + gradient buffers + optimizer state
   std::int64_t activation_bytes = 0;      // peak_allocated - persistent
   std::int64_t recomputed_ops = 0;        // ops replayed by checkpoint regions
   std::int64_t saved_bytes_peak = 0;      // peak bytes held for backward (saved tensors, boundaries, regenerated)
