@@ -5,6 +5,7 @@
 #include <optional>
 #include <sstream>
 
+#include "checkpoint/replay_memo.h"
 #include "cuda/allocator_backend.h"
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
@@ -194,6 +195,7 @@ class Region : public std::enable_shared_from_this<Region> {
   std::vector<Tensor> inputs;
   bool holding_boundary = false;
   RngStash rng;
+  MemoLog memos;  // replay_memo() values of the original forward
   std::vector<Slot> slots;
   std::int64_t pending_count = 0;
 
@@ -343,6 +345,7 @@ void Region::replay() {
   bool stopped = false;
   {
     RngSwap rng_swap(rng);
+    MemoReplayScope memo(memos);
     EnableGradGuard grad_on;
     std::vector<Tensor> in = replay_inputs(inputs, requires_grad_of(inputs));
     SavedTensorHooksScope hooks(harvest);
@@ -376,9 +379,11 @@ std::vector<Tensor> checkpoint_reentrant(const RegionFn& fn, const std::vector<T
     std::size_t held_bytes(const std::any&) const override { return 0; }
   };
   const RngStash rng = RngStash::capture();
+  auto memos = std::make_shared<MemoLog>();
   std::vector<Tensor> outs;
   {
     SavedTensorHooksScope drop(std::make_shared<DropAll>());
+    MemoRecordScope record(*memos);
     outs = fn(inputs);
   }
   auto node = std::make_shared<Node>("checkpoint_reentrant");
@@ -396,7 +401,7 @@ std::vector<Tensor> checkpoint_reentrant(const RegionFn& fn, const std::vector<T
   const std::size_t n_in = inputs.size();
   const std::string name = opts.name;
   const std::vector<bool> in_rg = requires_grad_of(inputs);
-  node->backward_fn = [fn, rng, grad_outputs, n_in, name, in_rg](Node& self, std::vector<Tensor>& grads) {
+  node->backward_fn = [fn, rng, memos, grad_outputs, n_in, name, in_rg](Node& self, std::vector<Tensor>& grads) {
     REMAT_CHECK(backward_mode() != BackwardMode::grad, AutogradError, "reentrant checkpoint region '", name,
                 "' cannot run under grad(): its replay accumulates into .grad; use the non-reentrant default");
     std::vector<Tensor> saved;
@@ -408,6 +413,7 @@ std::vector<Tensor> checkpoint_reentrant(const RegionFn& fn, const std::vector<T
     {
       CategoryScope cat(MemoryCategory::recompute);
       RngSwap rng_swap(rng);
+      MemoReplayScope memo(*memos);
       EnableGradGuard grad_on;
       in = replay_inputs(saved, in_rg);
       outs2 = fn(in);
@@ -441,6 +447,7 @@ std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& in
   std::vector<Tensor> outs;
   {
     SavedTensorHooksScope hooks(std::make_shared<RegionHooks>(region));
+    MemoRecordScope memo(region->memos);
     RegionScope scope(region->id);
     PolicyScope policy_scope(&region->opts.policy);
     std::optional<DispatchHookScope> cache;

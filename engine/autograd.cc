@@ -274,6 +274,10 @@ class AccumulateGrad final : public Node {
     } else {
       detail::add_into(meta.grad, g);
     }
+    if (!meta.post_accumulate_hooks.empty()) {
+      const Tensor leaf(leaf_);
+      for (const auto& h : meta.post_accumulate_hooks) h(leaf);
+    }
     return {};
   }
 
@@ -409,6 +413,13 @@ void Tensor::register_hook(std::function<Tensor(const Tensor&)> hook) const {
     m.grad_fn->output_hooks.at(m.output_nr).push_back(std::move(hook));
   else
     m.hooks.push_back(std::move(hook));
+}
+
+void Tensor::register_post_accumulate_hook(std::function<void(const Tensor&)> hook) const {
+  REMAT_CHECK(requires_grad() && !impl().autograd->grad_fn, AutogradError,
+              "register_post_accumulate_hook: tensor of shape ", shape_str(sizes()),
+              " is not a leaf that requires grad");
+  impl().autograd->post_accumulate_hooks.push_back(std::move(hook));
 }
 
 // ---------------------------------------------------------------------------

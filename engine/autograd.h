@@ -29,6 +29,9 @@ class Node;
 // A gradient hook: sees the gradient flowing into a tensor and may return a
 // replacement (or an undefined tensor to keep it).
 using GradHook = std::function<Tensor(const Tensor&)>;
+// Runs after a leaf's .grad was accumulated (the leaf is passed in); data
+// parallel uses it to start reducing gradients while backward goes on.
+using PostAccumulateHook = std::function<void(const Tensor& leaf)>;
 
 // Where a gradient goes: input `input_nr` of `node` (the node's output slot).
 struct Edge {
@@ -44,6 +47,7 @@ struct AutogradMeta {
   std::uint32_t output_nr = 0;       // which output of grad_fn this tensor is
   std::weak_ptr<Node> accumulator;   // a leaf's AccumulateGrad node, while a graph uses it
   std::vector<GradHook> hooks;       // a leaf's gradient hooks
+  std::vector<PostAccumulateHook> post_accumulate_hooks;
 };
 
 // Shape, dtype and device of a tensor: what backward needs to build a zero

@@ -177,6 +177,9 @@ class Tensor {
   // Calls `hook` with the gradient flowing into this tensor during backward;
   // a defined return value replaces the gradient.
   void register_hook(std::function<Tensor(const Tensor&)> hook) const;
+  // Leaves only: calls `hook` with this tensor each time backward has
+  // accumulated a gradient into its .grad.
+  void register_post_accumulate_hook(std::function<void(const Tensor&)> hook) const;
 
   // ---- Versions and identity ----
   std::uint64_t version() const { return impl().version->value.load(); }

@@ -6,13 +6,14 @@
 
 namespace remat {
 
-DecoderBlock::DecoderBlock(const ModelConfig& c, std::int64_t layer, Generator& gen) : dropout(c.dropout) {
+DecoderBlock::DecoderBlock(const ModelConfig& c, std::int64_t layer, Generator& gen, ExpertPlacement placement)
+    : dropout(c.dropout) {
   input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
   self_attn = register_module("self_attn", std::make_shared<SelfAttention>(c, gen));
   post_attention_layernorm =
       register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
   if (c.is_moe_layer(layer))
-    moe = register_module("mlp", std::make_shared<MoELayer>(c, layer, gen));
+    moe = register_module("mlp", std::make_shared<MoELayer>(c, layer, gen, placement));
   else
     mlp = register_module("mlp", std::make_shared<MLP>(c.d_model, c.ffn, c.init_std, gen));
 }
@@ -42,17 +43,17 @@ Tensor DecoderBlock::mlp_part(const Tensor& h) const {
 
 Tensor DecoderBlock::forward(const Tensor& x) const { return mlp_part(attention_part(x)); }
 
-DecoderStack::DecoderStack(const ModelConfig& c, Generator& gen) {
+DecoderStack::DecoderStack(const ModelConfig& c, Generator& gen, ExpertPlacement placement) {
   embed_tokens = register_module("embed_tokens", std::make_shared<Embedding>(c.vocab, c.d_model, c.init_std, gen));
   for (std::int64_t i = 0; i < c.n_layers; ++i)
-    layers.push_back(register_module("layers." + std::to_string(i), std::make_shared<DecoderBlock>(c, i, gen)));
+    layers.push_back(register_module("layers." + std::to_string(i), std::make_shared<DecoderBlock>(c, i, gen, placement)));
   norm = register_module("norm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
 }
 
-DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed) : config_(c) {
+DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, ExpertPlacement placement) : config_(c) {
   c.validate();
   Generator gen(seed);
-  model = register_module("model", std::make_shared<DecoderStack>(c, gen));
+  model = register_module("model", std::make_shared<DecoderStack>(c, gen, placement));
   lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab, c.init_std, gen));
   for (auto& block : model->layers)
     if (block->moe)

@@ -17,7 +17,7 @@ namespace remat {
 
 class DecoderBlock : public Module {
  public:
-  DecoderBlock(const ModelConfig& c, std::int64_t layer, Generator& gen);
+  DecoderBlock(const ModelConfig& c, std::int64_t layer, Generator& gen, ExpertPlacement placement = {});
   // x [B, S, d] -> [B, S, d].
   Tensor forward(const Tensor& x) const;
   // The attention half and the MLP half (each includes its residual).
@@ -35,7 +35,7 @@ class DecoderBlock : public Module {
 // "model": the embedding, the blocks and the final norm.
 class DecoderStack : public Module {
  public:
-  DecoderStack(const ModelConfig& c, Generator& gen);
+  DecoderStack(const ModelConfig& c, Generator& gen, ExpertPlacement placement = {});
   std::shared_ptr<Embedding> embed_tokens;
   std::vector<std::shared_ptr<DecoderBlock>> layers;
   std::shared_ptr<RMSNorm> norm;
@@ -44,7 +44,9 @@ class DecoderStack : public Module {
 class DecoderModel : public Module {
  public:
   // Parameters initialised from a Generator seeded with `seed`, in name order.
-  DecoderModel(const ModelConfig& c, std::uint64_t seed);
+  // Under expert parallelism this rank holds only the routed experts of
+  // `placement` (with the same values one process would give them).
+  DecoderModel(const ModelConfig& c, std::uint64_t seed, ExpertPlacement placement = {});
 
   // Runs blocks [first, last) on x. The default runs them one after the other;
   // recompute plans replace it to wrap blocks in checkpoint regions.

@@ -3,30 +3,48 @@
 #include <algorithm>
 
 #include "checkpoint/recompute_context.h"
+#include "checkpoint/replay_memo.h"
 #include "moe/router.h"
 #include "ops/ops.h"
 
 namespace remat {
 
-MoELayer::MoELayer(const ModelConfig& c, std::int64_t layer, Generator& gen) : config_(c), layer_(layer) {
+MoELayer::MoELayer(const ModelConfig& c, std::int64_t layer, Generator& gen, ExpertPlacement placement)
+    : config_(c), layer_(layer) {
+  REMAT_CHECK(placement.ranks >= 1 && placement.rank >= 0 && placement.rank < placement.ranks &&
+                  c.experts % placement.ranks == 0,
+              ShapeError, "MoE layer ", layer, ": ", c.experts, " experts cannot be placed on ", placement.ranks,
+              " expert-parallel ranks (the expert count must divide by the ranks)");
+  const std::int64_t per_rank = c.experts / placement.ranks;
+  first_expert_ = placement.rank * per_rank;
   gate = register_module("gate", std::make_shared<Linear>(c.d_model, c.experts, c.init_std, gen));
   for (std::int64_t e = 0; e < c.experts; ++e) {
-    experts.push_back(register_module("experts." + std::to_string(e), std::make_shared<MLP>(c.d_model, c.moe_ffn, c.init_std, gen)));
+    if (e >= first_expert_ && e < first_expert_ + per_rank) {
+      experts.push_back(register_module("experts." + std::to_string(e), std::make_shared<MLP>(c.d_model, c.moe_ffn, c.init_std, gen)));
+    } else {
+      // Held by another rank: draw nothing, but advance the generator as
+      // gate_proj, up_proj and down_proj would.
+      for (int w = 0; w < 3; ++w) gen.reserve(std::uint64_t(c.d_model * c.moe_ffn));
+    }
   }
   if (c.shared > 0)
     shared_expert = register_module("shared_expert", std::make_shared<MLP>(c.d_model, c.moe_ffn * c.shared, c.init_std, gen));
   dispatcher = std::make_shared<LocalDispatcher>();
+  batch = std::make_shared<BatchGroup>();
 }
 
 // Grouped expert compute: expert e runs once on its contiguous rows.
 Tensor MoELayer::routed_experts(const Tensor& xp, const Routing& routing) const {
   std::vector<Tensor> parts;
-  for (std::int64_t e = 0; e < config_.experts; ++e) {
-    const std::int64_t n = routing.counts[std::size_t(e)];
+  for (std::size_t e = 0; e < experts.size(); ++e) {
+    const std::int64_t n = routing.expert_rows[e];
     if (n == 0) continue;
-    parts.push_back(experts[std::size_t(e)]->forward(xp.narrow(0, routing.offsets[std::size_t(e)], n)));
+    parts.push_back(experts[e]->forward(xp.narrow(0, routing.expert_offsets[e], n)));
   }
-  if (parts.empty()) return zeros({0, xp.size(1)}, TensorOptions(xp.dtype(), xp.device()));
+  // No rows for any expert here: return the (empty) rows themselves, so the
+  // result stays connected to the dispatch. Under expert parallelism every
+  // rank must run the backward of every all_to_all, whatever its own rows.
+  if (parts.empty()) return xp.narrow(0, 0, 0);
   return parts.size() == 1 ? parts[0] : cat(parts, 0);
 }
 
@@ -40,9 +58,31 @@ Tensor MoELayer::forward(const Tensor& x_in) const {
     ro.random_routing = config_.random_routing;
     ro.compute_z_loss = config_.z_coef > 0;
     ro.expert_bias = expert_bias;
+    REMAT_CHECK(dispatcher->first_expert(config_.experts) == first_expert_ &&
+                    dispatcher->local_experts(config_.experts) == std::int64_t(experts.size()),
+                Error, "MoE layer ", layer_, " holds experts [", first_expert_, ", ",
+                first_expert_ + std::int64_t(experts.size()), ") but its dispatcher computes [",
+                dispatcher->first_expert(config_.experts), ", ",
+                dispatcher->first_expert(config_.experts) + dispatcher->local_experts(config_.experts), ")");
+    // Every rank's slots per expert: exchanged between the ranks sharing the
+    // batch (or, in a replay with metadata reuse, the forward's exchange).
+    SlotCounts counts;
+    if (batch->ranks() > 1) {
+      ro.global_slots = [&](const std::vector<std::int64_t>& local) {
+        auto exchange = [&] { return batch->gather_counts(local); };
+        counts = reuse_routing_metadata ? replay_memo<SlotCounts>("moe routing counts", exchange) : exchange();
+        REMAT_CHECK(counts.per_rank.at(counts.rank) == local, CheckpointMismatchError, "MoE layer ", layer_,
+                    ": the replay routed this rank's tokens differently from the forward, so the forward's "
+                    "exchanged counts cannot be reused");
+        return counts.total();
+      };
+      ro.global_sum = [this](const Tensor& v) { return batch->sum(v); };
+    }
     RouterOutput r = route(t, gate->weight, ro);
+    if (batch->ranks() <= 1) counts.per_rank = {r.slots_per_expert};
     // Shared: the moe_expert region's replay (during backward) needs it too.
-    const auto routing_ptr = std::make_shared<const Routing>(make_routing(r.indices, config_.experts, config_.capacity_factor));
+    const auto routing_ptr = std::make_shared<const Routing>(
+        dispatcher->make_routing(r.indices, config_.experts, counts, config_.capacity_factor));
     const Routing& routing = *routing_ptr;
 
     Tensor xp = dispatcher->dispatch(t, routing);
@@ -64,7 +104,9 @@ Tensor MoELayer::forward(const Tensor& x_in) const {
       st.layer = layer_;
       st.tokens_per_expert = r.slots_per_expert;
       const auto mx = *std::max_element(st.tokens_per_expert.begin(), st.tokens_per_expert.end());
-      const double mean = double(B * S * config_.top_k) / double(config_.experts);
+      std::int64_t all_slots = 0;
+      for (auto c : st.tokens_per_expert) all_slots += c;
+      const double mean = double(all_slots) / double(config_.experts);
       st.imbalance = mean > 0 ? double(mx) / mean : 0.0;
       st.dropped = routing.dropped;
       st.aux = r.aux.item();

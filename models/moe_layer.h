@@ -24,20 +24,35 @@ struct MoELayerStats {
   double z = 0;           // router z-loss value (0 when off)
 };
 
+// Which experts this rank holds under expert parallelism: experts
+// [rank * E / ranks, (rank + 1) * E / ranks). One process holds them all.
+struct ExpertPlacement {
+  std::int64_t rank = 0;
+  std::int64_t ranks = 1;
+};
+
 // Where a layer reports its losses and metrics (once per original forward).
 using MoESink = std::function<void(const Tensor& aux, const Tensor& z, const MoELayerStats& stats)>;
 
 class MoELayer : public Module {
  public:
-  MoELayer(const ModelConfig& c, std::int64_t layer, Generator& gen);
+  // Initialises every expert's weights from `gen` in order (the ones this
+  // rank does not hold only advance it), so any placement starts from the
+  // same weights as one process.
+  MoELayer(const ModelConfig& c, std::int64_t layer, Generator& gen, ExpertPlacement placement = {});
   // x [B, S, d] -> [B, S, d]. Losses and metrics go to `sink` in the
   // original pass only (never in a replay).
   Tensor forward(const Tensor& x) const;
 
   std::shared_ptr<Linear> gate;
-  std::vector<std::shared_ptr<MLP>> experts;
+  std::vector<std::shared_ptr<MLP>> experts;  // the held experts, first_expert() first
   std::shared_ptr<MLP> shared_expert;  // null when shared == 0
   std::shared_ptr<TokenDispatcher> dispatcher;
+  std::shared_ptr<BatchGroup> batch;  // the ranks sharing the global batch (router statistics)
+  // Replays reuse the per-expert counts the forward exchanged instead of
+  // exchanging them again (they route the same tokens).
+  bool reuse_routing_metadata = false;
+  std::int64_t first_expert() const { return first_expert_; }
   Tensor expert_bias;  // [E], added to the router scores for selection only (undefined: none)
   RegionWrap wrap;  // "moe", "moe_expert", "shared_experts" regions
   MoESink sink;
@@ -46,6 +61,7 @@ class MoELayer : public Module {
   Tensor routed_experts(const Tensor& xp, const Routing& routing) const;
   ModelConfig config_;
   std::int64_t layer_;
+  std::int64_t first_expert_ = 0;
 };
 
 }  // namespace remat

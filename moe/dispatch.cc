@@ -29,10 +29,57 @@ void count_move(std::int64_t rows, std::int64_t bytes) {
 DispatchCounters dispatch_counters() { return tls_counters; }
 void reset_dispatch_counters() { tls_counters = DispatchCounters{}; }
 
-Routing make_routing(const Tensor& indices, std::int64_t experts, double capacity_factor) {
+std::vector<std::int64_t> SlotCounts::total() const {
+  std::vector<std::int64_t> t(per_rank.empty() ? 0 : per_rank[0].size(), 0);
+  for (const auto& r : per_rank)
+    for (std::size_t e = 0; e < t.size(); ++e) t[e] += r[e];
+  return t;
+}
+
+std::vector<std::vector<std::int64_t>> kept_per_rank(const SlotCounts& counts, double capacity_factor) {
+  auto keep = counts.per_rank;
+  if (capacity_factor <= 0 || keep.empty()) return keep;
+  const auto total = counts.total();
+  std::int64_t slots = 0;
+  for (auto c : total) slots += c;
+  const auto experts = std::int64_t(total.size());
+  const auto cap = std::int64_t(std::ceil(capacity_factor * double(slots) / double(experts)));
+  for (std::size_t e = 0; e < total.size(); ++e) {
+    std::int64_t before = 0;  // slots of earlier ranks (earlier tokens) for expert e
+    for (auto& r : keep) {
+      const std::int64_t c = r[e];
+      r[e] = std::clamp<std::int64_t>(cap - before, 0, c);
+      before += c;
+    }
+  }
+  return keep;
+}
+
+std::vector<std::int64_t> slots_per_expert(const Tensor& indices, std::int64_t experts) {
   REMAT_CHECK(indices.dim() == 2 && indices.dtype() == DType::i64, ShapeError,
               "make_routing: indices must be [tokens, top_k] i64, got ", shape_str(indices.sizes()), " ",
               indices.dtype());
+  std::vector<std::int64_t> count(std::size_t(experts), 0);
+  const auto idx = indices.contiguous().to_vector<std::int64_t>();
+  for (std::size_t s = 0; s < idx.size(); ++s) {
+    const std::int64_t e = idx[s];
+    REMAT_CHECK(e >= 0 && e < experts, ShapeError, "make_routing: expert index ", e, " at slot ", s,
+                " is out of range for ", experts, " experts");
+    ++count[std::size_t(e)];
+  }
+  return count;
+}
+
+Routing make_routing(const Tensor& indices, std::int64_t experts, double capacity_factor) {
+  SlotCounts one;
+  one.per_rank.push_back(slots_per_expert(indices, experts));
+  return make_routing(indices, experts, kept_per_rank(one, capacity_factor)[0]);
+}
+
+Routing make_routing(const Tensor& indices, std::int64_t experts, const std::vector<std::int64_t>& keep) {
+  const std::vector<std::int64_t> count = slots_per_expert(indices, experts);
+  REMAT_CHECK(std::int64_t(keep.size()) == experts, ShapeError, "make_routing: ", keep.size(),
+              " per-expert limits for ", experts, " experts");
   Routing r;
   r.tokens = indices.size(0);
   r.top_k = indices.size(1);
@@ -40,26 +87,16 @@ Routing make_routing(const Tensor& indices, std::int64_t experts, double capacit
   r.indices = indices;
   const auto idx = indices.contiguous().to_vector<std::int64_t>();
   const std::int64_t slots = r.tokens * r.top_k;
-  const std::int64_t cap = capacity_factor > 0
-                               ? std::int64_t(std::ceil(capacity_factor * double(slots) / double(experts)))
-                               : slots;
-  // Stable counting sort of slots by expert.
-  std::vector<std::int64_t> count(std::size_t(experts), 0);
-  for (std::int64_t s = 0; s < slots; ++s) {
-    const std::int64_t e = idx[std::size_t(s)];
-    REMAT_CHECK(e >= 0 && e < experts, ShapeError, "make_routing: expert index ", e, " at slot ", s,
-                " is out of range for ", experts, " experts");
-    ++count[std::size_t(e)];
-  }
   r.counts.resize(std::size_t(experts));
   r.offsets.resize(std::size_t(experts));
   std::int64_t rows = 0;
   for (std::int64_t e = 0; e < experts; ++e) {
-    r.counts[std::size_t(e)] = std::min(count[std::size_t(e)], cap);
+    r.counts[std::size_t(e)] = std::min(count[std::size_t(e)], keep[std::size_t(e)]);
     r.offsets[std::size_t(e)] = rows;
     rows += r.counts[std::size_t(e)];
     r.dropped += count[std::size_t(e)] - r.counts[std::size_t(e)];
   }
+  // Stable counting sort of the kept slots by expert.
   std::vector<std::int64_t> token(static_cast<std::size_t>(rows)), slot(static_cast<std::size_t>(rows));
   std::vector<std::int64_t> fill(std::size_t(experts), 0);
   for (std::int64_t s = 0; s < slots; ++s) {
@@ -71,6 +108,24 @@ Routing make_routing(const Tensor& indices, std::int64_t experts, double capacit
   }
   r.token_of_row = from_vector<std::int64_t>(token, {rows});
   r.slot_of_row = from_vector<std::int64_t>(slot, {rows});
+  r.expert_rows = r.counts;
+  r.expert_offsets = r.offsets;
+  return r;
+}
+
+SlotCounts BatchGroup::gather_counts(const std::vector<std::int64_t>& local) {
+  SlotCounts c;
+  c.per_rank.push_back(local);
+  return c;
+}
+
+Routing TokenDispatcher::make_routing(const Tensor& indices, std::int64_t experts, const SlotCounts& counts,
+                                      double capacity_factor) {
+  const auto keep = kept_per_rank(counts, capacity_factor);
+  Routing r = remat::make_routing(indices, experts, keep.at(counts.rank));
+  r.dropped = 0;
+  for (std::size_t k = 0; k < keep.size(); ++k)
+    for (std::size_t e = 0; e < keep[k].size(); ++e) r.dropped += counts.per_rank[k][e] - keep[k][e];
   return r;
 }
 
@@ -114,12 +169,20 @@ Tensor payload_buffer(const Shape& sizes, DType dtype, Device device, bool needs
 }  // namespace
 
 Tensor LocalDispatcher::dispatch(const Tensor& x, const Routing& routing) {
+  return moe_dispatch_rows(x, routing, /*lease=*/true);
+}
+
+Tensor LocalDispatcher::combine(const Tensor& y, const Tensor& row_weights, const Routing& routing) {
+  return moe_combine_rows(y, row_weights, routing);
+}
+
+Tensor moe_dispatch_rows(const Tensor& x, const Routing& routing, bool lease) {
   tls_counters.dispatch_calls++;
   const std::int64_t rows = routing.rows(), d = x.size(1);
   Tensor out = dispatch1("moe_dispatch", {x}, [&] {
     Tensor xf = ops_detail::f32_contiguous(x.detach());
     Tensor idx = routing.token_of_row.contiguous();
-    Tensor o = payload_buffer({rows, d}, DType::f32, x.device(), grad_enabled() && x.requires_grad());
+    Tensor o = payload_buffer({rows, d}, DType::f32, x.device(), lease && grad_enabled() && x.requires_grad());
     gather_rows(xf.data<float>(), idx.data<std::int64_t>(), o.data<float>(), rows, d);
     if (x.dtype() != DType::f32) o = o.to(x.dtype());
     if (auto node = autograd::make_node("moe_dispatch", {&x})) {
@@ -140,7 +203,7 @@ Tensor LocalDispatcher::dispatch(const Tensor& x, const Routing& routing) {
   return out;
 }
 
-Tensor LocalDispatcher::combine(const Tensor& y, const Tensor& row_weights, const Routing& routing) {
+Tensor moe_combine_rows(const Tensor& y, const Tensor& row_weights, const Routing& routing) {
   tls_counters.combine_calls++;
   const std::int64_t rows = routing.rows(), d = y.size(1), tokens = routing.tokens;
   REMAT_CHECK(y.dim() == 2 && y.size(0) == rows && row_weights.dim() == 1 && row_weights.size(0) == rows, ShapeError,

@@ -59,17 +59,24 @@ RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOpt
   Tensor picked = gather(out.probs, 1, out.indices);
   out.weights = div(picked, sum(picked, {1}, true));
 
-  // Load balance: f_e (a count, no gradient) and P_e (mean probability).
+  // Load balance: f_e (a count, no gradient) and P_e (mean probability),
+  // over the global batch when ranks share it.
+  const bool global = opts.global_slots && opts.global_sum;
   out.slots_per_expert.assign(std::size_t(E), 0);
   for (std::int64_t e : out.indices.to_vector<std::int64_t>()) out.slots_per_expert[std::size_t(e)]++;
+  if (global) out.slots_per_expert = opts.global_slots(out.slots_per_expert);
+  std::int64_t all_slots = 0;
+  for (auto c : out.slots_per_expert) all_slots += c;
+  const double all_tokens = double(all_slots) / double(K);
   std::vector<float> f(static_cast<std::size_t>(E));
-  for (std::int64_t e = 0; e < E; ++e) f[std::size_t(e)] = float(double(out.slots_per_expert[std::size_t(e)]) / double(T * K));
-  Tensor p_mean = mean(out.probs, {0});
+  for (std::int64_t e = 0; e < E; ++e) f[std::size_t(e)] = float(double(out.slots_per_expert[std::size_t(e)]) / double(all_slots));
+  Tensor p_mean = global ? div(opts.global_sum(sum(out.probs, {0})), all_tokens) : mean(out.probs, {0});
   out.aux = mul(sum(mul(p_mean, from_vector<float>(f, {E}))), double(E));
   if (opts.compute_z_loss) {
     // logsumexp(logits) = logits[:, 0] - log_softmax(logits)[:, 0].
     Tensor lse = sub(logits.select(1, 0), log_softmax(logits, -1).select(1, 0));
-    out.z = mean(mul(lse, lse));
+    Tensor sq = mul(lse, lse);
+    out.z = global ? div(opts.global_sum(sum(sq)), all_tokens) : mean(sq);
   }
   return out;
 }

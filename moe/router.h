@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "engine/tensor.h"
@@ -19,6 +20,13 @@ struct RouterOptions {
   bool random_routing = false;
   Tensor expert_bias;  // [E] added to the scores for selection only (optional)
   bool compute_z_loss = false;
+  // Data / expert parallel: the ranks that share the global batch.
+  // `global_slots` maps this rank's slots per expert to the sums over them;
+  // `global_sum` sums a f32 tensor over them (differentiably). With both set,
+  // f_e, P_e, the z-loss and slots_per_expert describe the global batch.
+  // Unset: this process's tokens only.
+  std::function<std::vector<std::int64_t>(const std::vector<std::int64_t>&)> global_slots;
+  std::function<Tensor(const Tensor&)> global_sum;
 };
 
 struct RouterOutput {
@@ -27,7 +35,7 @@ struct RouterOutput {
   Tensor probs;    // [T, E] f32
   Tensor aux;      // 0-dim: E * sum_e f_e * P_e
   Tensor z;        // 0-dim: mean over tokens of logsumexp(logits)^2 (undefined unless asked)
-  std::vector<std::int64_t> slots_per_expert;  // f_e * T * K
+  std::vector<std::int64_t> slots_per_expert;  // f_e * T * K (over the global batch when parallel)
 };
 
 // Routes tokens x [T, d] with router weight [E, d].

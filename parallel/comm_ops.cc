@@ -26,6 +26,22 @@ Tensor all_to_all(const std::shared_ptr<ProcessGroup>& group, const Tensor& x,
   });
 }
 
+Tensor all_reduce_sum(const std::shared_ptr<ProcessGroup>& group, const Tensor& x) {
+  return dispatch1("all_reduce", {x}, [&] {
+    Tensor out = x.detach().contiguous().clone();
+    group->all_reduce(out, ReduceOp::sum);
+    if (auto node = autograd::make_node("all_reduce", {&x})) {
+      node->backward_fn = [group](Node&, std::vector<Tensor>& g) {
+        Tensor s = g[0].contiguous().clone();
+        group->all_reduce(s, ReduceOp::sum);
+        return std::vector<Tensor>{s};
+      };
+      autograd::set_history(out, node);
+    }
+    return out;
+  });
+}
+
 Tensor all_gather(const std::shared_ptr<ProcessGroup>& group, const Tensor& x) {
   return dispatch1("all_gather", {x}, [&] {
     Tensor out;

@@ -1,4 +1,5 @@
-// Collectives as autograd ops: all_to_all (backward: the reverse
+// Collectives as autograd ops: all_reduce_sum (backward: all_reduce_sum),
+// all_to_all (backward: the reverse
 // all_to_all), all_gather (backward: reduce_scatter of the gradient) and
 // reduce_scatter (backward: all_gather of the gradient). The group must be
 // the same on every rank and outlive the graph (the nodes keep it).
@@ -16,6 +17,9 @@ namespace remat {
 Tensor all_to_all(const std::shared_ptr<ProcessGroup>& group, const Tensor& x,
                   const std::vector<std::int64_t>& send_rows, std::vector<std::int64_t>& recv_rows,
                   const std::vector<std::int64_t>* known_recv_rows = nullptr);
+// The sum of `x` over ranks, on every rank (backward: the sum over ranks of
+// the gradients, since every rank's output depends on every rank's input).
+Tensor all_reduce_sum(const std::shared_ptr<ProcessGroup>& group, const Tensor& x);
 // Every rank's `x` concatenated along dim 0.
 Tensor all_gather(const std::shared_ptr<ProcessGroup>& group, const Tensor& x);
 // The sum over ranks, this rank's slice of dim 0.

@@ -3,9 +3,12 @@
 // collective; MPI is finalised at exit.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
+#include "engine/parallel_for.h"
 #include "parallel/process_group.h"
 
 namespace remat {
@@ -33,6 +36,45 @@ MPI_Datatype mpi_type(const Tensor& t, const char* op) {
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
 
+void divide_by(Tensor& t, int n) {
+  if (t.dtype() != DType::f32 || n == 1) return;
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] /= float(n);
+}
+
+// A started MPI_Iallreduce; averages (divides) once it is done.
+class MpiWork final : public CommWork {
+ public:
+  MpiWork(Tensor t, int divide, int rank, int size) : t_(std::move(t)), divide_(divide), rank_(rank), size_(size) {}
+  ~MpiWork() override {
+    if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
+  }
+  void wait() override {
+    if (done_) return;
+    CollectiveInFlight busy(CollectiveKind::all_reduce, std::int64_t(t_.nbytes()), rank_, size_);
+    check(MPI_Wait(&request, MPI_STATUS_IGNORE), "all_reduce (async wait)");
+    finish();
+  }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), "all_reduce (async test)");
+    if (flag) finish();
+    return done_;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+
+ private:
+  void finish() {
+    divide_by(t_, divide_);
+    t_.bump_version();
+    done_ = true;
+  }
+  Tensor t_;
+  int divide_, rank_, size_;
+  bool done_ = false;
+};
+
 class MpiGroup final : public ProcessGroup {
  public:
   explicit MpiGroup(MPI_Comm comm) : comm_(comm) {
@@ -44,7 +86,8 @@ class MpiGroup final : public ProcessGroup {
   int size() const override { return size_; }
 
   void all_reduce(Tensor& t, ReduceOp op) override {
-    count(std::int64_t(t.nbytes()));
+    count(CollectiveKind::all_reduce, std::int64_t(t.nbytes()));
+    CollectiveInFlight busy(CollectiveKind::all_reduce, std::int64_t(t.nbytes()), rank_, size_);
     check(MPI_Allreduce(MPI_IN_PLACE, t.raw_data(), int(t.numel()), mpi_type(t, "all_reduce"), mpi_op(op), comm_),
           "all_reduce");
     if (op == ReduceOp::avg) divide(t);
@@ -57,7 +100,8 @@ class MpiGroup final : public ProcessGroup {
     REMAT_CHECK(!s.empty(), ShapeError, "all_gather: needs at least one dim");
     s[0] *= size_;
     Tensor out = empty(s, t.dtype());
-    count(std::int64_t(t.nbytes()));
+    count(CollectiveKind::all_gather, std::int64_t(t.nbytes()));
+    CollectiveInFlight busy(CollectiveKind::all_gather, std::int64_t(t.nbytes()), rank_, size_);
     check(MPI_Allgather(t.raw_data(), int(t.numel()), mpi_type(t, "all_gather"), out.raw_data(), int(t.numel()),
                         mpi_type(t, "all_gather"), comm_),
           "all_gather");
@@ -71,7 +115,8 @@ class MpiGroup final : public ProcessGroup {
     Shape s = t.sizes();
     s[0] /= size_;
     Tensor out = empty(s, t.dtype());
-    count(std::int64_t(t.nbytes()));
+    count(CollectiveKind::reduce_scatter, std::int64_t(t.nbytes()));
+    CollectiveInFlight busy(CollectiveKind::reduce_scatter, std::int64_t(t.nbytes()), rank_, size_);
     check(MPI_Reduce_scatter_block(t.raw_data(), out.raw_data(), int(out.numel()), mpi_type(t, "reduce_scatter"),
                                    mpi_op(op), comm_),
           "reduce_scatter");
@@ -92,11 +137,13 @@ class MpiGroup final : public ProcessGroup {
       recv_rows = *known_recv_rows;
     } else {
       recv_rows.assign(std::size_t(size_), 0);
-      count(std::int64_t(size_) * 8);
+      count(CollectiveKind::all_to_all, std::int64_t(size_) * 8);
+      CollectiveInFlight busy(CollectiveKind::all_to_all, std::int64_t(size_) * 8, rank_, size_);
       check(MPI_Alltoall(send_rows.data(), 1, MPI_INT64_T, recv_rows.data(), 1, MPI_INT64_T, comm_),
             "all_to_all (counts)");
     }
-    const std::int64_t row = t.dim() ? t.numel() / std::max<std::int64_t>(t.size(0), 1) : 1;
+    std::int64_t row = 1;  // elements per row (from the shape: the tensor may have no rows here)
+    for (std::int64_t d = 1; d < t.dim(); ++d) row *= t.size(d);
     std::int64_t recv_total = 0;
     for (auto r : recv_rows) recv_total += r;
     Shape s = t.sizes();
@@ -113,7 +160,8 @@ class MpiGroup final : public ProcessGroup {
       rd[std::size_t(r)] = ro;
       ro += rc[std::size_t(r)];
     }
-    count(std::int64_t(t.nbytes()));
+    count(CollectiveKind::all_to_all, std::int64_t(t.nbytes()));
+    CollectiveInFlight busy(CollectiveKind::all_to_all, std::int64_t(t.nbytes()), rank_, size_);
     const MPI_Datatype ty = mpi_type(t, "all_to_all");
     check(MPI_Alltoallv(t.raw_data(), sc.data(), sd.data(), ty, out.raw_data(), rc.data(), rd.data(), ty, comm_),
           "all_to_all");
@@ -121,12 +169,25 @@ class MpiGroup final : public ProcessGroup {
   }
 
   void broadcast(Tensor& t, int root) override {
-    count(std::int64_t(t.nbytes()));
+    count(CollectiveKind::broadcast, std::int64_t(t.nbytes()));
+    CollectiveInFlight busy(CollectiveKind::broadcast, std::int64_t(t.nbytes()), rank_, size_);
     check(MPI_Bcast(t.raw_data(), int(t.numel()), mpi_type(t, "broadcast"), root, comm_), "broadcast");
     t.bump_version();
   }
 
-  void barrier() override { check(MPI_Barrier(comm_), "barrier"); }
+  void barrier() override {
+    CollectiveInFlight busy(CollectiveKind::all_reduce, 0, rank_, size_);
+    check(MPI_Barrier(comm_), "barrier");
+  }
+
+  std::shared_ptr<CommWork> all_reduce_async(Tensor& t, ReduceOp op) override {
+    count(CollectiveKind::all_reduce, std::int64_t(t.nbytes()));
+    auto w = std::make_shared<MpiWork>(t, op == ReduceOp::avg ? size_ : 1, rank_, size_);
+    check(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), int(t.numel()), mpi_type(t, "all_reduce"), mpi_op(op), comm_,
+                         &w->request),
+          "all_reduce (async)");
+    return w;
+  }
 
   std::shared_ptr<ProcessGroup> split(int color, int key) override {
     MPI_Comm sub;
@@ -135,11 +196,7 @@ class MpiGroup final : public ProcessGroup {
   }
 
  private:
-  void divide(Tensor& t) const {
-    if (t.dtype() != DType::f32) return;
-    float* p = t.data<float>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] /= float(size_);
-  }
+  void divide(Tensor& t) const { divide_by(t, size_); }
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
@@ -158,6 +215,14 @@ void finalize_mpi() {
 
 }  // namespace
 
+void abort_job(int code) {
+  if (!launched_by_mpi()) return;
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 std::shared_ptr<ProcessGroup> world_group() {
   static std::mutex mu;
   static std::shared_ptr<ProcessGroup> world;  // guarded by mu
@@ -173,6 +238,11 @@ std::shared_ptr<ProcessGroup> world_group() {
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
     std::atexit(finalize_mpi);
+    // Ranks on one machine share its cores: unless told otherwise, each
+    // takes its share, so OpenMP teams do not fight over them.
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!std::getenv("OMP_NUM_THREADS") && local && std::atoi(local) > 1)
+      set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::atoi(local)));
   }
   world = std::make_shared<MpiGroup>(MPI_COMM_WORLD);
   return world;

@@ -1,9 +1,63 @@
 #include "parallel/process_group.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+
 #include "checkpoint/recompute_context.h"
 #include "engine/autograd.h"
 
 namespace remat {
+
+const char* collective_name(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::all_reduce: return "all_reduce";
+    case CollectiveKind::all_gather: return "all_gather";
+    case CollectiveKind::reduce_scatter: return "reduce_scatter";
+    case CollectiveKind::all_to_all: return "all_to_all";
+    case CollectiveKind::broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+const char* phase_name(CommPhase p) {
+  switch (p) {
+    case CommPhase::forward: return "forward";
+    case CommPhase::backward: return "backward";
+    case CommPhase::replay: return "replay";
+  }
+  return "?";
+}
+
+std::int64_t CommCounters::calls_in(CommPhase p) const {
+  std::int64_t n = 0;
+  for (const auto& k : calls) n += k[std::size_t(p)];
+  return n;
+}
+
+std::int64_t CommCounters::bytes_in(CommPhase p) const {
+  std::int64_t n = 0;
+  for (const auto& k : bytes) n += k[std::size_t(p)];
+  return n;
+}
+
+CommCounters CommCounters::operator-(const CommCounters& o) const {
+  CommCounters d;
+  for (std::size_t k = 0; k < kCollectiveKinds; ++k)
+    for (std::size_t p = 0; p < 3; ++p) {
+      d.calls[k][p] = calls[k][p] - o.calls[k][p];
+      d.bytes[k][p] = bytes[k][p] - o.bytes[k][p];
+    }
+  return d;
+}
 
 CommPhase current_comm_phase() {
   if (in_recompute()) return CommPhase::replay;
@@ -11,41 +65,161 @@ CommPhase current_comm_phase() {
   return CommPhase::forward;
 }
 
-void ProcessGroup::count(std::int64_t bytes) {
+// ---------------------------------------------------------------------------
+// Failure handling: what this process is blocked in, a watchdog that ends a
+// collective running past the timeout, a SIGTERM handler that names it, and
+// fault injection for the tests.
+
+namespace {
+
+// The collective in flight, readable from a signal handler: the text is
+// written before `g_since_ns` is set and cleared after it is reset.
+char g_what[256];
+std::atomic<std::int64_t> g_since_ns{0};
+std::atomic<std::int64_t> g_started{0};  // collectives this process started
+std::atomic<double> g_timeout_s{-1};     // < 0: not read from the environment yet
+std::once_flag g_watchdog_once;
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void write_err(const char* a, const char* b = "", const char* c = "") {
+  for (const char* s : {a, b, c}) {
+    std::size_t n = std::strlen(s);
+    while (n > 0) {
+      const ssize_t w = ::write(STDERR_FILENO, s, n);
+      if (w <= 0) return;
+      s += w;
+      n -= std::size_t(w);
+    }
+  }
+}
+
+void on_terminate(int) {
+  if (g_since_ns.load() != 0)
+    write_err("remat: terminated while in ", g_what, "; a peer rank failed, so this rank exits too\n");
+  else
+    write_err("remat: terminated by the launcher (a peer rank failed or the job was cancelled)\n");
+  ::_exit(1);
+}
+
+void watchdog() {
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::int64_t since = g_since_ns.load();
+    const double limit = comm_timeout();
+    if (since == 0 || limit <= 0) continue;
+    if (double(now_ns() - since) * 1e-9 < limit) continue;
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%g", limit);
+    write_err("remat: ", g_what, " did not finish within ");
+    write_err(secs, " s (the comm timeout); a peer rank has failed or is stuck, so this rank exits\n");
+    ::_exit(1);
+  }
+}
+
+void start_failure_handling() {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_terminate;
+  sigaction(SIGTERM, &sa, nullptr);
+  std::thread(watchdog).detach();
+}
+
+// REMAT_FAULT=kill:RANK:N or hang:RANK:N: world rank RANK dies (SIGKILL) or
+// stops (sleeps forever) when it starts its N-th collective. For the tests.
+void maybe_inject_fault(std::int64_t n) {
+  static const char* spec = std::getenv("REMAT_FAULT");
+  if (!spec) return;
+  char what[8] = {0};
+  int rank = -1;
+  long long at = -1;
+  if (std::sscanf(spec, "%7[a-z]:%d:%lld", what, &rank, &at) != 3) return;
+  const char* wr = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (!wr || std::atoi(wr) != rank || n != at) return;
+  if (std::strcmp(what, "kill") == 0) {
+    write_err("remat: REMAT_FAULT: killing this rank in the middle of a step\n");
+    ::kill(::getpid(), SIGKILL);
+  }
+  if (std::strcmp(what, "hang") == 0) {
+    write_err("remat: REMAT_FAULT: this rank stops responding\n");
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
+
+}  // namespace
+
+void set_comm_timeout(double seconds) { g_timeout_s.store(seconds); }
+
+double comm_timeout() {
+  double t = g_timeout_s.load();
+  if (t < 0) {
+    const char* e = std::getenv("REMAT_COMM_TIMEOUT");
+    t = e ? std::atof(e) : 300.0;
+    g_timeout_s.store(t);
+  }
+  return t;
+}
+
+CollectiveInFlight::CollectiveInFlight(CollectiveKind kind, std::int64_t bytes, int rank, int size) {
+  if (size <= 1) return;
+  std::call_once(g_watchdog_once, start_failure_handling);
+  std::snprintf(g_what, sizeof g_what, "collective %s (phase %s, %lld bytes, rank %d of %d)", collective_name(kind),
+                phase_name(current_comm_phase()), static_cast<long long>(bytes), rank, size);
+  g_since_ns.store(now_ns());
+}
+
+CollectiveInFlight::~CollectiveInFlight() { g_since_ns.store(0); }
+
+void ProcessGroup::count(CollectiveKind kind, std::int64_t bytes) {
   const auto p = std::size_t(current_comm_phase());
-  counters_.calls[p]++;
-  counters_.bytes[p] += bytes;
+  counters_.calls[std::size_t(kind)][p]++;
+  counters_.bytes[std::size_t(kind)][p] += bytes;
+  if (size() > 1) maybe_inject_fault(++g_started);
 }
 
 namespace {
+
+class DoneWork final : public CommWork {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
 
 class SingleProcessGroup final : public ProcessGroup {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  void all_reduce(Tensor& t, ReduceOp) override { count(std::int64_t(t.nbytes())); }
+  void all_reduce(Tensor& t, ReduceOp) override { count(CollectiveKind::all_reduce, std::int64_t(t.nbytes())); }
   Tensor all_gather(const Tensor& t) override {
-    count(std::int64_t(t.nbytes()));
+    count(CollectiveKind::all_gather, std::int64_t(t.nbytes()));
     return t.clone();
   }
   Tensor reduce_scatter(const Tensor& t, ReduceOp) override {
-    count(std::int64_t(t.nbytes()));
+    count(CollectiveKind::reduce_scatter, std::int64_t(t.nbytes()));
     return t.clone();
   }
   Tensor all_to_all(const Tensor& t, const std::vector<std::int64_t>& send_rows, std::vector<std::int64_t>& recv_rows,
                     const std::vector<std::int64_t>*) override {
     REMAT_CHECK(send_rows.size() == 1 && send_rows[0] == t.size(0), ShapeError, "all_to_all: one rank sends all ",
                 t.size(0), " rows to itself");
-    count(std::int64_t(t.nbytes()));
+    count(CollectiveKind::all_to_all, std::int64_t(t.nbytes()));
     recv_rows = send_rows;
     return t.clone();
   }
-  void broadcast(Tensor& t, int) override { count(std::int64_t(t.nbytes())); }
+  void broadcast(Tensor& t, int) override { count(CollectiveKind::broadcast, std::int64_t(t.nbytes())); }
   void barrier() override {}
   std::shared_ptr<ProcessGroup> split(int, int) override { return std::make_shared<SingleProcessGroup>(); }
 };
 
 }  // namespace
+
+std::shared_ptr<CommWork> ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op) {
+  all_reduce(t, op);
+  return std::make_shared<DoneWork>();
+}
 
 std::shared_ptr<ProcessGroup> single_process_group() { return std::make_shared<SingleProcessGroup>(); }
 

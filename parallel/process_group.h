@@ -1,13 +1,20 @@
 // Process groups: collectives over the ranks of a job. One interface, with an
-// MPI back end for CPU tensors (OpenMPI, launched with mpirun) and a trivial
-// one-process group when there is no launcher. Every collective is counted
-// (calls, bytes), split by phase: original forward, backward, and replay
-// inside recompute. DESIGN.md §6.
+// MPI back end for CPU tensors (OpenMPI, launched with mpirun), an NCCL back
+// end for CUDA tensors (parallel/nccl_group.h) and a trivial one-process
+// group when there is no launcher. Every collective is counted (calls, bytes
+// sent) by kind and by phase: original forward, backward, and replay inside
+// recompute. DESIGN.md §6.
+//
+// Failures: a collective that does not finish within the comm timeout, or a
+// rank that is terminated while inside one (the launcher does this when a
+// peer dies), ends the process with a message naming the collective, its
+// phase and its bytes, instead of hanging.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/tensor.h"
@@ -16,17 +23,35 @@ namespace remat {
 
 enum class ReduceOp { sum, avg, max };
 enum class CommPhase : std::uint8_t { forward, backward, replay };
+enum class CollectiveKind : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast };
+constexpr std::size_t kCollectiveKinds = 5;
+const char* collective_name(CollectiveKind k);
+const char* phase_name(CommPhase p);
 
-// Calls and bytes sent per phase.
+// Calls and bytes sent, per kind and phase.
 struct CommCounters {
-  std::array<std::int64_t, 3> calls{};
-  std::array<std::int64_t, 3> bytes{};
-  std::int64_t calls_in(CommPhase p) const { return calls[std::size_t(p)]; }
-  std::int64_t bytes_in(CommPhase p) const { return bytes[std::size_t(p)]; }
+  std::array<std::array<std::int64_t, 3>, kCollectiveKinds> calls{};
+  std::array<std::array<std::int64_t, 3>, kCollectiveKinds> bytes{};
+  std::int64_t calls_of(CollectiveKind k, CommPhase p) const { return calls[std::size_t(k)][std::size_t(p)]; }
+  std::int64_t bytes_of(CollectiveKind k, CommPhase p) const { return bytes[std::size_t(k)][std::size_t(p)]; }
+  // Over every kind.
+  std::int64_t calls_in(CommPhase p) const;
+  std::int64_t bytes_in(CommPhase p) const;
+  CommCounters operator-(const CommCounters& o) const;
 };
 
 // The phase this thread is in now: a recompute replay, a backward, or the forward.
 CommPhase current_comm_phase();
+
+// A collective started without waiting (all_reduce_async).
+class CommWork {
+ public:
+  virtual ~CommWork() = default;
+  // Blocks until the collective is done; throws Error naming it on failure.
+  virtual void wait() = 0;
+  // Lets the collective progress; true once it is done.
+  virtual bool test() = 0;
+};
 
 class ProcessGroup {
  public:
@@ -34,9 +59,12 @@ class ProcessGroup {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // In place: every rank's `t` becomes the reduction over ranks. CPU
-  // contiguous f32 or i64 tensors of the same shape on every rank.
+  // In place: every rank's `t` becomes the reduction over ranks. Contiguous
+  // f32 or i64 tensors of the same shape on every rank.
   virtual void all_reduce(Tensor& t, ReduceOp op) = 0;
+  // Starts all_reduce(t, op); `t` must stay untouched until wait() returns.
+  // The default runs it at once.
+  virtual std::shared_ptr<CommWork> all_reduce_async(Tensor& t, ReduceOp op);
   // The ranks' tensors concatenated along dim 0 (same shape on every rank).
   virtual Tensor all_gather(const Tensor& t) = 0;
   // Reduces over ranks and returns this rank's slice of dim 0 (dim 0 must
@@ -58,16 +86,37 @@ class ProcessGroup {
   void reset_counters() { counters_ = CommCounters{}; }
 
  protected:
-  void count(std::int64_t bytes);
+  // Counts a collective this rank starts (and applies any injected fault).
+  void count(CollectiveKind kind, std::int64_t bytes);
 
  private:
   CommCounters counters_;
 };
 
+// RAII, used by the back ends: marks this process as inside a collective,
+// so a timeout or a termination can name it.
+class CollectiveInFlight {
+ public:
+  CollectiveInFlight(CollectiveKind kind, std::int64_t bytes, int rank, int size);
+  ~CollectiveInFlight();
+  CollectiveInFlight(const CollectiveInFlight&) = delete;
+  CollectiveInFlight& operator=(const CollectiveInFlight&) = delete;
+};
+
+// Seconds a collective may take before the process gives up on its peers
+// and exits non-zero (default 300; REMAT_COMM_TIMEOUT overrides; 0: never).
+void set_comm_timeout(double seconds);
+double comm_timeout();
+
 // The world group: MPI's when the process was started by an MPI launcher
 // (MPI is initialised on first use and finalised at exit), else a group of
 // one process.
 std::shared_ptr<ProcessGroup> world_group();
+
+// Ends every rank of the job with exit code `code` (MPI_Abort) when this
+// process runs under an MPI launcher, so that no peer waits forever on a
+// rank that failed; otherwise returns.
+void abort_job(int code);
 
 // A group of one process (collectives are identities).
 std::shared_ptr<ProcessGroup> single_process_group();

@@ -49,7 +49,7 @@ print(f"  {len(seen)} headers")
 PY
 
 # Libraries from the Bazel archives (position-independent objects).
-libs=(engine cuda ops checkpoint moe models train)
+libs=(engine cuda ops checkpoint moe models parallel train)
 archives=()
 for l in "${libs[@]}"; do archives+=("bazel-bin/$l/lib$l.a"); done
 mkdir -p "$prefix/lib"
@@ -61,10 +61,11 @@ rm -f "$prefix/lib/libremat.a"
   echo "END"
 } | ar -M
 
-# What the libraries need at link time: OpenMP, OpenBLAS, and the CUDA
-# runtime when the build has it.
+# What the libraries need at link time: OpenMP, OpenBLAS, OpenMPI (process
+# groups), and the CUDA runtime when the build has it.
 blas=/usr/lib/x86_64-linux-gnu/openblas-openmp
-deps="-fopenmp -L$blas -Wl,-rpath,$blas -lopenblas"
+mpi=/usr/lib/x86_64-linux-gnu/openmpi/lib
+deps="-fopenmp -L$blas -Wl,-rpath,$blas -lopenblas -L$mpi -Wl,-rpath,$mpi -lmpi"
 if ar t bazel-bin/cuda/libcuda.a | grep -q allocator_backend; then
   cuda=$(readlink -f /usr/local/cuda)/lib64
   deps="$deps -L$cuda -Wl,-rpath,$cuda -lcudart"

@@ -12,6 +12,7 @@
 #include "engine/error.h"
 #include "engine/parallel_for.h"
 #include "engine/tensor.h"
+#include "parallel/process_group.h"
 #include "tools/bench_ops.h"
 #include "tools/commands.h"
 
@@ -76,6 +77,8 @@ int main(int argc, char** argv) {
     return it->second.run(Args(argv + 2, argv + argc));
   } catch (const remat::Error& e) {
     std::fprintf(stderr, "remat %s: %s\n", name.c_str(), e.what());
+    std::fflush(stderr);
+    remat::abort_job(1);  // under mpirun: take the other ranks down too
     return 1;
   }
 }

@@ -41,6 +41,11 @@ int run_train(const std::vector<std::string>& args) {
            {"resume", "resume from the state in DIR"},
            {"log", "write one JSON object per step to FILE.jsonl"},
            {"eval-every", "validation every N steps (default 100)"},
+           {"dp", "data parallel over N ranks (run under `mpirun -np N`; default: the job's size)"},
+           {"ep", "expert parallel: split the routed experts over N ranks (N divides the job's size)"},
+           {"bucket-mb", "data-parallel gradient bucket size in MiB (default 25)"},
+           {"reuse-routing", "1: recompute replays reuse the forward's exchanged expert counts; 0: exchange again (default 1)"},
+           {"comm-timeout", "seconds a collective may take before this rank gives up on its peers (default 300)"},
            {"threads", "CPU threads (default: all cores)"}});
   if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
   TrainOptions o;
@@ -57,20 +62,36 @@ int run_train(const std::vector<std::string>& args) {
   o.save_every = f.get_int("save-every", 0);
   o.resume_dir = f.get("resume", "");
   o.eval_every = f.get_int("eval-every", 100);
+  o.dp = f.get_int("dp", 0);
+  o.ep = f.get_int("ep", 1);
+  o.bucket_bytes = std::int64_t(f.get_double("bucket-mb", 25) * double(1 << 20));
+  o.reuse_routing_metadata = f.get_int("reuse-routing", 1) != 0;
+  if (f.has("comm-timeout")) set_comm_timeout(f.get_double("comm-timeout", 300));
   REMAT_CHECK(o.steps > 0, Error, "--steps must be > 0");
+  REMAT_CHECK(o.ep >= 1 && o.dp >= 0, Error, "--ep must be >= 1 and --dp >= 1");
 
+  Trainer trainer(o);
+  // Only rank 0 prints and logs (every rank computes the same global figures).
+  const bool lead = trainer.rank() == 0;
   std::unique_ptr<std::ofstream> log;
-  if (f.has("log")) {
+  if (f.has("log") && lead) {
     log = std::make_unique<std::ofstream>(f.get("log", ""));
     REMAT_CHECK(log->good(), IOError, "--log: cannot write ", f.get("log", ""));
   }
 
-  Trainer trainer(o);
   const auto& c = o.config;
   const bool tty = ::isatty(STDOUT_FILENO);
+  if (!lead) {
+    trainer.run(nullptr);
+    return 0;
+  }
   std::printf("remat train: config %s (%lld parameters, %lld layers, d %lld), %d threads\n", c.name.c_str(),
               static_cast<long long>(trainer.model().num_parameters()), static_cast<long long>(c.n_layers),
               static_cast<long long>(c.d_model), num_threads());
+  if (trainer.world_size() > 1)
+    std::printf("  %d ranks: data parallel %d (batch %lld per rank), expert parallel %lld\n", trainer.world_size(),
+                trainer.world_size(), static_cast<long long>(c.batch / trainer.world_size()),
+                static_cast<long long>(o.ep));
   std::printf("  data: %s", trainer.corpus().name.c_str());
   if (trainer.corpus().entropy_floor >= 0)
     std::printf(", entropy floor %.3f nats/byte", trainer.corpus().entropy_floor);
@@ -94,6 +115,23 @@ int run_train(const std::vector<std::string>& args) {
       j.set("persistent_bytes", s.persistent_bytes).set("activation_bytes", s.activation_bytes);
       j.set("recomputed_ops", s.recomputed_ops).set("saved_bytes_peak", s.saved_bytes_peak);
       j.set("boundary_bytes", s.boundary_bytes);
+      if (trainer.world_size() > 1) {
+        JsonObject comm;
+        for (CommPhase p : {CommPhase::forward, CommPhase::backward, CommPhase::replay}) {
+          JsonObject ph;
+          ph.set("calls", s.comm.calls_in(p)).set("bytes", s.comm.bytes_in(p));
+          for (std::size_t k = 0; k < kCollectiveKinds; ++k) {
+            const auto kind = CollectiveKind(k);
+            if (s.comm.calls_of(kind, p) == 0) continue;
+            JsonObject one;
+            one.set("calls", s.comm.calls_of(kind, p)).set("bytes", s.comm.bytes_of(kind, p));
+            ph.set_raw(collective_name(kind), one.str());
+          }
+          comm.set_raw(phase_name(p), ph.str());
+        }
+        j.set_raw("comm", comm.str());
+        j.set("grad_buckets", s.grad_buckets).set("grad_buckets_overlapped", s.grad_buckets_overlapped);
+      }
       if (s.val_loss) j.set("val_loss", *s.val_loss);
       if (!s.routing.empty()) {
         std::string layers = "[";

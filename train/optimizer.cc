@@ -84,7 +84,7 @@ std::int64_t persistent_bytes(const std::vector<std::pair<std::string, Tensor>>&
   return n;
 }
 
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+double grad_sq_sum(const std::vector<Tensor>& params) {
   double total = 0;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
@@ -95,18 +95,25 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     for (std::int64_t i = 0; i < gc.numel(); ++i) s += double(d[i]) * double(d[i]);
     total += s;
   }
-  const double norm = std::sqrt(total);
-  if (max_norm > 0 && norm > max_norm) {
-    const float scale = float(max_norm / (norm + 1e-6));
-    NoGradGuard ng;
-    for (const Tensor& p : params) {
-      Tensor g = p.grad();
-      if (!g.defined()) continue;
-      float* d = g.data<float>();
-      for (std::int64_t i = 0; i < g.numel(); ++i) d[i] *= scale;
-      g.bump_version();
-    }
+  return total;
+}
+
+void clip_grads_to(const std::vector<Tensor>& params, double norm, double max_norm) {
+  if (!(max_norm > 0 && norm > max_norm)) return;
+  const float scale = float(max_norm / (norm + 1e-6));
+  NoGradGuard ng;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    float* d = g.data<float>();
+    for (std::int64_t i = 0; i < g.numel(); ++i) d[i] *= scale;
+    g.bump_version();
   }
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  const double norm = std::sqrt(grad_sq_sum(params));
+  clip_grads_to(params, norm, max_norm);
   return norm;
 }
 

@@ -53,6 +53,11 @@ std::int64_t persistent_bytes(const std::vector<std::pair<std::string, Tensor>>&
 // Scales every gradient so that their global L2 norm is at most max_norm;
 // returns the norm before scaling (computed in double, deterministically).
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+// The pieces of clip_grad_norm, for norms over parameters split between
+// ranks: the sum of squares of the gradients (double, in order), and the
+// scaling clip_grad_norm applies for a given norm.
+double grad_sq_sum(const std::vector<Tensor>& params);
+void clip_grads_to(const std::vector<Tensor>& params, double norm, double max_norm);
 
 // Linear warm-up from 0 to max_lr over `warmup` steps, then cosine decay to
 // min_lr at `total` steps (constant after). `step` counts from 0.

@@ -2,9 +2,11 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "checkpoint/checkpoint.h"
 #include "engine/autograd.h"
@@ -22,17 +24,63 @@ bool exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 constexpr const char* kFormat = "remat-train-state-1";
+
+// The sum over the group's ranks of one double per rank, added in rank order
+// (the same bits on every rank).
+double sum_in_rank_order(ProcessGroup& g, double v) {
+  if (g.size() == 1) return v;
+  std::int64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof v);
+  const auto all = g.all_gather(from_vector<std::int64_t>({bits}, {1})).to_vector<std::int64_t>();
+  double total = 0;
+  for (std::int64_t b : all) {
+    double x = 0;
+    std::memcpy(&x, &b, sizeof x);
+    total += x;
+  }
+  return total;
+}
+
+// "model.layers.3.mlp.experts.5.up_proj.weight" (or its optimizer state) ->
+// the position of "5" and its value; npos when not a routed expert's.
+std::pair<std::size_t, std::int64_t> expert_index(const std::string& name) {
+  const std::string key = ".mlp.experts.";
+  const std::size_t at = name.find(key);
+  if (at == std::string::npos) return {std::string::npos, -1};
+  const std::size_t begin = at + key.size();
+  return {begin, std::stoll(name.substr(begin, name.find('.', begin) - begin))};
+}
 }  // namespace
 
 Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   opts_.config.validate();
   const auto& c = opts_.config;
   const RecomputePlan plan = RecomputePlan::parse(opts_.recompute, c.n_layers);
+  auto world = opts_.group ? opts_.group : world_group();
+  REMAT_CHECK(opts_.dp == 0 || opts_.dp == world->size(), Error, "--dp ", opts_.dp, ": this job has ", world->size(),
+              " rank(s); start it with `mpirun -np ", opts_.dp, " ./remat train ...`");
+  layout_ = make_parallel_layout(world, opts_.ep, c);
   corpus_ = opts_.data_file.empty() ? generated_corpus(opts_.seed)
                                     : text_corpus(opts_.data_file, c.seq + 1);
   manual_seed(opts_.seed);
-  model_ = std::make_unique<DecoderModel>(c, opts_.seed);
+  model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
+  apply_parallel_layout(*model_, layout_, opts_.reuse_routing_metadata);
   apply_recompute_plan(*model_, plan);
+  groups_ = {layout_.world};
+  for (const auto& g : {layout_.ep_group, layout_.expert_replicas})
+    if (std::find(groups_.begin(), groups_.end(), g) == groups_.end()) groups_.push_back(g);
+  if (world->size() > 1) {
+    // Gradient buckets get their own communicator, so their asynchronous
+    // all-reduces never interleave with the model's collectives.
+    grad_group_ = world->split(0, world->rank());
+    groups_.push_back(grad_group_);
+    std::vector<ReducedParameter> reduced;
+    for (auto& [name, p] : model_->named_parameters()) {
+      const bool expert = is_expert_parameter(name);
+      reduced.push_back({name, p, expert ? layout_.expert_replicas : grad_group_, expert});
+    }
+    reducer_ = std::make_unique<GradReducer>(std::move(reduced), opts_.bucket_bytes);
+  }
   AdamWOptions ao;
   ao.weight_decay = opts_.weight_decay;
   optimizer_ = std::make_unique<AdamW>(model_->named_parameters(), ao);
@@ -42,14 +90,39 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
 
 double Trainer::initial_loss_estimate() const { return std::log(double(opts_.config.vocab)); }
 
+Tensor Trainer::local_batch(const Tensor& global) const {
+  const int W = world_size();
+  if (W == 1) return global;
+  const std::int64_t b = global.size(0) / W;
+  return global.narrow(0, rank() * b, b).contiguous();
+}
+
+double Trainer::global_mean(double local) const {
+  return sum_in_rank_order(*layout_.world, local) / double(world_size());
+}
+
+CommCounters Trainer::comm_counters() const {
+  CommCounters c;
+  for (const auto& g : groups_) {
+    const CommCounters d = g->counters();
+    for (std::size_t k = 0; k < kCollectiveKinds; ++k)
+      for (std::size_t p = 0; p < 3; ++p) {
+        c.calls[k][p] += d.calls[k][p];
+        c.bytes[k][p] += d.bytes[k][p];
+      }
+  }
+  return c;
+}
+
 double Trainer::evaluate() {
   NoGradGuard ng;
   model_->train(false);
   BatchSampler val(corpus_.val, opts_.config.batch, opts_.config.seq, 0xe7a1ull);
   double total = 0;
-  for (std::int64_t i = 0; i < opts_.eval_batches; ++i) total += model_->forward_loss(val.next()).ce.item();
+  for (std::int64_t i = 0; i < opts_.eval_batches; ++i)
+    total += model_->forward_loss(local_batch(val.next())).ce.item();
   model_->train(true);
-  return total / double(std::max<std::int64_t>(opts_.eval_batches, 1));
+  return global_mean(total / double(std::max<std::int64_t>(opts_.eval_batches, 1)));
 }
 
 void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
@@ -63,29 +136,59 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     const auto t0 = std::chrono::steady_clock::now();
     alloc.reset_peak();
     const double lr = cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
-    Tensor batch = sampler_->next();
+    // Every rank draws the same global batch and takes its own sequences.
+    Tensor batch = local_batch(sampler_->next());
     model_->zero_grad();
     reset_saved_bytes_peak();
     const std::int64_t ops0 = checkpoint_counters().ops_recomputed;
     const DispatchCounters moved0 = dispatch_counters();
+    const CommCounters comm0 = comm_counters();
+    const int W = world_size();
     double loss;
     StepStats s;
     {
       CategoryScope cat(MemoryCategory::activation);
       auto out = model_->forward_loss(batch);
-      loss = out.loss.item();
-      s.aux_loss = out.aux.item();
+      loss = global_mean(out.loss.item());
+      s.aux_loss = out.aux.item();  // global-batch statistics already
       s.routing = model_->routing_stats();
       const auto report = saved_bytes_report();
       auto it = report.bytes_by_op.find("checkpoint_boundary");
       s.boundary_bytes = it == report.bytes_by_op.end() ? 0 : it->second;
-      out.loss.backward();
+      if (reducer_) reducer_->prepare();
+      // The global loss is the mean of the ranks' losses: each rank seeds
+      // 1/W, and gradients are summed over ranks.
+      out.loss.backward(W > 1 ? full({}, 1.0 / double(W)) : Tensor());
+      if (reducer_) reducer_->finish();
     }
+    // A parameter backward did not reach (a routed expert no token chose)
+    // gets a zero gradient, so AdamW treats it the same whether or not an
+    // earlier step of this process left a gradient buffer behind (a resumed
+    // run then continues exactly as an uninterrupted one).
+    for (const Tensor& p : model_->parameters())
+      if (!p.grad().defined()) {
+        CategoryScope grad_cat(MemoryCategory::gradient);
+        p.set_grad(zeros(p.sizes()));
+      }
     s.recomputed_ops = checkpoint_counters().ops_recomputed - ops0;
     s.moved_bytes = dispatch_counters().bytes_moved - moved0.bytes_moved;
     s.replayed_comm_bytes = dispatch_counters().replay_bytes_moved - moved0.replay_bytes_moved;
     s.saved_bytes_peak = saved_bytes_report().peak_bytes;
-    s.grad_norm = clip_grad_norm(model_->parameters(), opts_.clip);
+    if (reducer_) {
+      s.grad_buckets = reducer_->stats().buckets;
+      s.grad_buckets_overlapped = reducer_->stats().started_in_backward;
+    }
+    if (layout_.ep > 1) {
+      // Experts are split over the expert-parallel group: their squares are
+      // summed over it; the rest is the same on every rank.
+      std::vector<Tensor> dense, experts;
+      for (auto& [name, p] : model_->named_parameters()) (is_expert_parameter(name) ? experts : dense).push_back(p);
+      const double sq = grad_sq_sum(dense) + sum_in_rank_order(*layout_.ep_group, grad_sq_sum(experts));
+      s.grad_norm = std::sqrt(sq);
+      clip_grads_to(model_->parameters(), s.grad_norm, opts_.clip);
+    } else {
+      s.grad_norm = clip_grad_norm(model_->parameters(), opts_.clip);
+    }
     optimizer_->step(lr);
     ++step_;
     const auto t1 = std::chrono::steady_clock::now();
@@ -102,6 +205,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     s.peak_reserved_bytes = stats.reserved_peak;
     s.persistent_bytes = persistent_bytes(model_->named_parameters(), *optimizer_);
     s.activation_bytes = s.peak_allocated_bytes - s.persistent_bytes;
+    s.comm = comm_counters() - comm0;
     if ((opts_.eval_every > 0 && step_ % opts_.eval_every == 0) || step_ == stop) s.val_loss = evaluate();
     if (!opts_.save_dir.empty() && ((opts_.save_every > 0 && step_ % opts_.save_every == 0) || step_ == stop))
       save(opts_.save_dir);
@@ -110,25 +214,51 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
 }
 
 void Trainer::save(const std::string& dir) const {
-  ::mkdir(dir.c_str(), 0755);
   std::vector<std::pair<std::string, Tensor>> tensors = model_->named_parameters();
   for (auto& t : optimizer_->state()) tensors.push_back(t);
-  const RngState data = sampler_->state();
-  const RngState dropout = default_generator(kCPU).state();
-  std::map<std::string, std::string> meta = {
-      {"format", kFormat},
-      {"step", std::to_string(step_)},
-      {"seed", std::to_string(opts_.seed)},
-      {"config", opts_.config.to_json().dump()},
-      {"data", opts_.data_file.empty() ? "generated" : opts_.data_file},
-      {"data_rng_seed", std::to_string(data.seed)},
-      {"data_rng_offset", std::to_string(data.offset)},
-      {"rng_seed", std::to_string(dropout.seed)},
-      {"rng_offset", std::to_string(dropout.offset)},
-  };
-  const std::string cur = state_path(dir);
-  if (exists(cur)) ::rename(cur.c_str(), prev_path(dir).c_str());
-  save_safetensors(cur, tensors, meta);
+  if (layout_.ep > 1) {
+    // Gather every expert (and its optimizer state) from the expert-parallel
+    // group: rank j holds local expert i as global expert j * per + i.
+    const std::int64_t K = layout_.ep, per = opts_.config.experts / K;
+    const std::int64_t first = layout_.ep_group->rank() * per;
+    std::vector<std::pair<std::string, Tensor>> all;
+    for (const auto& [name, t] : tensors) {
+      const auto [at, e] = expert_index(name);
+      if (at == std::string::npos) {
+        all.emplace_back(name, t);
+        continue;
+      }
+      Tensor gathered = layout_.ep_group->all_gather(t.contiguous());
+      const std::int64_t rows = t.size(0);
+      const std::string tail = name.substr(name.find('.', at));
+      for (std::int64_t j = 0; j < K; ++j)
+        all.emplace_back(name.substr(0, at) + std::to_string(j * per + (e - first)) + tail,
+                         gathered.narrow(0, j * rows, rows).contiguous());
+    }
+    tensors = std::move(all);
+  }
+  if (rank() == 0) {
+    ::mkdir(dir.c_str(), 0755);
+    const RngState data = sampler_->state();
+    const RngState dropout = default_generator(kCPU).state();
+    std::map<std::string, std::string> meta = {
+        {"format", kFormat},
+        {"step", std::to_string(step_)},
+        {"seed", std::to_string(opts_.seed)},
+        {"config", opts_.config.to_json().dump()},
+        {"data", opts_.data_file.empty() ? "generated" : opts_.data_file},
+        {"data_rng_seed", std::to_string(data.seed)},
+        {"data_rng_offset", std::to_string(data.offset)},
+        {"rng_seed", std::to_string(dropout.seed)},
+        {"rng_offset", std::to_string(dropout.offset)},
+        {"world_size", std::to_string(world_size())},
+        {"ep", std::to_string(layout_.ep)},
+    };
+    const std::string cur = state_path(dir);
+    if (exists(cur)) ::rename(cur.c_str(), prev_path(dir).c_str());
+    save_safetensors(cur, tensors, meta);
+  }
+  layout_.world->barrier();  // nobody reads the state before it is complete
 }
 
 void Trainer::resume(const std::string& dir) {

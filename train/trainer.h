@@ -10,6 +10,8 @@
 
 #include "models/config.h"
 #include "models/decoder.h"
+#include "parallel/expert_parallel.h"
+#include "parallel/grad_reducer.h"
 #include "train/data.h"
 #include "train/optimizer.h"
 
@@ -32,6 +34,14 @@ struct TrainOptions {
   std::int64_t save_every = 0;  // 0: only at the end
   std::string resume_dir;
   std::string recompute = "none";
+  // Several processes (under mpirun): the job's ranks share each global
+  // batch of config.batch sequences. dp: the data-parallel degree, 0 for the
+  // job's size (if set, it must equal it); ep: the expert-parallel degree.
+  std::int64_t dp = 0;
+  std::int64_t ep = 1;
+  std::int64_t bucket_bytes = 25ll << 20;  // data-parallel gradient buckets
+  bool reuse_routing_metadata = true;      // replays reuse the forward's exchanged counts
+  std::shared_ptr<ProcessGroup> group;     // the ranks of this run (null: world_group())
 };
 
 struct StepStats {
@@ -53,6 +63,10 @@ struct StepStats {
   std::int64_t boundary_bytes = 0;        // bytes held at region boundaries after the forward
   std::int64_t moved_bytes = 0;           // MoE dispatch/combine bytes in the original forward
   std::int64_t replayed_comm_bytes = 0;   // ... moved again by recompute replays
+  // Several processes: this rank's collectives this step (bytes sent).
+  CommCounters comm;
+  std::int64_t grad_buckets = 0;          // data-parallel buckets
+  std::int64_t grad_buckets_overlapped = 0;  // ... started while backward was still running
   std::optional<double> val_loss;
   // MoE runs: the routing metrics of each MoE layer for this step's batch.
   std::vector<MoELayerStats> routing;
@@ -72,14 +86,19 @@ class Trainer {
   double evaluate();
 
   // Writes DIR/state.safetensors atomically; the state it replaces is kept
-  // as DIR/state.prev.safetensors.
+  // as DIR/state.prev.safetensors. Several processes: the experts (and their
+  // optimizer state) are gathered to rank 0, which writes one file in the
+  // layout of one process, so any --ep can resume it. A collective.
   void save(const std::string& dir) const;
   // Loads DIR/state.safetensors, validating everything before changing
   // anything; throws IOError naming the problem (and the previous state, if
-  // there is one).
+  // there is one). Every rank reads the file and takes its own experts.
   void resume(const std::string& dir);
 
   std::int64_t step() const { return step_; }
+  int rank() const { return layout_.world->rank(); }
+  int world_size() const { return layout_.world->size(); }
+  const ParallelLayout& layout() const { return layout_; }
   const Corpus& corpus() const { return corpus_; }
   DecoderModel& model() { return *model_; }
   const TrainOptions& options() const { return opts_; }
@@ -92,6 +111,13 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<BatchSampler> sampler_;
   std::int64_t step_ = 0;
+  ParallelLayout layout_;
+  std::shared_ptr<ProcessGroup> grad_group_;  // the world, for gradient buckets only
+  std::unique_ptr<GradReducer> reducer_;
+  std::vector<std::shared_ptr<ProcessGroup>> groups_;  // every group this run uses (counters)
+  Tensor local_batch(const Tensor& global) const;
+  double global_mean(double local) const;
+  CommCounters comm_counters() const;
 };
 
 }  // namespace remat

@@ -139,3 +139,24 @@ TEST_CASE("collectives as autograd ops send gradients back the way data came", "
   sum(part).backward();
   CHECK(b.grad().to_vector<float>() == std::vector<float>(std::size_t(n), 1.0f));
 }
+
+TEST_CASE("all_to_all moves rows to and from ranks that have none", "[parallel]") {
+  auto g = world_group();
+  const int r = g->rank(), n = g->size();
+  // Rank 0 holds no rows; every other rank sends 2 rows of width 3 to rank 0.
+  const std::int64_t mine = r == 0 ? 0 : 2;
+  std::vector<std::int64_t> send(std::size_t(n), 0);
+  if (n > 1) send[0] = mine;
+  else send[0] = 0;
+  Tensor t = full({mine, 3}, double(r));
+  std::vector<std::int64_t> recv;
+  Tensor got = g->all_to_all(t, send, recv);
+  const std::int64_t expect = r == 0 ? 2 * (n - 1) : 0;
+  REQUIRE(got.sizes() == Shape{expect, 3});
+  if (r == 0)
+    for (int k = 1; k < n; ++k) CHECK(got.at({2 * (k - 1) + 1, 2}) == double(k));
+  // And back, with known counts: rank 0 now sends, the others receive.
+  std::vector<std::int64_t> back;
+  Tensor home = g->all_to_all(got, recv, back, &send);
+  CHECK(home.sizes() == t.sizes());
+}

@@ -49,7 +49,8 @@ def _impl(rctx):
     )
     lines.append(
         'cc_library(name = "headers", hdrs = glob(["include/**/*.h", "include/**/*.hpp", ' +
-        '"include/**/*.cuh", "include/**/*.inl"], allow_empty = True), includes = ["include"])',
+        '"include/**/*.cuh", "include/**/*.inl", "include/nv/**"], allow_empty = True), ' +
+        'includes = ["include"])',
     )
     for name, lib in _LIBS.items():
         lines.append(
