@@ -24,6 +24,8 @@
 #include "models/recompute.h"
 #include "moe/dispatch.h"
 #include "ops/gemm.h"
+#include "parallel/expert_parallel.h"
+#include "parallel/grad_reducer.h"
 #include "tools/args.h"
 #include "tools/bench_plot.h"
 #include "tools/html.h"
@@ -68,13 +70,14 @@ class ReplayFlops final : public DispatchHook {
 
 // Parameters that do matmul work for each token: everything but the
 // embedding table, with routed experts counted at top_k / experts.
-double active_params(const DecoderModel& m) {
+// `ep`: the model holds 1/ep of the experts (expert parallel).
+double active_params(const DecoderModel& m, std::int64_t ep = 1) {
   const ModelConfig& c = m.config();
   double n = 0;
   for (const auto& [name, p] : m.named_parameters()) {
     if (name == "model.embed_tokens.weight") continue;
     if (name.find(".mlp.experts.") != std::string::npos)
-      n += double(p.numel()) * double(c.top_k) / double(c.experts);
+      n += double(p.numel()) * double(c.top_k) * double(ep) / double(c.experts);
     else
       n += double(p.numel());
   }
@@ -83,10 +86,11 @@ double active_params(const DecoderModel& m) {
 
 // Model FLOPs of one training step (PaLM, Chowdhery et al. 2022, appendix B):
 // 6 N per token for the matmuls plus 12 L d S per token for attention.
-double model_flops(const DecoderModel& m) {
+// The global batch's, also when `m` holds 1/ep of the experts.
+double model_flops(const DecoderModel& m, std::int64_t ep = 1) {
   const ModelConfig& c = m.config();
   const double tokens = double(c.batch * c.seq);
-  return tokens * (6.0 * active_params(m) + 12.0 * double(c.n_layers) * double(c.d_model) * double(c.seq));
+  return tokens * (6.0 * active_params(m, ep) + 12.0 * double(c.n_layers) * double(c.d_model) * double(c.seq));
 }
 
 // The best of a few 1024^3 GEMMs: the machine's practical f32 peak.
@@ -157,11 +161,21 @@ Trace trace_step(const ModelConfig& c, const std::string& plan) {
 }
 
 // Runs one worker process and returns its result fields.
+// With ep > 1 the worker is `ep` processes under mpirun (threads split
+// between them), and rank 0 reports.
 std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
-                                         std::int64_t steps, int threads, const std::string& seed) {
-  std::string cmd = "'/proc/" + std::to_string(::getpid()) + "/exe' bench-worker --config '" + config +
+                                         std::int64_t steps, int threads, const std::string& seed,
+                                         std::int64_t ep = 1) {
+  std::string launcher;
+  if (ep > 1) {
+    launcher = "mpirun --oversubscribe " + std::string(::geteuid() == 0 ? "--allow-run-as-root " : "") + "-np " +
+               std::to_string(ep) + " ";
+    threads = std::max<int>(1, threads / int(ep));
+  }
+  std::string cmd = launcher + "'/proc/" + std::to_string(::getpid()) + "/exe' bench-worker --config '" + config +
                     "' --recompute '" + plan + "' --warmup " + std::to_string(warmup) + " --steps " +
-                    std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " + seed + " 2>&1";
+                    std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " + seed +
+                    " --ep " + std::to_string(ep) + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   REMAT_CHECK(p != nullptr, Error, "bench: cannot start a worker process");
   std::string out;
@@ -231,17 +245,49 @@ int run_estimate(const std::string& config, const ModelConfig& c, const std::vec
 // The worker: one process, one plan, one repeat. Prints "BENCH-RESULT {json}".
 int run_bench_worker(const std::vector<std::string>& args) {
   Flags f("bench-worker", args,
-          {{"config", ""}, {"recompute", ""}, {"warmup", ""}, {"steps", ""}, {"threads", ""}, {"seed", ""}});
+          {{"config", ""}, {"recompute", ""}, {"warmup", ""}, {"steps", ""}, {"threads", ""}, {"seed", ""}, {"ep", ""}});
   if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
   const ModelConfig c = ModelConfig::load(f.get("config", "bench-dense"));
   const std::string plan = f.get("recompute", "none");
   const std::int64_t warmup = f.get_int("warmup", 2), steps = f.get_int("steps", 5);
   const auto seed = std::uint64_t(f.get_int("seed", 0));
 
+  // Several processes (--ep under mpirun): each rank takes its share of the
+  // batch and of the experts, as `./remat train` does.
+  auto world = world_group();
+  const int W = world->size();
+  const ParallelLayout layout = make_parallel_layout(world, f.get_int("ep", 1), c);
   manual_seed(seed);
-  DecoderModel model(c, seed);
+  DecoderModel model(c, seed, layout.placement());
+  apply_parallel_layout(model, layout, /*reuse_routing_metadata=*/true);
   apply_recompute_plan(model, RecomputePlan::parse(plan, c.n_layers));
   AdamW opt(model.named_parameters());
+  std::vector<std::shared_ptr<ProcessGroup>> groups = {layout.world};
+  std::unique_ptr<GradReducer> reducer;
+  if (W > 1) {
+    groups.push_back(layout.ep_group);
+    groups.push_back(layout.expert_replicas);
+    groups.push_back(world->split(0, world->rank()));
+    std::vector<ReducedParameter> reduced;
+    for (auto& [name, p] : model.named_parameters()) {
+      const bool expert = is_expert_parameter(name);
+      reduced.push_back({name, p, expert ? layout.expert_replicas : groups.back(), expert});
+    }
+    reducer = std::make_unique<GradReducer>(std::move(reduced), 25ll << 20);
+  }
+  auto comm_now = [&] {
+    CommCounters total;
+    for (const auto& g : groups) {
+      const CommCounters d = g->counters();
+      for (std::size_t k = 0; k < kCollectiveKinds; ++k)
+        for (std::size_t p = 0; p < 3; ++p) {
+          total.calls[k][p] += d.calls[k][p];
+          total.bytes[k][p] += d.bytes[k][p];
+        }
+    }
+    return total;
+  };
+  CommCounters comm_step;
   Corpus corpus = generated_corpus(seed, std::int64_t(1) << 20, c.seq + 2);
   BatchSampler sampler(corpus.train, c.batch, c.seq, seed + 1);
   auto flops_hook = std::make_shared<ReplayFlops>();
@@ -252,7 +298,9 @@ int run_bench_worker(const std::vector<std::string>& args) {
   std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
   for (std::int64_t i = 0; i < warmup + steps; ++i) {
     Tensor batch = sampler.next();
+    if (W > 1) batch = batch.narrow(0, world->rank() * (c.batch / W), c.batch / W).contiguous();
     model.zero_grad();
+    const CommCounters comm0 = comm_now();
     alloc.reset_peak();
     const auto ops0 = checkpoint_counters().ops_recomputed;
     const auto moved0 = dispatch_counters().replay_bytes_moved;
@@ -268,7 +316,9 @@ int run_bench_worker(const std::vector<std::string>& args) {
     const auto t1 = Clock::now();
     {
       CategoryScope cat(MemoryCategory::activation);
-      loss.backward();
+      if (reducer) reducer->prepare();
+      loss.backward(W > 1 ? full({}, 1.0 / double(W)) : Tensor());
+      if (reducer) reducer->finish();
     }
     const double b_ms = ms_since(t1);
     loss = Tensor();
@@ -289,14 +339,27 @@ int run_bench_worker(const std::vector<std::string>& args) {
     activations = std::max(activations, st.allocated_peak - persistent);
     ops = checkpoint_counters().ops_recomputed - ops0;
     replayed = dispatch_counters().replay_bytes_moved - moved0;
+    comm_step = comm_now() - comm0;
+    if (W > 1) replayed = comm_step.bytes_in(CommPhase::replay);  // what really crossed between ranks again
   }
+  if (world->rank() != 0) return 0;  // rank 0 reports
   JsonObject j;
   j.set("step_ms", median(step_ms)).set("forward_ms", median(fwd_ms)).set("backward_ms", median(bwd_ms));
   j.set("peak_allocated_bytes", peak_alloc).set("peak_reserved_bytes", peak_res);
   j.set("persistent_bytes", persistent).set("activation_bytes", activations);
   j.set("recomputed_ops", ops).set("replayed_comm_bytes", replayed);
-  j.set("model_flops", model_flops(model)).set("replay_flops", median(replay_flops));
+  // Rank 0's replayed FLOPs stand for each rank's: times W for the job's.
+  j.set("model_flops", model_flops(model, layout.ep)).set("replay_flops", median(replay_flops) * double(W));
   j.set("tokens", double(c.batch * c.seq));
+  if (W > 1) {
+    j.set("ranks", double(W));
+    j.set("comm_bytes_forward", double(comm_step.bytes_in(CommPhase::forward)));
+    j.set("comm_bytes_backward", double(comm_step.bytes_in(CommPhase::backward)));
+    j.set("comm_bytes_replay", double(comm_step.bytes_in(CommPhase::replay)));
+    j.set("all_to_all_bytes_forward", double(comm_step.bytes_of(CollectiveKind::all_to_all, CommPhase::forward)));
+    j.set("all_to_all_bytes_replay", double(comm_step.bytes_of(CollectiveKind::all_to_all, CommPhase::replay)));
+    j.set("all_to_all_calls_replay", double(comm_step.calls_of(CollectiveKind::all_to_all, CommPhase::replay)));
+  }
   std::printf("BENCH-RESULT %s\n", j.str().c_str());
   return 0;
 }
@@ -310,6 +373,7 @@ int run_bench(const std::vector<std::string>& args) {
            {"repeats", "fresh processes per plan (default 3)"},
            {"threads", "CPU threads (default: all cores)"},
            {"seed", "seed (default 0)"},
+           {"ep", "expert parallel: each worker is N processes under mpirun, the experts split over them"},
            {"peak-flops", "device peak FLOP/s for MFU (default: measured f32 GEMM peak on the CPU)"},
            {"json", "write the results to FILE"},
            {"estimate", "predict activation bytes per plan from what the ops save, next to a measured step"},
@@ -323,6 +387,10 @@ int run_bench(const std::vector<std::string>& args) {
   REMAT_CHECK(repeats >= 1 && steps >= 1 && warmup >= 0, Error, "bench: --repeats and --steps must be >= 1");
   if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
   const int threads = num_threads();
+  const std::int64_t ep = f.get_int("ep", 1);
+  REMAT_CHECK(ep >= 1, Error, "bench: --ep must be >= 1");
+  REMAT_CHECK(ep == 1 || (c.experts % ep == 0 && c.batch % ep == 0), Error, "bench: --ep ", ep, " needs the ",
+              c.experts, " experts and the batch of ", c.batch, " to divide by it");
   if (f.get_bool("estimate")) return run_estimate(config, c, plans, threads, f.get("seed", "0"), f.get("json", ""));
   const double peak = f.has("peak-flops") ? f.get_double("peak-flops", 0) : measure_peak_flops();
 
@@ -339,7 +407,8 @@ int run_bench(const std::vector<std::string>& args) {
   for (const auto& plan : plans) {
     Result r{plan, {}};
     for (std::int64_t rep = 0; rep < repeats; ++rep) {
-      for (const auto& [k, val] : run_worker(config, plan, warmup, steps, threads, f.get("seed", "0"))) r.v[k].push_back(val);
+      for (const auto& [k, val] : run_worker(config, plan, warmup, steps, threads, f.get("seed", "0"), ep))
+        r.v[k].push_back(val);
       std::printf("  %-24s repeat %lld: step %.0f ms\n", plan.c_str(), static_cast<long long>(rep + 1),
                   r.v["step_ms"].back());
       std::fflush(stdout);
@@ -373,6 +442,12 @@ int run_bench(const std::vector<std::string>& args) {
     j.set("replayed_comm_bytes", med("replayed_comm_bytes")).set("mfu", mfu).set("hfu", hfu);
     j.set("model_flops", med("model_flops")).set("recomputed_flops", med("replay_flops")).set("peak_flops", peak);
     j.set("time_ratio", step / base_ms).set("memory_ratio", base_act > 0 ? med("activation_bytes") / base_act : 0.0);
+    if (ep > 1) {
+      j.set("ep", ep);
+      for (const char* k : {"comm_bytes_forward", "comm_bytes_backward", "comm_bytes_replay", "all_to_all_bytes_forward",
+                            "all_to_all_bytes_replay", "all_to_all_calls_replay"})
+        j.set(k, med(k));
+    }
     rows.push_back(j);
     BenchPoint bp;
     bp.plan = r.plan;
@@ -394,6 +469,17 @@ int run_bench(const std::vector<std::string>& args) {
   }
   std::printf("(medians over repeats; activations = peak - persistent (parameters + gradients + optimizer state); ratios against %s)\n",
               base->plan.c_str());
+  if (ep > 1) {
+    std::printf("\n%d ranks (expert parallel %lld), rank 0's collectives per step, MiB sent:\n%-24s %10s %10s %10s %12s %12s\n",
+                int(ep), static_cast<long long>(ep), "plan", "forward", "backward", "replay", "a2a forward",
+                "a2a replay");
+    for (const auto& r : results) {
+      auto med = [&](const char* k) { return median(r.v.at(k)) / 1048576.0; };
+      std::printf("%-24s %10.2f %10.2f %10.2f %12.2f %12.2f\n", r.plan.c_str(), med("comm_bytes_forward"),
+                  med("comm_bytes_backward"), med("comm_bytes_replay"), med("all_to_all_bytes_forward"),
+                  med("all_to_all_bytes_replay"));
+    }
+  }
   if (f.has("json")) {
     const std::string path = f.get("json", "");
     std::ofstream out(path);

@@ -95,6 +95,20 @@ rc=$?
 check "a stuck rank: the others exit non-zero after the comm timeout" '[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $(( $(date +%s) - start )) -lt 60 ]'
 check "the timeout message names the collective" 'grep -qE "collective [a-z_]+ \(phase [a-z]+, [0-9]+ bytes, rank 0 of 2\) did not finish within 3 s" "$tmp/hang.txt"' \
   || cat "$tmp/hang.txt"
+# bench --ep 2: each worker is 2 ranks; the JSON reports the traffic.
+./bazel-bin/tools/remat bench --config tiny-moe --recompute none,per_block,moe_expert --ep 2 --repeats 1 --warmup 1 \
+  --steps 1 --threads 2 --json "$tmp/bench.json" > "$tmp/bench.txt" 2>&1
+check "bench --ep 2 reports the all_to_all bytes each plan sends and re-sends" \
+  "/usr/bin/python3 - '$tmp/bench.json' <<'PY'
+import json, sys
+rows = {r['plan']: r for r in json.load(open(sys.argv[1]))}
+for r in rows.values():
+    assert r['ep'] == 2 and r['all_to_all_bytes_forward'] > 0 and r['step_ms'] > 0
+assert rows['none']['all_to_all_bytes_replay'] == 0 == rows['moe_expert']['all_to_all_bytes_replay']
+assert rows['per_block']['all_to_all_bytes_replay'] == rows['per_block']['all_to_all_bytes_forward']
+assert rows['per_block']['replayed_comm_bytes'] >= rows['per_block']['all_to_all_bytes_replay']
+assert rows['per_block']['activation_bytes'] < rows['none']['activation_bytes']
+PY" || tail -20 "$tmp/bench.txt"
 # Bad layouts are refused with a clear error.
 timeout 60 mpirun "${flags[@]}" -np 2 $remat train --config tiny-moe --steps 1 --ep 3 > "$tmp/bad.txt" 2>&1
 check "--ep that does not divide the ranks is refused" 'grep -q "the expert-parallel degree must divide the 2 ranks" "$tmp/bad.txt"'
