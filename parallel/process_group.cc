@@ -59,6 +59,16 @@ CommCounters CommCounters::operator-(const CommCounters& o) const {
   return d;
 }
 
+CommCounters CommCounters::operator+(const CommCounters& o) const {
+  CommCounters d;
+  for (std::size_t k = 0; k < kCollectiveKinds; ++k)
+    for (std::size_t p = 0; p < 3; ++p) {
+      d.calls[k][p] = calls[k][p] + o.calls[k][p];
+      d.bytes[k][p] = bytes[k][p] + o.bytes[k][p];
+    }
+  return d;
+}
+
 CommPhase current_comm_phase() {
   if (in_recompute()) return CommPhase::replay;
   if (backward_mode() != BackwardMode::none) return CommPhase::backward;

@@ -38,6 +38,7 @@ struct CommCounters {
   std::int64_t calls_in(CommPhase p) const;
   std::int64_t bytes_in(CommPhase p) const;
   CommCounters operator-(const CommCounters& o) const;
+  CommCounters operator+(const CommCounters& o) const;
 };
 
 // The phase this thread is in now: a recompute replay, a backward, or the forward.

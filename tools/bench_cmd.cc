@@ -277,14 +277,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
   }
   auto comm_now = [&] {
     CommCounters total;
-    for (const auto& g : groups) {
-      const CommCounters d = g->counters();
-      for (std::size_t k = 0; k < kCollectiveKinds; ++k)
-        for (std::size_t p = 0; p < 3; ++p) {
-          total.calls[k][p] += d.calls[k][p];
-          total.bytes[k][p] += d.bytes[k][p];
-        }
-    }
+    for (const auto& g : groups) total = total + g->counters();
     return total;
   };
   CommCounters comm_step;

@@ -103,14 +103,7 @@ double Trainer::global_mean(double local) const {
 
 CommCounters Trainer::comm_counters() const {
   CommCounters c;
-  for (const auto& g : groups_) {
-    const CommCounters d = g->counters();
-    for (std::size_t k = 0; k < kCollectiveKinds; ++k)
-      for (std::size_t p = 0; p < 3; ++p) {
-        c.calls[k][p] += d.calls[k][p];
-        c.bytes[k][p] += d.bytes[k][p];
-      }
-  }
+  for (const auto& g : groups_) c = c + g->counters();
   return c;
 }
 
