@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds the GPU check bundle: every test binary that has CUDA cases and the
+# remat binary (for bench), built with -c opt and stripped, with the shared
+# libraries they load that a bare GPU machine may lack (the project's own
+# Bazel .so files, OpenBLAS, OpenMPI, libgomp, libstdc++ ...) packed into one
+# .tar.xz,
+# plus the runner. The bundle stays under 64 MiB so it can be carried to a
+# GPU machine as is:
+#
+#   tools/gpu/build.sh                  # here: writes out/gpu-check/
+#   out/gpu-check/run.sh OUTDIR         # there: runs the CUDA tests and benches into OUTDIR
+#
+# With the device tool: run(command="out/gpu-check/run.sh $OUT", carry=["out/gpu-check"]).
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/../.."
+out=out/gpu-check
+log=$(mktemp)
+bazel build -c opt //tests/... //tools:remat > "$log" 2>&1 || { cat "$log"; rm -f "$log"; exit 1; }
+rm -f "$log"
+bazel-bin/tools/remat info | grep -q "CUDA back end : built" ||
+  echo "gpu/build.sh: warning: this build has no CUDA toolkit; the bundle's CUDA tests will all skip" >&2
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/stage/lib"
+# Test binaries with [cuda] cases (found by their tags in the sources).
+bins=(bazel-bin/tools/remat)
+for src in $(grep -l '"\[cuda\]"' tests/*/*_test.cc); do
+  bins+=("bazel-bin/$(dirname "$src")/$(basename "$src" .cc)")
+done
+cp "${bins[@]}" "$out/bin/"
+chmod u+w "$out"/bin/*
+strip --strip-unneeded "$out"/bin/*
+# Shared libraries outside glibc and the CUDA toolkit (the GPU machine has
+# those; run.sh finds the CUDA ones).
+for bin in "${bins[@]}"; do  # from where they were built, so their rpaths resolve
+  ldd "$bin" | awk '/=> \// {print $3}'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*) ;;
+    libcuda*|libcublas*|libcudnn*|libnccl*|libnvrtc*) ;;
+    *) cp -L "$lib" "$out/stage/lib/" ;;
+  esac
+done
+tar -C "$out/stage" -cJf "$out/libs.tar.xz" lib
+rm -rf "$out/stage"
+cp tools/gpu/run.sh "$out/run.sh"
+chmod +x "$out/run.sh"
+size=$(du -sm "$out" | cut -f1)
+echo "gpu check bundle in $out: $(ls "$out/bin" | tr '\n' ' ')(${size} MiB)"
+[ "$size" -lt 64 ] || { echo "gpu/build.sh: the bundle is ${size} MiB, over the 64 MiB a device run can carry" >&2; exit 1; }
