@@ -70,7 +70,9 @@ Tensor MoELayer::forward(const Tensor& x_in) const {
     if (batch->ranks() > 1) {
       ro.global_slots = [&](const std::vector<std::int64_t>& local) {
         auto exchange = [&] { return batch->gather_counts(local); };
+        const std::int64_t reused0 = replay_memos_reused();
         counts = reuse_routing_metadata ? replay_memo<SlotCounts>("moe routing counts", exchange) : exchange();
+        if (replay_memos_reused() > reused0) count_metadata_reuse(std::int64_t(local.size() * sizeof(std::int64_t)));
         REMAT_CHECK(counts.per_rank.at(counts.rank) == local, CheckpointMismatchError, "MoE layer ", layer_,
                     ": the replay routed this rank's tokens differently from the forward, so the forward's "
                     "exchanged counts cannot be reused");

@@ -27,6 +27,10 @@ void count_move(std::int64_t rows, std::int64_t bytes) {
 }  // namespace
 
 DispatchCounters dispatch_counters() { return tls_counters; }
+void count_metadata_reuse(std::int64_t bytes) {
+  tls_counters.metadata_reuses++;
+  tls_counters.metadata_bytes_saved += bytes;
+}
 void reset_dispatch_counters() { tls_counters = DispatchCounters{}; }
 
 std::vector<std::int64_t> SlotCounts::total() const {

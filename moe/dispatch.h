@@ -75,9 +75,14 @@ struct DispatchCounters {
   std::int64_t rows_moved = 0, bytes_moved = 0;                // original forward
   std::int64_t replay_rows_moved = 0, replay_bytes_moved = 0;  // inside recompute replays
   std::int64_t backward_bytes_moved = 0;                       // gradients moved in backward
+  // Replays that reused the forward's exchanged per-expert counts, and the
+  // bytes this rank would have sent to exchange them again.
+  std::int64_t metadata_reuses = 0, metadata_bytes_saved = 0;
 };
 DispatchCounters dispatch_counters();
 void reset_dispatch_counters();
+// Counts one reuse of exchanged counts that saved `bytes` of sending.
+void count_metadata_reuse(std::int64_t bytes);
 
 // The ranks that share one global batch (data or expert parallel). Router
 // statistics are summed over them, so that every rank computes the losses

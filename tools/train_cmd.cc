@@ -131,6 +131,7 @@ int run_train(const std::vector<std::string>& args) {
         }
         j.set_raw("comm", comm.str());
         j.set("grad_buckets", s.grad_buckets).set("grad_buckets_overlapped", s.grad_buckets_overlapped);
+        j.set("routing_metadata_saved_bytes", s.routing_metadata_saved_bytes);
       }
       if (s.val_loss) j.set("val_loss", *s.val_loss);
       if (!s.routing.empty()) {

@@ -166,6 +166,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     s.recomputed_ops = checkpoint_counters().ops_recomputed - ops0;
     s.moved_bytes = dispatch_counters().bytes_moved - moved0.bytes_moved;
     s.replayed_comm_bytes = dispatch_counters().replay_bytes_moved - moved0.replay_bytes_moved;
+    s.routing_metadata_saved_bytes = dispatch_counters().metadata_bytes_saved - moved0.metadata_bytes_saved;
     s.saved_bytes_peak = saved_bytes_report().peak_bytes;
     if (reducer_) {
       s.grad_buckets = reducer_->stats().buckets;

@@ -63,6 +63,7 @@ struct StepStats {
   std::int64_t boundary_bytes = 0;        // bytes held at region boundaries after the forward
   std::int64_t moved_bytes = 0;           // MoE dispatch/combine bytes in the original forward
   std::int64_t replayed_comm_bytes = 0;   // ... moved again by recompute replays
+  std::int64_t routing_metadata_saved_bytes = 0;  // count exchanges replays skipped (reused the forward's)
   // Several processes: this rank's collectives this step (bytes sent).
   CommCounters comm;
   std::int64_t grad_buckets = 0;          // data-parallel buckets

@@ -61,6 +61,7 @@ struct RunResult {
   std::map<std::string, Tensor> grads;  // every parameter, experts gathered
   CommCounters ep_comm;                 // the expert-parallel group's collectives
   CommCounters world_comm;
+  std::int64_t metadata_saved = 0;      // bytes of count exchanges replays skipped
 };
 
 // One forward/backward of `c` on the global batch, split over `world` with
@@ -88,12 +89,14 @@ RunResult run(const ModelConfig& c, const std::shared_ptr<ProcessGroup>& world, 
   Tensor local = batch.narrow(0, world->rank() * b, b).contiguous();
   layout.ep_group->reset_counters();
   world->reset_counters();
+  const std::int64_t saved0 = dispatch_counters().metadata_bytes_saved;
   auto out = model.forward_loss(local);
   out.loss.backward(W > 1 ? full({}, 1.0 / double(W)) : Tensor());
   if (reducer) reducer->finish();
   RunResult r;
   r.ep_comm = layout.ep_group->counters();
   r.world_comm = world->counters();
+  r.metadata_saved = dispatch_counters().metadata_bytes_saved - saved0;
   Tensor l = from_vector<float>({float(out.loss.item())}, {1});
   world->all_reduce(l, ReduceOp::avg);
   r.loss = l.item();
@@ -183,6 +186,9 @@ TEST_CASE("replays re-send dispatch and combine with the same bytes, and reuse t
   CHECK(block.world_comm.calls_of(K::all_gather, P::replay) == 0);
   CHECK(no_reuse.world_comm.calls_of(K::all_gather, P::replay) == moe_layers);
   CHECK(no_reuse.world_comm.bytes_of(K::all_gather, P::replay) == block.world_comm.bytes_of(K::all_gather, P::forward));
+  // ... and says what that saved: exactly the bytes the exchange would have sent.
+  CHECK(block.metadata_saved == no_reuse.world_comm.bytes_of(K::all_gather, P::replay));
+  CHECK(no_reuse.metadata_saved == 0);
   check_same(no_reuse, block, "per_block without metadata reuse");
 }
 

@@ -47,6 +47,7 @@ c = ep2[-1]['comm']
 assert c['replay']['all_to_all']['calls'] == c['forward']['all_to_all']['calls'] == 6, c
 assert c['replay']['all_to_all']['bytes'] == c['forward']['all_to_all']['bytes'], c
 assert 'all_gather' not in c['replay'], c  # counts reused, not exchanged again
+assert ep2[-1]['routing_metadata_saved_bytes'] == 3 * 8 * 8, ep2[-1]  # 3 MoE layers x 8 experts x i64
 assert dp2[-1]['grad_buckets'] >= 1 and 'all_to_all' not in dp2[-1]['comm']['forward']
 PY"
 
