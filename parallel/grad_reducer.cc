@@ -64,6 +64,7 @@ void GradReducer::prepare() {
     b.stale = false;
   }
   std::fill(ready_.begin(), ready_.end(), false);
+  start_order_.clear();
   stats_.started_in_backward = 0;
   stats_.bytes = 0;
   armed_ = true;
@@ -100,14 +101,31 @@ void GradReducer::start(Bucket& b) {
     }
   }
   stats_.bytes += std::int64_t(b.flat.nbytes());
+  start_order_.push_back(std::size_t(&b - buckets_.data()));
   b.work = b.group->all_reduce_async(b.flat, ReduceOp::sum);
 }
 
 void GradReducer::finish() {
   if (!armed_) return;
   armed_ = false;
+  CommPhaseScope phase(CommPhase::backward);  // the end of backward's traffic
   for (auto& b : buckets_)
     if (!b.work) start(b);  // deferred buckets, and buckets with unused parameters
+  // Every rank must have started the buckets of each group in the same order:
+  // compare a fingerprint of the order (max and -min over ranks agree).
+  std::vector<std::shared_ptr<ProcessGroup>> groups;
+  for (const auto& b : buckets_)
+    if (std::find(groups.begin(), groups.end(), b.group) == groups.end()) groups.push_back(b.group);
+  for (const auto& g : groups) {
+    std::int64_t fp = 0;
+    for (std::size_t i : start_order_)
+      if (buckets_[i].group == g) fp = (fp * 1000003 + std::int64_t(i) + 1) % 2147483647;
+    Tensor v = from_vector<std::int64_t>({fp, -fp}, {2});
+    g->all_reduce(v, ReduceOp::max);
+    const auto m = v.to_vector<std::int64_t>();
+    REMAT_CHECK(m[0] == -m[1], Error, "gradient reduction: the ranks started their gradient buckets in different "
+                "orders (their backward passes differ), so the summed gradients would be mixed up");
+  }
   for (auto& b : buckets_) {
     b.work->wait();
     b.work.reset();

@@ -43,7 +43,8 @@ class GradReducer {
   void prepare();
   // After backward: starts what has not started, waits for everything and
   // writes the sums into every parameter's .grad (zeros where a rank had no
-  // gradient).
+  // gradient). Throws Error if the ranks started their buckets in different
+  // orders (their sums would have been mixed up).
   void finish();
   GradReducerStats stats() const { return stats_; }
   std::int64_t num_buckets() const { return std::int64_t(buckets_.size()); }
@@ -66,6 +67,7 @@ class GradReducer {
   std::vector<std::size_t> bucket_of_;   // per parameter (npos: not reduced)
   std::vector<bool> ready_;
   std::vector<Bucket> buckets_;
+  std::vector<std::size_t> start_order_;  // buckets in the order they started (this step)
   bool armed_ = false;
   GradReducerStats stats_;
   std::shared_ptr<GradReducer*> self_ = std::make_shared<GradReducer*>(this);  // what the hooks hold, weakly

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -36,6 +38,13 @@ MPI_Datatype mpi_type(const Tensor& t, const char* op) {
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
 
+// MPI counts are ints: larger messages are refused rather than wrapped.
+int mpi_count(std::int64_t n, const char* op) {
+  REMAT_CHECK(n >= 0 && n <= std::int64_t(std::numeric_limits<int>::max()), ShapeError, op, ": ", n,
+              " elements in one message exceed what an MPI count can hold (2^31 - 1); split the tensor");
+  return int(n);
+}
+
 void divide_by(Tensor& t, int n) {
   if (t.dtype() != DType::f32 || n == 1) return;
   float* p = t.data<float>();
@@ -47,7 +56,9 @@ class MpiWork final : public CommWork {
  public:
   MpiWork(Tensor t, int divide, int rank, int size) : t_(std::move(t)), divide_(divide), rank_(rank), size_(size) {}
   ~MpiWork() override {
-    if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
+    // Unwinding from an error: the job is about to be aborted, and waiting
+    // here could block on a peer that never comes.
+    if (request != MPI_REQUEST_NULL && std::uncaught_exceptions() == 0) MPI_Wait(&request, MPI_STATUS_IGNORE);
   }
   void wait() override {
     if (done_) return;
@@ -88,7 +99,7 @@ class MpiGroup final : public ProcessGroup {
   void all_reduce(Tensor& t, ReduceOp op) override {
     count(CollectiveKind::all_reduce, std::int64_t(t.nbytes()));
     CollectiveInFlight busy(CollectiveKind::all_reduce, std::int64_t(t.nbytes()), rank_, size_);
-    check(MPI_Allreduce(MPI_IN_PLACE, t.raw_data(), int(t.numel()), mpi_type(t, "all_reduce"), mpi_op(op), comm_),
+    check(MPI_Allreduce(MPI_IN_PLACE, t.raw_data(), mpi_count(t.numel(), "all_reduce"), mpi_type(t, "all_reduce"), mpi_op(op), comm_),
           "all_reduce");
     if (op == ReduceOp::avg) divide(t);
     t.bump_version();
@@ -102,7 +113,8 @@ class MpiGroup final : public ProcessGroup {
     Tensor out = empty(s, t.dtype());
     count(CollectiveKind::all_gather, std::int64_t(t.nbytes()));
     CollectiveInFlight busy(CollectiveKind::all_gather, std::int64_t(t.nbytes()), rank_, size_);
-    check(MPI_Allgather(t.raw_data(), int(t.numel()), mpi_type(t, "all_gather"), out.raw_data(), int(t.numel()),
+    check(MPI_Allgather(t.raw_data(), mpi_count(t.numel(), "all_gather"), mpi_type(t, "all_gather"), out.raw_data(),
+                        mpi_count(t.numel(), "all_gather"),
                         mpi_type(t, "all_gather"), comm_),
           "all_gather");
     return out;
@@ -117,7 +129,7 @@ class MpiGroup final : public ProcessGroup {
     Tensor out = empty(s, t.dtype());
     count(CollectiveKind::reduce_scatter, std::int64_t(t.nbytes()));
     CollectiveInFlight busy(CollectiveKind::reduce_scatter, std::int64_t(t.nbytes()), rank_, size_);
-    check(MPI_Reduce_scatter_block(t.raw_data(), out.raw_data(), int(out.numel()), mpi_type(t, "reduce_scatter"),
+    check(MPI_Reduce_scatter_block(t.raw_data(), out.raw_data(), mpi_count(out.numel(), "reduce_scatter"), mpi_type(t, "reduce_scatter"),
                                    mpi_op(op), comm_),
           "reduce_scatter");
     if (op == ReduceOp::avg) divide(out);
@@ -153,12 +165,12 @@ class MpiGroup final : public ProcessGroup {
     std::vector<int> sc(n), sd(n), rc(n), rd(n);
     int so = 0, ro = 0;
     for (int r = 0; r < size_; ++r) {
-      sc[std::size_t(r)] = int(send_rows[std::size_t(r)] * row);
+      sc[std::size_t(r)] = mpi_count(send_rows[std::size_t(r)] * row, "all_to_all");
       sd[std::size_t(r)] = so;
-      so += sc[std::size_t(r)];
-      rc[std::size_t(r)] = int(recv_rows[std::size_t(r)] * row);
+      so = mpi_count(std::int64_t(so) + sc[std::size_t(r)], "all_to_all");
+      rc[std::size_t(r)] = mpi_count(recv_rows[std::size_t(r)] * row, "all_to_all");
       rd[std::size_t(r)] = ro;
-      ro += rc[std::size_t(r)];
+      ro = mpi_count(std::int64_t(ro) + rc[std::size_t(r)], "all_to_all");
     }
     count(CollectiveKind::all_to_all, std::int64_t(t.nbytes()));
     CollectiveInFlight busy(CollectiveKind::all_to_all, std::int64_t(t.nbytes()), rank_, size_);
@@ -171,19 +183,19 @@ class MpiGroup final : public ProcessGroup {
   void broadcast(Tensor& t, int root) override {
     count(CollectiveKind::broadcast, std::int64_t(t.nbytes()));
     CollectiveInFlight busy(CollectiveKind::broadcast, std::int64_t(t.nbytes()), rank_, size_);
-    check(MPI_Bcast(t.raw_data(), int(t.numel()), mpi_type(t, "broadcast"), root, comm_), "broadcast");
+    check(MPI_Bcast(t.raw_data(), mpi_count(t.numel(), "broadcast"), mpi_type(t, "broadcast"), root, comm_), "broadcast");
     t.bump_version();
   }
 
   void barrier() override {
-    CollectiveInFlight busy(CollectiveKind::all_reduce, 0, rank_, size_);
+    CollectiveInFlight busy(CollectiveKind::barrier, 0, rank_, size_);
     check(MPI_Barrier(comm_), "barrier");
   }
 
   std::shared_ptr<CommWork> all_reduce_async(Tensor& t, ReduceOp op) override {
     count(CollectiveKind::all_reduce, std::int64_t(t.nbytes()));
     auto w = std::make_shared<MpiWork>(t, op == ReduceOp::avg ? size_ : 1, rank_, size_);
-    check(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), int(t.numel()), mpi_type(t, "all_reduce"), mpi_op(op), comm_,
+    check(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), mpi_count(t.numel(), "all_reduce"), mpi_type(t, "all_reduce"), mpi_op(op), comm_,
                          &w->request),
           "all_reduce (async)");
     return w;

@@ -172,7 +172,9 @@ class NcclGroup final : public ProcessGroup {
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (async != ncclSuccess || (comm_timeout() > 0 && waited > comm_timeout())) {
+      // A little before the process watchdog, so the communicator is aborted
+      // and the error raised here rather than the process ended.
+      if (async != ncclSuccess || (comm_timeout() > 0 && waited > 0.9 * comm_timeout())) {
         ncclCommAbort(comm_);
         comm_ = nullptr;
         throw Error(std::string("NCCL ") + what + (async != ncclSuccess ? " failed asynchronously: " +

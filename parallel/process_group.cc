@@ -24,6 +24,7 @@ const char* collective_name(CollectiveKind k) {
     case CollectiveKind::reduce_scatter: return "reduce_scatter";
     case CollectiveKind::all_to_all: return "all_to_all";
     case CollectiveKind::broadcast: return "broadcast";
+    case CollectiveKind::barrier: return "barrier";
   }
   return "?";
 }
@@ -69,7 +70,15 @@ CommCounters CommCounters::operator+(const CommCounters& o) const {
   return d;
 }
 
+namespace {
+thread_local int tls_phase_override = -1;
+}  // namespace
+
+CommPhaseScope::CommPhaseScope(CommPhase phase) : previous_(tls_phase_override) { tls_phase_override = int(phase); }
+CommPhaseScope::~CommPhaseScope() { tls_phase_override = previous_; }
+
 CommPhase current_comm_phase() {
+  if (tls_phase_override >= 0) return CommPhase(tls_phase_override);
   if (in_recompute()) return CommPhase::replay;
   if (backward_mode() != BackwardMode::none) return CommPhase::backward;
   return CommPhase::forward;

@@ -23,8 +23,8 @@ namespace remat {
 
 enum class ReduceOp { sum, avg, max };
 enum class CommPhase : std::uint8_t { forward, backward, replay };
-enum class CollectiveKind : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast };
-constexpr std::size_t kCollectiveKinds = 5;
+enum class CollectiveKind : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, barrier };
+constexpr std::size_t kCollectiveKinds = 6;
 const char* collective_name(CollectiveKind k);
 const char* phase_name(CommPhase p);
 
@@ -41,8 +41,22 @@ struct CommCounters {
   CommCounters operator+(const CommCounters& o) const;
 };
 
-// The phase this thread is in now: a recompute replay, a backward, or the forward.
+// The phase this thread is in now: a recompute replay, a backward, or the
+// forward (unless a CommPhaseScope says otherwise).
 CommPhase current_comm_phase();
+
+// RAII: collectives on this thread count as `phase` (e.g. gradient buckets
+// reduced right after backward returned still belong to the backward).
+class CommPhaseScope {
+ public:
+  explicit CommPhaseScope(CommPhase phase);
+  ~CommPhaseScope();
+  CommPhaseScope(const CommPhaseScope&) = delete;
+  CommPhaseScope& operator=(const CommPhaseScope&) = delete;
+
+ private:
+  int previous_;
+};
 
 // A collective started without waiting (all_reduce_async).
 class CommWork {

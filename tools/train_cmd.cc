@@ -68,7 +68,7 @@ int run_train(const std::vector<std::string>& args) {
   o.reuse_routing_metadata = f.get_int("reuse-routing", 1) != 0;
   if (f.has("comm-timeout")) set_comm_timeout(f.get_double("comm-timeout", 300));
   REMAT_CHECK(o.steps > 0, Error, "--steps must be > 0");
-  REMAT_CHECK(o.ep >= 1 && o.dp >= 0, Error, "--ep must be >= 1 and --dp >= 1");
+  REMAT_CHECK(o.ep >= 1 && o.dp >= 0, Error, "--ep must be >= 1 and --dp >= 0 (0: the job's size)");
 
   Trainer trainer(o);
   // Only rank 0 prints and logs (every rank computes the same global figures).
