@@ -31,6 +31,33 @@ RngState Generator::reserve(std::uint64_t elements) {
 }
 
 namespace {
+thread_local int tls_shard_rank = 0, tls_shard_ranks = 1;
+}  // namespace
+
+RngShardScope::RngShardScope(int rank, int ranks) : previous_rank_(tls_shard_rank), previous_ranks_(tls_shard_ranks) {
+  tls_shard_rank = rank;
+  tls_shard_ranks = ranks;
+}
+
+RngShardScope::~RngShardScope() {
+  tls_shard_rank = previous_rank_;
+  tls_shard_ranks = previous_ranks_;
+}
+
+RngState reserve_batch_draw(Generator& gen, std::uint64_t elements) {
+  if (tls_shard_ranks <= 1) return gen.reserve(elements);
+  const auto ranks = std::uint64_t(tls_shard_ranks), rank = std::uint64_t(tls_shard_rank);
+  if (elements % 4 == 0) {  // element i of the global draw is block i / 4, lane i % 4
+    RngState s = gen.reserve(elements * ranks);
+    s.offset += rank * (elements / 4);
+    return s;
+  }
+  RngState s = gen.reserve(philox_blocks(elements) * 4 * ranks);
+  s.offset += rank * philox_blocks(elements);
+  return s;
+}
+
+namespace {
 struct Generators {
   std::mutex mu;
   Generator cpu{0};

@@ -43,6 +43,25 @@ Generator& default_generator(Device device = kCPU);
 // Seeds the default generators of the CPU and of every CUDA device.
 void manual_seed(std::uint64_t seed);
 
+// Data parallel: inside the scope, this thread's draws over batch-major
+// tensors (dropout masks, random routes) are rank `rank`'s share of a global
+// batch split over `ranks`. reserve_batch_draw() then reserves the draw of the
+// whole batch (ranks x elements) and returns where this rank's slice starts,
+// so rank r draws the very values one process draws for the r-th 1/ranks of
+// the batch (exactly when `elements` is a multiple of 4; otherwise distinct
+// values per rank). Every rank's generator advances alike.
+class RngShardScope {
+ public:
+  RngShardScope(int rank, int ranks);
+  ~RngShardScope();
+  RngShardScope(const RngShardScope&) = delete;
+  RngShardScope& operator=(const RngShardScope&) = delete;
+
+ private:
+  int previous_rank_, previous_ranks_;
+};
+RngState reserve_batch_draw(Generator& gen, std::uint64_t elements);
+
 // Philox blocks a draw of `elements` values consumes.
 constexpr std::uint64_t philox_blocks(std::uint64_t elements) { return (elements + 3) / 4; }
 

@@ -14,7 +14,7 @@ namespace {
 // K distinct experts per token, uniformly at random (Philox from the default
 // generator of x's device), best-first order by draw.
 Tensor random_indices(std::int64_t tokens, std::int64_t experts, std::int64_t k, Device device) {
-  const RngState s = default_generator(device).reserve(std::uint64_t(tokens * experts));
+  const RngState s = reserve_batch_draw(default_generator(device), std::uint64_t(tokens * experts));
   std::vector<float> u(static_cast<std::size_t>(tokens * experts));
   philox_fill_uniform(u.data(), tokens * experts, s);
   std::vector<std::int64_t> idx(static_cast<std::size_t>(tokens * k));

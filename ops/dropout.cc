@@ -45,8 +45,9 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   if (!training || p == 0.0) return x;
   check_cpu("dropout", x);
   return dispatch1("dropout", {x}, [&] {
-    const RngState state =
-        (gen ? *gen : default_generator(x.device())).reserve(std::uint64_t(x.numel()));
+    // The default generator draws this rank's share of the batch's mask.
+    const RngState state = gen ? gen->reserve(std::uint64_t(x.numel()))
+                               : reserve_batch_draw(default_generator(x.device()), std::uint64_t(x.numel()));
     Tensor out = dropout_kernel(x, p, state);
     if (auto node = autograd::make_node("dropout", {&x})) {
       // No mask is saved: backward replays the same Philox words.

@@ -300,6 +300,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
     flops_hook->flops = 0;
     const auto t0 = Clock::now();
     Tensor loss;
+    RngShardScope shard(world->rank(), W);
     {
       CategoryScope cat(MemoryCategory::activation);
       loss = model.forward_loss(batch).loss;

@@ -141,6 +141,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     StepStats s;
     {
       CategoryScope cat(MemoryCategory::activation);
+      RngShardScope shard(rank(), W);  // dropout masks and random routes: this rank's share of the batch's
       auto out = model_->forward_loss(batch);
       loss = global_mean(out.loss.item());
       s.aux_loss = out.aux.item();  // global-batch statistics already

@@ -90,6 +90,8 @@ RunResult run(const ModelConfig& c, const std::shared_ptr<ProcessGroup>& world, 
   layout.ep_group->reset_counters();
   world->reset_counters();
   const std::int64_t saved0 = dispatch_counters().metadata_bytes_saved;
+  manual_seed(5);  // dropout and random routes: the same stream for every run
+  RngShardScope shard(world->rank(), W);
   auto out = model.forward_loss(local);
   out.loss.backward(W > 1 ? full({}, 1.0 / double(W)) : Tensor());
   if (reducer) reducer->finish();
@@ -151,6 +153,23 @@ TEST_CASE("expert parallel equals one process for none, per_block and moe_expert
         check_same(run(c, world, ep, plan, true), ref,
                    "plan " + plan + ", ep " + std::to_string(ep) + ", capacity " + std::to_string(cf));
     }
+  }
+}
+
+TEST_CASE("dropout masks and random routes of the ranks are one process's, sliced", "[parallel]") {
+  // Each rank draws its share of the global batch's draw, so even random
+  // layers give one process's loss and gradients.
+  auto world = world_group();
+  ModelConfig dense = ModelConfig::named("tiny");
+  dense.dropout = 0.1;
+  ModelConfig moe = small_moe();
+  moe.dropout = 0.1;
+  moe.random_routing = true;
+  for (const std::string plan : {"none", "per_block"}) {
+    check_same(run(dense, world, 1, plan, true), run(dense, single_process_group(), 1, plan, true),
+               "dropout, data parallel, plan " + plan);
+    check_same(run(moe, world, world->size(), plan, true), run(moe, single_process_group(), 1, plan, true),
+               "dropout and random routing, expert parallel, plan " + plan);
   }
 }
 
