@@ -51,3 +51,4 @@
 #include "train/data.h"
 #include "train/optimizer.h"
 #include "train/safetensors.h"
+#include "train/trainer.h"

@@ -1,8 +1,9 @@
-// Collectives as autograd ops: all_reduce_sum (backward: all_reduce_sum),
-// all_to_all (backward: the reverse
-// all_to_all), all_gather (backward: reduce_scatter of the gradient) and
-// reduce_scatter (backward: all_gather of the gradient). The group must be
-// the same on every rank and outlive the graph (the nodes keep it).
+// Collectives as autograd ops: all_reduce_sum (backward: all_reduce_sum of
+// the gradient), all_to_all (backward: the reverse all_to_all), all_gather
+// (backward: reduce_scatter of the gradient) and reduce_scatter (backward:
+// all_gather of the gradient). The group must be the same on every rank; the
+// nodes keep it alive. Every rank must run the backward of every collective
+// node (keep their outputs connected to the loss on every rank).
 #pragma once
 
 #include <memory>

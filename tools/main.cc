@@ -24,6 +24,9 @@ int cmd_info(const Args&) {
   std::printf("remat\n");
   std::printf("  CUDA back end : %s\n", remat::cuda::built_with_cuda() ? "built" : "not built");
   std::printf("  CUDA devices  : %d\n", remat::cuda::device_count());
+  const auto world = remat::world_group();
+  const std::string how = world->size() > 1 ? "MPI, this is rank " + std::to_string(world->rank()) : "no launcher";
+  std::printf("  processes     : %d (%s)\n", world->size(), how.c_str());
   std::printf("  CPU threads   : %d\n", remat::num_threads());
   auto& alloc = remat::allocator_for(remat::kCPU);
   remat::Tensor probe = remat::zeros({256, 256});
