@@ -64,7 +64,23 @@ DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, ExpertPlace
       };
 }
 
-Tensor DecoderModel::embed(const Tensor& input_ids) const { return model->embed_tokens->forward(input_ids); }
+DType compute_dtype_from_name(const std::string& name) {
+  if (name == "f32") return DType::f32;
+  if (name == "bf16") return DType::bf16;
+  if (name == "f16") return DType::f16;
+  throw Error("--dtype '" + name + "': expected f32, bf16 (mixed precision: f32 master weights and loss) or f16");
+}
+
+void DecoderModel::set_compute_dtype(DType dtype) {
+  REMAT_CHECK(is_floating(dtype) && dtype != DType::fp8_e4m3, DTypeError,
+              "DecoderModel: compute dtype must be f32, bf16 or f16, got ", dtype);
+  compute_dtype_ = dtype;
+}
+
+Tensor DecoderModel::embed(const Tensor& input_ids) const {
+  Tensor h = model->embed_tokens->forward(input_ids);
+  return h.dtype() == compute_dtype_ ? h : cast(h, compute_dtype_);
+}
 
 Tensor DecoderModel::run_blocks(const Tensor& x) const {
   if (runner_) return runner_(*this, x);
@@ -73,7 +89,10 @@ Tensor DecoderModel::run_blocks(const Tensor& x) const {
   return h;
 }
 
-Tensor DecoderModel::head(const Tensor& x) const { return lm_head->forward(model->norm->forward(x)); }
+Tensor DecoderModel::head(const Tensor& x) const {
+  Tensor logits = lm_head->forward(model->norm->forward(x));
+  return logits.dtype() == DType::f32 ? logits : cast(logits, DType::f32);  // the loss in f32
+}
 
 Tensor DecoderModel::forward(const Tensor& input_ids) const {
   REMAT_CHECK(input_ids.dim() == 2, ShapeError, "DecoderModel: input_ids must be [batch, seq], got ",

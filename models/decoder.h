@@ -41,6 +41,9 @@ class DecoderStack : public Module {
   std::shared_ptr<RMSNorm> norm;
 };
 
+// "f32", "bf16" or "f16" -> the dtype (for --dtype); throws Error otherwise.
+DType compute_dtype_from_name(const std::string& name);
+
 class DecoderModel : public Module {
  public:
   // Parameters initialised from a Generator seeded with `seed`, in name order.
@@ -70,6 +73,10 @@ class DecoderModel : public Module {
   Tensor head(const Tensor& x) const;
 
   const ModelConfig& config() const { return config_; }
+  // Mixed precision: activations and compute in `dtype` (bf16, f16 or f32,
+  // the default), parameters and the loss in f32.
+  void set_compute_dtype(DType dtype);
+  DType compute_dtype() const { return compute_dtype_; }
   void set_block_runner(BlockRunner r) { runner_ = std::move(r); }
   // Routing metrics of the MoE layers from the last forward_loss (original
   // pass only, one entry per MoE layer).
@@ -80,6 +87,7 @@ class DecoderModel : public Module {
 
  private:
   ModelConfig config_;
+  DType compute_dtype_ = DType::f32;
   BlockRunner runner_;
   // Collected from the MoE layers during forward_loss.
   mutable std::vector<Tensor> aux_terms_, z_terms_;

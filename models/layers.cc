@@ -35,7 +35,11 @@ Linear::Linear(std::int64_t in, std::int64_t out, double init_std, Generator& ge
   weight = register_parameter("weight", init_normal({out, in}, init_std, gen));
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, weight); }
+Tensor weight_as(const Tensor& weight, const Tensor& input) {
+  return weight.dtype() == input.dtype() ? weight : cast(weight, input.dtype());
+}
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, weight_as(weight, x)); }
 
 Embedding::Embedding(std::int64_t vocab, std::int64_t dim, double init_std, Generator& gen) {
   weight = register_parameter("weight", init_normal({vocab, dim}, init_std, gen));
@@ -48,7 +52,7 @@ RMSNorm::RMSNorm(std::int64_t dim, double eps_) : eps(eps_) {
   weight = register_parameter("weight", ones({dim}));
 }
 
-Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight, eps); }
+Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight_as(weight, x), eps); }
 
 SelfAttention::SelfAttention(const ModelConfig& c, Generator& gen)
     : n_heads(c.n_heads), head_dim(c.head_dim()), rope_theta(c.rope_theta) {

@@ -25,6 +25,11 @@ std::vector<Tensor> run_part(const RegionWrap& wrap, const std::string& part,
                              const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
                              const std::vector<Tensor>& inputs);
 
+// Mixed precision: parameters stay f32 (the master weights); a layer given
+// bf16 (or f16) input computes in that dtype with a differentiable cast of
+// its weight, so gradients reach the f32 parameter.
+Tensor weight_as(const Tensor& weight, const Tensor& input);
+
 // Parameters start as normal(0, std) from `gen` (weights) or ones (norms), in
 // allocation category `parameter`.
 class Linear : public Module {

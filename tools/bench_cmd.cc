@@ -165,7 +165,7 @@ Trace trace_step(const ModelConfig& c, const std::string& plan) {
 // between them), and rank 0 reports.
 std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
                                          std::int64_t steps, int threads, const std::string& seed,
-                                         std::int64_t ep = 1) {
+                                         std::int64_t ep = 1, const std::string& dtype = "f32") {
   std::string launcher;
   if (ep > 1) {
     launcher = "mpirun --oversubscribe " + std::string(::geteuid() == 0 ? "--allow-run-as-root " : "") + "-np " +
@@ -175,7 +175,7 @@ std::map<std::string, double> run_worker(const std::string& config, const std::s
   std::string cmd = launcher + "'/proc/" + std::to_string(::getpid()) + "/exe' bench-worker --config '" + config +
                     "' --recompute '" + plan + "' --warmup " + std::to_string(warmup) + " --steps " +
                     std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " + seed +
-                    " --ep " + std::to_string(ep) + " 2>&1";
+                    " --ep " + std::to_string(ep) + " --dtype " + dtype + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   REMAT_CHECK(p != nullptr, Error, "bench: cannot start a worker process");
   std::string out;
@@ -245,7 +245,7 @@ int run_estimate(const std::string& config, const ModelConfig& c, const std::vec
 // The worker: one process, one plan, one repeat. Prints "BENCH-RESULT {json}".
 int run_bench_worker(const std::vector<std::string>& args) {
   Flags f("bench-worker", args,
-          {{"config", ""}, {"recompute", ""}, {"warmup", ""}, {"steps", ""}, {"threads", ""}, {"seed", ""}, {"ep", ""}});
+          {{"config", ""}, {"recompute", ""}, {"warmup", ""}, {"steps", ""}, {"threads", ""}, {"seed", ""}, {"ep", ""}, {"dtype", ""}});
   if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
   const ModelConfig c = ModelConfig::load(f.get("config", "bench-dense"));
   const std::string plan = f.get("recompute", "none");
@@ -259,6 +259,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
   const ParallelLayout layout = make_parallel_layout(world, f.get_int("ep", 1), c);
   manual_seed(seed);
   DecoderModel model(c, seed, layout.placement());
+  model.set_compute_dtype(compute_dtype_from_name(f.get("dtype", "f32")));
   apply_parallel_layout(model, layout, /*reuse_routing_metadata=*/true);
   apply_recompute_plan(model, RecomputePlan::parse(plan, c.n_layers));
   AdamW opt(model.named_parameters());
@@ -367,6 +368,7 @@ int run_bench(const std::vector<std::string>& args) {
            {"repeats", "fresh processes per plan (default 3)"},
            {"threads", "CPU threads (default: all cores)"},
            {"seed", "seed (default 0)"},
+           {"dtype", "compute dtype: f32 (default) or bf16 (mixed precision)"},
            {"ep", "expert parallel: each worker is N processes under mpirun, the experts split over them"},
            {"peak-flops", "device peak FLOP/s for MFU (default: measured f32 GEMM peak on the CPU)"},
            {"json", "write the results to FILE"},
@@ -382,6 +384,8 @@ int run_bench(const std::vector<std::string>& args) {
   if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
   const int threads = num_threads();
   const std::int64_t ep = f.get_int("ep", 1);
+  const std::string dtype = f.get("dtype", "f32");
+  compute_dtype_from_name(dtype);  // reject a bad --dtype before any run
   REMAT_CHECK(ep >= 1, Error, "bench: --ep must be >= 1");
   REMAT_CHECK(ep == 1 || (c.experts % ep == 0 && c.batch % ep == 0), Error, "bench: --ep ", ep, " needs the ",
               c.experts, " experts and the batch of ", c.batch, " to divide by it");
@@ -401,7 +405,7 @@ int run_bench(const std::vector<std::string>& args) {
   for (const auto& plan : plans) {
     Result r{plan, {}};
     for (std::int64_t rep = 0; rep < repeats; ++rep) {
-      for (const auto& [k, val] : run_worker(config, plan, warmup, steps, threads, f.get("seed", "0"), ep))
+      for (const auto& [k, val] : run_worker(config, plan, warmup, steps, threads, f.get("seed", "0"), ep, dtype))
         r.v[k].push_back(val);
       std::printf("  %-24s repeat %lld: step %.0f ms\n", plan.c_str(), static_cast<long long>(rep + 1),
                   r.v["step_ms"].back());
@@ -426,7 +430,7 @@ int run_bench(const std::vector<std::string>& args) {
     const double mfu = med("model_flops") / (step * 1e-3) / peak;
     const double hfu = (med("model_flops") + med("replay_flops")) / (step * 1e-3) / peak;
     JsonObject j;
-    j.set("plan", r.plan).set("config", c.name).set("repeats", repeats).set("threads", threads);
+    j.set("plan", r.plan).set("config", c.name).set("repeats", repeats).set("threads", threads).set("dtype", dtype);
     j.set("peak_allocated_bytes", med("peak_allocated_bytes")).set("peak_reserved_bytes", med("peak_reserved_bytes"));
     j.set("persistent_bytes", med("persistent_bytes")).set("activation_bytes", med("activation_bytes"));
     j.set("step_ms", step).set("step_ms_min", *std::min_element(r.v.at("step_ms").begin(), r.v.at("step_ms").end()));

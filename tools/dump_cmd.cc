@@ -17,6 +17,7 @@ int run_dump(const std::vector<std::string>& args) {
            {"seed", "seed for weights and the batch (default 0)"},
            {"load", "take weights from this safetensors file (Hugging Face names)"},
            {"recompute", "recompute plan (default none)"},
+           {"dtype", "compute dtype: f32 (default) or bf16 (parameters, gradients and the loss stay f32)"},
            {"out", "output FILE.safetensors (required)"},
            {"threads", "CPU threads (default: all cores)"}});
   if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
@@ -28,6 +29,7 @@ int run_dump(const std::vector<std::string>& args) {
 
   manual_seed(seed);
   DecoderModel model(c, seed);
+  model.set_compute_dtype(compute_dtype_from_name(f.get("dtype", "f32")));
   apply_recompute_plan(model, parsed);
   if (f.has("load")) {
     const std::string path = f.get("load", "");

@@ -65,6 +65,7 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   manual_seed(opts_.seed);
   model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
   apply_parallel_layout(*model_, layout_, opts_.reuse_routing_metadata);
+  model_->set_compute_dtype(compute_dtype_from_name(opts_.dtype));
   apply_recompute_plan(*model_, plan);
   groups_ = {layout_.world};
   for (const auto& g : {layout_.ep_group, layout_.expert_replicas})

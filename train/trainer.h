@@ -34,6 +34,7 @@ struct TrainOptions {
   std::int64_t save_every = 0;  // 0: only at the end
   std::string resume_dir;
   std::string recompute = "none";
+  std::string dtype = "f32";    // compute dtype: f32, or bf16 (mixed precision: f32 masters and loss)
   // Several processes (under mpirun): the job's ranks share each global
   // batch of config.batch sequences. dp: the data-parallel degree, 0 for the
   // job's size (if set, it must equal it); ep: the expert-parallel degree.
