@@ -113,6 +113,7 @@ double Trainer::evaluate() {
   model_->train(false);
   BatchSampler val(corpus_.val, opts_.config.batch, opts_.config.seq, 0xe7a1ull);
   double total = 0;
+  RngShardScope shard(rank(), world_size());  // random routes: this rank's share of the batch's
   for (std::int64_t i = 0; i < opts_.eval_batches; ++i)
     total += model_->forward_loss(local_batch(val.next())).ce.item();
   model_->train(true);
