@@ -114,8 +114,10 @@ double Trainer::evaluate() {
   BatchSampler val(corpus_.val, opts_.config.batch, opts_.config.seq, 0xe7a1ull);
   double total = 0;
   RngShardScope shard(rank(), world_size());  // random routes: this rank's share of the batch's
+  const RngState rng = default_generator(kCPU).state();  // evaluation leaves training's stream alone
   for (std::int64_t i = 0; i < opts_.eval_batches; ++i)
     total += model_->forward_loss(local_batch(val.next())).ce.item();
+  default_generator(kCPU).set_state(rng);
   model_->train(true);
   return global_mean(total / double(std::max<std::int64_t>(opts_.eval_batches, 1)));
 }
