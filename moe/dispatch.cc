@@ -125,7 +125,11 @@ SlotCounts BatchGroup::gather_counts(const std::vector<std::int64_t>& local) {
 
 Routing TokenDispatcher::make_routing(const Tensor& indices, std::int64_t experts, const SlotCounts& counts,
                                       double capacity_factor) {
-  const auto keep = kept_per_rank(counts, capacity_factor);
+  return local_routing(indices, experts, counts, kept_per_rank(counts, capacity_factor));
+}
+
+Routing TokenDispatcher::local_routing(const Tensor& indices, std::int64_t experts, const SlotCounts& counts,
+                                       const std::vector<std::vector<std::int64_t>>& keep) {
   Routing r = remat::make_routing(indices, experts, keep.at(counts.rank));
   r.dropped = 0;
   for (std::size_t k = 0; k < keep.size(); ++k)

@@ -113,6 +113,12 @@ class TokenDispatcher {
   // y [expert rows, d] and this rank's row weights [rows] -> [tokens, d]:
   // out[t] = sum of weight[r] * y[r] over the rows of token t.
   virtual Tensor combine(const Tensor& y, const Tensor& row_weights, const Routing& routing) = 0;
+
+ protected:
+  // This rank's routing given every rank's kept rows (kept_per_rank), with
+  // `dropped` counted over all ranks.
+  static Routing local_routing(const Tensor& indices, std::int64_t experts, const SlotCounts& counts,
+                               const std::vector<std::vector<std::int64_t>>& keep);
 };
 
 // Rows move inside this process (index_select / weighted index_add).

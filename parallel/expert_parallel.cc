@@ -1,5 +1,7 @@
 #include "parallel/expert_parallel.h"
 
+#include <algorithm>
+
 #include "ops/ops.h"
 #include "parallel/comm_ops.h"
 
@@ -29,8 +31,8 @@ Routing ExpertParallelDispatcher::make_routing(const Tensor& indices, std::int64
   REMAT_CHECK(experts % std::int64_t(K) == 0 && base_ + K <= counts.per_rank.size(), ShapeError,
               "expert parallel: ", experts, " experts over ", K, " ranks (base ", base_, ") with counts from ",
               counts.per_rank.size(), " ranks");
-  Routing r = TokenDispatcher::make_routing(indices, experts, counts, capacity_factor);
   const auto keep = kept_per_rank(counts, capacity_factor);
+  Routing r = local_routing(indices, experts, counts, keep);
   const std::int64_t per = experts / std::int64_t(K);
   const std::int64_t first = first_expert(experts);
   const auto& mine = keep[counts.rank];
@@ -107,7 +109,33 @@ ParallelLayout make_parallel_layout(std::shared_ptr<ProcessGroup> world, std::in
   }
   l.ep_group = world->split(int(r / ep), r);
   l.expert_replicas = world->split(int(r % ep), r);
+  l.grad_group = world->split(0, r);
   return l;
+}
+
+std::vector<std::shared_ptr<ProcessGroup>> ParallelLayout::groups() const {
+  std::vector<std::shared_ptr<ProcessGroup>> g;
+  for (const auto& p : {world, ep_group, expert_replicas, grad_group})
+    if (p && std::find(g.begin(), g.end(), p) == g.end()) g.push_back(p);
+  return g;
+}
+
+CommCounters ParallelLayout::counters() const {
+  CommCounters c;
+  for (const auto& g : groups()) c = c + g->counters();
+  return c;
+}
+
+std::unique_ptr<GradReducer> make_grad_reducer(const ParallelLayout& layout,
+                                               const std::vector<std::pair<std::string, Tensor>>& params,
+                                               std::int64_t bucket_bytes) {
+  if (layout.world->size() <= 1) return nullptr;
+  std::vector<ReducedParameter> reduced;
+  for (const auto& [name, p] : params) {
+    const bool expert = is_expert_parameter(name);
+    reduced.push_back({name, p, expert ? layout.expert_replicas : layout.grad_group, expert});
+  }
+  return std::make_unique<GradReducer>(std::move(reduced), bucket_bytes);
 }
 
 void apply_parallel_layout(DecoderModel& model, const ParallelLayout& layout, bool reuse_routing_metadata) {
@@ -122,6 +150,15 @@ void apply_parallel_layout(DecoderModel& model, const ParallelLayout& layout, bo
       block->moe->dispatcher = std::make_shared<ExpertParallelDispatcher>(layout.ep_group, base);
     }
   }
+}
+
+Tensor batch_shard(const Tensor& global, const ProcessGroup& group) {
+  const int W = group.size();
+  if (W == 1) return global;
+  REMAT_CHECK(global.size(0) % W == 0, ShapeError, "batch_shard: a batch of ", global.size(0),
+              " does not split evenly over ", W, " ranks");
+  const std::int64_t b = global.size(0) / W;
+  return global.narrow(0, group.rank() * b, b).contiguous();
 }
 
 bool is_expert_parameter(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }

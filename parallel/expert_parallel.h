@@ -11,9 +11,11 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "models/decoder.h"
 #include "moe/dispatch.h"
+#include "parallel/grad_reducer.h"
 #include "parallel/process_group.h"
 
 namespace remat {
@@ -58,8 +60,16 @@ struct ParallelLayout {
   std::shared_ptr<ProcessGroup> world;
   std::shared_ptr<ProcessGroup> ep_group;         // the K ranks that split the experts
   std::shared_ptr<ProcessGroup> expert_replicas;  // the ranks holding the same experts (W / K)
+  // The world again, on a communicator of its own for gradient buckets, so
+  // their asynchronous all-reduces never interleave with the model's
+  // collectives (null in one process).
+  std::shared_ptr<ProcessGroup> grad_group;
   std::int64_t ep = 1;
   ExpertPlacement placement() const { return {ep_group->rank(), ep}; }
+  // Every distinct group above (for totalling their counters).
+  std::vector<std::shared_ptr<ProcessGroup>> groups() const;
+  // The sum of their counters.
+  CommCounters counters() const;
 };
 // Validates ep against the world and the config (the world size must divide
 // the batch, ep must divide the world size and the expert count) and builds
@@ -71,7 +81,19 @@ ParallelLayout make_parallel_layout(std::shared_ptr<ProcessGroup> world, std::in
 // group. `reuse_routing_metadata`: replays reuse the forward's counts.
 void apply_parallel_layout(DecoderModel& model, const ParallelLayout& layout, bool reuse_routing_metadata);
 
+// This rank's consecutive 1/size of a global batch (dim 0 must divide by
+// the group's size; the batch itself in one process).
+Tensor batch_shard(const Tensor& global, const ProcessGroup& group);
+
 // True for the parameters of routed experts ("...mlp.experts.<e>...").
 bool is_expert_parameter(const std::string& name);
+
+// The gradient reducer of a data-parallel run: routed experts summed over
+// their replicas (after backward: their readiness differs by rank), every
+// other parameter over the world in buckets started during backward. Null
+// in one process.
+std::unique_ptr<GradReducer> make_grad_reducer(const ParallelLayout& layout,
+                                               const std::vector<std::pair<std::string, Tensor>>& params,
+                                               std::int64_t bucket_bytes);
 
 }  // namespace remat

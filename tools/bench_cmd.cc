@@ -263,24 +263,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
   apply_parallel_layout(model, layout, /*reuse_routing_metadata=*/true);
   apply_recompute_plan(model, RecomputePlan::parse(plan, c.n_layers));
   AdamW opt(model.named_parameters());
-  std::vector<std::shared_ptr<ProcessGroup>> groups = {layout.world};
-  std::unique_ptr<GradReducer> reducer;
-  if (W > 1) {
-    groups.push_back(layout.ep_group);
-    groups.push_back(layout.expert_replicas);
-    groups.push_back(world->split(0, world->rank()));
-    std::vector<ReducedParameter> reduced;
-    for (auto& [name, p] : model.named_parameters()) {
-      const bool expert = is_expert_parameter(name);
-      reduced.push_back({name, p, expert ? layout.expert_replicas : groups.back(), expert});
-    }
-    reducer = std::make_unique<GradReducer>(std::move(reduced), 25ll << 20);
-  }
-  auto comm_now = [&] {
-    CommCounters total;
-    for (const auto& g : groups) total = total + g->counters();
-    return total;
-  };
+  std::unique_ptr<GradReducer> reducer = make_grad_reducer(layout, model.named_parameters(), 25ll << 20);
   CommCounters comm_step;
   Corpus corpus = generated_corpus(seed, std::int64_t(1) << 20, c.seq + 2);
   BatchSampler sampler(corpus.train, c.batch, c.seq, seed + 1);
@@ -292,9 +275,9 @@ int run_bench_worker(const std::vector<std::string>& args) {
   std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
   for (std::int64_t i = 0; i < warmup + steps; ++i) {
     Tensor batch = sampler.next();
-    if (W > 1) batch = batch.narrow(0, world->rank() * (c.batch / W), c.batch / W).contiguous();
+    batch = batch_shard(batch, *world);
     model.zero_grad();
-    const CommCounters comm0 = comm_now();
+    const CommCounters comm0 = layout.counters();
     alloc.reset_peak();
     const auto ops0 = checkpoint_counters().ops_recomputed;
     const auto moved0 = dispatch_counters().replay_bytes_moved;
@@ -334,7 +317,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
     activations = std::max(activations, st.allocated_peak - persistent);
     ops = checkpoint_counters().ops_recomputed - ops0;
     replayed = dispatch_counters().replay_bytes_moved - moved0;
-    comm_step = comm_now() - comm0;
+    comm_step = layout.counters() - comm0;
     if (W > 1) replayed = comm_step.bytes_in(CommPhase::replay);  // what really crossed between ranks again
   }
   if (world->rank() != 0) return 0;  // rank 0 reports

@@ -67,21 +67,7 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   apply_parallel_layout(*model_, layout_, opts_.reuse_routing_metadata);
   model_->set_compute_dtype(compute_dtype_from_name(opts_.dtype));
   apply_recompute_plan(*model_, plan);
-  groups_ = {layout_.world};
-  for (const auto& g : {layout_.ep_group, layout_.expert_replicas})
-    if (std::find(groups_.begin(), groups_.end(), g) == groups_.end()) groups_.push_back(g);
-  if (world->size() > 1) {
-    // Gradient buckets get their own communicator, so their asynchronous
-    // all-reduces never interleave with the model's collectives.
-    grad_group_ = world->split(0, world->rank());
-    groups_.push_back(grad_group_);
-    std::vector<ReducedParameter> reduced;
-    for (auto& [name, p] : model_->named_parameters()) {
-      const bool expert = is_expert_parameter(name);
-      reduced.push_back({name, p, expert ? layout_.expert_replicas : grad_group_, expert});
-    }
-    reducer_ = std::make_unique<GradReducer>(std::move(reduced), opts_.bucket_bytes);
-  }
+  reducer_ = make_grad_reducer(layout_, model_->named_parameters(), opts_.bucket_bytes);
   AdamWOptions ao;
   ao.weight_decay = opts_.weight_decay;
   optimizer_ = std::make_unique<AdamW>(model_->named_parameters(), ao);
@@ -91,21 +77,8 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
 
 double Trainer::initial_loss_estimate() const { return std::log(double(opts_.config.vocab)); }
 
-Tensor Trainer::local_batch(const Tensor& global) const {
-  const int W = world_size();
-  if (W == 1) return global;
-  const std::int64_t b = global.size(0) / W;
-  return global.narrow(0, rank() * b, b).contiguous();
-}
-
 double Trainer::global_mean(double local) const {
   return sum_in_rank_order(*layout_.world, local) / double(world_size());
-}
-
-CommCounters Trainer::comm_counters() const {
-  CommCounters c;
-  for (const auto& g : groups_) c = c + g->counters();
-  return c;
 }
 
 double Trainer::evaluate() {
@@ -116,7 +89,7 @@ double Trainer::evaluate() {
   RngShardScope shard(rank(), world_size());  // random routes: this rank's share of the batch's
   const RngState rng = default_generator(kCPU).state();  // evaluation leaves training's stream alone
   for (std::int64_t i = 0; i < opts_.eval_batches; ++i)
-    total += model_->forward_loss(local_batch(val.next())).ce.item();
+    total += model_->forward_loss(batch_shard(val.next(), *layout_.world)).ce.item();
   default_generator(kCPU).set_state(rng);
   model_->train(true);
   return global_mean(total / double(std::max<std::int64_t>(opts_.eval_batches, 1)));
@@ -134,12 +107,12 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     alloc.reset_peak();
     const double lr = cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
     // Every rank draws the same global batch and takes its own sequences.
-    Tensor batch = local_batch(sampler_->next());
+    Tensor batch = batch_shard(sampler_->next(), *layout_.world);
     model_->zero_grad();
     reset_saved_bytes_peak();
     const std::int64_t ops0 = checkpoint_counters().ops_recomputed;
     const DispatchCounters moved0 = dispatch_counters();
-    const CommCounters comm0 = comm_counters();
+    const CommCounters comm0 = layout_.counters();
     const int W = world_size();
     double loss;
     StepStats s;
@@ -204,7 +177,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     s.peak_reserved_bytes = stats.reserved_peak;
     s.persistent_bytes = persistent_bytes(model_->named_parameters(), *optimizer_);
     s.activation_bytes = s.peak_allocated_bytes - s.persistent_bytes;
-    s.comm = comm_counters() - comm0;
+    s.comm = layout_.counters() - comm0;
     if ((opts_.eval_every > 0 && step_ % opts_.eval_every == 0) || step_ == stop) s.val_loss = evaluate();
     if (!opts_.save_dir.empty() && ((opts_.save_every > 0 && step_ % opts_.save_every == 0) || step_ == stop))
       save(opts_.save_dir);

@@ -114,12 +114,8 @@ class Trainer {
   std::unique_ptr<BatchSampler> sampler_;
   std::int64_t step_ = 0;
   ParallelLayout layout_;
-  std::shared_ptr<ProcessGroup> grad_group_;  // the world, for gradient buckets only
   std::unique_ptr<GradReducer> reducer_;
-  std::vector<std::shared_ptr<ProcessGroup>> groups_;  // every group this run uses (counters)
-  Tensor local_batch(const Tensor& global) const;
   double global_mean(double local) const;
-  CommCounters comm_counters() const;
 };
 
 }  // namespace remat

@@ -4,15 +4,21 @@
 // rank the same cases run over the job.
 #include <catch2/catch.hpp>
 
+#include "cuda/allocator_backend.h"
 #include "parallel/nccl_group.h"
 #include "parallel/process_group.h"
 
 using namespace remat;
 
-TEST_CASE("a build with CUDA has NCCL, one without says so", "[parallel]") {
+TEST_CASE("without CUDA, or without a device, an NCCL group is refused clearly", "[parallel]") {
   auto world = world_group();
-  if (nccl_available()) SUCCEED("NCCL compiled in");
-  else CHECK_THROWS_WITH(nccl_group(world, 0), Catch::Contains("no CUDA"));
+  if (!nccl_available()) {
+    CHECK_THROWS_WITH(nccl_group(world, 0), Catch::Contains("no CUDA"));
+  } else if (cuda::device_count() == 0) {
+    CHECK_THROWS_WITH(nccl_group(world, 0), Catch::Contains("NCCL group: cudaSetDevice"));
+  } else {
+    SUCCEED("a device is present: the [cuda] case below checks the group");
+  }
 }
 
 TEST_CASE("NCCL collectives on CUDA tensors match the CPU results", "[cuda]") {

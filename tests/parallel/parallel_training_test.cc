@@ -74,19 +74,9 @@ RunResult run(const ModelConfig& c, const std::shared_ptr<ProcessGroup>& world, 
   apply_parallel_layout(model, layout, reuse);
   apply_recompute_plan(model, RecomputePlan::parse(plan, c.n_layers));
   const int W = world->size();
-  std::unique_ptr<GradReducer> reducer;
-  std::shared_ptr<ProcessGroup> grads_group = W > 1 ? world->split(0, world->rank()) : world;
-  if (W > 1) {
-    std::vector<ReducedParameter> ps;
-    for (auto& [name, p] : model.named_parameters()) {
-      const bool expert = is_expert_parameter(name);
-      ps.push_back({name, p, expert ? layout.expert_replicas : grads_group, expert});
-    }
-    reducer = std::make_unique<GradReducer>(std::move(ps), 64 << 10);  // several buckets
-    reducer->prepare();
-  }
-  const std::int64_t b = c.batch / W;
-  Tensor local = batch.narrow(0, world->rank() * b, b).contiguous();
+  std::unique_ptr<GradReducer> reducer = make_grad_reducer(layout, model.named_parameters(), 64 << 10);  // several buckets
+  if (reducer) reducer->prepare();
+  Tensor local = batch_shard(batch, *world);
   layout.ep_group->reset_counters();
   world->reset_counters();
   const std::int64_t saved0 = dispatch_counters().metadata_bytes_saved;

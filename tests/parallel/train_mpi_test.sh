@@ -5,20 +5,8 @@
 # one that stops answering) makes the others exit non-zero with a message
 # naming the collective they were in.
 set -u
-cd "$(dirname "$(readlink -f "$0")")/../.."
-passed=0
-failed=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-check() {
-  if eval "$2"; then
-    passed=$((passed + 1))
-    echo "passed: $1"
-  else
-    failed=$((failed + 1))
-    echo "FAILED: $1"
-  fi
-}
+# shellcheck source=tests/script_checks.sh
+source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"
 flags=(--oversubscribe)
 [ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
 export OMP_NUM_THREADS=1
@@ -28,9 +16,11 @@ common=(--config tiny-moe --steps 4 --warmup 2 --eval-every 0 --seed 5)
 $remat train "${common[@]}" --log "$tmp/one.jsonl" > "$tmp/one.txt" 2>&1
 timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --ep 2 --recompute per_block \
   --log "$tmp/ep2.jsonl" > "$tmp/ep2.txt" 2>&1
-check "mpirun -np 2 train --ep 2 runs" '[ $? -eq 0 ] && [ -s "$tmp/ep2.jsonl" ]' || tail -5 "$tmp/ep2.txt"
+rc=$?
+check "mpirun -np 2 train --ep 2 runs" '[ $rc -eq 0 ] && [ -s "$tmp/ep2.jsonl" ]' || tail -5 "$tmp/ep2.txt"
 timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --dp 2 --log "$tmp/dp2.jsonl" > "$tmp/dp2.txt" 2>&1
-check "mpirun -np 2 train --dp 2 runs" '[ $? -eq 0 ] && [ -s "$tmp/dp2.jsonl" ]' || tail -5 "$tmp/dp2.txt"
+rc=$?
+check "mpirun -np 2 train --dp 2 runs" '[ $rc -eq 0 ] && [ -s "$tmp/dp2.jsonl" ]' || tail -5 "$tmp/dp2.txt"
 check "only rank 0 prints" '[ "$(grep -c "^remat train:" "$tmp/ep2.txt")" -eq 1 ] && [ "$(grep -c "^done:" "$tmp/ep2.txt")" -eq 1 ]'
 check "ep 2 and dp 2 log the losses of one process; per_block replays the dispatch/combine bytes" \
   "/usr/bin/python3 - '$tmp' <<'PY'
@@ -116,5 +106,4 @@ check "--ep that does not divide the ranks is refused" 'grep -q "the expert-para
 $remat train --config tiny --steps 1 --dp 2 > "$tmp/bad2.txt" 2>&1
 check "--dp without a launcher names mpirun" 'grep -q "mpirun -np 2" "$tmp/bad2.txt"'
 
-echo "remat-tests: $passed passed, $failed failed, 0 skipped"
-[ "$failed" -eq 0 ]
+finish

@@ -4,20 +4,8 @@
 # none, the HTML plot is written; and --estimate predicts activations within
 # 10% of the measurement for none and per_block.
 set -u
-cd "$(dirname "$(readlink -f "$0")")/../.."
-passed=0
-failed=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-check() {
-  if eval "$2"; then
-    passed=$((passed + 1))
-    echo "passed: $1"
-  else
-    failed=$((failed + 1))
-    echo "FAILED: $1"
-  fi
-}
+# shellcheck source=tests/script_checks.sh
+source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"
 ./bazel-bin/tools/remat bench --config tiny --recompute none,per_block,selected:0,2 --repeats 2 --warmup 1 --steps 2 \
   --threads 2 --json "$tmp/b.json" --html "$tmp/b.html" > "$tmp/b.txt" 2>&1
 check "bench runs" '[ -s "$tmp/b.json" ]' || cat "$tmp/b.txt"
@@ -46,5 +34,4 @@ rows = json.load(open(sys.argv[1]))
 for r in rows:
     assert abs(r['relative_error']) < 0.10, r
 PY" || cat "$tmp/e.txt"
-echo "remat-tests: $passed passed, $failed failed, 0 skipped"
-[ "$failed" -eq 0 ]
+finish

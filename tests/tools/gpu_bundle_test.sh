@@ -3,23 +3,12 @@
 # carry, runs out of tree (its libraries bundled), and on a machine without a
 # GPU says so (exit 2) instead of pretending to check anything.
 set -u
-cd "$(dirname "$(readlink -f "$0")")/../.."
-passed=0
-failed=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-check() {
-  if eval "$2"; then
-    passed=$((passed + 1))
-    echo "passed: $1"
-  else
-    failed=$((failed + 1))
-    echo "FAILED: $1"
-  fi
-}
+# shellcheck source=tests/script_checks.sh
+source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"
 bash tools/gpu/build.sh > "$tmp/build.txt" 2>&1
+rc=$?
 check "the bundle builds, under 64 MiB, with the CUDA test binaries and remat" \
-  '[ $? -eq 0 ] && [ -x out/gpu-check/bin/cuda_test ] && [ -x out/gpu-check/bin/remat ] && [ "$(du -sm out/gpu-check | cut -f1)" -lt 64 ]' \
+  '[ $rc -eq 0 ] && [ -x out/gpu-check/bin/cuda_test ] && [ -x out/gpu-check/bin/remat ] && [ "$(du -sm out/gpu-check | cut -f1)" -lt 64 ]' \
   || cat "$tmp/build.txt"
 cp -r out/gpu-check "$tmp/bundle"  # out of the tree: no Bazel rpaths to lean on
 "$tmp/bundle/run.sh" "$tmp/out" --quick > "$tmp/run.txt" 2>&1
@@ -30,5 +19,4 @@ else
   check "without a GPU the runner says so and exits 2" '[ $rc -eq 2 ] && grep -q "^no GPU" "$tmp/out/summary.txt"'
 fi
 check "the runner found the bundled libraries (remat info ran)" 'grep -q "CUDA back end" "$tmp/out/info.txt"'
-echo "remat-tests: $passed passed, $failed failed, 0 skipped"
-[ "$failed" -eq 0 ]
+finish
