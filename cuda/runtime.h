@@ -5,14 +5,27 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "engine/memory_backend.h"
 
 namespace remat::cuda {
 
+// What the benchmarks and `remat info` report about a device.
+struct DeviceInfo {
+  std::string name;
+  int major = 0, minor = 0;        // compute capability
+  int multiprocessors = 0;
+  int clock_khz = 0;               // peak SM clock
+  std::size_t memory_bytes = 0;
+};
+// Properties of CUDA device `device`; throws DeviceError if it is absent.
+DeviceInfo device_info(int device);
+
 // Makes `device` current on the calling thread.
 void set_device(int device);
-// Host-to-device, device-to-host and device-to-device copies of `bytes`,
+// Host-to-device, device-to-host and device-to-device copies of `bytes`
+// (pageable host memory; large copies are staged through pinned buffers),
 // ordered on `stream` and complete when the function returns.
 void copy_host_to_device(void* dst, const void* src, std::size_t bytes, StreamId stream = 0);
 void copy_device_to_host(void* dst, const void* src, std::size_t bytes, StreamId stream = 0);

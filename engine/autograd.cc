@@ -7,6 +7,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "cuda/accumulate.h"
+#include "engine/cuda_layout.h"
+#include "cuda/stream.h"
 #include "engine/immortal.h"
 #include "engine/strided.h"
 
@@ -649,8 +652,17 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 void detail::add_into(Tensor& acc, const Tensor& g) {
   REMAT_CHECK(acc.sizes() == g.sizes(), ShapeError, "gradient accumulation: shapes ",
               shape_str(acc.sizes()), " and ", shape_str(g.sizes()), " differ");
-  REMAT_CHECK(acc.device().is_cpu() && g.device().is_cpu(), DeviceError,
-              "gradient accumulation on ", acc.device(), " is not supported yet");
+  REMAT_CHECK(acc.device() == g.device(), DeviceError, "gradient accumulation: the gradient is on ",
+              g.device(), " but the buffer it adds into is on ", acc.device());
+  if (acc.device().is_cuda()) {
+    REMAT_CHECK(is_floating(acc.dtype()) && is_floating(g.dtype()), DTypeError,
+                "gradient accumulation on ", acc.device(), ": expected floating dtypes, got ", acc.dtype(),
+                " and ", g.dtype());
+    cuda::add_into(acc.raw_data(), acc.dtype(), detail::cuda_layout(acc), g.raw_data(), g.dtype(), detail::cuda_layout(g),
+                   cuda::current_stream());
+    acc.bump_version();
+    return;
+  }
   Tensor src = g.dtype() == acc.dtype() ? g : g.to(acc.dtype());
   const std::array<const Shape*, 2> st{&acc.strides(), &src.strides()};
   dispatch_dtype(acc.dtype(), [&](auto tag) {
@@ -675,11 +687,33 @@ void detail::add_into(Tensor& acc, const Tensor& g) {
   acc.bump_version();
 }
 
+namespace {
+// sum_to_shape on CUDA: dims of g that map to an output dim (stride != 0)
+// are kept, the rest are summed in input order.
+Tensor sum_to_shape_cuda(const Tensor& g, const Shape& shape, const Shape& out_strides_in_g) {
+  cuda::Strided kept, reduced;
+  for (std::size_t d = 0; d < g.sizes().size(); ++d) {
+    cuda::Strided& part = out_strides_in_g[d] != 0 ? kept : reduced;
+    REMAT_CHECK(part.dim < cuda::kMaxDims, ShapeError, "sum_to_shape: too many dims for CUDA: ",
+                shape_str(g.sizes()));
+    part.sizes[part.dim] = g.sizes()[d];
+    part.strides[part.dim] = g.strides()[d];
+    ++part.dim;
+  }
+  Tensor out = empty(shape, TensorOptions(DType::f32, g.device()));
+  Tensor work;
+  if (const std::int64_t w = cuda::sum_reduced_workspace(kept, reduced); w > 0)
+    work = empty({w}, TensorOptions(DType::f32, g.device()));
+  cuda::sum_reduced(out.data<float>(), g.raw_data(), g.dtype(), kept, reduced,
+                    work.defined() ? work.data<float>() : nullptr, cuda::current_stream());
+  return g.dtype() == DType::f32 ? out : out.to(g.dtype());
+}
+}  // namespace
+
 Tensor detail::sum_to_shape(const Tensor& g, const Shape& shape) {
   if (g.sizes() == shape) return g;
   REMAT_CHECK(g.dim() >= std::int64_t(shape.size()), ShapeError, "sum_to_shape: cannot reduce ",
               shape_str(g.sizes()), " to ", shape_str(shape));
-  REMAT_CHECK(g.device().is_cpu(), DeviceError, "sum_to_shape on ", g.device(), " is not supported yet");
   // Output element o sums the input elements that broadcast onto it. Loop over
   // the input in order (deterministic) accumulating in f32.
   const std::size_t lead = g.sizes().size() - shape.size();
@@ -691,6 +725,7 @@ Tensor detail::sum_to_shape(const Tensor& g, const Shape& shape) {
                 shape_str(g.sizes()), " to ", shape_str(shape));
     out_strides_in_g[lead + i] = shape[i] == 1 ? 0 : cs[i];
   }
+  if (g.device().is_cuda()) return sum_to_shape_cuda(g, shape, out_strides_in_g);
   Tensor gf = g.dtype() == DType::f32 ? g : g.to(DType::f32);
   Tensor acc = zeros(shape, DType::f32);
   float* o = acc.data<float>();

@@ -6,7 +6,10 @@
 #include <cstring>
 #include <sstream>
 
+#include "cuda/copy.h"
+#include "engine/cuda_layout.h"
 #include "cuda/runtime.h"
+#include "cuda/stream.h"
 #include "engine/autograd.h"
 #include "engine/strided.h"
 
@@ -49,7 +52,7 @@ Tensor scatter_view_grad(const Tensor& g, const Shape& sizes, DType dtype,
 // Storage
 
 Storage::Storage(std::size_t nbytes, Device device)
-    : data_(allocator_for(device).allocate(nbytes)),
+    : data_(allocator_for(device).allocate(nbytes, device.is_cuda() ? cuda::current_stream() : 0)),
       nbytes_(nbytes),
       device_(device),
       category_(current_category()) {}
@@ -368,6 +371,18 @@ Tensor Tensor::flatten(std::int64_t start, std::int64_t end) const {
 // ---------------------------------------------------------------------------
 // Copies
 
+cuda::Strided detail::cuda_layout(const Tensor& t) {
+  REMAT_CHECK(t.dim() <= cuda::kMaxDims, ShapeError, "CUDA kernels take at most ", cuda::kMaxDims,
+              " dims, got a tensor of shape ", shape_str(t.sizes()));
+  cuda::Strided s;
+  s.dim = int(t.dim());
+  for (int d = 0; d < s.dim; ++d) {
+    s.sizes[d] = t.sizes()[std::size_t(d)];
+    s.strides[d] = t.strides()[std::size_t(d)];
+  }
+  return s;
+}
+
 void detail::copy_cpu(const Tensor& dst, const Tensor& src) {
   REMAT_CHECK(dst.sizes() == src.sizes(), ShapeError, "copy: shapes ", shape_str(dst.sizes()),
               " and ", shape_str(src.sizes()), " differ");
@@ -431,6 +446,23 @@ Tensor Tensor::to(Device d) const {
   return with_grad(*this, out, "to_device", [from](const Tensor& g) { return g.to(from); });
 }
 
+void Tensor::move_to_(Device d) {
+  if (d == device()) return;
+  REMAT_CHECK(grad_fn() == nullptr, AutogradError, "move_to_: only leaves move in place (this tensor of shape ",
+              shape_str(sizes()), " has a grad_fn); use .to(device) for computed tensors");
+  Tensor moved;
+  {
+    NoGradGuard ng;
+    moved = detach().to(d);
+  }
+  if (Tensor g = grad(); g.defined()) g.move_to_(d);
+  TensorImpl& self = impl();
+  self.storage = moved.impl().storage;
+  self.strides = moved.impl().strides;
+  self.offset = moved.impl().offset;
+  bump_version();
+}
+
 namespace {
 void check_inplace(const Tensor& self, const char* op) {
   REMAT_CHECK(!(grad_enabled() && self.requires_grad()), AutogradError, op,
@@ -458,27 +490,34 @@ void Tensor::copy_from(const Tensor& src_in) {
     detail::copy_cpu(*this, src);
     return;
   }
-  // Device copies move contiguous bytes; conversions and layouts happen on the
-  // side that has kernels for them (the CPU, until the CUDA kernels land).
-  if (src.device().is_cpu()) {  // host -> device
-    Tensor staged = src.dtype() == dtype() && src.is_contiguous() ? src : src.to(dtype()).contiguous();
-    REMAT_CHECK(is_contiguous(), DeviceError, "copy_: host-to-device copy into a non-contiguous ",
-                device(), " tensor of shape ", shape_str(sizes()), " is not supported yet");
-    cuda::copy_host_to_device(raw_data(), staged.raw_data(), nbytes());
+  const StreamId stream = cuda::current_stream();
+  if (src.device().is_cpu()) {  // host -> device: bytes in the source's dtype, then convert there
+    Tensor staged = src.is_contiguous() ? src : src.contiguous();
+    if (is_contiguous() && staged.dtype() == dtype()) {
+      cuda::copy_host_to_device(raw_data(), staged.raw_data(), nbytes(), stream);
+      return;
+    }
+    Tensor dev = empty(sizes(), TensorOptions(staged.dtype(), device()));
+    cuda::copy_host_to_device(dev.raw_data(), staged.raw_data(), staged.nbytes(), stream);
+    copy_from(dev);
     return;
   }
-  if (device().is_cpu()) {  // device -> host
-    REMAT_CHECK(src.is_contiguous(), DeviceError, "copy_: device-to-host copy from a ",
-                "non-contiguous ", src.device(), " tensor is not supported yet");
+  if (device().is_cpu()) {  // device -> host: contiguous bytes, then the CPU converts
+    Tensor dense = src.is_contiguous() ? src : src.contiguous();
+    if (is_contiguous() && dense.dtype() == dtype()) {
+      cuda::copy_device_to_host(raw_data(), dense.raw_data(), nbytes(), stream);
+      return;
+    }
     Tensor staged = empty(src.sizes(), TensorOptions(src.dtype(), kCPU));
-    cuda::copy_device_to_host(staged.raw_data(), src.raw_data(), src.nbytes());
+    cuda::copy_device_to_host(staged.raw_data(), dense.raw_data(), dense.nbytes(), stream);
     detail::copy_cpu(*this, staged);
     return;
   }
-  REMAT_CHECK(src.dtype() == dtype() && src.is_contiguous() && is_contiguous(), DeviceError,
-              "copy_: device-to-device copy needs contiguous tensors of one dtype (got ",
-              src.dtype(), " -> ", dtype(), ")");
-  cuda::copy_device_to_device(raw_data(), src.raw_data(), nbytes());
+  REMAT_CHECK(src.device() == device(), DeviceError, "copy_: copies between two CUDA devices (",
+              src.device(), " -> ", device(), ") go through the host: use .to(kCPU) first");
+  if (shares_storage_with(src) && !is_same(src)) src = src.clone();
+  cuda::copy_strided(raw_data(), dtype(), detail::cuda_layout(*this), src.raw_data(), src.dtype(),
+                     detail::cuda_layout(src), stream);
 }
 
 Tensor& Tensor::fill_(double value) {
@@ -486,13 +525,15 @@ Tensor& Tensor::fill_(double value) {
   bump_version();
   if (numel() == 0) return *this;
   if (device().is_cuda()) {
-    REMAT_CHECK(is_contiguous(), DeviceError, "fill_: non-contiguous ", device(),
-                " tensors are not supported yet");
-    if (value == 0.0) {
-      cuda::memset_async(raw_data(), 0, nbytes());
+    if (!is_contiguous()) {
+      Tensor dense = full(sizes(), value, TensorOptions(dtype(), device()));
+      copy_from(dense);
       return *this;
     }
-    copy_(full(sizes(), value, TensorOptions(dtype(), kCPU)));
+    if (value == 0.0 && !std::signbit(value))  // -0.0 is not all zero bits
+      cuda::memset_async(raw_data(), 0, nbytes(), cuda::current_stream());
+    else
+      cuda::fill(raw_data(), dtype(), numel(), value, cuda::current_stream());
     return *this;
   }
   dispatch_dtype(dtype(), [&](auto tag) {
@@ -532,7 +573,7 @@ double read_element(const Tensor& t, std::int64_t off) {
   alignas(8) unsigned char buf[8];
   const char* src = static_cast<const char*>(t.impl().storage->data()) + off * std::int64_t(es);
   if (t.device().is_cuda())
-    cuda::copy_device_to_host(buf, src, es);
+    cuda::copy_device_to_host(buf, src, es, cuda::current_stream());
   else
     std::memcpy(buf, src, es);
   return dispatch_dtype(t.dtype(), [&](auto tag) {
@@ -561,7 +602,7 @@ void Tensor::set(const Shape& index, double value) {
     using T = decltype(tag);
     const T v = from_double<T>(value);
     if (device().is_cuda())
-      cuda::copy_host_to_device(dst, &v, sizeof(T));
+      cuda::copy_host_to_device(dst, &v, sizeof(T), cuda::current_stream());
     else
       std::memcpy(dst, &v, sizeof(T));
   });
@@ -716,9 +757,9 @@ Tensor random_tensor(const Shape& sizes, TensorOptions opts, Generator* gen, boo
       philox_fill_uniform(f.data<float>(), n, s);
   } else {
     if (normal)
-      cuda::philox_normal(f.data<float>(), n, s.seed, s.offset);
+      cuda::philox_normal(f.data<float>(), n, s.seed, s.offset, cuda::current_stream());
     else
-      cuda::philox_uniform(f.data<float>(), n, s.seed, s.offset);
+      cuda::philox_uniform(f.data<float>(), n, s.seed, s.offset, cuda::current_stream());
   }
   return opts.dtype == DType::f32 ? f : f.to(opts.dtype);
 }

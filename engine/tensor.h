@@ -138,6 +138,11 @@ class Tensor {
   Tensor to(DType dtype) const;
   // A copy on `device` (this tensor itself if already there).
   Tensor to(Device device) const;
+  // Moves this tensor's elements to `device` in place: every handle to it (a
+  // layer's member, a module's parameter list) sees the new storage, which is
+  // contiguous; its gradient, if any, moves too. For leaves such as
+  // parameters, before they are used; views of the old storage keep the old.
+  void move_to_(Device device);
 
   // ---- In-place writes (bump the version counter) ----
   // Copies `src` (broadcast to this shape, converted to this dtype) into this.

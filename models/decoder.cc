@@ -114,7 +114,7 @@ DecoderModel::Output DecoderModel::forward_loss(const Tensor& tokens) const {
   out.ce = cross_entropy(out.logits, targets);
   out.loss = out.ce;
   if (aux_terms_.empty()) {
-    out.aux = zeros({});
+    out.aux = zeros({}, out.ce.device());
   } else {
     out.aux = aux_terms_[0];
     for (std::size_t i = 1; i < aux_terms_.size(); ++i) out.aux = add(out.aux, aux_terms_[i]);

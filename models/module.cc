@@ -34,6 +34,14 @@ Tensor Module::parameter(const std::string& name) const {
   throw Error("no parameter named '" + name + "'");
 }
 
+void Module::to(Device device) {
+  CategoryScope cat(MemoryCategory::parameter);
+  for (auto& [n, t] : named_parameters()) {
+    Tensor p = t;
+    p.move_to_(device);
+  }
+}
+
 void Module::zero_grad() {
   // Gradient buffers stay allocated (zeroed in place), so parameters,
   // gradients and optimizer state form a constant persistent footprint and

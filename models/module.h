@@ -26,6 +26,9 @@ class Module {
   std::int64_t num_parameters() const;
   // The parameter called `name` (full name); throws Error if there is none.
   Tensor parameter(const std::string& name) const;
+  // Moves every parameter (and its gradient) to `device` in place, so the
+  // layers' own handles follow. Call before training or building an optimizer.
+  void to(Device device);
   // Zeroes every parameter's .grad in place (buffers stay allocated).
   void zero_grad();
   // Training mode (dropout on) or evaluation mode, for this module and its children.

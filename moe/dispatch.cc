@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "checkpoint/recompute_context.h"
+#include "cuda/moe_dispatch.h"
 #include "engine/autograd.h"
 #include "moe/buffer_pool.h"
 #include "ops/kernel_util.h"
@@ -110,8 +111,10 @@ Routing make_routing(const Tensor& indices, std::int64_t experts, const std::vec
     token[std::size_t(row)] = s / r.top_k;
     slot[std::size_t(row)] = s;
   }
-  r.token_of_row = from_vector<std::int64_t>(token, {rows});
-  r.slot_of_row = from_vector<std::int64_t>(slot, {rows});
+  // The row maps live with the indices (on CUDA for a CUDA router), so the
+  // row movement and the weight gather index on the activations' device.
+  r.token_of_row = from_vector<std::int64_t>(token, {rows}, indices.device());
+  r.slot_of_row = from_vector<std::int64_t>(slot, {rows}, indices.device());
   r.expert_rows = r.counts;
   r.expert_offsets = r.offsets;
   return r;
@@ -165,6 +168,67 @@ void scatter_add_rows(const float* y, const float* w, const std::int64_t* dst, f
   });
 }
 
+// ---- CUDA: the same row movement with cuda/moe_dispatch kernels (the CPU's
+// bits: same f32 arithmetic and order, one rounding to the output dtype).
+
+// For every slot of `tokens` x `top_k`, its row in routing order or -1
+// (dropped): the per-token row lists the combine sums over.
+Tensor cuda_row_of_slot(const Tensor& slot_of_row, std::int64_t tokens, std::int64_t top_k, Device device) {
+  Tensor slots = slot_of_row.to(device).contiguous();
+  Tensor out = empty({tokens * top_k}, TensorOptions(DType::i64, device));
+  cuda::moe_invert_rows(out.data<std::int64_t>(), tokens * top_k, slots.data<std::int64_t>(), slots.numel(),
+                        ops_detail::cuda_stream());
+  return out;
+}
+
+// out[t] = sum over token t's rows r, in row order, of w[r] * y[r] (w
+// undefined: weight 1), in f32, rounded once to `dtype`.
+Tensor cuda_sum_token_rows(const Tensor& y, const Tensor& w, const Tensor& row_of_slot, std::int64_t tokens,
+                           std::int64_t top_k, DType dtype) {
+  const std::int64_t d = y.size(1);
+  Tensor yc = ops_detail::contiguous_detached(y);
+  Tensor wf = w.defined() ? ops_detail::f32_contiguous(w.detach()) : Tensor();
+  Tensor out = empty({tokens, d}, TensorOptions(dtype, y.device()));
+  cuda::moe_combine_rows(out.raw_data(), dtype, yc.raw_data(), yc.dtype(), wf.defined() ? wf.data<float>() : nullptr,
+                         row_of_slot.data<std::int64_t>(), tokens, top_k, d, ops_detail::cuda_stream());
+  return out;
+}
+
+// out[r] = x[idx[r]] * w[r] (w undefined: weight 1), in f32, rounded once to `dtype`.
+void cuda_gather_rows(const Tensor& out, const Tensor& x, const Tensor& idx, const Tensor& w) {
+  Tensor xc = ops_detail::contiguous_detached(x);
+  Tensor wf = w.defined() ? ops_detail::f32_contiguous(w.detach()) : Tensor();
+  cuda::moe_gather_rows(out.raw_data(), out.dtype(), xc.raw_data(), xc.dtype(), idx.data<std::int64_t>(),
+                        wf.defined() ? wf.data<float>() : nullptr, out.size(0), xc.size(1), ops_detail::cuda_stream());
+}
+
+// moe_combine's gradients on CUDA: gy[r] = w[r] * g[tok[r]] (rounded to
+// ydt), gw[r] = dot(g[tok[r]], y[r]) (rounded to wdt).
+std::vector<Tensor> combine_backward_cuda(Node& n, const Tensor& grad, const Tensor& tok, DType ydt, DType wdt) {
+  const std::int64_t r = tok.size(0), d = grad.size(1);
+  Tensor gc = ops_detail::contiguous_detached(grad);
+  Tensor gy, gw;
+  if (n.needs_input_grad(0)) {
+    gy = empty({r, d}, TensorOptions(ydt, grad.device()));
+    cuda_gather_rows(gy, gc, tok, n.saved(1));
+  }
+  if (n.needs_input_grad(1)) {
+    Tensor yv = ops_detail::contiguous_detached(n.saved(0));
+    Tensor gwf = empty({r}, TensorOptions(DType::f32, grad.device()));
+    cuda::moe_row_dots(gwf.data<float>(), gc.raw_data(), gc.dtype(), tok.data<std::int64_t>(), yv.raw_data(),
+                       yv.dtype(), r, d, ops_detail::cuda_stream());
+    gw = ops_detail::from_f32(gwf, wdt);
+  }
+  tls_counters.backward_bytes_moved += std::int64_t(grad.nbytes());
+  return {gy, gw};
+}
+
+void check_rows_device(const char* op, const Tensor& a, const Tensor& b) {
+  ops_detail::check_kernel_device(op, a);
+  REMAT_CHECK(a.device() == b.device(), DeviceError, op, ": ", ops_detail::describe(a), " and ",
+              ops_detail::describe(b), " are on different devices");
+}
+
 // The payload outlives the forward only when a backward will read it: then
 // it comes from the leased pool; inside a checkpoint region (or a replay, or
 // without grad) it is ordinary scratch.
@@ -187,16 +251,33 @@ Tensor LocalDispatcher::combine(const Tensor& y, const Tensor& row_weights, cons
 Tensor moe_dispatch_rows(const Tensor& x, const Routing& routing, bool lease) {
   tls_counters.dispatch_calls++;
   const std::int64_t rows = routing.rows(), d = x.size(1);
+  ops_detail::check_kernel_device("moe_dispatch", x);
+  const bool dev = ops_detail::on_cuda(x);
   Tensor out = dispatch1("moe_dispatch", {x}, [&] {
-    Tensor xf = ops_detail::f32_contiguous(x.detach());
-    Tensor idx = routing.token_of_row.contiguous();
-    Tensor o = payload_buffer({rows, d}, DType::f32, x.device(), lease && grad_enabled() && x.requires_grad());
-    gather_rows(xf.data<float>(), idx.data<std::int64_t>(), o.data<float>(), rows, d);
-    if (x.dtype() != DType::f32) o = o.to(x.dtype());
+    Tensor idx = routing.token_of_row.to(x.device()).contiguous();
+    const bool keep = lease && grad_enabled() && x.requires_grad();
+    Tensor o;
+    if (dev) {
+      o = payload_buffer({rows, d}, x.dtype(), x.device(), keep);
+      cuda_gather_rows(o, x, idx, Tensor());
+    } else {
+      Tensor xf = ops_detail::f32_contiguous(x.detach());
+      o = payload_buffer({rows, d}, DType::f32, x.device(), keep);
+      gather_rows(xf.data<float>(), idx.data<std::int64_t>(), o.data<float>(), rows, d);
+      if (x.dtype() != DType::f32) o = o.to(x.dtype());
+    }
     if (auto node = autograd::make_node("moe_dispatch", {&x})) {
-      node->save(idx);
-      node->backward_fn = [tokens = routing.tokens, d, dt = x.dtype()](Node& n, std::vector<Tensor>& g) {
+      // CUDA sums each token's gradient rows from its slots' rows.
+      node->save(dev ? routing.slot_of_row.to(x.device()).contiguous() : idx);
+      node->backward_fn = [tokens = routing.tokens, top_k = routing.top_k, d, dt = x.dtype(), dev](
+                              Node& n, std::vector<Tensor>& g) {
         Tensor i = n.saved(0);
+        if (dev) {
+          Tensor gx = cuda_sum_token_rows(g[0], Tensor(), cuda_row_of_slot(i, tokens, top_k, g[0].device()), tokens,
+                                          top_k, dt);
+          tls_counters.backward_bytes_moved += std::int64_t(g[0].nbytes());
+          return std::vector<Tensor>{gx};
+        }
         Tensor gf = ops_detail::f32_contiguous(g[0]);
         Tensor gx = zeros({tokens, d});
         scatter_add_rows(gf.data<float>(), nullptr, i.data<std::int64_t>(), gx.data<float>(), i.size(0), d);
@@ -217,20 +298,29 @@ Tensor moe_combine_rows(const Tensor& y, const Tensor& row_weights, const Routin
   REMAT_CHECK(y.dim() == 2 && y.size(0) == rows && row_weights.dim() == 1 && row_weights.size(0) == rows, ShapeError,
               "moe_combine: expected expert rows [", rows, ", d] and weights [", rows, "], got ",
               shape_str(y.sizes()), " and ", shape_str(row_weights.sizes()));
+  check_rows_device("moe_combine", y, row_weights);
+  const bool dev = ops_detail::on_cuda(y);
   count_move(rows, std::int64_t(y.nbytes()));
   return dispatch1("moe_combine", {y, row_weights}, [&] {
-    Tensor yf = ops_detail::f32_contiguous(y.detach());
-    Tensor wf = ops_detail::f32_contiguous(row_weights.detach());
-    Tensor idx = routing.token_of_row.contiguous();
-    Tensor out = zeros({tokens, d});
-    scatter_add_rows(yf.data<float>(), wf.data<float>(), idx.data<std::int64_t>(), out.data<float>(), rows, d);
-    out = ops_detail::from_f32(out, y.dtype());
+    Tensor idx = routing.token_of_row.to(y.device()).contiguous();
+    Tensor out;
+    if (dev) {
+      out = cuda_sum_token_rows(y, row_weights, cuda_row_of_slot(routing.slot_of_row, tokens, routing.top_k, y.device()),
+                                tokens, routing.top_k, y.dtype());
+    } else {
+      Tensor yf = ops_detail::f32_contiguous(y.detach());
+      Tensor wf = ops_detail::f32_contiguous(row_weights.detach());
+      out = zeros({tokens, d});
+      scatter_add_rows(yf.data<float>(), wf.data<float>(), idx.data<std::int64_t>(), out.data<float>(), rows, d);
+      out = ops_detail::from_f32(out, y.dtype());
+    }
     if (auto node = autograd::make_node("moe_combine", {&y, &row_weights})) {
       node->save(node->needs_input_grad(1) ? y : Tensor());
       node->save(node->needs_input_grad(0) ? row_weights : Tensor());
       node->save(idx);
-      node->backward_fn = [d, ydt = y.dtype(), wdt = row_weights.dtype()](Node& n, std::vector<Tensor>& g) {
+      node->backward_fn = [d, ydt = y.dtype(), wdt = row_weights.dtype(), dev](Node& n, std::vector<Tensor>& g) {
         Tensor i = n.saved(2);
+        if (dev) return combine_backward_cuda(n, g[0], i, ydt, wdt);
         const std::int64_t* tok = i.data<std::int64_t>();
         const std::int64_t r = i.size(0);
         Tensor gf = ops_detail::f32_contiguous(g[0]);

@@ -12,7 +12,8 @@ namespace remat {
 namespace {
 
 // K distinct experts per token, uniformly at random (Philox from the default
-// generator of x's device), best-first order by draw.
+// generator of x's device, drawn on the host: the same values on every
+// device), best-first order by draw; the indices go to `device`.
 Tensor random_indices(std::int64_t tokens, std::int64_t experts, std::int64_t k, Device device) {
   const RngState s = reserve_batch_draw(default_generator(device), std::uint64_t(tokens * experts));
   std::vector<float> u(static_cast<std::size_t>(tokens * experts));
@@ -25,7 +26,7 @@ Tensor random_indices(std::int64_t tokens, std::int64_t experts, std::int64_t k,
     std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return row[a] > row[b]; });
     for (std::int64_t j = 0; j < k; ++j) idx[std::size_t(t * k + j)] = order[std::size_t(j)];
   }
-  return from_vector<std::int64_t>(idx, {tokens, k});
+  return from_vector<std::int64_t>(idx, {tokens, k}, device);
 }
 
 }  // namespace
@@ -53,7 +54,7 @@ RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOpt
   } else {
     NoGradGuard ng;
     Tensor scores = out.probs.detach();
-    if (opts.expert_bias.defined()) scores = add(scores, opts.expert_bias.to(DType::f32));
+    if (opts.expert_bias.defined()) scores = add(scores, opts.expert_bias.to(DType::f32).to(scores.device()));
     out.indices = topk(scores, K, -1, true).second;
   }
   Tensor picked = gather(out.probs, 1, out.indices);
@@ -71,7 +72,7 @@ RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOpt
   std::vector<float> f(static_cast<std::size_t>(E));
   for (std::int64_t e = 0; e < E; ++e) f[std::size_t(e)] = float(double(out.slots_per_expert[std::size_t(e)]) / double(all_slots));
   Tensor p_mean = global ? div(opts.global_sum(sum(out.probs, {0})), all_tokens) : mean(out.probs, {0});
-  out.aux = mul(sum(mul(p_mean, from_vector<float>(f, {E}))), double(E));
+  out.aux = mul(sum(mul(p_mean, from_vector<float>(f, {E}, p_mean.device()))), double(E));
   if (opts.compute_z_loss) {
     // logsumexp(logits) = logits[:, 0] - log_softmax(logits)[:, 0].
     Tensor lse = sub(logits.select(1, 0), log_softmax(logits, -1).select(1, 0));

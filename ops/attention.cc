@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "cuda/attention.h"
 #include "ops/binary.h"
 #include "ops/kernel_util.h"
 #include "ops/matmul.h"
@@ -41,7 +42,7 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   check_defined(op, v, "v");
   check_same(op, q, k);
   check_same(op, q, v);
-  check_cpu(op, q);
+  check_kernel_device(op, q);
   REMAT_CHECK(q.dim() == 4, ShapeError, op, ": q must be [B, H, S, D], got ", describe(q));
   REMAT_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), ShapeError, op,
               ": q, k and v must have the same shape [B, H, S, D], got q ", describe(q), ", k ",
@@ -341,9 +342,32 @@ void backward_kernel(const float* q, const float* k, const float* v, const float
   }
 }
 
+// The CUDA backward: the fused kernels of cuda/attention.h on contiguous
+// operands in their own dtype; gradients come back in q's dtype like the CPU's.
+std::vector<Tensor> attention_backward_cuda(Node& n, const Tensor& grad, const Geometry& g,
+                                            const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& out, const Tensor& lse) {
+  const TensorOptions opts(q.dtype(), q.device());
+  const Tensor qc = contiguous_detached(q), kc = contiguous_detached(k), vc = contiguous_detached(v);
+  const Tensor oc = contiguous_detached(out), lc = contiguous_detached(lse);
+  const Tensor gc = contiguous_detached(grad.dtype() == q.dtype() ? grad : grad.to(q.dtype()));
+  Tensor dq, dk, dv;
+  if (n.needs_input_grad(0)) dq = empty(q.sizes(), opts);
+  if (n.needs_input_grad(1)) dk = empty(q.sizes(), opts);
+  if (n.needs_input_grad(2)) dv = empty(q.sizes(), opts);
+  Tensor delta = empty({g.bh, g.s}, TensorOptions(DType::f32, q.device()));
+  auto ptr = [](const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; };
+  cuda::attention_backward(qc.raw_data(), kc.raw_data(), vc.raw_data(), oc.raw_data(),
+                           gc.raw_data(), lc.data<float>(), ptr(dq), ptr(dk), ptr(dv),
+                           delta.data<float>(), g.bh, g.s, g.d, g.causal, g.scale, q.dtype(),
+                           cuda_stream());
+  return std::vector<Tensor>{dq, dk, dv};
+}
+
 std::vector<Tensor> attention_backward(Node& n, const Tensor& grad, const Geometry& g) {
   NoGradGuard ng;
   const Tensor q = n.saved(0), k = n.saved(1), v = n.saved(2), out = n.saved(3), lse = n.saved(4);
+  if (on_cuda(q)) return attention_backward_cuda(n, grad, g, q, k, v, out, lse);
   const Tensor qf = f32_contiguous(q), kf = f32_contiguous(k), vf = f32_contiguous(v);
   const Tensor of = f32_contiguous(out), gf = f32_contiguous(grad), lf = f32_contiguous(lse);
   Tensor dq, dk, dv;
@@ -363,12 +387,25 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     double scale) {
   check_attention(kOp, q, k, v);
   const float sc = float(resolve_scale(kOp, scale, q.size(3)));
+  REMAT_CHECK(!on_cuda(q) || q.size(3) <= cuda::kAttentionMaxHeadDim, ShapeError, kOp,
+              ": the CUDA kernel takes head dims up to ", cuda::kAttentionMaxHeadDim, ", got ",
+              describe(q));
   // Dispatched with two outputs (out and the row log-sum-exp) so a selective
   // checkpoint can cache both and skip the kernel on replay.
   return dispatch(kOp, {q, k, v}, [&] {
     const Geometry geo{q.size(0) * q.size(1), q.size(2), q.size(3), causal, sc};
     std::vector<Tensor> res = kernel_or_cached([&] {
       NoGradGuard ng;
+      if (on_cuda(q)) {
+        const Tensor qc = contiguous_detached(q), kc = contiguous_detached(k),
+                     vc = contiguous_detached(v);
+        Tensor o = empty(q.sizes(), TensorOptions(q.dtype(), q.device()));
+        Tensor l = empty({q.size(0), q.size(1), q.size(2)}, TensorOptions(DType::f32, q.device()));
+        cuda::attention_forward(qc.raw_data(), kc.raw_data(), vc.raw_data(), o.raw_data(),
+                                l.data<float>(), geo.bh, geo.s, geo.d, geo.causal, geo.scale,
+                                q.dtype(), cuda_stream());
+        return std::vector<Tensor>{o, l};
+      }
       const Tensor qf = f32_contiguous(q), kf = f32_contiguous(k), vf = f32_contiguous(v);
       Tensor o = empty(q.sizes(), DType::f32);
       Tensor l = empty({q.size(0), q.size(1), q.size(2)}, DType::f32);

@@ -2,6 +2,7 @@
 
 #include <array>
 
+#include "cuda/elementwise.h"
 #include "engine/strided.h"
 #include "ops/kernel_util.h"
 
@@ -12,6 +13,16 @@ using namespace ops_detail;
 namespace {
 
 enum class BinOp { add, sub, mul, div };
+
+constexpr cuda::BinaryOp cuda_op(BinOp k) {
+  switch (k) {
+    case BinOp::add: return cuda::BinaryOp::add;
+    case BinOp::sub: return cuda::BinaryOp::sub;
+    case BinOp::mul: return cuda::BinaryOp::mul;
+    case BinOp::div: return cuda::BinaryOp::div;
+  }
+  return cuda::BinaryOp::add;
+}
 
 template <BinOp K>
 inline float apply(float a, float b) {
@@ -26,9 +37,17 @@ template <BinOp K>
 Tensor binary_kernel(const char* op, const Tensor& a, const Tensor& b) {
   check_floating(op, a, "first operand");
   check_same(op, a, b);
-  check_cpu(op, a);
+  check_kernel_device(op, a);
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), op);
   NoGradGuard ng;
+  if (on_cuda(a)) {
+    // Both operands read in place through their (broadcast) strides.
+    Tensor ea = a.detach().expand(shape), eb = b.detach().expand(shape);
+    Tensor out = empty(shape, TensorOptions(a.dtype(), a.device()));
+    cuda::binary(cuda_op(K), out.raw_data(), ea.raw_data(), layout_of(op, ea), eb.raw_data(),
+                 layout_of(op, eb), a.dtype(), cuda_stream());
+    return out;
+  }
   Tensor af = a.dtype() == DType::f32 ? a.detach() : a.detach().to(DType::f32);
   Tensor bf = b.dtype() == DType::f32 ? b.detach() : b.detach().to(DType::f32);
   Tensor out = empty(shape, DType::f32);
@@ -70,6 +89,27 @@ Tensor binary_kernel(const char* op, const Tensor& a, const Tensor& b) {
 
 Tensor scalar_like(const Tensor& a, double s) {
   return full({}, s, TensorOptions(a.dtype(), a.device()));
+}
+
+// s as a one-element tensor of dtype t holds it (t's rounding of float(s)).
+float rounded_scalar(double s, DType t) {
+  return dispatch_dtype(t, [&](auto tag) { return float(to_double(from_double<decltype(tag)>(s))); });
+}
+
+// a (op) s, or s (op) a when scalar_first, for a scalar s taken in a's dtype.
+template <BinOp K>
+Tensor scalar_kernel(const char* op, const Tensor& a, double s, bool scalar_first) {
+  check_defined(op, a, "input");
+  if (!on_cuda(a))
+    return scalar_first ? binary_kernel<K>(op, scalar_like(a, s).expand(a.sizes()), a)
+                        : binary_kernel<K>(op, a, scalar_like(a, s));
+  check_floating(op, a, "input");
+  NoGradGuard ng;
+  Tensor ad = a.detach();
+  Tensor out = empty(a.sizes(), TensorOptions(a.dtype(), a.device()));
+  cuda::binary_scalar(cuda_op(K), out.raw_data(), ad.raw_data(), layout_of(op, ad),
+                      rounded_scalar(s, a.dtype()), scalar_first, a.dtype(), cuda_stream());
+  return out;
 }
 
 }  // namespace
@@ -145,7 +185,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 
 Tensor add(const Tensor& a, double s) {
   return dispatch1("add_scalar", {a}, [&] {
-    Tensor out = binary_kernel<BinOp::add>("add_scalar", a, scalar_like(a, s));
+    Tensor out = scalar_kernel<BinOp::add>("add_scalar", a, s, false);
     if (auto node = autograd::make_node("add_scalar", {&a})) {
       node->backward_fn = [](Node&, std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; };
       autograd::set_history(out, node);
@@ -158,7 +198,7 @@ Tensor sub(const Tensor& a, double s) { return add(a, -s); }
 
 Tensor mul(const Tensor& a, double s) {
   return dispatch1("mul_scalar", {a}, [&] {
-    Tensor out = binary_kernel<BinOp::mul>("mul_scalar", a, scalar_like(a, s));
+    Tensor out = scalar_kernel<BinOp::mul>("mul_scalar", a, s, false);
     if (auto node = autograd::make_node("mul_scalar", {&a})) {
       node->backward_fn = [s](Node&, std::vector<Tensor>& g) {
         return std::vector<Tensor>{mul(g[0], s)};
@@ -173,7 +213,7 @@ Tensor div(const Tensor& a, double s) { return mul(a, 1.0 / s); }
 
 Tensor rsub(const Tensor& a, double s) {
   return dispatch1("rsub_scalar", {a}, [&] {
-    Tensor out = binary_kernel<BinOp::sub>("rsub_scalar", scalar_like(a, s).expand(a.sizes()), a);
+    Tensor out = scalar_kernel<BinOp::sub>("rsub_scalar", a, s, true);
     if (auto node = autograd::make_node("rsub_scalar", {&a})) {
       node->backward_fn = [](Node&, std::vector<Tensor>& g) {
         return std::vector<Tensor>{mul(g[0], -1.0)};

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "cuda/dropout.h"
 #include "engine/philox.h"
 #include "ops/kernel_util.h"
 
@@ -15,14 +16,21 @@ namespace {
 // 1 / (1 - p): out[i] = (u_i >= p) ? x[i] * scale : 0, in f32.
 Tensor dropout_kernel(const Tensor& x, double p, RngState state) {
   NoGradGuard ng;
+  // u = (w >> 8) / 2^24 exactly, so u >= p  <=>  (w >> 8) >= ceil(p * 2^24).
+  const auto threshold = std::uint32_t(std::ceil(p * 16777216.0));
+  const float scale = float(1.0 / (1.0 - p));
+  if (on_cuda(x)) {  // the same words of the same stream, x read through its strides
+    Tensor xd = x.detach();
+    Tensor out = empty(x.sizes(), TensorOptions(x.dtype(), x.device()));
+    cuda::dropout(out.raw_data(), xd.raw_data(), layout_of("dropout", xd), x.dtype(), state.seed,
+                  state.offset, threshold, scale, cuda_stream());
+    return out;
+  }
   Tensor xf = f32_contiguous(x);
   Tensor out = empty(x.sizes(), DType::f32);
   const float* px = xf.data<float>();
   float* po = out.data<float>();
   const std::int64_t n = x.numel();
-  // u = (w >> 8) / 2^24 exactly, so u >= p  <=>  (w >> 8) >= ceil(p * 2^24).
-  const auto threshold = std::uint32_t(std::ceil(p * 16777216.0));
-  const float scale = float(1.0 / (1.0 - p));
   const std::int64_t blocks = std::int64_t(philox_blocks(std::uint64_t(n)));
   parallel_for(0, blocks, 4096, [&](std::int64_t b0, std::int64_t b1) {
     for (std::int64_t b = b0; b < b1; ++b) {
@@ -43,7 +51,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   REMAT_CHECK(p >= 0.0 && p < 1.0, Error, "dropout: probability p must be in [0, 1), got ", p,
               " (input ", describe(x), ")");
   if (!training || p == 0.0) return x;
-  check_cpu("dropout", x);
+  check_kernel_device("dropout", x);
   return dispatch1("dropout", {x}, [&] {
     // The default generator draws this rank's share of the batch's mask.
     const RngState state = gen ? gen->reserve(std::uint64_t(x.numel()))

@@ -1,7 +1,12 @@
 #include "ops/index.h"
 
+#include <algorithm>
 #include <array>
+#include <utility>
 
+#include "cuda/copy.h"
+#include "cuda/index.h"
+#include "cuda/runtime.h"
 #include "ops/kernel_util.h"
 
 namespace remat {
@@ -78,12 +83,27 @@ std::int64_t grain_for(std::int64_t k) {
   return std::max<std::int64_t>(1, (1 << 14) / std::max<std::int64_t>(k, 1));
 }
 
-// `index` as a contiguous i64 tensor after checking every value lies in
-// [0, n) (n = x.size(d)); the error names the bad index, where it is, and the size.
+// `index` as a contiguous i64 tensor on the CPU (a CUDA index is copied to
+// the host on the op's stream, which waits for it).
+Tensor host_index(const Tensor& index) {
+  NoGradGuard ng;
+  if (on_cuda(index)) {
+    Tensor c = contiguous_detached(index);
+    Tensor host = empty(c.sizes(), TensorOptions(c.dtype(), kCPU));
+    cuda::copy_device_to_host(host.raw_data(), c.raw_data(), c.nbytes(), cuda_stream());
+    return host.dtype() == DType::i64 ? host : host.to(DType::i64);
+  }
+  Tensor ix = index.dtype() == DType::i64 ? index.detach() : index.detach().to(DType::i64);
+  return ix.contiguous();
+}
+
+// `index` as a contiguous i64 tensor on the CPU after checking every value
+// lies in [0, n) (n = x.size(d)); the error names the bad index, where it is,
+// and the size. On CUDA this is where the index values are validated: the
+// kernels trust them.
 Tensor checked_index(const char* op, const Tensor& index, const Tensor& x, std::int64_t d) {
   NoGradGuard ng;
-  Tensor ix = index.dtype() == DType::i64 ? index.detach() : index.detach().to(DType::i64);
-  ix = ix.contiguous();
+  Tensor ix = host_index(index);
   const std::int64_t n = x.size(d);
   const std::int64_t* p = ix.data<std::int64_t>();
   const std::int64_t count = ix.numel();
@@ -167,9 +187,16 @@ std::int64_t checked_dim(const char* op, const Tensor& x, std::int64_t dim) {
   return wrap_dim(dim, x.dim(), op);
 }
 
-void check_1d_index(const char* op, const Tensor& index) {
+// Throws unless `index` is on x's device (CPU or CUDA).
+void check_index_device(const char* op, const Tensor& index, const Tensor& x) {
+  check_kernel_device(op, index);
+  REMAT_CHECK(index.device() == x.device(), DeviceError, op, ": index ", describe(index),
+              " and input ", describe(x), " must be on one device");
+}
+
+void check_1d_index(const char* op, const Tensor& index, const Tensor& x) {
   check_index(op, index, "index");
-  check_cpu(op, index);
+  check_index_device(op, index, x);
   REMAT_CHECK(index.dim() <= 1, ShapeError, op, ": index must be 1-D, got ", describe(index));
 }
 
@@ -178,7 +205,7 @@ void check_1d_index(const char* op, const Tensor& index) {
 void check_scatter_shapes(const char* op, const Tensor& x, std::int64_t d, const Tensor& index,
                           const Tensor* src) {
   check_index(op, index, "index");
-  check_cpu(op, index);
+  check_index_device(op, index, x);
   REMAT_CHECK(index.dim() == x.dim(), ShapeError, op, ": index ", describe(index),
               " must have as many dims as the input ", describe(x));
   if (src)
@@ -194,13 +221,208 @@ void check_scatter_shapes(const char* op, const Tensor& x, std::int64_t d, const
   }
 }
 
+
+// ---- CUDA ----
+// Gathers read the device index directly (any layout, i32 or i64). Scatter-
+// adds are deterministic without atomics: with at most kScanMaxK indices along
+// `dim` every output element scans them in order (no host work); with more,
+// the destinations' source lists are built on the host (a stable sort, so each
+// destination adds its sources in increasing index position, the CPU order),
+// uploaded, and each destination is summed by one thread.
+
+constexpr std::int64_t kScanMaxK = 16;
+
+// A fresh zero-filled tensor on a CUDA device (zeroed on the op's stream).
+Tensor cuda_zeros(const Shape& sizes, DType dtype, Device device) {
+  Tensor t = empty(sizes, TensorOptions(dtype, device));
+  cuda::memset_async(t.raw_data(), 0, t.nbytes(), cuda_stream());
+  return t;
+}
+
+// `v` as an i64 tensor on `device`.
+Tensor upload(const std::vector<std::int64_t>& v, Device device) {
+  Tensor t = empty({std::int64_t(v.size())}, TensorOptions(DType::i64, device));
+  cuda::copy_host_to_device(t.raw_data(), v.data(), v.size() * sizeof(std::int64_t), cuda_stream());
+  return t;
+}
+
+// The values of `index` (row-major), from its checked host copy when there is one.
+std::vector<std::int64_t> index_values(const Tensor& index, const Tensor* host) {
+  return host ? host->to_vector<std::int64_t>() : host_index(index).to_vector<std::int64_t>();
+}
+
+// Source lists packed as [keys (touched) | starts (touched + 1) | order].
+struct Lists {
+  std::vector<std::int64_t> buf;
+  std::int64_t touched = 0;
+};
+
+// For a 1-D index of values in [0, n): the distinct values in increasing
+// order and, for each, the positions holding it in increasing order.
+Lists slice_lists(const char* op, const std::vector<std::int64_t>& iv, std::int64_t n) {
+  std::vector<std::int64_t> start(std::size_t(n) + 1, 0);
+  for (std::int64_t v : iv) {
+    REMAT_CHECK(v >= 0 && v < n, ShapeError, op, ": index ", v, " is out of range for a dim of size ", n);
+    ++start[std::size_t(v) + 1];
+  }
+  Lists l;
+  std::vector<std::int64_t> keys, seg;
+  for (std::int64_t v = 0; v < n; ++v) {
+    if (start[std::size_t(v) + 1] > 0) {
+      keys.push_back(v);
+      seg.push_back(start[std::size_t(v)]);
+    }
+    start[std::size_t(v) + 1] += start[std::size_t(v)];
+  }
+  seg.push_back(std::int64_t(iv.size()));
+  std::vector<std::int64_t> order(iv.size());
+  std::vector<std::int64_t> cursor(start.begin(), start.end() - 1);
+  for (std::size_t j = 0; j < iv.size(); ++j) order[std::size_t(cursor[std::size_t(iv[j])]++)] = std::int64_t(j);
+  l.touched = std::int64_t(keys.size());
+  l.buf = std::move(keys);
+  l.buf.insert(l.buf.end(), seg.begin(), seg.end());
+  l.buf.insert(l.buf.end(), order.begin(), order.end());
+  return l;
+}
+
+// For a full index (shape `isizes`, values iv along `d`) scattering into an
+// output with strides `ostrides`: the distinct destination offsets in
+// increasing order and, for each, the index positions landing there in
+// increasing (row-major) position.
+Lists element_lists(const char* op, const std::vector<std::int64_t>& iv, const Shape& isizes,
+                    const Shape& osizes, const Shape& ostrides, std::int64_t d) {
+  const std::size_t nd = isizes.size();
+  std::vector<std::pair<std::int64_t, std::int64_t>> dest(iv.size());
+  Shape c(nd, 0);
+  for (std::size_t p = 0; p < iv.size(); ++p) {
+    const std::int64_t v = iv[p];
+    REMAT_CHECK(v >= 0 && v < osizes[std::size_t(d)], ShapeError, op, ": index ", v,
+                " is out of range for dim ", d, " of size ", osizes[std::size_t(d)]);
+    std::int64_t off = v * ostrides[std::size_t(d)];
+    for (std::size_t k = 0; k < nd; ++k)
+      if (std::int64_t(k) != d) off += c[k] * ostrides[k];
+    dest[p] = {off, std::int64_t(p)};
+    for (std::size_t k = nd; k-- > 0;) {
+      if (++c[k] < isizes[k]) break;
+      c[k] = 0;
+    }
+  }
+  std::sort(dest.begin(), dest.end());  // (offset, position) pairs are distinct
+  Lists l;
+  std::vector<std::int64_t> keys, seg, order;
+  order.reserve(dest.size());
+  for (std::size_t i = 0; i < dest.size(); ++i) {
+    if (i == 0 || dest[i].first != dest[i - 1].first) {
+      keys.push_back(dest[i].first);
+      seg.push_back(std::int64_t(i));
+    }
+    order.push_back(dest[i].second);
+  }
+  seg.push_back(std::int64_t(dest.size()));
+  l.touched = std::int64_t(keys.size());
+  l.buf = std::move(keys);
+  l.buf.insert(l.buf.end(), seg.begin(), seg.end());
+  l.buf.insert(l.buf.end(), order.begin(), order.end());
+  return l;
+}
+
+// A layout with out's sizes whose strides read a 1-D index of stride
+// `istride` along `d` (0 elsewhere: every other position shares it).
+cuda::Strided broadcast_index_layout(const cuda::Strided& out_l, std::int64_t d, std::int64_t istride) {
+  cuda::Strided s = out_l;
+  for (int k = 0; k < s.dim; ++k) s.strides[k] = 0;
+  s.strides[d] = istride;
+  return s;
+}
+
+std::int64_t stride_1d(const Tensor& index) { return index.dim() == 1 ? index.stride(0) : 0; }
+
+// out (any layout, x's dtype, x's shape with index.numel() at d) =
+// index_select(x, d, index) on CUDA.
+void cuda_index_select(const char* op, const Tensor& out, const Tensor& x, const Tensor& index, std::int64_t d) {
+  if (x.is_contiguous() && out.is_contiguous()) {
+    std::int64_t outer = 1, inner = 1;
+    for (std::int64_t k = 0; k < d; ++k) outer *= x.size(k);
+    for (std::int64_t k = d + 1; k < x.dim(); ++k) inner *= x.size(k);
+    cuda::index_select_rows(out.raw_data(), x.raw_data(), x.dtype(), index.raw_data(), index.dtype(),
+                            stride_1d(index), outer, x.size(d), index.numel(), inner, cuda_stream());
+    return;
+  }
+  const cuda::Strided ol = layout_of(op, out);
+  cuda::gather(out.raw_data(), ol, x.raw_data(), layout_of(op, x), index.raw_data(), index.dtype(),
+               broadcast_index_layout(ol, d, stride_1d(index)), x.dtype(), int(d), cuda_stream());
+}
+
+// out (any layout, index's shape) = gather(x, d, index) on CUDA.
+void cuda_gather(const char* op, const Tensor& out, const Tensor& x, const Tensor& index, std::int64_t d) {
+  cuda::gather(out.raw_data(), layout_of(op, out), x.raw_data(), layout_of(op, x), index.raw_data(),
+               index.dtype(), layout_of(op, index), x.dtype(), int(d), cuda_stream());
+}
+
+// out[r, index[j], :] += src[r, j, :] on CUDA for a 1-D index (index_add):
+// out is contiguous and holds the base values; sums in f32, one rounding.
+// `host` is the index's checked host copy, if the caller has one.
+void cuda_index_add(const char* op, const Tensor& out, const Tensor& src, const Tensor& index, std::int64_t d,
+                    const Tensor* host) {
+  const std::int64_t k = index.numel();
+  if (k == 0 || out.numel() == 0) return;
+  if (k <= kScanMaxK) {
+    const cuda::Strided ol = layout_of(op, out);
+    cuda::scatter_add_scan(out.raw_data(), out.dtype(), ol, src.raw_data(), src.dtype(), layout_of(op, src),
+                           index.raw_data(), index.dtype(), broadcast_index_layout(ol, d, stride_1d(index)),
+                           int(d), k, cuda_stream());
+    return;
+  }
+  const Lists l = slice_lists(op, index_values(index, host), out.size(d));
+  Tensor buf = upload(l.buf, out.device());
+  const std::int64_t* pb = buf.data<std::int64_t>();
+  std::int64_t outer = 1, inner = 1;
+  for (std::int64_t j = 0; j < d; ++j) outer *= out.size(j);
+  for (std::int64_t j = d + 1; j < out.dim(); ++j) inner *= out.size(j);
+  cuda::index_add_lists(out.raw_data(), out.dtype(), outer, out.size(d), inner, src.raw_data(), src.dtype(),
+                        layout_of(op, src), int(d), pb, pb + l.touched, pb + 2 * l.touched + 1, l.touched,
+                        cuda_stream());
+}
+
+// out[r, index[r, j], ...] += src[r, j, ...] on CUDA for a full index
+// (scatter_add): out is contiguous and holds the base values; sums in f32,
+// one rounding. `host` is the index's checked host copy, if any.
+void cuda_scatter_add(const char* op, const Tensor& out, const Tensor& src, const Tensor& index, std::int64_t d,
+                      const Tensor* host) {
+  const std::int64_t k = index.size(d);
+  if (index.numel() == 0 || out.numel() == 0) return;
+  if (k <= kScanMaxK) {
+    cuda::Strided region = layout_of(op, out);
+    for (int j = 0; j < region.dim; ++j)
+      if (j != d) region.sizes[j] = index.size(j);
+    cuda::scatter_add_scan(out.raw_data(), out.dtype(), region, src.raw_data(), src.dtype(), layout_of(op, src),
+                           index.raw_data(), index.dtype(), layout_of(op, index), int(d), k, cuda_stream());
+    return;
+  }
+  const Lists l = element_lists(op, index_values(index, host), index.sizes(), out.sizes(), out.strides(), d);
+  Tensor buf = upload(l.buf, out.device());
+  const std::int64_t* pb = buf.data<std::int64_t>();
+  cuda::Strided sl = layout_of(op, src);
+  for (int j = 0; j < sl.dim; ++j) sl.sizes[j] = index.size(j);  // order positions run over index's shape
+  cuda::scatter_add_lists(out.raw_data(), out.dtype(), src.raw_data(), src.dtype(), sl, pb, pb + l.touched,
+                          pb + 2 * l.touched + 1, l.touched, cuda_stream());
+}
+
+// A contiguous copy of x in its own dtype on its CUDA device.
+Tensor cuda_copy(const char* op, const Tensor& x) {
+  Tensor out = empty(x.sizes(), TensorOptions(x.dtype(), x.device()));
+  cuda::copy_strided(out.raw_data(), out.dtype(), layout_of(op, out), x.raw_data(), x.dtype(), layout_of(op, x),
+                     cuda_stream());
+  return out;
+}
+
 }  // namespace
 
 Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index) {
   check_defined("index_select", x, "input");
-  check_cpu("index_select", x);
+  check_kernel_device("index_select", x);
   const std::int64_t d = checked_dim("index_select", x, dim);
-  check_1d_index("index_select", index);
+  check_1d_index("index_select", index, x);
   return dispatch1("index_select", {x, index}, [&] {
     Tensor idx = checked_index("index_select", index, x, d);
     Shape shape = x.sizes();
@@ -208,12 +430,20 @@ Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index) {
     Tensor out = empty(shape, TensorOptions(x.dtype(), x.device()));
     {
       NoGradGuard ng;
-      gather_core(out, x.detach(), idx, d, drop_dim(shape, d), idx.numel(), true);
+      if (on_cuda(x))
+        cuda_index_select("index_select", out, x.detach(), index.detach(), d);
+      else
+        gather_core(out, x.detach(), idx, d, drop_dim(shape, d), idx.numel(), true);
     }
     if (auto node = autograd::make_node("index_select", {&x})) {
       node->save(index);
       node->backward_fn = [xs = x.sizes(), d, dt = x.dtype()](Node& n, std::vector<Tensor>& g) {
         Tensor ix = n.saved(0);
+        if (on_cuda(g[0])) {
+          Tensor gx = cuda_zeros(xs, dt, g[0].device());
+          cuda_index_add("index_select backward", gx, g[0], ix, d, nullptr);
+          return std::vector<Tensor>{gx};
+        }
         Tensor gx = zeros(xs, DType::f32);
         Tensor ic = ix.dtype() == DType::i64 ? ix.contiguous() : ix.to(DType::i64).contiguous();
         scatter_add_core(gx, g[0], ic, d, drop_dim(xs, d), ic.numel(), true);
@@ -227,7 +457,7 @@ Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index) {
 
 Tensor gather(const Tensor& x, std::int64_t dim, const Tensor& index) {
   check_defined("gather", x, "input");
-  check_cpu("gather", x);
+  check_kernel_device("gather", x);
   const std::int64_t d = checked_dim("gather", x, dim);
   check_scatter_shapes("gather", x, d, index, nullptr);
   return dispatch1("gather", {x, index}, [&] {
@@ -235,12 +465,20 @@ Tensor gather(const Tensor& x, std::int64_t dim, const Tensor& index) {
     Tensor out = empty(index.sizes(), TensorOptions(x.dtype(), x.device()));
     {
       NoGradGuard ng;
-      gather_core(out, x.detach(), idx, d, drop_dim(index.sizes(), d), index.size(d), false);
+      if (on_cuda(x))
+        cuda_gather("gather", out, x.detach(), index.detach(), d);
+      else
+        gather_core(out, x.detach(), idx, d, drop_dim(index.sizes(), d), index.size(d), false);
     }
     if (auto node = autograd::make_node("gather", {&x})) {
       node->save(index);
       node->backward_fn = [xs = x.sizes(), d, dt = x.dtype()](Node& n, std::vector<Tensor>& g) {
         Tensor ix = n.saved(0);
+        if (on_cuda(g[0])) {
+          Tensor gx = cuda_zeros(xs, dt, g[0].device());
+          cuda_scatter_add("gather backward", gx, g[0], ix, d, nullptr);
+          return std::vector<Tensor>{gx};
+        }
         Tensor ic = ix.dtype() == DType::i64 ? ix.contiguous() : ix.to(DType::i64).contiguous();
         Tensor gx = zeros(xs, DType::f32);
         scatter_add_core(gx, g[0], ic, d, drop_dim(ic.sizes(), d), ic.size(d), false);
@@ -256,15 +494,19 @@ Tensor scatter_add(const Tensor& x, std::int64_t dim, const Tensor& index, const
   check_floating("scatter_add", x, "input");
   check_defined("scatter_add", src, "src");
   check_same("scatter_add", x, src);
-  check_cpu("scatter_add", x);
+  check_kernel_device("scatter_add", x);
   const std::int64_t d = checked_dim("scatter_add", x, dim);
   check_scatter_shapes("scatter_add", x, d, index, &src);
   return dispatch1("scatter_add", {x, index, src}, [&] {
     Tensor idx = checked_index("scatter_add", index, x, d);
-    Tensor acc = f32_copy(x);
-    scatter_add_core(acc, src, idx, d, drop_dim(index.sizes(), d), index.size(d), false);
     Tensor out;
-    {
+    if (on_cuda(x)) {
+      NoGradGuard ng;
+      out = cuda_copy("scatter_add", x.detach());
+      cuda_scatter_add("scatter_add", out, src.detach(), index.detach(), d, &idx);
+    } else {
+      Tensor acc = f32_copy(x);
+      scatter_add_core(acc, src, idx, d, drop_dim(index.sizes(), d), index.size(d), false);
       NoGradGuard ng;
       out = from_f32(acc, x.dtype());
     }
@@ -274,6 +516,15 @@ Tensor scatter_add(const Tensor& x, std::int64_t dim, const Tensor& index, const
         Tensor gsrc;
         if (n.needs_input_grad(1)) {
           Tensor ix = n.saved(0);
+          if (on_cuda(g[0])) {
+            const bool full = ix.sizes() == ss;
+            gsrc = full ? empty(ss, TensorOptions(g[0].dtype(), g[0].device()))
+                        : cuda_zeros(ss, g[0].dtype(), g[0].device());
+            Tensor target = gsrc;
+            for (std::int64_t k = 0; k < ix.dim(); ++k) target = target.narrow(k, 0, ix.size(k));
+            cuda_gather("scatter_add backward", target, g[0], ix, d);
+            return std::vector<Tensor>{n.needs_input_grad(0) ? g[0] : Tensor(), gsrc};
+          }
           Tensor ic = ix.dtype() == DType::i64 ? ix.contiguous() : ix.to(DType::i64).contiguous();
           // dsrc = gather(g, d, index), zero where index does not reach into src.
           const bool full = ic.sizes() == ss;
@@ -294,9 +545,9 @@ Tensor index_add(const Tensor& x, std::int64_t dim, const Tensor& index, const T
   check_floating("index_add", x, "input");
   check_defined("index_add", src, "src");
   check_same("index_add", x, src);
-  check_cpu("index_add", x);
+  check_kernel_device("index_add", x);
   const std::int64_t d = checked_dim("index_add", x, dim);
-  check_1d_index("index_add", index);
+  check_1d_index("index_add", index, x);
   Shape want = x.sizes();
   want[std::size_t(d)] = index.numel();
   REMAT_CHECK(src.sizes() == want, ShapeError, "index_add: src ", describe(src),
@@ -304,10 +555,14 @@ Tensor index_add(const Tensor& x, std::int64_t dim, const Tensor& index, const T
               " of size ", index.numel(), ", the number of indices)");
   return dispatch1("index_add", {x, index, src}, [&] {
     Tensor idx = checked_index("index_add", index, x, d);
-    Tensor acc = f32_copy(x);
-    scatter_add_core(acc, src, idx, d, drop_dim(x.sizes(), d), idx.numel(), true);
     Tensor out;
-    {
+    if (on_cuda(x)) {
+      NoGradGuard ng;
+      out = cuda_copy("index_add", x.detach());
+      cuda_index_add("index_add", out, src.detach(), index.detach(), d, &idx);
+    } else {
+      Tensor acc = f32_copy(x);
+      scatter_add_core(acc, src, idx, d, drop_dim(x.sizes(), d), idx.numel(), true);
       NoGradGuard ng;
       out = from_f32(acc, x.dtype());
     }
@@ -317,6 +572,13 @@ Tensor index_add(const Tensor& x, std::int64_t dim, const Tensor& index, const T
         Tensor gsrc;
         if (n.needs_input_grad(1)) {
           Tensor ix = n.saved(0);
+          if (on_cuda(g[0])) {
+            Shape shape = g[0].sizes();
+            shape[std::size_t(d)] = ix.numel();
+            gsrc = empty(shape, TensorOptions(g[0].dtype(), g[0].device()));
+            cuda_index_select("index_add backward", gsrc, g[0], ix, d);
+            return std::vector<Tensor>{n.needs_input_grad(0) ? g[0] : Tensor(), gsrc};
+          }
           Tensor ic = ix.dtype() == DType::i64 ? ix.contiguous() : ix.to(DType::i64).contiguous();
           Shape shape = g[0].sizes();
           shape[std::size_t(d)] = ic.numel();

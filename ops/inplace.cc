@@ -2,6 +2,7 @@
 
 #include <array>
 
+#include "cuda/elementwise.h"
 #include "engine/strided.h"
 #include "ops/kernel_util.h"
 
@@ -34,7 +35,7 @@ template <Kind K>
 void update_kernel(const char* op, Tensor& x, const Tensor& y_in, float alpha) {
   check_floating(op, x, "destination");
   check_same(op, x, y_in);
-  check_cpu(op, x);
+  check_kernel_device(op, x);
   const Shape b = broadcast_shapes(x.sizes(), y_in.sizes(), op);
   REMAT_CHECK(b == x.sizes(), ShapeError, op, ": operand ", describe(y_in),
               " cannot be broadcast to the destination's shape ", shape_str(x.sizes()),
@@ -48,6 +49,14 @@ void update_kernel(const char* op, Tensor& x, const Tensor& y_in, float alpha) {
   if (y.shares_storage_with(x) && !same_layout) y = y.clone();
   y = y.expand(x.sizes());
   x.bump_version();
+  if (on_cuda(x)) {
+    constexpr cuda::UpdateOp code = K == Kind::add   ? cuda::UpdateOp::add
+                                    : K == Kind::mul ? cuda::UpdateOp::mul
+                                                     : cuda::UpdateOp::scale;
+    cuda::update(code, x.raw_data(), layout_of(op, x), y.raw_data(), layout_of(op, y), alpha,
+                 x.dtype(), cuda_stream());
+    return;
+  }
   const std::array<const Shape*, 2> st{&x.strides(), &y.strides()};
   dispatch_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "engine/cuda_layout.h"
+
 namespace remat::ops_detail {
 
 std::string describe(const Tensor& t) {
@@ -39,6 +41,22 @@ void check_same(const char* op, const Tensor& a, const Tensor& b) {
 void check_cpu(const char* op, const Tensor& t) {
   REMAT_CHECK(t.device().is_cpu(), DeviceError, op, ": no kernel for ", t.device(),
               " yet (got ", describe(t), ")");
+}
+
+void check_kernel_device(const char* op, const Tensor& t) {
+  REMAT_CHECK(t.device().is_cpu() || t.device().is_cuda(), DeviceError, op, ": no kernel for ",
+              t.device(), " (got ", describe(t), ")");
+}
+
+cuda::Strided layout_of(const char* op, const Tensor& t) {
+  REMAT_CHECK(t.dim() <= cuda::kMaxDims, ShapeError, op, ": CUDA kernels take at most ",
+              cuda::kMaxDims, " dims, got ", describe(t));
+  return detail::cuda_layout(t);
+}
+
+Tensor contiguous_detached(const Tensor& t) {
+  Tensor d = t.detach();
+  return d.is_contiguous() ? d : d.contiguous();
 }
 
 void check_dim(const char* op, const Tensor& t, std::int64_t n, const char* what) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/stream.h"
+#include "cuda/strided.h"
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
@@ -29,6 +31,20 @@ void check_index(const char* op, const Tensor& t, const char* what);
 void check_same(const char* op, const Tensor& a, const Tensor& b);
 // Throws DeviceError unless `t` is on the CPU (the only back end of these kernels).
 void check_cpu(const char* op, const Tensor& t);
+// Throws DeviceError unless `t` is on the CPU or a CUDA device (ops with
+// kernels for both call this instead of check_cpu).
+void check_kernel_device(const char* op, const Tensor& t);
+
+// True if `t` lives on a CUDA device: the op runs its cuda/ kernel.
+inline bool on_cuda(const Tensor& t) { return t.device().is_cuda(); }
+// `t`'s sizes and strides as cuda/ kernels take them; throws ShapeError
+// naming `op` for more than cuda::kMaxDims dims.
+cuda::Strided layout_of(const char* op, const Tensor& t);
+// The stream the op's CUDA kernels go on (the thread's current stream).
+inline StreamId cuda_stream() { return cuda::current_stream(); }
+// `t` detached and contiguous in its own dtype and device (no copy if it is).
+Tensor contiguous_detached(const Tensor& t);
+
 // Throws ShapeError unless t.dim() == n.
 void check_dim(const char* op, const Tensor& t, std::int64_t n, const char* what);
 

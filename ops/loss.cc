@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cuda/softmax.h"
 #include "ops/kernel_util.h"
 
 namespace remat {
@@ -38,6 +39,23 @@ struct CeForward {
   Tensor lse;   // f32 [rows]
 };
 
+// ce_forward on CUDA (targets already checked on the host): the per-row
+// losses are summed in a fixed order on the device.
+CeForward ce_forward_cuda(const Tensor& logits, const Tensor& targets, std::int64_t count,
+                          std::int64_t ignore_index) {
+  NoGradGuard ng;
+  const std::int64_t c = logits.size(-1);
+  const std::int64_t rows = targets.numel();
+  Tensor lc = contiguous_detached(logits), tc = contiguous_detached(targets);
+  CeForward f{empty({}, TensorOptions(DType::f32, logits.device())),
+              empty({rows}, TensorOptions(DType::f32, logits.device()))};
+  Tensor row_loss = empty({rows}, TensorOptions(DType::f32, logits.device()));
+  cuda::cross_entropy_forward(f.loss.data<float>(), f.lse.data<float>(), lc.raw_data(), lc.dtype(),
+                              tc.raw_data(), tc.dtype(), rows, c, ignore_index, count,
+                              row_loss.data<float>(), cuda_stream());
+  return f;
+}
+
 CeForward ce_forward(const Tensor& logits, const std::vector<std::int64_t>& tg,
                      std::int64_t count, std::int64_t ignore_index) {
   NoGradGuard ng;
@@ -71,6 +89,16 @@ Tensor ce_backward(const Tensor& g, const Tensor& logits, const Tensor& targets,
                    std::int64_t count, std::int64_t ignore_index) {
   NoGradGuard ng;
   const std::int64_t c = logits.size(-1);
+  if (on_cuda(logits)) {
+    Tensor lc = contiguous_detached(logits), tc = contiguous_detached(targets);
+    Tensor sc = contiguous_detached(lse);
+    Tensor gc = contiguous_detached(g.dtype() == DType::f32 ? g : g.detach().to(DType::f32));
+    Tensor dl = empty(logits.sizes(), TensorOptions(logits.dtype(), logits.device()));
+    cuda::cross_entropy_backward(dl.raw_data(), gc.data<float>(), lc.raw_data(), sc.data<float>(),
+                                 lc.dtype(), tc.raw_data(), tc.dtype(), tc.numel(), c, ignore_index, count,
+                                 cuda_stream());
+    return dl;
+  }
   std::vector<std::int64_t> tg;
   read_targets(targets, c, ignore_index, tg);
   const std::int64_t rows = std::int64_t(tg.size());
@@ -100,8 +128,9 @@ Tensor ce_backward(const Tensor& g, const Tensor& logits, const Tensor& targets,
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index) {
   check_floating("cross_entropy", logits, "logits");
   check_index("cross_entropy", targets, "targets");
-  check_cpu("cross_entropy", logits);
-  check_cpu("cross_entropy", targets);
+  check_kernel_device("cross_entropy", logits);
+  REMAT_CHECK(targets.device() == logits.device(), DeviceError, "cross_entropy: targets ",
+              describe(targets), " and logits ", describe(logits), " are on different devices");
   REMAT_CHECK(logits.dim() >= 1, ShapeError, "cross_entropy: logits must be [..., C], got ",
               describe(logits));
   const Shape lead(logits.sizes().begin(), logits.sizes().end() - 1);
@@ -112,7 +141,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t i
   std::vector<std::int64_t> tg;
   const std::int64_t count = read_targets(targets, classes, ignore_index, tg);
   return dispatch1("cross_entropy", {logits, targets}, [&] {
-    CeForward f = ce_forward(logits, tg, count, ignore_index);
+    CeForward f = on_cuda(logits) ? ce_forward_cuda(logits, targets, count, ignore_index)
+                                  : ce_forward(logits, tg, count, ignore_index);
     Tensor out = f.loss;
     if (auto node = autograd::make_node("cross_entropy", {&logits, &targets})) {
       node->save(logits);

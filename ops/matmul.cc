@@ -1,6 +1,7 @@
 #include "ops/matmul.h"
 
 #include "ops/binary.h"
+#include "cuda/gemm.h"
 #include "ops/gemm.h"
 #include "ops/kernel_util.h"
 #include "ops/reduce.h"
@@ -11,11 +12,12 @@ using namespace ops_detail;
 
 namespace {
 
-// A 2-D (or batched 3-D) f32 operand as the GEMM sees it: a pointer, whether
-// it is stored transposed, its row stride and its batch stride.
+// A 2-D (or batched 3-D) operand as the GEMM sees it: a pointer, whether it
+// is stored transposed, its row stride and its batch stride. On the CPU the
+// operand is f32; on CUDA it keeps its dtype (cuBLASLt accumulates in f32).
 struct GemmOperand {
   Tensor keep;  // keeps the data alive
-  const float* ptr = nullptr;
+  const void* ptr = nullptr;
   bool trans = false;
   std::int64_t ld = 0;
   std::int64_t batch_stride = 0;
@@ -25,15 +27,26 @@ struct GemmOperand {
 // that must collapse into one stride.
 GemmOperand as_operand(const Tensor& t_in) {
   GemmOperand op;
-  Tensor t = t_in.dtype() == DType::f32 ? t_in : t_in.to(DType::f32);
+  Tensor t = t_in.dtype() == DType::f32 || on_cuda(t_in) ? t_in : t_in.to(DType::f32);
   const std::int64_t nd = t.dim();
   const std::int64_t r = t.size(-2), c = t.size(-1);
   const std::int64_t sr = t.stride(-2), sc = t.stride(-1);
-  // Batch dims must be expressible with one stride (contiguous over each other).
+  // Batch dims must be expressible with one stride (contiguous over each
+  // other). Size-1 dims are skipped: their strides are arbitrary (e.g. from
+  // unsqueeze) and never stepped.
   bool batch_ok = true;
-  std::int64_t bstride = nd > 2 ? t.stride(nd - 3) : 0;
-  for (std::int64_t d = nd - 3; d > 0; --d)
-    if (t.size(d) != 1 && t.stride(d - 1) != t.stride(d) * t.size(d)) batch_ok = false;
+  std::int64_t bstride = 0, span = 0;  // stride of the innermost batch dim > 1, elements folded so far
+  for (std::int64_t d = nd - 3; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (span == 0) {
+      bstride = t.stride(d);
+      span = t.size(d);
+    } else if (t.stride(d) == bstride * span) {
+      span *= t.size(d);
+    } else {
+      batch_ok = false;
+    }
+  }
   if (batch_ok && (sc == 1 || c == 1) && (sr >= c || r == 1)) {
     op.trans = false;
     op.ld = r == 1 ? std::max<std::int64_t>(c, 1) : sr;
@@ -47,9 +60,41 @@ GemmOperand as_operand(const Tensor& t_in) {
     bstride = r * c;
   }
   op.keep = t;
-  op.ptr = t.data<float>();
+  op.ptr = t.raw_data();
   op.batch_stride = bstride;
   return op;
+}
+
+// The CUDA product: cuBLASLt in the operands' dtype with f32 accumulation,
+// its workspace from the caching allocator. Returns the output in `dtype`.
+Tensor gemm_cuda(const GemmOperand& ga, const GemmOperand& gb, DType dtype, Device device,
+                 const Shape& out_shape, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k) {
+  Tensor out = empty(out_shape, TensorOptions(dtype, device));
+  if (k == 0) return out.zero_();
+  cuda::GemmArgs g;
+  g.trans_a = ga.trans;
+  g.trans_b = gb.trans;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = ga.ptr;
+  g.lda = ga.ld;
+  g.stride_a = ga.batch_stride;
+  g.b = gb.ptr;
+  g.ldb = gb.ld;
+  g.stride_b = gb.batch_stride;
+  g.c = out.raw_data();
+  g.ldc = n;
+  g.stride_c = m * n;
+  g.batch = batch;
+  g.dtype = dtype;
+  Tensor workspace;
+  {
+    CategoryScope cat(MemoryCategory::workspace);
+    workspace = empty({std::int64_t(cuda::gemm_workspace_bytes())}, TensorOptions(DType::boolean, device));
+  }
+  cuda::gemm(g, workspace.raw_data(), cuda::gemm_workspace_bytes(), cuda_stream());
+  return out;
 }
 
 // out[b] = a[b] @ b[b] for each of `batch` matrices (batch 1 for 2-D).
@@ -57,16 +102,19 @@ Tensor gemm_batched(const Tensor& a, const Tensor& b, const Shape& out_shape, st
                     std::int64_t m, std::int64_t n, std::int64_t k) {
   NoGradGuard ng;
   GemmOperand ga = as_operand(a.detach()), gb = as_operand(b.detach());
+  if (on_cuda(a)) return gemm_cuda(ga, gb, a.dtype(), a.device(), out_shape, batch, m, n, k);
   Tensor out = empty(out_shape, DType::f32);
   float* po = out.data<float>();
+  const auto* pa = static_cast<const float*>(ga.ptr);
+  const auto* pb = static_cast<const float*>(gb.ptr);
   if (batch == 1) {
-    gemm(ga.trans, gb.trans, m, n, k, 1.0f, ga.ptr, ga.ld, gb.ptr, gb.ld, 0.0f, po, n);
+    gemm(ga.trans, gb.trans, m, n, k, 1.0f, pa, ga.ld, pb, gb.ld, 0.0f, po, n);
   } else {
     // Many small products: one thread per product beats splitting each.
     parallel_for(0, batch, 1, [&](std::int64_t b0, std::int64_t b1) {
       for (std::int64_t i = b0; i < b1; ++i)
-        gemm(ga.trans, gb.trans, m, n, k, 1.0f, ga.ptr + i * ga.batch_stride, ga.ld,
-             gb.ptr + i * gb.batch_stride, gb.ld, 0.0f, po + i * m * n, n, /*serial=*/true);
+        gemm(ga.trans, gb.trans, m, n, k, 1.0f, pa + i * ga.batch_stride, ga.ld,
+             pb + i * gb.batch_stride, gb.ld, 0.0f, po + i * m * n, n, /*serial=*/true);
     });
   }
   return out;
@@ -75,7 +123,7 @@ Tensor gemm_batched(const Tensor& a, const Tensor& b, const Shape& out_shape, st
 void check_matmul(const char* op, const Tensor& a, const Tensor& b) {
   check_floating(op, a, "first operand");
   check_same(op, a, b);
-  check_cpu(op, a);
+  check_kernel_device(op, a);
   REMAT_CHECK(a.dim() >= 2 && b.dim() >= 2, ShapeError, op, ": operands must have at least 2 dims, got ",
               describe(a), " and ", describe(b));
   REMAT_CHECK(a.size(-1) == b.size(-2), ShapeError, op, ": inner dims differ: ", describe(a), " @ ",

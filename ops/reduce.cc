@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cuda/reduce.h"
 #include "ops/binary.h"
 #include "ops/kernel_util.h"
 
@@ -31,6 +32,33 @@ struct Folded {
   Shape out_shape, keep_shape;
 };
 
+// The output shapes of a reduction of x over rd, with and without keepdim.
+void reduced_shapes(const Tensor& x, const std::vector<std::int64_t>& rd, Shape& out_shape,
+                    Shape& keep_shape) {
+  std::vector<bool> is_red(std::size_t(x.dim()), false);
+  for (auto d : rd) is_red[std::size_t(d)] = true;
+  for (std::int64_t d = 0; d < x.dim(); ++d) {
+    keep_shape.push_back(is_red[std::size_t(d)] ? 1 : x.size(d));
+    if (!is_red[std::size_t(d)]) out_shape.push_back(x.size(d));
+  }
+}
+
+// For the CUDA kernels: t's layout split into the kept dims (in order) and the
+// reduced dims rd (sorted), as cuda/reduce.h takes them.
+void split_layout(const char* op, const Tensor& t, const std::vector<std::int64_t>& rd,
+                  cuda::Strided& kept, cuda::Strided& reduced) {
+  const cuda::Strided l = layout_of(op, t);
+  std::vector<bool> is_red(std::size_t(l.dim), false);
+  for (auto d : rd) is_red[std::size_t(d)] = true;
+  kept.dim = reduced.dim = 0;
+  for (int d = 0; d < l.dim; ++d) {
+    cuda::Strided& s = is_red[std::size_t(d)] ? reduced : kept;
+    s.sizes[s.dim] = l.sizes[d];
+    s.strides[s.dim] = l.strides[d];
+    ++s.dim;
+  }
+}
+
 Folded fold(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd) {
   Folded f;
   Shape perm;
@@ -56,8 +84,25 @@ Folded fold(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd
   return f;
 }
 
+// sum_kernel on CUDA: the result in x's dtype, straight from x's layout.
+Tensor sum_cuda(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd, bool keepdim,
+                float scale) {
+  Shape out_shape, keep_shape;
+  reduced_shapes(x, rd, out_shape, keep_shape);
+  cuda::Strided kept, reduced;
+  split_layout(op, x, rd, kept, reduced);
+  Tensor out = empty(keepdim ? keep_shape : out_shape, TensorOptions(x.dtype(), x.device()));
+  const std::int64_t ws = cuda::reduce_sum_workspace(kept, reduced);
+  Tensor work = ws > 0 ? empty({ws}, TensorOptions(DType::f32, x.device())) : Tensor();
+  cuda::reduce_sum(out.raw_data(), x.raw_data(), x.dtype(), kept, reduced, scale,
+                   ws > 0 ? work.data<float>() : nullptr, cuda_stream());
+  return out;
+}
+
 Tensor sum_kernel(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd,
                   bool keepdim, float scale) {
+  check_kernel_device(op, x);
+  if (on_cuda(x)) return sum_cuda(op, x, rd, keepdim, scale);
   Folded f = fold(op, x, rd);
   Tensor out = empty(keepdim ? f.keep_shape : f.out_shape, DType::f32);
   const float* p = f.mat.data<float>();
@@ -133,29 +178,55 @@ std::pair<Tensor, Tensor> max(const Tensor& x, std::int64_t dim, bool keepdim) {
   const std::int64_t d = wrap_dim(dim, x.dim(), "max");
   REMAT_CHECK(x.dim() == 0 || x.size(d) > 0, ShapeError, "max: dim ", d, " of ",
               describe(x), " is empty");
+  check_kernel_device("max", x);
+  const std::vector<std::int64_t> rd =
+      x.dim() == 0 ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{d};
   auto outs = dispatch("max", {x}, [&] {
-    Folded f = fold("max", x, x.dim() == 0 ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{d});
-    Tensor values = empty(keepdim ? f.keep_shape : f.out_shape, DType::f32);
-    Tensor index = empty(keepdim ? f.keep_shape : f.out_shape, DType::i64);
-    const float* p = f.mat.data<float>();
-    float* v = values.data<float>();
-    std::int64_t* ix = index.data<std::int64_t>();
-    const std::int64_t inner = f.inner;
-    parallel_rows(f.outer, inner, [&](std::int64_t r0, std::int64_t r1) {
-      for (std::int64_t r = r0; r < r1; ++r) {
-        const float* row = p + r * inner;
-        std::int64_t best = 0;
-        for (std::int64_t i = 1; i < inner; ++i)
-          if (row[i] > row[best] || (std::isnan(row[i]) && !std::isnan(row[best]))) best = i;
-        v[r] = row[best];
-        ix[r] = best;
-      }
-    });
-    Tensor out = from_f32(values, x.dtype());
+    Tensor out, index;
+    if (on_cuda(x)) {
+      Shape out_shape, keep_shape;
+      reduced_shapes(x, rd, out_shape, keep_shape);
+      cuda::Strided kept, reduced;
+      split_layout("max", x, rd, kept, reduced);
+      out = empty(keepdim ? keep_shape : out_shape, TensorOptions(x.dtype(), x.device()));
+      index = empty(keepdim ? keep_shape : out_shape, TensorOptions(DType::i64, x.device()));
+      cuda::reduce_max(out.raw_data(), index.data<std::int64_t>(), x.raw_data(), x.dtype(), kept,
+                       reduced.numel(), reduced.dim > 0 ? reduced.strides[0] : 0, cuda_stream());
+    } else {
+      Folded f = fold("max", x, rd);
+      Tensor values = empty(keepdim ? f.keep_shape : f.out_shape, DType::f32);
+      index = empty(keepdim ? f.keep_shape : f.out_shape, DType::i64);
+      const float* p = f.mat.data<float>();
+      float* v = values.data<float>();
+      std::int64_t* ix = index.data<std::int64_t>();
+      const std::int64_t inner = f.inner;
+      parallel_rows(f.outer, inner, [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+          const float* row = p + r * inner;
+          std::int64_t best = 0;
+          for (std::int64_t i = 1; i < inner; ++i)
+            if (row[i] > row[best] || (std::isnan(row[i]) && !std::isnan(row[best]))) best = i;
+          v[r] = row[best];
+          ix[r] = best;
+        }
+      });
+      out = from_f32(values, x.dtype());
+    }
     if (auto node = autograd::make_node("max", {&x})) {
       node->save(index, true);
-      node->backward_fn = [xs = x.sizes(), d, keepdim, dt = x.dtype()](Node& n, std::vector<Tensor>& g) {
+      node->backward_fn = [xs = x.sizes(), d, keepdim, dt = x.dtype(), rd](Node& n, std::vector<Tensor>& g) {
         Tensor idx = n.saved(0);
+        if (on_cuda(idx)) {
+          // Zeros, then each output's gradient written at its argmax.
+          Tensor gx = zeros(xs, TensorOptions(dt, idx.device()));
+          Tensor gc = contiguous_detached(g[0].dtype() == dt ? g[0] : g[0].to(dt));
+          Tensor ic = contiguous_detached(idx);
+          cuda::Strided kept, reduced;
+          split_layout("max", gx, rd, kept, reduced);
+          cuda::reduce_max_backward(gx.raw_data(), kept, reduced.dim > 0 ? reduced.strides[0] : 0,
+                                    gc.raw_data(), ic.data<std::int64_t>(), dt, cuda_stream());
+          return std::vector<Tensor>{gx};
+        }
         Tensor gg = g[0];
         if (!keepdim && !xs.empty()) {
           idx = idx.unsqueeze(d);

@@ -3,6 +3,7 @@
 #include <Eigen/Core>
 #include <cmath>
 
+#include "cuda/softmax.h"
 #include "ops/kernel_util.h"
 
 namespace remat {
@@ -53,9 +54,28 @@ Tensor from_rows(const Tensor& rows, const RowLayout& l, DType dtype) {
   return from_f32(out, dtype);
 }
 
+// For the CUDA kernels: `t` in row layout, contiguous in `dtype`. Call under NoGradGuard.
+Tensor to_rows_cuda(const Tensor& t, const RowLayout& l, DType dtype) {
+  Tensor v = t.detach();
+  if (v.dtype() != dtype) v = v.to(dtype);
+  if (l.moved) v = v.permute(l.perm);
+  return contiguous_detached(v);
+}
+
+// A row-layout CUDA result back in the original layout.
+Tensor from_rows_cuda(const Tensor& rows, const RowLayout& l) {
+  return l.moved ? rows.permute(l.inverse).contiguous() : rows;
+}
+
 // Forward over rows: softmax, or log_softmax when `log`.
 Tensor softmax_kernel(const Tensor& x, const RowLayout& l, bool log) {
   NoGradGuard ng;
+  if (on_cuda(x)) {
+    Tensor xr = to_rows_cuda(x, l, x.dtype());
+    Tensor out = empty(xr.sizes(), TensorOptions(x.dtype(), x.device()));
+    cuda::softmax_forward(out.raw_data(), xr.raw_data(), x.dtype(), l.rows, l.n, log, cuda_stream());
+    return from_rows_cuda(out, l);
+  }
   Tensor xr = to_rows(x, l);
   Tensor out = empty(xr.sizes(), DType::f32);
   const float* px = xr.data<float>();
@@ -83,6 +103,12 @@ Tensor softmax_kernel(const Tensor& x, const RowLayout& l, bool log) {
 Tensor softmax_backward_kernel(const Tensor& g, const Tensor& y, const RowLayout& l, bool log,
                                DType dtype) {
   NoGradGuard ng;
+  if (on_cuda(y)) {
+    Tensor gr = to_rows_cuda(g, l, dtype), yr = to_rows_cuda(y, l, dtype);
+    Tensor dx = empty(gr.sizes(), TensorOptions(dtype, y.device()));
+    cuda::softmax_backward(dx.raw_data(), gr.raw_data(), yr.raw_data(), dtype, l.rows, l.n, log, cuda_stream());
+    return from_rows_cuda(dx, l);
+  }
   Tensor gr = to_rows(g, l), yr = to_rows(y, l);
   Tensor dx = empty(gr.sizes(), DType::f32);
   const float* pg = gr.data<float>();
@@ -110,7 +136,7 @@ Tensor softmax_backward_kernel(const Tensor& g, const Tensor& y, const RowLayout
 
 Tensor softmax_impl(const char* name, const Tensor& x, std::int64_t dim, bool log) {
   check_floating(name, x, "input");
-  check_cpu(name, x);
+  check_kernel_device(name, x);
   const RowLayout l = row_layout(x, dim, name);
   return dispatch1(name, {x}, [&] {
     Tensor out = softmax_kernel(x, l, log);

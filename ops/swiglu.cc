@@ -2,6 +2,7 @@
 
 #include <Eigen/Core>
 
+#include "cuda/swiglu.h"
 #include "ops/kernel_util.h"
 
 namespace remat {
@@ -29,6 +30,13 @@ void parallel_blocks(std::int64_t n, Fn&& fn) {
 
 Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
   NoGradGuard ng;
+  if (on_cuda(gate)) {  // gate and up read in place through their strides
+    Tensor g = gate.detach(), u = up.detach();
+    Tensor out = empty(gate.sizes(), TensorOptions(gate.dtype(), gate.device()));
+    cuda::swiglu_forward(out.raw_data(), g.raw_data(), layout_of("swiglu", g), u.raw_data(),
+                         layout_of("swiglu", u), gate.dtype(), cuda_stream());
+    return out;
+  }
   Tensor gf = f32_contiguous(gate), uf = f32_contiguous(up);
   Tensor out = empty(gate.sizes(), DType::f32);
   const float* pg = gf.data<float>();
@@ -47,6 +55,25 @@ Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
 std::vector<Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up,
                                     bool need_dgate, bool need_dup) {
   NoGradGuard ng;
+  if (on_cuda(gate)) {
+    REMAT_CHECK(dy.sizes() == gate.sizes() && dy.device() == gate.device(), ShapeError,
+                "swiglu backward: gradient ", describe(dy), " does not match gate ",
+                describe(gate));
+    // Dense operands of one dtype: gate's, or f32 (the CPU's compute type) if
+    // dy arrives in another; the gradients end in gate's dtype.
+    const DType dt = dy.dtype() == gate.dtype() ? gate.dtype() : DType::f32;
+    const TensorOptions opts(dt, gate.device());
+    Tensor d = contiguous_detached(dy.detach().to(dt));
+    Tensor g = contiguous_detached(gate.detach().to(dt));
+    Tensor u = need_dgate ? contiguous_detached(up.detach().to(dt)) : Tensor();
+    Tensor dgate = need_dgate ? empty(gate.sizes(), opts) : Tensor();
+    Tensor dup = need_dup ? empty(gate.sizes(), opts) : Tensor();
+    cuda::swiglu_backward(need_dgate ? dgate.raw_data() : nullptr,
+                          need_dup ? dup.raw_data() : nullptr, d.raw_data(), g.raw_data(),
+                          need_dgate ? u.raw_data() : nullptr, gate.numel(), dt, cuda_stream());
+    return {need_dgate ? dgate.to(gate.dtype()) : Tensor(),
+            need_dup ? dup.to(gate.dtype()) : Tensor()};
+  }
   Tensor df = f32_contiguous(dy), gf = f32_contiguous(gate);
   Tensor uf = need_dgate ? f32_contiguous(up) : Tensor();
   Tensor dgate = need_dgate ? empty(gate.sizes(), DType::f32) : Tensor();
@@ -83,7 +110,7 @@ std::vector<Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, const 
 Tensor swiglu(const Tensor& gate, const Tensor& up) {
   check_floating("swiglu", gate, "gate");
   check_same("swiglu", gate, up);
-  check_cpu("swiglu", gate);
+  check_kernel_device("swiglu", gate);
   REMAT_CHECK(gate.sizes() == up.sizes(), ShapeError, "swiglu: gate ", describe(gate), " and up ",
               describe(up), " must have the same shape");
   return dispatch1("swiglu", {gate, up}, [&] {

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
+#include "cuda/runtime.h"
+#include "cuda/topk.h"
 #include "ops/index.h"
 #include "ops/kernel_util.h"
 
@@ -26,11 +29,47 @@ inline bool ranks_before(float a, std::int64_t ia, float b, std::int64_t ib, boo
   return ia < ib;
 }
 
+// `t`'s layout without dim d: the rows along d, as cuda/topk.h takes them.
+cuda::Strided rows_layout(const Tensor& t, std::int64_t d) {
+  const cuda::Strided full = layout_of("topk", t);
+  cuda::Strided r;
+  for (int k = 0; k < full.dim; ++k) {
+    if (k == d) continue;
+    r.sizes[r.dim] = full.sizes[k];
+    r.strides[r.dim] = full.strides[k];
+    ++r.dim;
+  }
+  return r;
+}
+
+// topk on CUDA: one warp per row reads x in place (any layout, its own dtype)
+// and writes values (x's dtype, copied exactly) and i64 indices of `shape`.
+std::pair<Tensor, Tensor> topk_cuda(const Tensor& x, std::int64_t k, std::int64_t d, bool largest,
+                                    const Shape& shape) {
+  Tensor values = empty(shape, TensorOptions(x.dtype(), x.device()));
+  Tensor indices = empty(shape, TensorOptions(DType::i64, x.device()));
+  cuda::topk(x.raw_data(), x.dtype(), rows_layout(x, d), x.stride(d), x.size(d), values.raw_data(),
+             indices.data<std::int64_t>(), rows_layout(values, d), values.stride(d), k, largest, cuda_stream());
+  return {values, indices};
+}
+
+// The gradient of topk's values on CUDA: g placed at the picked entries of a
+// zero tensor of x's shape (0 + g, as the CPU's scatter_add into zeros).
+Tensor topk_backward_cuda(const Shape& xs, std::int64_t d, DType dt, const Tensor& indices, const Tensor& g_in) {
+  const Tensor g = g_in.dtype() == dt ? g_in : g_in.to(dt);
+  Tensor gx = empty(xs, TensorOptions(dt, g.device()));
+  cuda::memset_async(gx.raw_data(), 0, gx.nbytes(), cuda_stream());
+  cuda::topk_backward(gx.raw_data(), rows_layout(gx, d), gx.stride(d), g.raw_data(), rows_layout(g, d), g.stride(d),
+                      indices.data<std::int64_t>(), rows_layout(indices, d), indices.stride(d), dt, g.size(d),
+                      cuda_stream());
+  return gx;
+}
+
 }  // namespace
 
 std::pair<Tensor, Tensor> topk(const Tensor& x, std::int64_t k, std::int64_t dim, bool largest) {
   check_floating("topk", x, "input");
-  check_cpu("topk", x);
+  check_kernel_device("topk", x);
   REMAT_CHECK(x.dim() >= 1, ShapeError, "topk: input must have at least one dim, got ",
               describe(x));
   const std::int64_t d = wrap_dim(dim, x.dim(), "topk");
@@ -45,9 +84,13 @@ std::pair<Tensor, Tensor> topk(const Tensor& x, std::int64_t k, std::int64_t dim
     perm.push_back(d);
     Shape shape = x.sizes();
     shape[std::size_t(d)] = k;
-    Tensor values = empty(shape, DType::f32);
-    Tensor indices = empty(shape, DType::i64);
-    {
+    Tensor values, indices;
+    if (on_cuda(x)) {
+      NoGradGuard ng;
+      std::tie(values, indices) = topk_cuda(x.detach(), k, d, largest, shape);
+    } else {
+      values = empty(shape, DType::f32);
+      indices = empty(shape, DType::i64);
       NoGradGuard ng;
       Tensor mat = f32_contiguous(x.detach().permute(perm));
       // Outputs in the same permuted layout, written through permuted views.
@@ -83,6 +126,7 @@ std::pair<Tensor, Tensor> topk(const Tensor& x, std::int64_t k, std::int64_t dim
       node->save(indices, /*is_output=*/true);
       node->backward_fn = [xs = x.sizes(), d, dt = x.dtype()](Node& n, std::vector<Tensor>& g) {
         // Indices within a row are distinct: scatter_add places each g once.
+        if (on_cuda(g[0])) return std::vector<Tensor>{topk_backward_cuda(xs, d, dt, n.saved(0), g[0])};
         return std::vector<Tensor>{scatter_add(zeros(xs, dt), d, n.saved(0), g[0])};
       };
       autograd::set_history(values, node);

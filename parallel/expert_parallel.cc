@@ -69,8 +69,8 @@ Routing ExpertParallelDispatcher::make_routing(const Tensor& indices, std::int64
         order.push_back(at + i);
       }
     }
-  r.recv_order = from_vector<std::int64_t>(order, {total});
-  r.recv_order_inverse = from_vector<std::int64_t>(inverse, {total});
+  r.recv_order = from_vector<std::int64_t>(order, {total}, indices.device());
+  r.recv_order_inverse = from_vector<std::int64_t>(inverse, {total}, indices.device());
   return r;
 }
 

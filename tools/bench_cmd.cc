@@ -16,6 +16,8 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/plan.h"
+#include "cuda/allocator_backend.h"
+#include "cuda/runtime.h"
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/json.h"
@@ -106,6 +108,23 @@ double measure_peak_flops() {
   return best;
 }
 
+// A CUDA device's dense peak for the compute dtype. H100/H200 SXM: the
+// datasheet figures (989.4 TFLOP/s bf16/f16 tensor-core dense, 66.9 TFLOP/s
+// f32); other GPUs: SMs x clock x per-SM rate (Hopper: 4096 16-bit tensor
+// FLOPs and 256 f32 FLOPs per SM per clock, from the same figures).
+double cuda_peak_flops(Device device, const std::string& dtype) {
+  const cuda::DeviceInfo info = cuda::device_info(device.index);
+  const bool half = dtype != "f32";
+  if (info.name.find("H100") != std::string::npos || info.name.find("H200") != std::string::npos)
+    return half ? 989.4e12 : 66.9e12;
+  return double(info.multiprocessors) * double(info.clock_khz) * 1e3 * (half ? 4096.0 : 256.0);
+}
+
+// Waits for the device's queued work (the CPU runs ops synchronously).
+void sync(Device device) {
+  if (device.is_cuda()) cuda::synchronize();
+}
+
 // Splits "none,selected:0,2,per_block" into plans: a piece that does not start
 // a plan continues the previous one.
 std::vector<std::string> split_plans(const std::string& s) {
@@ -165,7 +184,8 @@ Trace trace_step(const ModelConfig& c, const std::string& plan) {
 // between them), and rank 0 reports.
 std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
                                          std::int64_t steps, int threads, const std::string& seed,
-                                         std::int64_t ep = 1, const std::string& dtype = "f32") {
+                                         std::int64_t ep = 1, const std::string& dtype = "f32",
+                                         const std::string& device = "cpu") {
   std::string launcher;
   if (ep > 1) {
     launcher = "mpirun --oversubscribe " + std::string(::geteuid() == 0 ? "--allow-run-as-root " : "") + "-np " +
@@ -175,7 +195,7 @@ std::map<std::string, double> run_worker(const std::string& config, const std::s
   std::string cmd = launcher + "'/proc/" + std::to_string(::getpid()) + "/exe' bench-worker --config '" + config +
                     "' --recompute '" + plan + "' --warmup " + std::to_string(warmup) + " --steps " +
                     std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " + seed +
-                    " --ep " + std::to_string(ep) + " --dtype " + dtype + " 2>&1";
+                    " --ep " + std::to_string(ep) + " --dtype " + dtype + " --device " + device + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   REMAT_CHECK(p != nullptr, Error, "bench: cannot start a worker process");
   std::string out;
@@ -245,12 +265,13 @@ int run_estimate(const std::string& config, const ModelConfig& c, const std::vec
 // The worker: one process, one plan, one repeat. Prints "BENCH-RESULT {json}".
 int run_bench_worker(const std::vector<std::string>& args) {
   Flags f("bench-worker", args,
-          {{"config", ""}, {"recompute", ""}, {"warmup", ""}, {"steps", ""}, {"threads", ""}, {"seed", ""}, {"ep", ""}, {"dtype", ""}});
+          {{"config", ""}, {"recompute", ""}, {"warmup", ""}, {"steps", ""}, {"threads", ""}, {"seed", ""}, {"ep", ""}, {"dtype", ""}, {"device", ""}});
   if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
   const ModelConfig c = ModelConfig::load(f.get("config", "bench-dense"));
   const std::string plan = f.get("recompute", "none");
   const std::int64_t warmup = f.get_int("warmup", 2), steps = f.get_int("steps", 5);
   const auto seed = std::uint64_t(f.get_int("seed", 0));
+  const Device device = Device::parse(f.get("device", "cpu"));
 
   // Several processes (--ep under mpirun): each rank takes its share of the
   // batch and of the experts, as `./remat train` does.
@@ -262,6 +283,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
   model.set_compute_dtype(compute_dtype_from_name(f.get("dtype", "f32")));
   apply_parallel_layout(model, layout, /*reuse_routing_metadata=*/true);
   apply_recompute_plan(model, RecomputePlan::parse(plan, c.n_layers));
+  model.to(device);
   AdamW opt(model.named_parameters());
   std::unique_ptr<GradReducer> reducer = make_grad_reducer(layout, model.named_parameters(), 25ll << 20);
   CommCounters comm_step;
@@ -269,14 +291,15 @@ int run_bench_worker(const std::vector<std::string>& args) {
   BatchSampler sampler(corpus.train, c.batch, c.seq, seed + 1);
   auto flops_hook = std::make_shared<ReplayFlops>();
   DispatchHookScope hook(flops_hook);
-  auto& alloc = allocator_for(kCPU);
+  auto& alloc = allocator_for(device);
 
   std::vector<double> step_ms, fwd_ms, bwd_ms, replay_flops;
   std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
   for (std::int64_t i = 0; i < warmup + steps; ++i) {
     Tensor batch = sampler.next();
-    batch = batch_shard(batch, *world);
+    batch = batch_shard(batch, *world).to(device);
     model.zero_grad();
+    sync(device);
     const CommCounters comm0 = layout.counters();
     alloc.reset_peak();
     const auto ops0 = checkpoint_counters().ops_recomputed;
@@ -297,11 +320,13 @@ int run_bench_worker(const std::vector<std::string>& args) {
       if (reducer) reducer->prepare();
       loss.backward(W > 1 ? full({}, 1.0 / double(W)) : Tensor());
       if (reducer) reducer->finish();
+      sync(device);
     }
     const double b_ms = ms_since(t1);
     loss = Tensor();
     clip_grad_norm(model.parameters(), 1.0);
     opt.step(1e-3);
+    sync(device);
     const double s_ms = ms_since(t0);
     if (i < warmup) continue;
     const auto st = alloc.stats();
@@ -352,8 +377,10 @@ int run_bench(const std::vector<std::string>& args) {
            {"threads", "CPU threads (default: all cores)"},
            {"seed", "seed (default 0)"},
            {"dtype", "compute dtype: f32 (default) or bf16 (mixed precision)"},
+           {"device", "cpu (default), cuda or cuda:N"},
            {"ep", "expert parallel: each worker is N processes under mpirun, the experts split over them"},
-           {"peak-flops", "device peak FLOP/s for MFU (default: measured f32 GEMM peak on the CPU)"},
+           {"peak-flops", "device peak FLOP/s for MFU (default: the measured f32 GEMM peak on the CPU; on CUDA the "
+                          "device's dense peak for the dtype)"},
            {"json", "write the results to FILE"},
            {"estimate", "predict activation bytes per plan from what the ops save, next to a measured step"},
            {"html", "write a page plotting memory against step time per plan to FILE"}},
@@ -369,15 +396,23 @@ int run_bench(const std::vector<std::string>& args) {
   const std::int64_t ep = f.get_int("ep", 1);
   const std::string dtype = f.get("dtype", "f32");
   compute_dtype_from_name(dtype);  // reject a bad --dtype before any run
+  const Device device = Device::parse(f.get("device", "cpu"));
+  REMAT_CHECK(device.is_cpu() || device.index < cuda::device_count(), DeviceError, "bench: --device ",
+              device.str(), ": ", cuda::device_count(), " CUDA devices present",
+              cuda::built_with_cuda() ? "" : " (this build has no CUDA back end)");
+  REMAT_CHECK(device.is_cpu() || ep == 1, Error, "bench: --ep with --device cuda needs the NCCL back end in the "
+              "trainer, which is not wired yet; use --ep on the CPU");
   REMAT_CHECK(ep >= 1, Error, "bench: --ep must be >= 1");
   REMAT_CHECK(ep == 1 || (c.experts % ep == 0 && c.batch % ep == 0), Error, "bench: --ep ", ep, " needs the ",
               c.experts, " experts and the batch of ", c.batch, " to divide by it");
   if (f.get_bool("estimate")) return run_estimate(config, c, plans, threads, f.get("seed", "0"), f.get("json", ""));
-  const double peak = f.has("peak-flops") ? f.get_double("peak-flops", 0) : measure_peak_flops();
+  const double peak = f.has("peak-flops") ? f.get_double("peak-flops", 0)
+                      : device.is_cuda()   ? cuda_peak_flops(device, dtype)
+                                           : measure_peak_flops();
 
-  std::printf("remat bench: config %s, %d threads, %lld repeats x (%lld warm-up + %lld timed steps), peak %.1f GFLOP/s%s\n",
-              c.name.c_str(), threads, static_cast<long long>(repeats), static_cast<long long>(warmup),
-              static_cast<long long>(steps), peak / 1e9, f.has("peak-flops") ? "" : " (measured GEMM)");
+  std::printf("remat bench: config %s on %s, %d threads, %lld repeats x (%lld warm-up + %lld timed steps), peak %.1f GFLOP/s%s\n",
+              c.name.c_str(), device.str().c_str(), threads, static_cast<long long>(repeats), static_cast<long long>(warmup),
+              static_cast<long long>(steps), peak / 1e9, f.has("peak-flops") ? "" : device.is_cuda() ? " (device dense peak)" : " (measured GEMM)");
   std::fflush(stdout);
 
   struct Result {
@@ -388,7 +423,7 @@ int run_bench(const std::vector<std::string>& args) {
   for (const auto& plan : plans) {
     Result r{plan, {}};
     for (std::int64_t rep = 0; rep < repeats; ++rep) {
-      for (const auto& [k, val] : run_worker(config, plan, warmup, steps, threads, f.get("seed", "0"), ep, dtype))
+      for (const auto& [k, val] : run_worker(config, plan, warmup, steps, threads, f.get("seed", "0"), ep, dtype, device.str()))
         r.v[k].push_back(val);
       std::printf("  %-24s repeat %lld: step %.0f ms\n", plan.c_str(), static_cast<long long>(rep + 1),
                   r.v["step_ms"].back());
@@ -414,6 +449,7 @@ int run_bench(const std::vector<std::string>& args) {
     const double hfu = (med("model_flops") + med("replay_flops")) / (step * 1e-3) / peak;
     JsonObject j;
     j.set("plan", r.plan).set("config", c.name).set("repeats", repeats).set("threads", threads).set("dtype", dtype);
+    j.set("device", device.str());
     j.set("peak_allocated_bytes", med("peak_allocated_bytes")).set("peak_reserved_bytes", med("peak_reserved_bytes"));
     j.set("persistent_bytes", med("persistent_bytes")).set("activation_bytes", med("activation_bytes"));
     j.set("step_ms", step).set("step_ms_min", *std::min_element(r.v.at("step_ms").begin(), r.v.at("step_ms").end()));

@@ -18,6 +18,7 @@ int run_dump(const std::vector<std::string>& args) {
            {"load", "take weights from this safetensors file (Hugging Face names)"},
            {"recompute", "recompute plan (default none)"},
            {"dtype", "compute dtype: f32 (default) or bf16 (parameters, gradients and the loss stay f32)"},
+           {"device", "cpu (default), cuda or cuda:N"},
            {"out", "output FILE.safetensors (required)"},
            {"threads", "CPU threads (default: all cores)"}});
   if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
@@ -26,6 +27,7 @@ int run_dump(const std::vector<std::string>& args) {
   const ModelConfig c = ModelConfig::load(f.get("config", "tiny"));
   const RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
   const auto seed = std::uint64_t(f.get_int("seed", 0));
+  const Device device = Device::parse(f.get("device", "cpu"));
 
   manual_seed(seed);
   DecoderModel model(c, seed);
@@ -50,21 +52,24 @@ int run_dump(const std::vector<std::string>& args) {
   Corpus corpus = generated_corpus(seed, std::int64_t(1) << 18, c.seq + 2);
   BatchSampler sampler(corpus.train, c.batch, c.seq, seed + 1);
   Tensor tokens = sampler.next();
+  // On a GPU: the same weights (drawn on the CPU) and batch, moved over.
+  model.to(device);
 
-  auto out = model.forward_loss(tokens);
+  auto out = model.forward_loss(tokens.to(device));
   out.loss.backward();
 
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [name, p] : model.named_parameters()) tensors.emplace_back(name, p.detach());
+  for (const auto& [name, p] : model.named_parameters()) tensors.emplace_back(name, p.detach().to(kCPU));
   tensors.emplace_back("batch.tokens", tokens);
-  tensors.emplace_back("loss.ce", out.ce.detach());
-  tensors.emplace_back("loss.aux", out.aux.detach());
+  tensors.emplace_back("loss.ce", out.ce.detach().to(kCPU));
+  tensors.emplace_back("loss.aux", out.aux.detach().to(kCPU));
   // A parameter the batch did not reach (an expert no token was routed to)
   // has a zero gradient.
   for (const auto& [name, p] : model.named_parameters())
-    tensors.emplace_back("grad." + name, p.grad().defined() ? p.grad() : zeros(p.sizes()));
+    tensors.emplace_back("grad." + name, p.grad().defined() ? p.grad().to(kCPU) : zeros(p.sizes()));
   save_safetensors(f.get("out", ""), tensors,
-                   {{"config", c.to_json().dump()}, {"seed", std::to_string(seed)}, {"recompute", plan}});
+                   {{"config", c.to_json().dump()}, {"seed", std::to_string(seed)}, {"recompute", plan},
+                    {"device", device.str()}});
   std::printf("dump: %s  loss.ce %.6f  loss.aux %.6f  (%zu tensors)\n", f.get("out", "").c_str(),
               out.ce.item(), out.aux.item(), tensors.size());
   return 0;

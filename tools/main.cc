@@ -12,6 +12,7 @@
 #include "engine/error.h"
 #include "engine/parallel_for.h"
 #include "engine/tensor.h"
+#include "cuda/runtime.h"
 #include "parallel/process_group.h"
 #include "tools/bench_ops.h"
 #include "tools/commands.h"
@@ -24,6 +25,11 @@ int cmd_info(const Args&) {
   std::printf("remat\n");
   std::printf("  CUDA back end : %s\n", remat::cuda::built_with_cuda() ? "built" : "not built");
   std::printf("  CUDA devices  : %d\n", remat::cuda::device_count());
+  for (int d = 0; d < remat::cuda::device_count(); ++d) {
+    const remat::cuda::DeviceInfo i = remat::cuda::device_info(d);
+    std::printf("    cuda:%d      : %s, sm_%d%d, %d SMs at %.0f MHz, %.1f GiB\n", d, i.name.c_str(), i.major, i.minor,
+                i.multiprocessors, i.clock_khz / 1e3, double(i.memory_bytes) / double(1ull << 30));
+  }
   const auto world = remat::world_group();
   const std::string how = world->size() > 1 ? "MPI, this is rank " + std::to_string(world->rank()) : "no launcher";
   std::printf("  processes     : %d (%s)\n", world->size(), how.c_str());

@@ -42,6 +42,7 @@ int run_train(const std::vector<std::string>& args) {
            {"log", "write one JSON object per step to FILE.jsonl"},
            {"eval-every", "validation every N steps (default 100)"},
            {"dtype", "compute dtype: f32 (default) or bf16 (mixed precision: f32 master weights, optimizer state and loss)"},
+           {"device", "cpu (default), cuda or cuda:N: parameters, optimizer state and activations live there"},
            {"dp", "data parallel over N ranks (run under `mpirun -np N`; default: the job's size)"},
            {"ep", "expert parallel: split the routed experts over N ranks (N divides the job's size)"},
            {"bucket-mb", "data-parallel gradient bucket size in MiB (default 25)"},
@@ -64,6 +65,7 @@ int run_train(const std::vector<std::string>& args) {
   o.resume_dir = f.get("resume", "");
   o.eval_every = f.get_int("eval-every", 100);
   o.dtype = f.get("dtype", "f32");
+  o.device = Device::parse(f.get("device", "cpu"));
   o.dp = f.get_int("dp", 0);
   o.ep = f.get_int("ep", 1);
   o.bucket_bytes = std::int64_t(f.get_double("bucket-mb", 25) * double(1 << 20));

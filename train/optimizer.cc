@@ -1,19 +1,81 @@
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
+#include "cuda/adamw.h"
+#include "cuda/stream.h"
 #include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/parallel_for.h"
 
 namespace remat {
 
+namespace {
+
+// A host array of plain structs as a device tensor (i64 words) from the
+// caching allocator, for a multi-tensor kernel's slots. The copy is complete
+// on return; frees after the launch are ordered on the same stream.
+template <typename T>
+Tensor upload_slots(const std::vector<T>& slots, Device device) {
+  static_assert(std::is_trivially_copyable_v<T> && alignof(T) <= 8);
+  CategoryScope cat(MemoryCategory::workspace);
+  const std::size_t bytes = slots.size() * sizeof(T);
+  Tensor host = empty({std::int64_t((bytes + 7) / 8)}, TensorOptions(DType::i64, kCPU));
+  std::memcpy(host.raw_data(), slots.data(), bytes);
+  return host.to(device);
+}
+
+// The CUDA devices of `params`' gradients, each once, in order of first use.
+std::vector<Device> cuda_devices(const std::vector<Tensor>& params) {
+  std::vector<Device> out;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined() || !g.device().is_cuda()) continue;
+    if (std::find(out.begin(), out.end(), g.device()) == out.end()) out.push_back(g.device());
+  }
+  return out;
+}
+
+// The sum of squares of the gradients on CUDA device `device` (one
+// deterministic multi-tensor reduction).
+double cuda_grad_sq_sum(const std::vector<Tensor>& params, Device device) {
+  std::vector<cuda::TensorSlot> slots;
+  std::vector<Tensor> keep;  // f32 contiguous gradients, alive until the result is back
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined() || g.device() != device || g.numel() == 0) continue;
+    Tensor gc = g.to(DType::f32).contiguous();
+    cuda::TensorSlot s;
+    s.data = gc.data<float>();
+    s.numel = gc.numel();
+    slots.push_back(s);
+    keep.push_back(gc);
+  }
+  if (slots.empty()) return 0.0;
+  const std::int64_t chunks = cuda::multi_tensor_layout(slots.data(), std::int64_t(slots.size()));
+  Tensor dev = upload_slots(slots, device);
+  CategoryScope cat(MemoryCategory::workspace);
+  Tensor scratch = empty({chunks + 1}, TensorOptions(DType::i64, device));  // doubles
+  return cuda::sum_squares(static_cast<const cuda::TensorSlot*>(dev.raw_data()), std::int64_t(slots.size()), chunks,
+                           static_cast<double*>(scratch.raw_data()), cuda::current_stream());
+}
+
+}  // namespace
+
 AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWOptions opts) : opts_(opts) {
   CategoryScope cat(MemoryCategory::optimizer);
   for (auto& [name, p] : params) {
-    REMAT_CHECK(p.dtype() == DType::f32 && p.device().is_cpu(), DTypeError, "AdamW: parameter '", name,
-                "' must be an f32 CPU tensor (master weights), got ", p.dtype(), " on ", p.device());
-    slots_.push_back(Slot{name, p, zeros(p.sizes()), zeros(p.sizes())});
+    REMAT_CHECK(p.dtype() == DType::f32 && (p.device().is_cpu() || p.device().is_cuda()), DTypeError,
+                "AdamW: parameter '", name, "' must be an f32 CPU or CUDA tensor (master weights), got ", p.dtype(),
+                " on ", p.device());
+    REMAT_CHECK(p.device().is_cpu() || p.is_contiguous(), DeviceError, "AdamW: CUDA parameter '", name,
+                "' must be contiguous, got shape ", shape_str(p.sizes()), " with strides ", shape_str(p.strides()));
+    // The state lives on the parameter's device.
+    const TensorOptions state(DType::f32, p.device());
+    slots_.push_back(Slot{name, p, zeros(p.sizes(), state), zeros(p.sizes(), state)});
   }
 }
 
@@ -26,11 +88,39 @@ void AdamW::step(double lr) {
   const float step_size = float(lr / bc1);
   const float inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
   const float eps = float(opts_.eps);
+  // Parameters on CUDA: one multi-tensor launch per device, after the CPU ones.
+  std::vector<Device> devices;
+  std::vector<std::vector<cuda::AdamWSlot>> device_slots;
+  std::vector<Slot*> updated;
+  std::vector<Tensor> keep;  // converted gradients, alive until the launches are queued
   for (Slot& s : slots_) {
     Tensor g = s.param.grad();
     if (!g.defined()) continue;
-    Tensor gc = g.to(DType::f32).contiguous();
     const float decay = s.param.dim() >= 2 ? float(1.0 - lr * opts_.weight_decay) : 1.0f;
+    if (s.param.device().is_cuda()) {
+      updated.push_back(&s);
+      if (s.param.numel() == 0) continue;
+      Tensor gc = g.to(DType::f32).to(s.param.device()).contiguous();
+      REMAT_CHECK(gc.sizes() == s.param.sizes(), ShapeError, "AdamW: gradient of '", s.name, "' is ",
+                  shape_str(gc.sizes()), ", expected ", shape_str(s.param.sizes()));
+      keep.push_back(gc);
+      cuda::AdamWSlot d;
+      d.param = s.param.data<float>();
+      d.grad = gc.data<float>();
+      d.exp_avg = s.exp_avg.data<float>();
+      d.exp_avg_sq = s.exp_avg_sq.data<float>();
+      d.numel = s.param.numel();
+      d.decay = decay;
+      auto it = std::find(devices.begin(), devices.end(), s.param.device());
+      if (it == devices.end()) {
+        devices.push_back(s.param.device());
+        device_slots.emplace_back();
+        it = devices.end() - 1;
+      }
+      device_slots[std::size_t(it - devices.begin())].push_back(d);
+      continue;
+    }
+    Tensor gc = g.to(DType::f32).contiguous();
     float* p = s.param.data<float>();
     float* m = s.exp_avg.data<float>();
     float* v = s.exp_avg_sq.data<float>();
@@ -46,6 +136,28 @@ void AdamW::step(double lr) {
     s.param.bump_version();
     s.exp_avg.bump_version();
     s.exp_avg_sq.bump_version();
+  }
+  if (devices.empty()) return;
+  cuda::AdamWScalars sc;
+  sc.beta1 = b1;
+  sc.beta2 = b2;
+  sc.one_minus_beta1 = 1.0f - b1;
+  sc.one_minus_beta2 = 1.0f - b2;
+  sc.step_size = step_size;
+  sc.inv_sqrt_bc2 = inv_sqrt_bc2;
+  sc.eps = eps;
+  for (std::size_t k = 0; k < devices.size(); ++k) {
+    auto& slots = device_slots[k];
+    if (slots.empty()) continue;
+    const std::int64_t chunks = cuda::multi_tensor_layout(slots.data(), std::int64_t(slots.size()));
+    Tensor dev = upload_slots(slots, devices[k]);
+    cuda::adamw_step(static_cast<const cuda::AdamWSlot*>(dev.raw_data()), std::int64_t(slots.size()), chunks, sc,
+                     cuda::current_stream());
+  }
+  for (Slot* s : updated) {
+    s->param.bump_version();
+    s->exp_avg.bump_version();
+    s->exp_avg_sq.bump_version();
   }
 }
 
@@ -88,13 +200,15 @@ double grad_sq_sum(const std::vector<Tensor>& params) {
   double total = 0;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
-    if (!g.defined()) continue;
+    if (!g.defined() || g.device().is_cuda()) continue;
     Tensor gc = g.to(DType::f32).contiguous();
     const float* d = gc.data<float>();
     double s = 0;
     for (std::int64_t i = 0; i < gc.numel(); ++i) s += double(d[i]) * double(d[i]);
     total += s;
   }
+  // CUDA gradients: one sum per device, added after the CPU ones.
+  for (Device d : cuda_devices(params)) total += cuda_grad_sq_sum(params, d);
   return total;
 }
 
@@ -102,9 +216,34 @@ void clip_grads_to(const std::vector<Tensor>& params, double norm, double max_no
   if (!(max_norm > 0 && norm > max_norm)) return;
   const float scale = float(max_norm / (norm + 1e-6));
   NoGradGuard ng;
+  for (Device dev : cuda_devices(params)) {
+    std::vector<cuda::TensorSlot> slots;
+    for (const Tensor& p : params) {
+      Tensor g = p.grad();
+      if (!g.defined() || g.device() != dev) continue;
+      REMAT_CHECK(g.dtype() == DType::f32 && g.is_contiguous(), DTypeError,
+                  "clip_grads_to: CUDA gradients must be contiguous f32, got ", g.dtype(), " of shape ",
+                  shape_str(g.sizes()), " with strides ", shape_str(g.strides()));
+      if (g.numel() == 0) continue;
+      cuda::TensorSlot s;
+      s.data = g.data<float>();
+      s.numel = g.numel();
+      slots.push_back(s);
+    }
+    if (!slots.empty()) {
+      const std::int64_t chunks = cuda::multi_tensor_layout(slots.data(), std::int64_t(slots.size()));
+      Tensor devslots = upload_slots(slots, dev);
+      cuda::scale_tensors(static_cast<const cuda::TensorSlot*>(devslots.raw_data()), std::int64_t(slots.size()),
+                          chunks, scale, cuda::current_stream());
+    }
+    for (const Tensor& p : params) {
+      Tensor g = p.grad();
+      if (g.defined() && g.device() == dev) g.bump_version();
+    }
+  }
   for (const Tensor& p : params) {
     Tensor g = p.grad();
-    if (!g.defined()) continue;
+    if (!g.defined() || g.device().is_cuda()) continue;
     float* d = g.data<float>();
     for (std::int64_t i = 0; i < g.numel(); ++i) d[i] *= scale;
     g.bump_version();

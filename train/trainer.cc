@@ -67,6 +67,10 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   apply_parallel_layout(*model_, layout_, opts_.reuse_routing_metadata);
   model_->set_compute_dtype(compute_dtype_from_name(opts_.dtype));
   apply_recompute_plan(*model_, plan);
+  REMAT_CHECK(opts_.device.is_cpu() || world->size() == 1, Error, "--device ", opts_.device.str(),
+              " with several processes needs the NCCL group in the trainer, which is not wired yet; "
+              "run one process per job on CUDA, or the CPU under mpirun");
+  model_->to(opts_.device);  // weights are drawn on the CPU, so every device starts from the same ones
   reducer_ = make_grad_reducer(layout_, model_->named_parameters(), opts_.bucket_bytes);
   AdamWOptions ao;
   ao.weight_decay = opts_.weight_decay;
@@ -87,17 +91,18 @@ double Trainer::evaluate() {
   BatchSampler val(corpus_.val, opts_.config.batch, opts_.config.seq, 0xe7a1ull);
   double total = 0;
   RngShardScope shard(rank(), world_size());  // random routes: this rank's share of the batch's
-  const RngState rng = default_generator(kCPU).state();  // evaluation leaves training's stream alone
+  Generator& gen = default_generator(opts_.device);
+  const RngState rng = gen.state();  // evaluation leaves training's stream alone
   for (std::int64_t i = 0; i < opts_.eval_batches; ++i)
-    total += model_->forward_loss(batch_shard(val.next(), *layout_.world)).ce.item();
-  default_generator(kCPU).set_state(rng);
+    total += model_->forward_loss(batch_shard(val.next(), *layout_.world).to(opts_.device)).ce.item();
+  gen.set_state(rng);
   model_->train(true);
   return global_mean(total / double(std::max<std::int64_t>(opts_.eval_batches, 1)));
 }
 
 void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
   const auto& c = opts_.config;
-  auto& alloc = allocator_for(kCPU);
+  auto& alloc = allocator_for(opts_.device);
   const auto t_start = std::chrono::steady_clock::now();
   const std::int64_t first = step_;
   model_->train(true);
@@ -107,7 +112,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     alloc.reset_peak();
     const double lr = cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
     // Every rank draws the same global batch and takes its own sequences.
-    Tensor batch = batch_shard(sampler_->next(), *layout_.world);
+    Tensor batch = batch_shard(sampler_->next(), *layout_.world).to(opts_.device);
     model_->zero_grad();
     reset_saved_bytes_peak();
     const std::int64_t ops0 = checkpoint_counters().ops_recomputed;
@@ -139,7 +144,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     for (const Tensor& p : model_->parameters())
       if (!p.grad().defined()) {
         CategoryScope grad_cat(MemoryCategory::gradient);
-        p.set_grad(zeros(p.sizes()));
+        p.set_grad(zeros(p.sizes(), p.device()));
       }
     s.recomputed_ops = checkpoint_counters().ops_recomputed - ops0;
     s.moved_bytes = dispatch_counters().bytes_moved - moved0.bytes_moved;
@@ -212,7 +217,7 @@ void Trainer::save(const std::string& dir) const {
   if (rank() == 0) {
     ::mkdir(dir.c_str(), 0755);
     const RngState data = sampler_->state();
-    const RngState dropout = default_generator(kCPU).state();
+    const RngState dropout = default_generator(opts_.device).state();
     std::map<std::string, std::string> meta = {
         {"format", kFormat},
         {"step", std::to_string(step_)},
@@ -282,7 +287,7 @@ void Trainer::resume(const std::string& dir) {
     }
   }
   sampler_->set_state(data);
-  default_generator(kCPU).set_state(rng);
+  default_generator(opts_.device).set_state(rng);
   step_ = step;
 }
 

@@ -35,6 +35,7 @@ struct TrainOptions {
   std::string resume_dir;
   std::string recompute = "none";
   std::string dtype = "f32";    // compute dtype: f32, or bf16 (mixed precision: f32 masters and loss)
+  Device device = kCPU;         // where parameters, optimizer state and activations live
   // Several processes (under mpirun): the job's ranks share each global
   // batch of config.batch sequences. dp: the data-parallel degree, 0 for the
   // job's size (if set, it must equal it); ep: the expert-parallel degree.
@@ -55,7 +56,7 @@ struct StepStats {
   double tokens_per_s = 0;
   double elapsed_s = 0;
   double eta_s = 0;
-  std::int64_t peak_allocated_bytes = 0;  // this step's peak (CPU allocator)
+  std::int64_t peak_allocated_bytes = 0;  // this step's peak (the device's allocator)
   std::int64_t peak_reserved_bytes = 0;
   std::int64_t persistent_bytes = 0;      // parameters + gradient buffers + optimizer state
   std::int64_t activation_bytes = 0;      // peak_allocated - persistent

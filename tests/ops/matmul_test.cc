@@ -52,6 +52,15 @@ TEST_CASE("matmul matches a reference, for every operand layout and both GEMM ba
   check_close(z.select(0, 1), ref_matmul(x.select(0, 1).contiguous(), bb.select(0, 1).contiguous()));
   Tensor zt = bmm(x, bb.transpose(1, 2).contiguous().transpose(1, 2));
   check_close(zt.select(0, 0), ref_matmul(x.select(0, 0).contiguous(), bb.select(0, 0).contiguous()));
+  // A size-1 batch dim whose stride is not the batch step (unsqueeze of a
+  // batch-strided view): the batch stride comes from the outer dim.
+  Tensor x4 = normal({4, 2, 3, 5}, 10);
+  Tensor a41 = x4.select(1, 0).unsqueeze(1);  // [4, 1, 3, 5], strides [30, 15, 5, 1]
+  Tensor b41 = normal({4, 1, 5, 4}, 11);
+  Tensor z41 = matmul(a41, b41);
+  for (std::int64_t i = 0; i < 4; ++i)
+    check_close(z41.select(0, i).select(0, 0), ref_matmul(a41.select(0, i).select(0, 0).contiguous(),
+                                                          b41.select(0, i).select(0, 0).contiguous()));
   CHECK_THROWS_WITH(matmul(zeros({2, 3}), zeros({4, 5})),
                     Catch::Contains("matmul: inner dims differ: [2, 3] f32 cpu @ [4, 5] f32 cpu"));
   CHECK_THROWS_AS(bmm(zeros({2, 3, 4}), zeros({3, 4, 5})), ShapeError);

@@ -8,7 +8,7 @@ source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"
 bash tools/gpu/build.sh > "$tmp/build.txt" 2>&1
 rc=$?
 check "the bundle builds, under 64 MiB, with the CUDA test binaries and remat" \
-  '[ $rc -eq 0 ] && [ -x out/gpu-check/bin/cuda_test ] && [ -x out/gpu-check/bin/remat ] && [ "$(du -sm out/gpu-check | cut -f1)" -lt 64 ]' \
+  '[ $rc -eq 0 ] && tar -tJf out/gpu-check/bundle.tar.xz | grep -qx "bin/cuda_test" && tar -tJf out/gpu-check/bundle.tar.xz | grep -qx "bin/remat" && [ "$(du -sm out/gpu-check | cut -f1)" -lt 64 ]' \
   || cat "$tmp/build.txt"
 cp -r out/gpu-check "$tmp/bundle"  # out of the tree: no Bazel rpaths to lean on
 "$tmp/bundle/run.sh" "$tmp/out" --quick > "$tmp/run.txt" 2>&1

@@ -20,15 +20,15 @@ rm -f "$log"
 bazel-bin/tools/remat info | grep -q "CUDA back end : built" ||
   echo "gpu/build.sh: warning: this build has no CUDA toolkit; the bundle's CUDA tests will all skip" >&2
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/stage/lib"
+mkdir -p "$out/stage/bin" "$out/stage/lib"
 # Test binaries with [cuda] cases (found by their tags in the sources).
 bins=(bazel-bin/tools/remat)
-for src in $(grep -l '"\[cuda\]"' tests/*/*_test.cc); do
+for src in $(grep -l '"\[cuda\]' tests/*/*_test.cc); do
   bins+=("bazel-bin/$(dirname "$src")/$(basename "$src" .cc)")
 done
-cp "${bins[@]}" "$out/bin/"
-chmod u+w "$out"/bin/*
-strip --strip-unneeded "$out"/bin/*
+cp "${bins[@]}" "$out/stage/bin/"
+chmod u+w "$out"/stage/bin/*
+strip --strip-unneeded "$out"/stage/bin/*
 # Shared libraries outside glibc and the CUDA toolkit (the GPU machine has
 # those; run.sh finds the CUDA ones).
 for bin in "${bins[@]}"; do  # from where they were built, so their rpaths resolve
@@ -40,10 +40,13 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$out/stage/lib/" ;;
   esac
 done
-tar -C "$out/stage" -cJf "$out/libs.tar.xz" lib
+# Binaries and libraries in one archive: the CUDA kernels in every binary
+# compress well.
+tar -C "$out/stage" -cf - bin lib | xz -T2 -6 > "$out/bundle.tar.xz"
 rm -rf "$out/stage"
 cp tools/gpu/run.sh "$out/run.sh"
+cp tools/gpu/summarize.py tools/reference/bench_torch.py tools/reference/compare_dumps.py "$out/"
 chmod +x "$out/run.sh"
 size=$(du -sm "$out" | cut -f1)
-echo "gpu check bundle in $out: $(ls "$out/bin" | tr '\n' ' ')(${size} MiB)"
+echo "gpu check bundle in $out: $(tar -tJf "$out/bundle.tar.xz" | grep '^bin/.' | sed 's|bin/||' | tr '\n' ' ')(${size} MiB)"
 [ "$size" -lt 64 ] || { echo "gpu/build.sh: the bundle is ${size} MiB, over the 64 MiB a device run can carry" >&2; exit 1; }

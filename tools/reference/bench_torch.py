@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """PyTorch eager baseline for remat's step time on the same model.
 
-Builds the decoder of DESIGN.md §7 for a named config (same shapes, f32, CPU),
-runs warm-up steps, then times forward + backward + AdamW steps on random
-byte batches and prints the median step time and tokens/s as JSON.
+Builds the decoder of DESIGN.md §7 for a named config or a remat config JSON
+file (same shapes), on the CPU (f32) or a CUDA device (f32, or bf16 autocast
+with f32 master weights, the usual PyTorch mixed precision), runs warm-up
+steps, then times forward + backward + AdamW steps on random token batches
+and prints the median step time and tokens/s as JSON.
 """
 
 import argparse
@@ -49,7 +51,8 @@ class Block(nn.Module):
         self.gate_proj = nn.Linear(d, c["ffn"], bias=False)
         self.up_proj = nn.Linear(d, c["ffn"], bias=False)
         self.down_proj = nn.Linear(c["ffn"], d, bias=False)
-        self.mask = torch.triu(torch.ones(c["seq"], c["seq"], dtype=torch.bool), diagonal=1)
+        self.register_buffer("mask", torch.triu(torch.ones(c["seq"], c["seq"], dtype=torch.bool), diagonal=1),
+                             persistent=False)
 
     def forward(self, x, cos, sin):
         b, s, d = x.shape
@@ -77,44 +80,67 @@ class Model(nn.Module):
         dh = c["d"] // c["heads"]
         inv = 10000.0 ** (-torch.arange(0, dh // 2, dtype=torch.float64) * 2 / dh)
         ang = torch.outer(torch.arange(c["seq"], dtype=torch.float64), inv)
-        self.cos = torch.cat([ang.cos(), ang.cos()], -1).float()
-        self.sin = torch.cat([ang.sin(), ang.sin()], -1).float()
+        self.register_buffer("cos", torch.cat([ang.cos(), ang.cos()], -1).float(), persistent=False)
+        self.register_buffer("sin", torch.cat([ang.sin(), ang.sin()], -1).float(), persistent=False)
 
     def forward(self, tokens):
         x = self.embed(tokens[:, :-1])
         for layer in self.layers:
             x = layer(x, self.cos, self.sin)
-        logits = self.lm_head(self.norm(x))
+        logits = self.lm_head(self.norm(x)).float()  # the loss in f32, as remat computes it
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+def load_config(name):
+    """A named config, or a remat config JSON file (vocab, d_model, n_layers, n_heads, ffn, seq, batch)."""
+    if name in CONFIGS:
+        return dict(CONFIGS[name])
+    with open(name) as f:
+        j = json.load(f)
+    return dict(vocab=j["vocab"], d=j["d_model"], layers=j["n_layers"], heads=j["n_heads"], ffn=j["ffn"],
+                seq=j["seq"], batch=j["batch"])
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--config", default="bench-dense", choices=sorted(CONFIGS))
+    ap.add_argument("--config", default="bench-dense", help="%s or a remat config FILE.json" % ", ".join(sorted(CONFIGS)))
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"], help="bf16: autocast, f32 master weights")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    c = CONFIGS[args.config]
-    model = Model(c)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    c = load_config(args.config)
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    model = Model(c).to(dev)
+    # The fused CUDA AdamW when there is one (PyTorch >= 2.0), as a tuned PyTorch run would use.
+    extra = {"fused": True} if cuda and "fused" in torch.optim.AdamW.__init__.__code__.co_varnames else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, **extra)
+    autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=cuda and args.dtype == "bf16")
     times = []
     for i in range(args.warmup + args.steps):
-        tokens = torch.randint(0, c["vocab"], (c["batch"], c["seq"] + 1))
+        tokens = torch.randint(0, c["vocab"], (c["batch"], c["seq"] + 1), device=dev)
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(tokens)
+        with autocast:
+            loss = model(tokens)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1000)
     med = statistics.median(times)
     print(json.dumps({"config": args.config, "framework": f"pytorch {torch.__version__} eager", "threads": args.threads,
-                      "step_ms": med, "step_ms_min": min(times), "step_ms_max": max(times),
-                      "tokens_per_s": c["batch"] * c["seq"] / (med / 1000)}))
+                      "device": args.device, "dtype": args.dtype, "step_ms": med, "step_ms_min": min(times),
+                      "step_ms_max": max(times), "tokens_per_s": c["batch"] * c["seq"] / (med / 1000),
+                      "peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else 0}))
 
 
 if __name__ == "__main__":
