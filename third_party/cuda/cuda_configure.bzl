@@ -1,6 +1,7 @@
 """Repository rule @local_cuda: the CUDA toolkit found on this machine, or none.
 
-It looks in $REMAT_CUDA_PATH, then /usr/local/cuda. With a toolkit (nvcc plus
+It looks in $REMAT_CUDA_PATH, then /usr/local/cuda (REMAT_CUDA_PATH=none builds
+without CUDA even where a toolkit is installed). With a toolkit (nvcc plus
 the cudart, cuBLASLt, cuDNN and NCCL shared libraries) it exposes cc_library
 targets for each library and `defs.bzl` with HAS_CUDA = True and the nvcc path.
 Without one every target is an empty library and HAS_CUDA = False, so the rest
@@ -17,6 +18,8 @@ _LIBS = {
 def _find_toolkit(rctx):
     candidates = []
     env = rctx.os.environ.get("REMAT_CUDA_PATH", "")
+    if env == "none":  # a CPU-only build on a machine that has a toolkit
+        return None
     if env:
         candidates.append(env)
     candidates.append("/usr/local/cuda")
