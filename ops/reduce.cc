@@ -21,6 +21,9 @@ std::vector<std::int64_t> reduced_dims(const char* op, const Tensor& x, const Sh
   std::sort(d.begin(), d.end());
   REMAT_CHECK(std::adjacent_find(d.begin(), d.end()) == d.end(), ShapeError, op, ": dim repeated in ",
               shape_str(dims));
+  // A 0-dim tensor accepts dim 0 / -1 (as a one-element vector would) and
+  // has nothing to reduce over.
+  if (x.dim() == 0) d.clear();
   return d;
 }
 

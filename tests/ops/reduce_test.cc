@@ -21,6 +21,12 @@ TEST_CASE("sum, mean and max forward values", "[ops][reduce]") {
   CHECK(amax(x, 0, true).sizes() == Shape{1, 3, 4});
   CHECK_THROWS_WITH(sum(x, {1, 1}), Catch::Contains("sum: dim repeated"));
   CHECK_THROWS_WITH(sum(x, {3}), Catch::Contains("sum: dim 3 is out of range"));
+  // A 0-dim tensor takes dim 0 (or -1) and has nothing to reduce.
+  Tensor s0 = full({}, 3.0);
+  CHECK(sum(s0, {0}).dim() == 0);
+  CHECK(sum(s0, {0}).item() == 3.0);
+  CHECK(mean(s0, {-1}, true).item() == 3.0);
+  CHECK_THROWS_WITH(sum(s0, {1}), Catch::Contains("sum: dim 1 is out of range"));
 }
 
 TEST_CASE("long-row sums are deterministic and accurate", "[ops][reduce]") {
