@@ -18,6 +18,14 @@ summary="$outdir/summary.txt"
 : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
 start=$(date +%s)
+# Everything finishes within 8 minutes: each step's timeout is capped by
+# what is left of that budget (REMAT_GPU_BUDGET seconds overrides it).
+budget=${REMAT_GPU_BUDGET:-470}
+cap() {  # cap N: N, or the seconds left of the budget if fewer (at least 1)
+  local left=$(( start + budget - $(date +%s) ))
+  [ $left -lt 1 ] && left=1
+  [ "$1" -lt $left ] && echo "$1" || echo $left
+}
 
 unpacked=$(mktemp -d)
 trap 'rm -rf "$unpacked"' EXIT
@@ -49,7 +57,7 @@ say "GPU: $(nvidia-smi -L | head -1)"
 failed=0
 for t in "$bin"/*_test; do
   name=$(basename "$t")
-  timeout 300 "$t" "[cuda]" > "$outdir/$name.txt" 2>&1
+  timeout "$(cap 150)" "$t" "[cuda]" > "$outdir/$name.txt" 2>&1
   rc=$?
   say "$name: $(grep 'remat-tests:' "$outdir/$name.txt" | tail -1) (rc $rc)"
   [ $rc -eq 0 ] || failed=$((failed + 1))
@@ -57,8 +65,8 @@ done
 
 # `tiny` dumps (loss and every gradient after one step) on CUDA f32 against the CPU's.
 for cfg in tiny tiny-moe; do
-  "$bin/remat" dump --config $cfg --out "$outdir/dump-$cfg-cpu.safetensors" > "$outdir/dump-$cfg.txt" 2>&1
-  "$bin/remat" dump --config $cfg --device cuda --out "$outdir/dump-$cfg-cuda.safetensors" >> "$outdir/dump-$cfg.txt" 2>&1
+  timeout "$(cap 60)" "$bin/remat" dump --config $cfg --out "$outdir/dump-$cfg-cpu.safetensors" > "$outdir/dump-$cfg.txt" 2>&1
+  timeout "$(cap 60)" "$bin/remat" dump --config $cfg --device cuda --out "$outdir/dump-$cfg-cuda.safetensors" >> "$outdir/dump-$cfg.txt" 2>&1
   python3 "$here/compare_dumps.py" "$outdir/dump-$cfg-cuda.safetensors" "$outdir/dump-$cfg-cpu.safetensors" --rtol 1e-5 \
     >> "$outdir/dump-$cfg.txt" 2>&1
   rc=$?
@@ -69,7 +77,7 @@ rm -f "$outdir"/dump-*.safetensors
 
 if [ "$quick" != "--quick" ]; then
   # Training on the GPU lowers the loss (bf16, 100 steps of tiny).
-  timeout 120 "$bin/remat" train --config tiny --device cuda --dtype bf16 --steps 100 --eval-every 50 \
+  timeout "$(cap 60)" "$bin/remat" train --config tiny --device cuda --dtype bf16 --steps 100 --eval-every 50 \
     > "$outdir/train-tiny.txt" 2>&1
   say "train tiny on cuda bf16: rc $? ($(grep -E '^done' "$outdir/train-tiny.txt" | cut -c1-120))"
   # The bench configs and the larger dense one of #9 (d 1024, 16 layers, seq 1024, batch 8), in bf16,
@@ -80,11 +88,11 @@ if [ "$quick" != "--quick" ]; then
   python3 -c "import torch; assert torch.cuda.is_available()" > "$outdir/torch-check.txt" 2>&1 && torch_ok=1
   for cfg in "$outdir/gpu-dense.json" bench-dense bench-moe; do
     name=$(basename "$cfg" .json)
-    timeout 240 "$bin/remat" bench --device cuda --dtype bf16 --config "$cfg" --recompute none,per_block \
+    timeout "$(cap 150)" "$bin/remat" bench --device cuda --dtype bf16 --config "$cfg" --recompute none,per_block \
       --repeats 2 --warmup 1 --steps 3 --json "$outdir/bench-$name.json" > "$outdir/bench-$name.txt" 2>&1
     say "bench $name: rc $?"
     if [ $torch_ok = 1 ] && [ "$name" != bench-moe ]; then
-      timeout 120 python3 "$here/bench_torch.py" --config "$cfg" --device cuda --dtype bf16 --warmup 2 --steps 5 \
+      timeout "$(cap 90)" python3 "$here/bench_torch.py" --config "$cfg" --device cuda --dtype bf16 --warmup 2 --steps 5 \
         > "$outdir/torch-$name.json" 2> "$outdir/torch-$name.err"
       say "pytorch $name: rc $?"
     fi
