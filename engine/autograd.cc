@@ -598,6 +598,8 @@ std::vector<Tensor> seeds_for(const std::vector<Tensor>& outputs, const std::vec
     if (!given.empty() && given[i].defined()) {
       REMAT_CHECK(given[i].sizes() == o.sizes(), ShapeError, fn, ": seed gradient of shape ",
                   shape_str(given[i].sizes()), " for an output of shape ", shape_str(o.sizes()));
+      REMAT_CHECK(given[i].device() == o.device(), DeviceError, fn, ": seed gradient on ", given[i].device(),
+                  " for an output on ", o.device(), " (create the seed on the output's device)");
       seeds.push_back(given[i]);
     } else {
       REMAT_CHECK(o.numel() == 1, AutogradError, fn, ": output ", i, " has shape ",

@@ -441,7 +441,7 @@ Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bo
     std::vector<float> mask(std::size_t(S * S), 0.0f);
     for (std::int64_t i = 0; i < S; ++i)
       for (std::int64_t j = i + 1; j < S; ++j) mask[std::size_t(i * S + j)] = -1e30f;
-    scores = add(scores, from_vector<float>(mask, {S, S}).to(q.dtype()));
+    scores = add(scores, from_vector<float>(mask, {S, S}, q.device()).to(q.dtype()));
   }
   return matmul(softmax(scores, -1), v);
 }

@@ -2,6 +2,9 @@
 
 #include <cstdlib>
 
+#include "cuda/allocator_backend.h"
+#include "cuda/runtime.h"
+
 namespace remat::tools {
 
 namespace {
@@ -61,6 +64,12 @@ double Flags::get_double(const std::string& name, double fallback) const {
   REMAT_CHECK(end && *end == '\0' && !it->second.empty(), Error, "flag --", name,
               " expects a number, got '", it->second, "'");
   return v;
+}
+
+Device device_flag(const Flags& f) {
+  const Device device = Device::parse(f.get("device", "cpu"));
+  if (device.is_cuda() && device.index < cuda::device_count()) cuda::set_device(device.index);
+  return device;
 }
 
 }  // namespace remat::tools

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/device.h"
 #include "engine/error.h"
 
 namespace remat::tools {
@@ -28,5 +29,10 @@ class Flags {
   std::string command_;
   std::map<std::string, std::string> values_;
 };
+
+// --device (default cpu): cpu, cuda or cuda:N. A CUDA device that is present
+// becomes the thread's current one, so kernels, cuBLASLt and the default
+// stream run where the memory is (an absent one fails later, naming it).
+Device device_flag(const Flags& f);
 
 }  // namespace remat::tools

@@ -271,7 +271,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
   const std::string plan = f.get("recompute", "none");
   const std::int64_t warmup = f.get_int("warmup", 2), steps = f.get_int("steps", 5);
   const auto seed = std::uint64_t(f.get_int("seed", 0));
-  const Device device = Device::parse(f.get("device", "cpu"));
+  const Device device = device_flag(f);
 
   // Several processes (--ep under mpirun): each rank takes its share of the
   // batch and of the experts, as `./remat train` does.
@@ -318,7 +318,8 @@ int run_bench_worker(const std::vector<std::string>& args) {
     {
       CategoryScope cat(MemoryCategory::activation);
       if (reducer) reducer->prepare();
-      loss.backward(W > 1 ? full({}, 1.0 / double(W)) : Tensor());
+      const TensorOptions seed_opts(loss.dtype(), loss.device());
+      loss.backward(W > 1 ? full({}, 1.0 / double(W), seed_opts) : Tensor());
       if (reducer) reducer->finish();
       sync(device);
     }
@@ -396,7 +397,7 @@ int run_bench(const std::vector<std::string>& args) {
   const std::int64_t ep = f.get_int("ep", 1);
   const std::string dtype = f.get("dtype", "f32");
   compute_dtype_from_name(dtype);  // reject a bad --dtype before any run
-  const Device device = Device::parse(f.get("device", "cpu"));
+  const Device device = device_flag(f);
   REMAT_CHECK(device.is_cpu() || device.index < cuda::device_count(), DeviceError, "bench: --device ",
               device.str(), ": ", cuda::device_count(), " CUDA devices present",
               cuda::built_with_cuda() ? "" : " (this build has no CUDA back end)");

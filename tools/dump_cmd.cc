@@ -27,7 +27,7 @@ int run_dump(const std::vector<std::string>& args) {
   const ModelConfig c = ModelConfig::load(f.get("config", "tiny"));
   const RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
   const auto seed = std::uint64_t(f.get_int("seed", 0));
-  const Device device = Device::parse(f.get("device", "cpu"));
+  const Device device = device_flag(f);
 
   manual_seed(seed);
   DecoderModel model(c, seed);

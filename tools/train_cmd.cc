@@ -65,7 +65,7 @@ int run_train(const std::vector<std::string>& args) {
   o.resume_dir = f.get("resume", "");
   o.eval_every = f.get_int("eval-every", 100);
   o.dtype = f.get("dtype", "f32");
-  o.device = Device::parse(f.get("device", "cpu"));
+  o.device = device_flag(f);
   o.dp = f.get_int("dp", 0);
   o.ep = f.get_int("ep", 1);
   o.bucket_bytes = std::int64_t(f.get_double("bucket-mb", 25) * double(1 << 20));

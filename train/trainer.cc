@@ -134,7 +134,8 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
       if (reducer_) reducer_->prepare();
       // The global loss is the mean of the ranks' losses: each rank seeds
       // 1/W, and gradients are summed over ranks.
-      out.loss.backward(W > 1 ? full({}, 1.0 / double(W)) : Tensor());
+      const TensorOptions seed_opts(out.loss.dtype(), out.loss.device());
+      out.loss.backward(W > 1 ? full({}, 1.0 / double(W), seed_opts) : Tensor());
       if (reducer_) reducer_->finish();
     }
     // A parameter backward did not reach (a routed expert no token chose)
