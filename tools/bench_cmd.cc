@@ -406,6 +406,8 @@ int run_bench(const std::vector<std::string>& args) {
   REMAT_CHECK(ep >= 1, Error, "bench: --ep must be >= 1");
   REMAT_CHECK(ep == 1 || (c.experts % ep == 0 && c.batch % ep == 0), Error, "bench: --ep ", ep, " needs the ",
               c.experts, " experts and the batch of ", c.batch, " to divide by it");
+  REMAT_CHECK(!f.get_bool("estimate") || (device.is_cpu() && dtype == "f32"), Error,
+              "bench: --estimate traces f32 steps on the CPU; drop --device and --dtype for it");
   if (f.get_bool("estimate")) return run_estimate(config, c, plans, threads, f.get("seed", "0"), f.get("json", ""));
   const double peak = f.has("peak-flops") ? f.get_double("peak-flops", 0)
                       : device.is_cuda()   ? cuda_peak_flops(device, dtype)

@@ -9,6 +9,8 @@
 #include <cstring>
 
 #include "checkpoint/checkpoint.h"
+#include "cuda/allocator_backend.h"
+#include "cuda/runtime.h"
 #include "engine/autograd.h"
 #include "models/recompute.h"
 #include "moe/dispatch.h"
@@ -70,6 +72,9 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   REMAT_CHECK(opts_.device.is_cpu() || world->size() == 1, Error, "--device ", opts_.device.str(),
               " with several processes needs the NCCL group in the trainer, which is not wired yet; "
               "run one process per job on CUDA, or the CPU under mpirun");
+  // Kernels run where the memory is: a present CUDA device becomes current
+  // (an absent one fails in model_->to, naming it).
+  if (opts_.device.is_cuda() && opts_.device.index < cuda::device_count()) cuda::set_device(opts_.device.index);
   model_->to(opts_.device);  // weights are drawn on the CPU, so every device starts from the same ones
   reducer_ = make_grad_reducer(layout_, model_->named_parameters(), opts_.bucket_bytes);
   AdamWOptions ao;

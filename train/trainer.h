@@ -36,6 +36,7 @@ struct TrainOptions {
   std::string recompute = "none";
   std::string dtype = "f32";    // compute dtype: f32, or bf16 (mixed precision: f32 masters and loss)
   Device device = kCPU;         // where parameters, optimizer state and activations live
+                                // (a CUDA device becomes the constructing thread's current one)
   // Several processes (under mpirun): the job's ranks share each global
   // batch of config.batch sequences. dp: the data-parallel degree, 0 for the
   // job's size (if set, it must equal it); ep: the expert-parallel degree.
