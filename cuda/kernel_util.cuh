@@ -34,6 +34,9 @@ inline void check_cuda(cudaError_t err, const char* what) {
   }
 }
 
+// ceil(a / b) for positive b.
+__host__ __device__ __forceinline__ std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
 // Blocks for `n` items at `threads` per block, capped for grid-stride loops.
 inline unsigned blocks_for(std::int64_t n, int threads, std::int64_t cap = 65535LL * 32) {
   std::int64_t b = (n + threads - 1) / threads;

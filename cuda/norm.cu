@@ -22,7 +22,7 @@ using rowwise::kVec;
 using rowwise::load_chunk;
 using rowwise::store_chunk;
 
-inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+using detail::ceil_div;
 
 // Rows per parameter-gradient chunk: at most 512 chunks, at least 32 rows each.
 std::int64_t chunk_rows(std::int64_t rows) { return std::max<std::int64_t>(32, ceil_div(rows, 512)); }

@@ -30,7 +30,7 @@ using rowwise::kVec;
 using rowwise::WarpGroup;
 
 __host__ __device__ __forceinline__ std::int64_t imin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
-inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+using detail::ceil_div;
 
 // Drops size-1 dims and merges neighbours whose strides make them one dim;
 // the linear index -> offset map is unchanged.

@@ -24,7 +24,7 @@ using rowwise::WarpGroup;
 constexpr std::int64_t kWarpRowMax = 1024;  // rows up to this long: a warp per row
 constexpr int kWarpRowThreads = 256;        // 8 rows per block
 
-inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+using detail::ceil_div;
 
 // ---------------------------------------------------------------------------
 // Softmax / log-softmax

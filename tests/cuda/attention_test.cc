@@ -31,23 +31,19 @@
 using namespace remat;
 using remat::testing::check_close;
 using remat::testing::compare_on_cuda;
+using remat::testing::kGpu;
+using remat::testing::random_normal;
 using remat::testing::DeviceFn;
 using remat::testing::DeviceTolerance;
 using remat::testing::same_bits;
 
 namespace {
 
-const Device kGpu = cuda_device(0);
 constexpr DeviceTolerance kF32{1e-5, 1e-5};
 constexpr DeviceTolerance k16Bit{2e-2, 2e-2};
 
-Tensor random(const Shape& s, std::uint64_t seed, DType t = DType::f32) {
-  Generator g(seed);
-  return randn(s, {}, &g).to(t);
-}
-
 std::vector<Tensor> qkv(const Shape& s, std::uint64_t seed, DType t) {
-  return {random(s, seed, t), random(s, seed + 1, t), random(s, seed + 2, t)};
+  return {random_normal(s, seed, t), random_normal(s, seed + 1, t), random_normal(s, seed + 2, t)};
 }
 
 DeviceFn attention(bool causal, double scale = 0) {
@@ -157,7 +153,7 @@ TEST_CASE("CUDA attention gives the same bits on every run, whichever inputs nee
       INFO(dtype_name(t) << " causal " << causal);
       const Shape shape{2, 2, 257, 64};
       const std::vector<Tensor> x = qkv(shape, 21, t);
-      const Tensor seed = random(shape, 24, t);
+      const Tensor seed = random_normal(shape, 24, t);
       const Result a = run_cuda(x, seed, causal), b = run_cuda(x, seed, causal);
       CHECK(same_bits(a.out, b.out));
       CHECK(same_bits(a.dq, b.dq));
@@ -181,10 +177,10 @@ TEST_CASE("CUDA attention memory grows linearly in S, not like S^2", "[cuda][att
     const std::int64_t s = lengths[n];
     const Shape shape{1, 4, s, 64};
     const std::int64_t tensor_bytes = 4 * s * 64 * 4;
-    Tensor q = random(shape, 31).to(kGpu).set_requires_grad(true);
-    Tensor k = random(shape, 32).to(kGpu).set_requires_grad(true);
-    Tensor v = random(shape, 33).to(kGpu).set_requires_grad(true);
-    const Tensor seed = random(shape, 34).to(kGpu);
+    Tensor q = random_normal(shape, 31).to(kGpu).set_requires_grad(true);
+    Tensor k = random_normal(shape, 32).to(kGpu).set_requires_grad(true);
+    Tensor v = random_normal(shape, 33).to(kGpu).set_requires_grad(true);
+    const Tensor seed = random_normal(shape, 34).to(kGpu);
     cuda::synchronize();
 
     std::int64_t base = alloc.stats().allocated_bytes;

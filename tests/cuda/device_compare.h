@@ -20,6 +20,16 @@
 
 namespace remat::testing {
 
+// The device the compared ops run on.
+inline const Device kGpu = cuda_device(0);
+
+// Standard normal values of shape s from Generator(seed), in dtype t (drawn on
+// the CPU, so both sides of a comparison start from the same bits).
+inline Tensor random_normal(const Shape& s, std::uint64_t seed, DType t = DType::f32) {
+  Generator g(seed);
+  return randn(s, {}, &g).to(t);
+}
+
 struct DeviceTolerance {
   double rtol = 1e-5;
   double atol = 1e-6;

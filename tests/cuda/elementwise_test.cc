@@ -28,13 +28,13 @@
 
 using namespace remat;
 using remat::testing::compare_on_cuda;
+using remat::testing::kGpu;
 using remat::testing::DeviceFn;
 using remat::testing::DeviceTolerance;
 using remat::testing::kBf16Tolerance;
 
 namespace {
 
-const Device kGpu = cuda_device(0);
 constexpr DeviceTolerance kF32{1e-5, 1e-6};
 // Broadcast gradients are sums (sum_to_shape) that may come out near 0.
 constexpr DeviceTolerance kF32Sums{1e-5, 1e-5};

@@ -28,20 +28,16 @@
 using namespace remat;
 using remat::testing::check_close;
 using remat::testing::compare_on_cuda;
+using remat::testing::kGpu;
+using remat::testing::random_normal;
 using remat::testing::DeviceFn;
 using remat::testing::DeviceTolerance;
 using remat::testing::same_bits;
 
 namespace {
 
-const Device kGpu = cuda_device(0);
 constexpr DeviceTolerance kExact{0.0, 0.0};
 const std::vector<DType> kFloats = {DType::f32, DType::bf16, DType::f16};
-
-Tensor random(const Shape& s, std::uint64_t seed, DType t = DType::f32) {
-  Generator g(seed);
-  return randn(s, {}, &g).to(t);
-}
 
 // `n` ids in [0, range) with many repeats, deterministic.
 Tensor ids(std::int64_t n, std::int64_t range, std::uint64_t seed, DType t = DType::i64, Shape s = {}) {
@@ -103,14 +99,14 @@ TEST_CASE("cuda embedding: forward rows and deterministic backward with repeated
   for (DType t : kFloats)
     for (std::int64_t d : {1, 7, 64, 129}) {
       INFO(dtype_name(t) << " d " << d);
-      const Tensor w = random({37, d}, 1, t);
+      const Tensor w = random_normal({37, d}, 1, t);
       check_exact(emb, {w, ids(15, 37, 2, DType::i64, {3, 5})});
       check_exact(emb, {w, ids(300, 3, 3, DType::i32)});  // long lists per id
       check_exact(emb, {w, ids(1, 37, 4)});
       check_repeatable(emb, {w, ids(500, 11, 5)});
     }
   // Non-contiguous ids; an empty id list.
-  const Tensor w = random({20, 9}, 6);
+  const Tensor w = random_normal({20, 9}, 6);
   check_exact([](const std::vector<Tensor>& x) { return embedding(x[0], x[1].t()); },
               {w, ids(12, 20, 7, DType::i64, {3, 4})});
   check_exact(emb, {w, ids(0, 20, 8)});
@@ -126,7 +122,7 @@ TEST_CASE("cuda embedding: forward rows and deterministic backward with repeated
 TEST_CASE("cuda index_select on several dims, both backward paths", "[cuda][index]") {
   for (DType t : {DType::f32, DType::bf16}) {
     INFO(dtype_name(t));
-    const Tensor x = random({5, 6, 7}, 11, t);
+    const Tensor x = random_normal({5, 6, 7}, 11, t);
     for (std::int64_t d = 0; d < 3; ++d) {
       INFO("dim " << d);
       const DeviceFn sel = [d](const std::vector<Tensor>& in) { return index_select(in[0], d, in[1]); };
@@ -144,7 +140,7 @@ TEST_CASE("cuda index_select on several dims, both backward paths", "[cuda][inde
     check_exact([](const std::vector<Tensor>& in) { return index_select(in[0], 2, in[1].slice(0, 0, 40, 2)); },
                 {x, ids(40, 7, 18)});
     check_exact([](const std::vector<Tensor>& in) { return index_select(in[0].t(), 0, in[1]); },
-                {random({33, 129}, 19, t), ids(200, 129, 20)});
+                {random_normal({33, 129}, 19, t), ids(200, 129, 20)});
   }
   // Any dtype is copied exactly (forward only).
   const Tensor xi = ids(24, 1000, 21, DType::i64, {4, 6});
@@ -159,20 +155,20 @@ TEST_CASE("cuda index_select on several dims, both backward paths", "[cuda][inde
 TEST_CASE("cuda gather along each dim, narrower index, both backward paths", "[cuda][index]") {
   for (DType t : {DType::f32, DType::bf16}) {
     INFO(dtype_name(t));
-    const Tensor x = random({4, 5}, 31, t);
+    const Tensor x = random_normal({4, 5}, 31, t);
     const Tensor gi = ids(12, 4, 32, DType::i64, {3, 4});  // narrower than x in dim 1
     check_exact([](const std::vector<Tensor>& in) { return gather(in[0], 0, in[1]); }, {x, gi});
     check_exact([](const std::vector<Tensor>& in) { return gather(in[0], 1, in[1]); }, {x, gi});
     check_exact([](const std::vector<Tensor>& in) { return gather(in[0].t(), 1, in[1]); },
-                {random({5, 4}, 33, t), ids(12, 5, 34, DType::i32, {4, 3})});
+                {random_normal({5, 4}, 33, t), ids(12, 5, 34, DType::i32, {4, 3})});
     check_exact([](const std::vector<Tensor>& in) { return gather(in[0], 2, in[1]); },
-                {random({2, 3, 4}, 35, t), ids(12, 4, 36, DType::i64, {2, 3, 2})});
+                {random_normal({2, 3, 4}, 35, t), ids(12, 4, 36, DType::i64, {2, 3, 2})});
     // 40 indices along the dim: the backward takes the list path.
     const DeviceFn wide = [](const std::vector<Tensor>& in) { return gather(in[0], 1, in[1]); };
-    check_exact(wide, {random({3, 50}, 37, t), ids(120, 50, 38, DType::i64, {3, 40})});
-    check_repeatable(wide, {random({3, 50}, 37, t), ids(120, 50, 38, DType::i64, {3, 40})});
+    check_exact(wide, {random_normal({3, 50}, 37, t), ids(120, 50, 38, DType::i64, {3, 40})});
+    check_repeatable(wide, {random_normal({3, 50}, 37, t), ids(120, 50, 38, DType::i64, {3, 40})});
     check_exact([](const std::vector<Tensor>& in) { return gather(in[0], 0, in[1].t()); },
-                {random({30, 3}, 39, t), ids(60, 30, 40, DType::i64, {3, 20})});  // strided index
+                {random_normal({30, 3}, 39, t), ids(60, 30, 40, DType::i64, {3, 20})});  // strided index
   }
   const Tensor xg = zeros({3, 4}).to(kGpu);
   CHECK_THROWS_WITH(gather(xg, 1, from_vector<std::int64_t>({0, 7}, {1, 2}).to(kGpu)),
@@ -185,33 +181,33 @@ TEST_CASE("cuda scatter_add and index_add: repeated destinations, exact and repe
     const DeviceFn sa1 = [](const std::vector<Tensor>& in) { return scatter_add(in[0], 1, in[1], in[2]); };
     const DeviceFn sa0 = [](const std::vector<Tensor>& in) { return scatter_add(in[0], 0, in[1], in[2]); };
     // Scan path (k <= 16), src wider than index (its extra column gets no gradient).
-    check_exact(sa1, {random({4, 5}, 41, t), ids(6, 5, 42, DType::i64, {2, 3}), random({2, 4}, 43, t)});
-    check_exact(sa0, {random({4, 5}, 44, t), ids(10, 4, 45, DType::i32, {2, 5}), random({3, 5}, 46, t)});
+    check_exact(sa1, {random_normal({4, 5}, 41, t), ids(6, 5, 42, DType::i64, {2, 3}), random_normal({2, 4}, 43, t)});
+    check_exact(sa0, {random_normal({4, 5}, 44, t), ids(10, 4, 45, DType::i32, {2, 5}), random_normal({3, 5}, 46, t)});
     // List path (k > 16): many sources per destination.
-    const std::vector<Tensor> big1 = {random({3, 7}, 47, t), ids(150, 7, 48, DType::i64, {3, 50}),
-                                      random({3, 61}, 49, t)};
+    const std::vector<Tensor> big1 = {random_normal({3, 7}, 47, t), ids(150, 7, 48, DType::i64, {3, 50}),
+                                      random_normal({3, 61}, 49, t)};
     check_exact(sa1, big1);
     check_repeatable(sa1, big1);
-    const std::vector<Tensor> big0 = {random({5, 4}, 50, t), ids(160, 5, 51, DType::i64, {40, 4}),
-                                      random({40, 6}, 52, t)};
+    const std::vector<Tensor> big0 = {random_normal({5, 4}, 50, t), ids(160, 5, 51, DType::i64, {40, 4}),
+                                      random_normal({40, 6}, 52, t)};
     check_exact(sa0, big0);
     check_repeatable(sa0, big0);
     // 1-D bins, and a transposed src.
-    check_exact(sa0, {random({9}, 53, t), ids(1000, 9, 54), random({1000}, 55, t)});
+    check_exact(sa0, {random_normal({9}, 53, t), ids(1000, 9, 54), random_normal({1000}, 55, t)});
     check_exact([](const std::vector<Tensor>& in) { return scatter_add(in[0], 0, in[1], in[2].t()); },
-                {random({4, 5}, 56, t), ids(10, 4, 57, DType::i64, {2, 5}), random({5, 2}, 58, t)});
+                {random_normal({4, 5}, 56, t), ids(10, 4, 57, DType::i64, {2, 5}), random_normal({5, 2}, 58, t)});
 
     const DeviceFn ia0 = [](const std::vector<Tensor>& in) { return index_add(in[0], 0, in[1], in[2]); };
     const DeviceFn ia1 = [](const std::vector<Tensor>& in) { return index_add(in[0], 1, in[1], in[2]); };
-    check_exact(ia1, {random({4, 5}, 61, t), ids(3, 5, 62), random({4, 3}, 63, t)});
-    const std::vector<Tensor> rows = {random({6, 33}, 64, t), ids(100, 6, 65, DType::i32), random({100, 33}, 66, t)};
+    check_exact(ia1, {random_normal({4, 5}, 61, t), ids(3, 5, 62), random_normal({4, 3}, 63, t)});
+    const std::vector<Tensor> rows = {random_normal({6, 33}, 64, t), ids(100, 6, 65, DType::i32), random_normal({100, 33}, 66, t)};
     check_exact(ia0, rows);
     check_repeatable(ia0, rows);
-    const std::vector<Tensor> cols = {random({3, 8, 5}, 67, t), ids(70, 8, 68), random({3, 70, 5}, 69, t)};
+    const std::vector<Tensor> cols = {random_normal({3, 8, 5}, 67, t), ids(70, 8, 68), random_normal({3, 70, 5}, 69, t)};
     check_exact(ia1, cols);
     check_repeatable(ia1, cols);
     check_exact([](const std::vector<Tensor>& in) { return index_add(in[0].t(), 0, in[1], mul(in[2], in[2])); },
-                {random({5, 4}, 70, t), ids(20, 4, 71, DType::i32), random({20, 5}, 72, t)});
+                {random_normal({5, 4}, 70, t), ids(20, 4, 71, DType::i32), random_normal({20, 5}, 72, t)});
   }
   const Tensor xg = zeros({3, 4}).to(kGpu);
   CHECK_THROWS_WITH(scatter_add(xg, 0, from_vector<std::int64_t>({3}, {1, 1}).to(kGpu), zeros({1, 1}).to(kGpu)),
@@ -234,7 +230,7 @@ TEST_CASE("cuda topk: values and indices equal the CPU's, ties and NaN included"
         for (bool ties : {false, true}) {
           INFO(dtype_name(t) << " " << shape_str(c.shape) << " k " << c.k << " dim " << c.dim
                              << (largest ? " largest" : " smallest") << (ties ? " ties" : ""));
-          Tensor x = random(c.shape, 80 + std::uint64_t(c.k), DType::f32);
+          Tensor x = random_normal(c.shape, 80 + std::uint64_t(c.k), DType::f32);
           if (ties) x = few_levels(x);
           x = x.to(t);
           const DeviceFn vals = [&](const std::vector<Tensor>& in) { return topk(in[0], c.k, c.dim, largest).first; };
@@ -246,7 +242,7 @@ TEST_CASE("cuda topk: values and indices equal the CPU's, ties and NaN included"
           CHECK(ic.to_vector<std::int64_t>() == id.to_vector<std::int64_t>());
         }
   // A transposed input.
-  check_exact([](const std::vector<Tensor>& in) { return topk(in[0].t(), 4, -1).first; }, {random({50, 9}, 90)});
+  check_exact([](const std::vector<Tensor>& in) { return topk(in[0].t(), 4, -1).first; }, {random_normal({50, 9}, 90)});
   // -0.0 ties with 0.0 (lower index first); NaN ranks above every number for
   // largest and below for smallest.
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -268,19 +264,19 @@ TEST_CASE("cuda topk: values and indices equal the CPU's, ties and NaN included"
 TEST_CASE("cuda cat and stack on several dims, non-contiguous inputs", "[cuda][join]") {
   for (DType t : {DType::f32, DType::bf16}) {
     INFO(dtype_name(t));
-    const Tensor a = random({3, 4, 5}, 101, t), b = random({3, 2, 5}, 102, t), c = random({5, 2, 3}, 103, t);
+    const Tensor a = random_normal({3, 4, 5}, 101, t), b = random_normal({3, 2, 5}, 102, t), c = random_normal({5, 2, 3}, 103, t);
     check_exact([](const std::vector<Tensor>& in) { return cat({in[0], in[1], in[2].transpose(0, 2)}, 1); },
                 {a, b, c});
     check_exact([](const std::vector<Tensor>& in) { return cat({in[0], in[1]}, 0); },
-                {random({2, 7}, 104, t), random({5, 7}, 105, t)});
+                {random_normal({2, 7}, 104, t), random_normal({5, 7}, 105, t)});
     check_exact([](const std::vector<Tensor>& in) { return cat({in[0].t(), in[1], in[0].t()}, -1); },
-                {random({3, 4}, 106, t), random({4, 1}, 107, t)});
+                {random_normal({3, 4}, 106, t), random_normal({4, 1}, 107, t)});
     check_exact([](const std::vector<Tensor>& in) { return cat({in[0], in[1].narrow(0, 0, 0), in[0]}, 0); },
-                {random({3, 4}, 108, t), random({2, 4}, 109, t)});  // an empty piece
+                {random_normal({3, 4}, 108, t), random_normal({2, 4}, 109, t)});  // an empty piece
     for (std::int64_t d = 0; d <= 2; ++d) {
       INFO("stack dim " << d);
       check_exact([d](const std::vector<Tensor>& in) { return stack({in[0], in[1].t(), in[0]}, d); },
-                  {random({3, 4}, 110, t), random({4, 3}, 111, t)});
+                  {random_normal({3, 4}, 110, t), random_normal({4, 3}, 111, t)});
     }
   }
   // Integer tensors are copied too (forward only).

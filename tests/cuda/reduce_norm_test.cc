@@ -22,6 +22,8 @@
 using namespace remat;
 using remat::testing::check_close;
 using remat::testing::compare_on_cuda;
+using remat::testing::kGpu;
+using remat::testing::random_normal;
 using remat::testing::DeviceFn;
 using remat::testing::DeviceTolerance;
 using remat::testing::kBf16Tolerance;
@@ -29,14 +31,8 @@ using remat::testing::same_bits;
 
 namespace {
 
-const Device kGpu = cuda_device(0);
 constexpr DeviceTolerance kF32{1e-5, 1e-5};
 constexpr DeviceTolerance kF32RowSum{1e-5, 2e-4};
-
-Tensor random(const Shape& s, std::uint64_t seed, DType t = DType::f32) {
-  Generator g(seed);
-  return randn(s, {}, &g).to(t);
-}
 
 // Uniform in [0.5, 1.5): long sums of these do not cancel.
 Tensor positive(const Shape& s, std::uint64_t seed, DType t = DType::f32) {
@@ -150,10 +146,10 @@ TEST_CASE("CUDA sums of non-contiguous views", "[cuda]") {
 }
 
 TEST_CASE("CUDA sums give the same bits on every run", "[cuda]") {
-  check_repeatable([](const std::vector<Tensor>& v) { return sum(v[0]); }, {random({300, 1001}, 9)});
-  check_repeatable([](const std::vector<Tensor>& v) { return sum(v[0], {0}); }, {random({20001, 7}, 10)});
+  check_repeatable([](const std::vector<Tensor>& v) { return sum(v[0]); }, {random_normal({300, 1001}, 9)});
+  check_repeatable([](const std::vector<Tensor>& v) { return sum(v[0], {0}); }, {random_normal({20001, 7}, 10)});
   check_repeatable([](const std::vector<Tensor>& v) { return mean(v[0], {1}); },
-                   {random({3, 70001}, 11, DType::bf16)});
+                   {random_normal({3, 70001}, 11, DType::bf16)});
 }
 
 // ---------------------------------------------------------------------------
@@ -170,7 +166,7 @@ TEST_CASE("CUDA max and amax match the CPU, values, indices and gradients", "[cu
     for (const Case& c : {Case{{7, 33}, 1}, Case{{7, 33}, 0}, Case{{3, 2000}, 1}, Case{{2000, 3}, 0},
                           Case{{4, 5, 6}, 1}, Case{{5}, 0}, Case{{2, 20000}, -1}, Case{{}, 0}}) {
       INFO("shape " << shape_str(c.shape) << " dim " << c.dim);
-      const Tensor x = random(c.shape, 12, t);
+      const Tensor x = random_normal(c.shape, 12, t);
       for (bool keep : {false, true}) {
         compare_on_cuda([&](const std::vector<Tensor>& v) { return amax(v[0], c.dim, keep); }, {x}, tol);
         auto [vc, ic] = max(x, c.dim, keep);
@@ -180,7 +176,7 @@ TEST_CASE("CUDA max and amax match the CPU, values, indices and gradients", "[cu
       }
     }
     // Transposed input.
-    const Tensor y = random({9, 40}, 13, t);
+    const Tensor y = random_normal({9, 40}, 13, t);
     compare_on_cuda([](const std::vector<Tensor>& v) { return amax(v[0].t(), 1); }, {y}, tol);
     compare_on_cuda([](const std::vector<Tensor>& v) { return amax(v[0].t(), 0, true); }, {y}, tol);
     // Every other element: rows of stride 2 (the row kernel's strided loads).
@@ -237,18 +233,18 @@ TEST_CASE("CUDA rms_norm matches the CPU forward and backward", "[cuda]") {
       const std::int64_t d = s.back();
       const DeviceTolerance tol = tol_for(t, shape_numel(s) / d >= 64 ? kF32RowSum : kF32);
       compare_on_cuda([](const std::vector<Tensor>& v) { return rms_norm(v[0], v[1], 1e-5); },
-                      {random(s, 14, t), add(random({d}, 15), 1.0).to(t)}, tol);
+                      {random_normal(s, 14, t), add(random_normal({d}, 15), 1.0).to(t)}, tol);
     }
     // Many rows (several parameter-gradient chunks), and a non-contiguous input.
     compare_on_cuda([](const std::vector<Tensor>& v) { return rms_norm(v[0], v[1], 1e-6); },
-                    {random({2000, 72}, 16, t), random({72}, 17, t)}, tol_for(t, kF32RowSum));
+                    {random_normal({2000, 72}, 16, t), random_normal({72}, 17, t)}, tol_for(t, kF32RowSum));
     compare_on_cuda([](const std::vector<Tensor>& v) { return rms_norm(v[0].transpose(0, 1), v[1]); },
-                    {random({6, 9, 40}, 18, t), random({40}, 19, t)}, tol_for(t));
+                    {random_normal({6, 9, 40}, 18, t), random_normal({40}, 19, t)}, tol_for(t));
   }
   check_repeatable([](const std::vector<Tensor>& v) { return rms_norm(v[0], v[1]); },
-                   {random({3000, 257}, 20), random({257}, 21)});
+                   {random_normal({3000, 257}, 20), random_normal({257}, 21)});
   check_repeatable([](const std::vector<Tensor>& v) { return rms_norm(v[0], v[1]); },
-                   {random({1500, 512}, 22, DType::bf16), random({512}, 23, DType::bf16)});
+                   {random_normal({1500, 512}, 22, DType::bf16), random_normal({512}, 23, DType::bf16)});
 }
 
 TEST_CASE("CUDA layer_norm matches the CPU with and without weight and bias", "[cuda]") {
@@ -258,8 +254,8 @@ TEST_CASE("CUDA layer_norm matches the CPU with and without weight and bias", "[
       INFO("shape " << shape_str(s));
       const DeviceTolerance tol = tol_for(t, s[0] >= 500 ? kF32RowSum : kF32);
       const std::int64_t d = s.back();
-      const Tensor x = add(random(s, 24), 3.0).to(t);  // a mean far from 0
-      const Tensor w = add(random({d}, 25), 1.0).to(t), b = random({d}, 26, t);
+      const Tensor x = add(random_normal(s, 24), 3.0).to(t);  // a mean far from 0
+      const Tensor w = add(random_normal({d}, 25), 1.0).to(t), b = random_normal({d}, 26, t);
       auto ln = [](const std::vector<Tensor>& v) { return layer_norm(v[0], v[1], v[2], 1e-5); };
       compare_on_cuda(ln, {x, w, b}, tol);
       compare_on_cuda(ln, {x, w, Tensor()}, tol);
@@ -267,23 +263,23 @@ TEST_CASE("CUDA layer_norm matches the CPU with and without weight and bias", "[
       compare_on_cuda(ln, {x, Tensor(), Tensor()}, tol);
     }
     compare_on_cuda([](const std::vector<Tensor>& v) { return layer_norm(v[0].transpose(0, 1), v[1], v[2]); },
-                    {random({6, 9, 40}, 27, t), random({40}, 28, t), random({40}, 29, t)}, tol_for(t));
+                    {random_normal({6, 9, 40}, 27, t), random_normal({40}, 28, t), random_normal({40}, 29, t)}, tol_for(t));
   }
   check_repeatable([](const std::vector<Tensor>& v) { return layer_norm(v[0], v[1], v[2]); },
-                   {random({3000, 257}, 30), random({257}, 31), random({257}, 32)});
+                   {random_normal({3000, 257}, 30), random_normal({257}, 31), random_normal({257}, 32)});
   check_repeatable([](const std::vector<Tensor>& v) { return layer_norm(v[0], v[1], v[2]); },
-                   {random({1500, 512}, 33, DType::bf16), random({512}, 34, DType::bf16),
-                    random({512}, 35, DType::bf16)});
+                   {random_normal({1500, 512}, 33, DType::bf16), random_normal({512}, 34, DType::bf16),
+                    random_normal({512}, 35, DType::bf16)});
 }
 
 TEST_CASE("CUDA layer_norm backward when only the bias needs a gradient", "[cuda]") {
-  const Tensor x = random({300, 50}, 36), w = random({50}, 37), b = random({50}, 38);
+  const Tensor x = random_normal({300, 50}, 36), w = random_normal({50}, 37), b = random_normal({50}, 38);
   Tensor bc = b.clone(), bd = b.to(kGpu);
   bc.set_requires_grad(true);
   bd.set_requires_grad(true);
   Tensor yc = layer_norm(x, w, bc), yd = layer_norm(x.to(kGpu), w.to(kGpu), bd);
   check_close("forward", yc, yd, kF32);
-  const Tensor seed = random({300, 50}, 39);
+  const Tensor seed = random_normal({300, 50}, 39);
   backward({yc}, {seed});
   backward({yd}, {seed.to(kGpu)});
   check_close("bias gradient", bc.grad(), bd.grad(), kF32RowSum);
@@ -299,18 +295,18 @@ TEST_CASE("CUDA softmax and log_softmax match the CPU forward and backward", "[c
     for (const Shape& s : {Shape{6, 37}, Shape{3, 2051}, Shape{2, 3, 1030}, Shape{40, 8}, Shape{1, 1024},
                            Shape{7}, Shape{}}) {
       INFO("shape " << shape_str(s));
-      const Tensor x = mul(random(s, 40), 3.0).to(t);
+      const Tensor x = mul(random_normal(s, 40), 3.0).to(t);
       compare_on_cuda([](const std::vector<Tensor>& v) { return softmax(v[0], -1); }, {x}, tol);
       compare_on_cuda([](const std::vector<Tensor>& v) { return log_softmax(v[0], -1); }, {x}, tol);
     }
     // Over a leading dim, and on a transposed view.
-    const Tensor y = random({37, 6}, 41, t);
+    const Tensor y = random_normal({37, 6}, 41, t);
     compare_on_cuda([](const std::vector<Tensor>& v) { return softmax(v[0], 0); }, {y}, tol);
     compare_on_cuda([](const std::vector<Tensor>& v) { return log_softmax(v[0].t(), -1); }, {y}, tol);
   }
-  check_repeatable([](const std::vector<Tensor>& v) { return softmax(v[0], -1); }, {random({64, 3001}, 42)});
+  check_repeatable([](const std::vector<Tensor>& v) { return softmax(v[0], -1); }, {random_normal({64, 3001}, 42)});
   check_repeatable([](const std::vector<Tensor>& v) { return log_softmax(v[0], -1); },
-                   {random({300, 77}, 43, DType::bf16)});
+                   {random_normal({300, 77}, 43, DType::bf16)});
 }
 
 // ---------------------------------------------------------------------------
@@ -324,7 +320,7 @@ TEST_CASE("CUDA cross_entropy matches the CPU, with ignored targets", "[cuda]") 
     INFO(dtype_name(t));
     const DeviceTolerance tol = tol_for(t);
     // 37 classes (not a multiple of 4 or 32), two rows ignored.
-    const Tensor l1 = mul(random({9, 37}, 44), 2.0).to(t);
+    const Tensor l1 = mul(random_normal({9, 37}, 44), 2.0).to(t);
     const Tensor t1 = from_vector<std::int64_t>({0, 36, -100, 5, 17, 17, -100, 1, 30}, {9});
     compare_on_cuda(ce(-100), {l1, t1}, tol);
     compare_on_cuda(ce(-100), {l1, t1.to(DType::i32)}, tol);
@@ -333,7 +329,7 @@ TEST_CASE("CUDA cross_entropy matches the CPU, with ignored targets", "[cuda]") 
     // [2, 5, 1027] logits: a block per row with a ragged tail.
     std::vector<std::int64_t> tv;
     for (int i = 0; i < 10; ++i) tv.push_back(i == 4 ? -100 : (i * 211) % 1027);
-    const Tensor l2 = random({2, 5, 1027}, 45, t);
+    const Tensor l2 = random_normal({2, 5, 1027}, 45, t);
     compare_on_cuda(ce(-100), {l2, from_vector<std::int64_t>(tv, {2, 5})}, tol);
     // Every target ignored: loss 0, zero gradient.
     compare_on_cuda(ce(-100), {l1, full({9}, -100.0, DType::i64)}, tol);
@@ -343,12 +339,12 @@ TEST_CASE("CUDA cross_entropy matches the CPU, with ignored targets", "[cuda]") 
   std::vector<std::int64_t> big;
   for (int i = 0; i < 512; ++i) big.push_back(i % 9 == 0 ? -100 : (i * 7919) % 5003);
   const Tensor tb = from_vector<std::int64_t>(big, {512});
-  check_repeatable(ce(-100), {random({512, 5003}, 46), tb});
-  check_repeatable(ce(-100), {random({512, 5003}, 47, DType::bf16), tb});
+  check_repeatable(ce(-100), {random_normal({512, 5003}, 46), tb});
+  check_repeatable(ce(-100), {random_normal({512, 5003}, 47, DType::bf16), tb});
 }
 
 TEST_CASE("CUDA cross_entropy rejects targets out of range", "[cuda]") {
-  const Tensor l = random({3, 5}, 48).to(kGpu);
+  const Tensor l = random_normal({3, 5}, 48).to(kGpu);
   CHECK_THROWS_AS(cross_entropy(l, from_vector<std::int64_t>({0, 5, 1}, {3}, kGpu)), ShapeError);
   CHECK_THROWS_AS(cross_entropy(l, from_vector<std::int64_t>({0, 1, 1}, {3})), DeviceError);
 }

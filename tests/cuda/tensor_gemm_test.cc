@@ -11,19 +11,12 @@
 using namespace remat;
 using remat::testing::check_close;
 using remat::testing::compare_on_cuda;
+using remat::testing::kGpu;
+using remat::testing::random_normal;
 using remat::testing::same_bits;
 
-namespace {
-const Device kGpu = cuda_device(0);
-
-Tensor random(const Shape& s, std::uint64_t seed, DType t = DType::f32) {
-  Generator g(seed);
-  return randn(s, {}, &g).to(t);
-}
-}  // namespace
-
 TEST_CASE("CUDA copies convert between every dtype and layout", "[cuda]") {
-  Tensor x = random({5, 7, 3}, 1);
+  Tensor x = random_normal({5, 7, 3}, 1);
   for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::boolean}) {
     INFO(dtype_name(t));
     Tensor want = x.to(t);
@@ -40,9 +33,9 @@ TEST_CASE("CUDA copies convert between every dtype and layout", "[cuda]") {
   Tensor e = x.narrow(1, 2, 3).to(kGpu);  // a narrowed host view
   CHECK(same_bits(e, x.narrow(1, 2, 3).contiguous()));
   // Broadcast copy (expand) and a large copy through the pinned staging buffers.
-  Tensor row = random({1, 9}, 2).to(kGpu);
-  CHECK(same_bits(row.expand({4, 9}).contiguous(), random({1, 9}, 2).expand({4, 9}).contiguous()));
-  Tensor big = random({3 << 20}, 3);
+  Tensor row = random_normal({1, 9}, 2).to(kGpu);
+  CHECK(same_bits(row.expand({4, 9}).contiguous(), random_normal({1, 9}, 2).expand({4, 9}).contiguous()));
+  Tensor big = random_normal({3 << 20}, 3);
   CHECK(same_bits(big.to(kGpu), big));
 }
 
@@ -60,12 +53,12 @@ TEST_CASE("CUDA fills write every element of any view", "[cuda]") {
 TEST_CASE("CUDA gradient accumulation and broadcast sums match the CPU bit for bit", "[cuda]") {
   // x [3, 1, 5] broadcast against y [4, 5]: both gradients are sums.
   compare_on_cuda([](const std::vector<Tensor>& v) { return add(v[0], v[1]); },
-                  {random({3, 1, 5}, 4), random({4, 5}, 5)}, {0, 0});
+                  {random_normal({3, 1, 5}, 4), random_normal({4, 5}, 5)}, {0, 0});
   // Used twice: its gradient accumulates.
   compare_on_cuda([](const std::vector<Tensor>& v) { return add(mul(v[0], v[0]), v[0]); },
-                  {random({33, 17}, 6)});
+                  {random_normal({33, 17}, 6)});
   // A long reduction to a scalar takes the chunked path: deterministic, close to the CPU.
-  Tensor g = random({1 << 18}, 7).to(kGpu);
+  Tensor g = random_normal({1 << 18}, 7).to(kGpu);
   Tensor s1 = detail::sum_to_shape(g, {1}), s2 = detail::sum_to_shape(g, {1});
   CHECK(same_bits(s1, s2));
   check_close("chunked sum", detail::sum_to_shape(g.to(kCPU), {1}), s1, {1e-5, 1e-4});
@@ -75,24 +68,24 @@ TEST_CASE("cuBLASLt matmul matches the CPU in f32 and bf16", "[cuda]") {
   for (auto [m, k, n] : {std::array<std::int64_t, 3>{1, 1, 1}, {7, 13, 5}, {64, 96, 80}, {129, 257, 65}}) {
     INFO("m=" << m << " k=" << k << " n=" << n);
     compare_on_cuda([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); },
-                    {random({m, k}, 8), random({k, n}, 9)}, {2e-5, 2e-5});
+                    {random_normal({m, k}, 8), random_normal({k, n}, 9)}, {2e-5, 2e-5});
     compare_on_cuda([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); },
-                    {random({m, k}, 8, DType::bf16), random({k, n}, 9, DType::bf16)},
+                    {random_normal({m, k}, 8, DType::bf16), random_normal({k, n}, 9, DType::bf16)},
                     remat::testing::kBf16Tolerance);
   }
   // Transposed operands (views), folded leading dims, batches, linear with bias.
   compare_on_cuda([](const std::vector<Tensor>& v) { return matmul(v[0].t(), v[1].t()); },
-                  {random({24, 10}, 10), random({6, 24}, 11)}, {2e-5, 2e-5});
+                  {random_normal({24, 10}, 10), random_normal({6, 24}, 11)}, {2e-5, 2e-5});
   compare_on_cuda([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); },
-                  {random({2, 3, 8, 16}, 12), random({16, 4}, 13)}, {2e-5, 2e-5});
+                  {random_normal({2, 3, 8, 16}, 12), random_normal({16, 4}, 13)}, {2e-5, 2e-5});
   compare_on_cuda([](const std::vector<Tensor>& v) { return bmm(v[0], v[1]); },
-                  {random({5, 8, 16}, 14), random({5, 16, 3}, 15)}, {2e-5, 2e-5});
+                  {random_normal({5, 8, 16}, 14), random_normal({5, 16, 3}, 15)}, {2e-5, 2e-5});
   compare_on_cuda([](const std::vector<Tensor>& v) { return linear(v[0], v[1], v[2]); },
-                  {random({9, 32}, 16), random({24, 32}, 17), random({24}, 18)}, {2e-5, 2e-5});
+                  {random_normal({9, 32}, 16), random_normal({24, 32}, 17), random_normal({24}, 18)}, {2e-5, 2e-5});
 }
 
 TEST_CASE("cuBLASLt picks an algorithm once per shape and repeats its bits", "[cuda]") {
-  Tensor a = random({256, 512}, 19, DType::bf16).to(kGpu), b = random({512, 384}, 20, DType::bf16).to(kGpu);
+  Tensor a = random_normal({256, 512}, 19, DType::bf16).to(kGpu), b = random_normal({512, 384}, 20, DType::bf16).to(kGpu);
   Tensor c1 = matmul(a, b);
   const std::size_t cached = cuda::gemm_cached_algorithms();
   Tensor c2 = matmul(a, b);
@@ -103,7 +96,7 @@ TEST_CASE("cuBLASLt picks an algorithm once per shape and repeats its bits", "[c
 TEST_CASE("work on a side stream is ordered by events", "[cuda]") {
   cuda::Stream side;
   cuda::Event ready;
-  Tensor x = random({1 << 16}, 21).to(kGpu);
+  Tensor x = random_normal({1 << 16}, 21).to(kGpu);
   ready.record(cuda::current_stream());
   ready.wait(side.id());
   Tensor y;
@@ -112,5 +105,5 @@ TEST_CASE("work on a side stream is ordered by events", "[cuda]") {
     y = mul(x, 2.0);
   }
   side.synchronize();
-  CHECK(same_bits(y, mul(random({1 << 16}, 21), 2.0)));
+  CHECK(same_bits(y, mul(random_normal({1 << 16}, 21), 2.0)));
 }
