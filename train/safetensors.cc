@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -47,57 +49,107 @@ std::string dir_of(const std::string& path) {
   return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
 }
 
+std::string hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+bool parse_hex64(const std::string& s, std::uint64_t& out) {
+  if (s.size() != 16) return false;
+  out = 0;
+  for (char c : s) {
+    int d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else return false;
+    out = (out << 4) | std::uint64_t(d);
+  }
+  return true;
+}
+
+// Closes a file descriptor when it goes out of scope (as the OS would on a crash).
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Writes all of `bytes` to `fd`; false (errno set) on failure.
+bool write_all(int fd, const char* p, std::size_t n) {
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t k = ::write(fd, p + done, n - done);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      if (k == 0) errno = EIO;
+      return false;
+    }
+    done += std::size_t(k);
+  }
+  return true;
+}
+
 }  // namespace
+
+std::uint64_t xxh3_64(const void* data, std::size_t n) { return XXH3_64bits(data, n); }
+
+void fsync_dir(const std::string& dir) {
+  Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY));
+  REMAT_CHECK(d.fd >= 0, IOError, "cannot open the folder ", dir, " to sync it: ", errno_text());
+  // EINVAL: the file system cannot sync folders (nothing more to do there).
+  if (::fsync(d.fd) != 0 && errno != EINVAL) throw IOError("fsync of the folder " + dir + " failed: " + errno_text());
+}
+
+void write_file_synced(const std::string& path, std::string_view bytes, const std::function<void()>& halfway) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  REMAT_CHECK(fd.fd >= 0, IOError, "cannot create ", path, ": ", errno_text());
+  auto fail = [&](const std::string& what) {
+    const std::string err = errno_text();
+    ::unlink(path.c_str());
+    throw IOError(what + " " + path + " failed: " + err);
+  };
+  const std::size_t half = halfway ? bytes.size() / 2 : bytes.size();
+  if (!write_all(fd.fd, bytes.data(), half)) fail("writing");
+  if (halfway) {
+    halfway();  // an exception leaves the partial file, like a crash
+    if (!write_all(fd.fd, bytes.data() + half, bytes.size() - half)) fail("writing");
+  }
+  if (::fsync(fd.fd) != 0) fail("fsync of");
+  const int fdv = fd.fd;
+  fd.fd = -1;
+  if (::close(fdv) != 0) fail("closing");
+}
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  REMAT_CHECK(fd >= 0, IOError, "cannot create ", tmp, ": ", errno_text());
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string err = errno_text();
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw IOError("cannot write " + tmp + ": " + err);
-    }
-    done += std::size_t(n);
-  }
-  if (::fsync(fd) != 0) {
-    const std::string err = errno_text();
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw IOError("fsync of " + tmp + " failed: " + err);
-  }
-  ::close(fd);
+  write_file_synced(tmp, bytes);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string err = errno_text();
     ::unlink(tmp.c_str());
     throw IOError("cannot rename " + tmp + " to " + path + ": " + err);
   }
-  // Make the rename itself durable.
-  const int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  fsync_dir(dir_of(path));  // make the rename itself durable
 }
 
-void save_safetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+std::string encode_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                               const std::map<std::string, std::string>& metadata,
+                               const SafetensorsWriteOptions& options, const std::string& what) {
   Json header = Json::object();
+  Json sums = Json::object();
   std::set<std::string> names;
   std::vector<Tensor> host;
   std::uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     REMAT_CHECK(!name.empty() && name != "__metadata__", IOError, "safetensors: invalid tensor name '",
-                name, "' for ", path);
+                name, "' for ", what);
     REMAT_CHECK(names.insert(name).second, IOError, "safetensors: duplicate tensor name '", name,
-                "' for ", path);
-    REMAT_CHECK(t.defined(), IOError, "safetensors: tensor '", name, "' is undefined");
+                "' for ", what);
+    REMAT_CHECK(t.defined(), IOError, "safetensors: tensor '", name, "' for ", what, " is undefined");
     Tensor h = t.detach().to(kCPU).contiguous();
     Json shape = Json::array();
     for (auto s : h.sizes()) shape.push(Json::number(double(s)));
@@ -107,12 +159,20 @@ void save_safetensors(const std::string& path,
     entry.set("data_offsets", Json::array({Json::number(double(offset)),
                                            Json::number(double(offset + h.nbytes()))}));
     header.set(name, entry);
+    if (options.checksums) sums.set(name, Json::string(hex64(xxh3_64(h.raw_data(), h.nbytes()))));
     offset += h.nbytes();
     host.push_back(h);
   }
-  if (!metadata.empty()) {
+  for (const char* reserved : {kChecksumAlgorithmKey, kChecksumsKey})
+    REMAT_CHECK(!metadata.count(reserved), IOError, "safetensors: metadata key '", reserved, "' for ", what,
+                " is reserved for the checksums");
+  if (!metadata.empty() || options.checksums) {
     Json meta = Json::object();
     for (const auto& [k, v] : metadata) meta.set(k, Json::string(v));
+    if (options.checksums) {
+      meta.set(kChecksumAlgorithmKey, Json::string(kChecksumAlgorithm));
+      meta.set(kChecksumsKey, Json::string(sums.dump()));
+    }
     header.set("__metadata__", meta);
   }
   std::string h = header.dump();
@@ -125,7 +185,14 @@ void save_safetensors(const std::string& path,
   // The data in header order: Json objects iterate keys sorted, but offsets
   // follow the input order, so append in input order.
   for (const auto& t : host) bytes.append(static_cast<const char*>(t.raw_data()), t.nbytes());
-  write_file_atomic(path, bytes);
+  return bytes;
+}
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata,
+                      const SafetensorsWriteOptions& options) {
+  write_file_atomic(path, encode_safetensors(tensors, metadata, options, path));
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {
@@ -150,8 +217,14 @@ SafetensorsFile load_safetensors(const std::string& path) {
   const std::uint64_t data_size = file.size() - 8 - n;
   const char* data = file.data() + 8 + n;
 
+  // 1. The header: every entry validated, nothing built yet.
+  struct Entry {
+    DType dtype;
+    Shape shape;
+    std::uint64_t begin, end;
+  };
   SafetensorsFile out;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  std::map<std::string, Entry> entries;
   for (const auto& [name, entry] : header.members()) {
     try {
       if (name == "__metadata__") {
@@ -168,24 +241,27 @@ SafetensorsFile load_safetensors(const std::string& path) {
       }
       const auto& offs = entry.at("data_offsets").items();
       if (offs.size() != 2) throw fail("tensor '" + name + "': data_offsets must have 2 entries");
+      if (offs[0].as_int() < 0 || offs[1].as_int() < 0) throw fail("tensor '" + name + "' has a negative offset");
       const auto b = std::uint64_t(offs[0].as_int()), e = std::uint64_t(offs[1].as_int());
-      const std::uint64_t want = std::uint64_t(shape_numel(shape)) * element_size(dt);
+      std::uint64_t want = element_size(dt);
+      for (auto s : shape)
+        if (__builtin_mul_overflow(want, std::uint64_t(s), &want))
+          throw fail("tensor '" + name + "' has shape " + shape_str(shape) + ", too large for any file");
       if (e < b || e > data_size)
         throw fail("tensor '" + name + "' byte range [" + std::to_string(b) + ", " + std::to_string(e) +
                    ") is outside the data section of " + std::to_string(data_size) + " bytes (truncated?)");
       if (e - b != want)
         throw fail("tensor '" + name + "' has " + std::to_string(e - b) + " bytes but shape " +
                    shape_str(shape) + " " + dtype_name(dt) + " needs " + std::to_string(want));
-      ranges.emplace_back(b, e);
-      Tensor t = empty(shape, dt);
-      if (want) std::memcpy(t.raw_data(), data + b, want);
-      out.tensors.emplace(name, t);
+      entries.emplace(name, Entry{dt, shape, b, e});
     } catch (const IOError& e) {
       const std::string msg = e.what();
       if (msg.find("not a valid safetensors file") != std::string::npos) throw;
-      throw fail("tensor '" + name + "': " + msg);
+      throw fail((name == "__metadata__" ? std::string("__metadata__: ") : "tensor '" + name + "': ") + msg);
     }
   }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  for (const auto& [name, e] : entries) ranges.emplace_back(e.begin, e.end);
   std::sort(ranges.begin(), ranges.end());
   std::uint64_t end = 0;
   for (const auto& [b, e] : ranges) {
@@ -196,6 +272,48 @@ SafetensorsFile load_safetensors(const std::string& path) {
   if (end != data_size)
     throw fail("data section has " + std::to_string(data_size) + " bytes but the tensors cover " +
                std::to_string(end));
+
+  // 2. The checksums, all of them, before any tensor is built.
+  const auto algo = out.metadata.find(kChecksumAlgorithmKey);
+  const auto sums_it = out.metadata.find(kChecksumsKey);
+  if (algo != out.metadata.end() || sums_it != out.metadata.end()) {
+    if (algo == out.metadata.end() || sums_it == out.metadata.end())
+      throw fail(std::string("__metadata__ has '") + (algo == out.metadata.end() ? kChecksumsKey : kChecksumAlgorithmKey) +
+                 "' without '" + (algo == out.metadata.end() ? kChecksumAlgorithmKey : kChecksumsKey) + "'");
+    if (algo->second != kChecksumAlgorithm)
+      throw fail("unsupported checksum algorithm '" + algo->second + "' (this build checks " + kChecksumAlgorithm + ")");
+    Json sums;
+    try {
+      sums = Json::parse(sums_it->second, path + " __metadata__.checksums");
+    } catch (const IOError& e) {
+      throw fail(e.what());
+    }
+    if (!sums.is_object()) throw fail("__metadata__.checksums is not a JSON object");
+    for (const auto& [name, v] : sums.members())
+      if (!entries.count(name)) throw fail("__metadata__.checksums names '" + name + "', which is not a tensor of the file");
+    for (const auto& [name, e] : entries) {
+      if (!sums.has(name)) throw fail("tensor '" + name + "' has no checksum in __metadata__.checksums");
+      const Json& v = sums.at(name);
+      std::uint64_t stored = 0;
+      if (!v.is_string() || !parse_hex64(v.as_string(), stored))
+        throw fail("the checksum of tensor '" + name + "' is not 16 lowercase hex digits");
+      const std::uint64_t got = xxh3_64(data + e.begin, e.end - e.begin);
+      if (got != stored)
+        throw IOError(path + ": checksum mismatch in tensor '" + name + "': its data hashes to " + hex64(got) +
+                      " but the file records " + hex64(stored) + " (" + kChecksumAlgorithm +
+                      "); the file is corrupt");
+    }
+    out.metadata.erase(kChecksumAlgorithmKey);
+    out.metadata.erase(kChecksumsKey);
+    out.checksummed = true;
+  }
+
+  // 3. The tensors.
+  for (const auto& [name, e] : entries) {
+    Tensor t = empty(e.shape, e.dtype);
+    if (e.end > e.begin) std::memcpy(t.raw_data(), data + e.begin, e.end - e.begin);
+    out.tensors.emplace(name, t);
+  }
   return out;
 }
 

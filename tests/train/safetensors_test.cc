@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <unistd.h>
 
@@ -33,9 +34,11 @@ TEST_CASE("safetensors round-trips every dtype with metadata", "[safetensors]") 
   Tensor i = from_vector<std::int64_t>({7, 8, 9});
   Tensor h = from_vector<float>({1, 2}).to(DType::bf16);
   Tensor s = full({}, 3.25);
-  save_safetensors(path, {{"w", f.t()}, {"ids", i}, {"half", h}, {"scalar", s}}, {{"step", "12"}});
+  save_safetensors(path, {{"w", f.t()}, {"ids", i}, {"half", h}, {"scalar", s}}, {{"step", "12"}},
+                   {.checksums = false});
   SafetensorsFile r = load_safetensors(path);
   CHECK(r.metadata.at("step") == "12");
+  CHECK(!r.checksummed);
   CHECK(r.tensors.at("w").sizes() == Shape{3, 2});
   CHECK(r.tensors.at("w").to_vector<float>() == f.t().contiguous().to_vector<float>());
   CHECK(r.tensors.at("ids").to_vector<std::int64_t>() == std::vector<std::int64_t>{7, 8, 9});
@@ -95,4 +98,93 @@ TEST_CASE("atomic writes leave no temporary files and replace the old file whole
   CHECK(listing == "a.safetensors\n");
   // A failed write (unwritable folder) throws and leaves the old file.
   CHECK_THROWS_AS(save_safetensors(dir + "/no/such/dir/x.safetensors", {{"w", ones({1})}}), IOError);
+}
+
+namespace {
+// The byte offset of tensor `name`'s data in a file (from its header).
+std::size_t data_offset(const std::string& bytes, const std::string& name) {
+  std::uint64_t n = 0;
+  for (int k = 0; k < 8; ++k) n |= std::uint64_t(static_cast<unsigned char>(bytes[std::size_t(k)])) << (8 * k);
+  const std::string header = bytes.substr(8, n);
+  const auto at = header.find("\"" + name + "\":{");
+  REQUIRE(at != std::string::npos);
+  const auto offs = header.find("\"data_offsets\":[", at);
+  return 8 + n + std::stoull(header.substr(offs + 16));
+}
+}  // namespace
+
+TEST_CASE("xxh3_64 is XXH3-64 with seed 0 (reference vectors)", "[safetensors][checksum]") {
+  CHECK(xxh3_64("", 0) == 0x2d06800538d394c2ull);
+  CHECK(xxh3_64("abc", 3) == 0x78af5f94892f3950ull);
+}
+
+TEST_CASE("every tensor carries an XXH3-64 checksum in __metadata__", "[safetensors][checksum]") {
+  const std::string dir = temp_dir(), path = dir + "/a.safetensors";
+  Tensor w = from_vector<float>({1, 2, 3, 4}, {2, 2});
+  Tensor e = zeros({0});
+  save_safetensors(path, {{"w", w}, {"empty", e}}, {{"step", "3"}});
+  const std::string bytes = read_all(path);
+  std::uint64_t n = 0;
+  for (int k = 0; k < 8; ++k) n |= std::uint64_t(static_cast<unsigned char>(bytes[std::size_t(k)])) << (8 * k);
+  const std::string header = bytes.substr(8, n);
+  CHECK_THAT(header, Catch::Contains("\"checksum_algorithm\":\"xxh3-64\""));
+  // The value is a JSON object (as a string) of name -> 16 hex digits; the
+  // empty tensor hashes to XXH3-64 of no bytes.
+  CHECK_THAT(header, Catch::Contains("\"checksums\":\"{\\\"empty\\\":\\\"2d06800538d394c2\\\",\\\"w\\\":\\\""));
+  char want[17];
+  std::snprintf(want, sizeof want, "%016llx",
+                static_cast<unsigned long long>(xxh3_64(bytes.data() + data_offset(bytes, "w"), 16)));
+  CHECK_THAT(header, Catch::Contains(std::string("\\\"w\\\":\\\"") + want + "\\\""));
+  SafetensorsFile r = load_safetensors(path);
+  CHECK(r.checksummed);
+  CHECK(r.metadata == std::map<std::string, std::string>{{"step", "3"}});  // the checksum keys are not handed back
+  CHECK(r.tensors.at("w").to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+  // Reserved keys cannot be written by callers.
+  CHECK_THROWS_WITH(save_safetensors(path, {{"w", w}}, {{"checksums", "{}"}}), Catch::Contains("reserved"));
+}
+
+TEST_CASE("a flipped byte inside a tensor's data is rejected naming that tensor", "[safetensors][checksum]") {
+  const std::string dir = temp_dir(), path = dir + "/a.safetensors";
+  save_safetensors(path, {{"first", from_vector<float>({1, 2, 3})}, {"second", from_vector<float>({4, 5, 6, 7})}});
+  const std::string good = read_all(path);
+  for (const std::string name : {"first", "second"}) {
+    INFO(name);
+    std::string bad = good;
+    bad[data_offset(good, name) + 5] ^= 0x10;  // one bit of one byte
+    write_all(path, bad);
+    CHECK_THROWS_AS(load_safetensors(path), IOError);
+    CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("checksum mismatch in tensor '" + name + "'") &&
+                                                  Catch::Contains(path));
+  }
+  // Without checksums the same flip goes unnoticed: that is what they are for.
+  save_safetensors(path, {{"first", from_vector<float>({1, 2, 3})}}, {}, {.checksums = false});
+  std::string plain = read_all(path);
+  plain[data_offset(plain, "first") + 1] ^= 0x10;
+  write_all(path, plain);
+  CHECK(!load_safetensors(path).checksummed);
+}
+
+TEST_CASE("malformed checksum metadata is rejected", "[safetensors][checksum]") {
+  const std::string dir = temp_dir(), path = dir + "/a.safetensors";
+  save_safetensors(path, {{"w", ones({4})}});
+  const std::string good = read_all(path);
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string b = good;
+    const auto at = b.find(from);
+    REQUIRE(at != std::string::npos);
+    REQUIRE(from.size() == to.size());  // the header length stays right
+    b.replace(at, from.size(), to);
+    write_all(path, b);
+  };
+  with("xxh3-64", "xxh3-65");
+  CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("unsupported checksum algorithm 'xxh3-65'"));
+  with("\"checksum_algorithm\"", "\"checksum_algorithX\"");
+  CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("'checksums' without 'checksum_algorithm'"));
+  with("{\\\"w\\\"", "{\\\"v\\\"");
+  CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("names 'v', which is not a tensor"));
+  const auto at = good.find("\\\"w\\\":\\\"") + 8;
+  with(good.substr(at, 4), "XYZW");
+  CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("checksum of tensor 'w' is not 16 lowercase hex digits"));
+  with("\"checksums\":\"{", "\"checksums\":\"[");
+  CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("checksums") && Catch::Contains("not a valid safetensors file"));
 }
