@@ -1,8 +1,12 @@
 #include "engine/json.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "engine/error.h"
 
@@ -39,6 +43,7 @@ Json Json::object() {
 }
 
 namespace {
+
 const char* type_name(Json::Type t) {
   switch (t) {
     case Json::Type::null: return "null";
@@ -51,154 +56,218 @@ const char* type_name(Json::Type t) {
   return "?";
 }
 
-class Parser {
- public:
-  Parser(const std::string& text, const std::string& what) : s_(text), what_(what) {}
+// Deepest nesting of arrays and objects Json::parse accepts.
+constexpr std::size_t kMaxDepth = 64;
 
-  Json parse_document() {
-    Json v = value(0);
-    skip_ws();
-    if (pos_ != s_.size()) fail("trailing characters");
-    return v;
+// Hands nlohmann's lexer the text one byte at a time and records how many
+// bytes it has taken, so that errors raised by the builder (duplicate keys,
+// depth) can name an offset too. The lexer reads strictly forward.
+class CountingIterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
+
+  CountingIterator(const char* base, std::size_t pos, std::size_t* consumed)
+      : base_(base), pos_(pos), consumed_(consumed) {}
+  reference operator*() const { return base_[pos_]; }
+  CountingIterator& operator++() {
+    *consumed_ = ++pos_;
+    return *this;
   }
+  CountingIterator operator++(int) {
+    CountingIterator old = *this;
+    ++*this;
+    return old;
+  }
+  bool operator==(const CountingIterator& o) const { return pos_ == o.pos_; }
 
  private:
-  [[noreturn]] void fail(const std::string& msg) {
-    throw IOError(what_ + ": malformed JSON at offset " + std::to_string(pos_) + ": " + msg);
-  }
-  void skip_ws() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\r' || s_[pos_] == '\t'))
-      ++pos_;
-  }
-  bool consume(char c) {
-    skip_ws();
-    if (pos_ < s_.size() && s_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-  void expect(char c) {
-    if (!consume(c)) fail(std::string("expected '") + c + "'");
-  }
-  bool literal(const char* word) {
-    const std::string w(word);
-    if (s_.compare(pos_, w.size(), w) == 0) {
-      pos_ += w.size();
-      return true;
-    }
-    return false;
-  }
-
-  Json value(int depth) {
-    if (depth > 64) fail("nested too deeply");
-    skip_ws();
-    if (pos_ >= s_.size()) fail("unexpected end");
-    const char c = s_[pos_];
-    if (c == '{') return object(depth);
-    if (c == '[') return array(depth);
-    if (c == '"') return Json::string(str());
-    if (literal("true")) return Json::boolean(true);
-    if (literal("false")) return Json::boolean(false);
-    if (literal("null")) return Json();
-    return Json::number(num());
-  }
-
-  Json object(int depth) {
-    expect('{');
-    Json o = Json::object();
-    if (consume('}')) return o;
-    do {
-      skip_ws();
-      if (pos_ >= s_.size() || s_[pos_] != '"') fail("expected a string key");
-      std::string key = str();
-      if (o.has(key)) fail("duplicate key \"" + key + "\"");
-      expect(':');
-      o.set(key, value(depth + 1));
-    } while (consume(','));
-    expect('}');
-    return o;
-  }
-
-  Json array(int depth) {
-    expect('[');
-    Json a = Json::array();
-    if (consume(']')) return a;
-    do {
-      a.push(value(depth + 1));
-    } while (consume(','));
-    expect(']');
-    return a;
-  }
-
-  std::string str() {
-    ++pos_;  // opening quote
-    std::string out;
-    while (true) {
-      if (pos_ >= s_.size()) fail("unterminated string");
-      char c = s_[pos_++];
-      if (c == '"') break;
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character in string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (pos_ >= s_.size()) fail("unterminated escape");
-      c = s_[pos_++];
-      switch (c) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          if (pos_ + 4 > s_.size()) fail("short \\u escape");
-          const unsigned cp = unsigned(std::strtoul(s_.substr(pos_, 4).c_str(), nullptr, 16));
-          pos_ += 4;
-          // Encode as UTF-8 (surrogate pairs are not needed for our files).
-          if (cp < 0x80) {
-            out += char(cp);
-          } else if (cp < 0x800) {
-            out += char(0xc0 | (cp >> 6));
-            out += char(0x80 | (cp & 0x3f));
-          } else {
-            out += char(0xe0 | (cp >> 12));
-            out += char(0x80 | ((cp >> 6) & 0x3f));
-            out += char(0x80 | (cp & 0x3f));
-          }
-          break;
-        }
-        default: fail(std::string("bad escape \\") + c);
-      }
-    }
-    return out;
-  }
-
-  double num() {
-    const std::size_t start = pos_;
-    if (pos_ < s_.size() && s_[pos_] == '-') ++pos_;
-    while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '.' ||
-                                s_[pos_] == 'e' || s_[pos_] == 'E' || s_[pos_] == '+' || s_[pos_] == '-'))
-      ++pos_;
-    if (pos_ == start) fail("unexpected character '" + std::string(1, s_[start]) + "'");
-    const std::string tok = s_.substr(start, pos_ - start);
-    char* end = nullptr;
-    const double v = std::strtod(tok.c_str(), &end);
-    if (!end || *end != '\0') fail("bad number '" + tok + "'");
-    return v;
-  }
-
-  const std::string& s_;
-  std::string what_;
-  std::size_t pos_ = 0;
+  const char* base_;
+  std::size_t pos_;
+  std::size_t* consumed_;
 };
+
+// Whether the number token `tok` (RFC 8259 syntax, checked by the lexer)
+// denotes an integer exactly: its decimal digits times a power of ten.
+bool integral_text(std::string_view tok) {
+  std::size_t i = tok.starts_with('-') ? 1 : 0;
+  std::int64_t frac_digits = 0, trailing_zeros = 0;
+  bool nonzero = false;
+  auto digit = [&](char c, bool in_fraction) {
+    if (in_fraction) ++frac_digits;
+    if (c == '0') {
+      ++trailing_zeros;
+    } else {
+      nonzero = true;
+      trailing_zeros = 0;
+    }
+  };
+  for (; i < tok.size() && tok[i] >= '0' && tok[i] <= '9'; ++i) digit(tok[i], false);
+  if (i < tok.size() && tok[i] == '.')
+    for (++i; i < tok.size() && tok[i] >= '0' && tok[i] <= '9'; ++i) digit(tok[i], true);
+  std::int64_t exponent = 0;
+  if (i < tok.size() && (tok[i] == 'e' || tok[i] == 'E')) {
+    ++i;
+    const bool negative = i < tok.size() && tok[i] == '-';
+    if (i < tok.size() && (tok[i] == '-' || tok[i] == '+')) ++i;
+    for (; i < tok.size(); ++i) exponent = std::min<std::int64_t>(exponent * 10 + (tok[i] - '0'), 1'000'000'000'000);
+    if (negative) exponent = -exponent;
+  }
+  // The value is (digits without their trailing zeros) * 10^(exponent - frac_digits + trailing_zeros).
+  return !nonzero || exponent - frac_digits + trailing_zeros >= 0;
+}
+
+// nlohmann's message without its "[json.exception.parse_error.101] parse
+// error at line 1, column 4: " prefix (Json::parse adds its own position).
+std::string library_message(const char* what) {
+  std::string_view m(what);
+  if (m.starts_with("[json.exception.")) {
+    const auto p = m.find("] ");
+    if (p != std::string_view::npos) m.remove_prefix(p + 2);
+  }
+  if (m.starts_with("parse error")) {
+    const auto p = m.find(": ");
+    if (p != std::string_view::npos) m.remove_prefix(p + 2);
+  }
+  return std::string(m);
+}
+
+// Shortest text that reads back as `v`, for messages.
+std::string shortest(double v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+}  // namespace
+
+// Builds a Json from nlohmann's SAX events and enforces what the library does
+// not: unique keys and the depth limit. The first error stops the parse.
+class JsonSaxBuilder final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  JsonSaxBuilder(const std::string& text, const std::size_t& consumed) : text_(text), consumed_(consumed) {}
+
+  bool null() override { return add(Json()); }
+  bool boolean(bool b) override { return add(Json::boolean(b)); }
+  // The lexer reports tokens with a minus sign here, so 0 is "-0".
+  bool number_integer(number_integer_t v) override { return add(Json::number(v == 0 ? -0.0 : double(v))); }
+  bool number_unsigned(number_unsigned_t v) override { return add(Json::number(double(v))); }
+  bool number_float(number_float_t v, const string_t& token) override {
+    Json j = Json::number(v);
+    j.inexact_integer_ = !integral_text(token);
+    return add(std::move(j));
+  }
+  bool string(string_t& s) override { return add(Json::string(std::move(s))); }
+  bool binary(binary_t&) override { return fail(here(), "binary values are not JSON"); }
+
+  bool start_object(std::size_t) override { return open(Json::object()); }
+  bool key(string_t& k) override {
+    Frame& top = stack_.back();
+    if (top.value.has(k)) return fail(key_start(), "duplicate key " + Json::quote(k));
+    top.key = std::move(k);
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(Json::array()); }
+  bool end_array() override { return close(); }
+
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
+    // `position` counts the bytes the lexer read, the offending one last.
+    return fail(position ? position - 1 : 0, library_message(e.what()));
+  }
+
+  Json take() { return std::move(root_); }
+  std::size_t error_offset() const { return error_offset_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  struct Frame {
+    Json value;       // the array or object being filled
+    std::string key;  // an object's key awaiting its value
+  };
+
+  bool add(Json v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+    } else {
+      Frame& top = stack_.back();
+      if (top.value.is_array())
+        top.value.items_.push_back(std::move(v));
+      else
+        top.value.members_.emplace(std::move(top.key), std::move(v));
+    }
+    return true;
+  }
+  bool open(Json container) {
+    if (stack_.size() >= kMaxDepth)
+      return fail(here(), "nested deeper than " + std::to_string(kMaxDepth) + " arrays/objects");
+    stack_.push_back({std::move(container), {}});
+    return true;
+  }
+  bool close() {
+    Json v = std::move(stack_.back().value);
+    stack_.pop_back();
+    return add(std::move(v));
+  }
+  bool fail(std::size_t offset, std::string message) {
+    error_offset_ = std::min(offset, text_.size());
+    error_ = std::move(message);
+    return false;
+  }
+  // The byte the lexer took last (an opening bracket when called from open).
+  std::size_t here() const { return consumed_ ? consumed_ - 1 : 0; }
+  // The opening quote of the key just read: the lexer stops right after its
+  // closing quote, and inside it every quote is preceded by an odd number of
+  // backslashes.
+  std::size_t key_start() const {
+    for (std::size_t i = consumed_ - 1; i-- > 0;) {
+      if (text_[i] != '"') continue;
+      std::size_t slashes = 0;
+      while (slashes < i && text_[i - 1 - slashes] == '\\') ++slashes;
+      if (slashes % 2 == 0) return i;
+    }
+    return 0;
+  }
+
+  const std::string& text_;
+  const std::size_t& consumed_;
+  std::vector<Frame> stack_;
+  Json root_;
+  std::size_t error_offset_ = 0;
+  std::string error_;
+};
+
+namespace {
+[[noreturn]] void malformed(const std::string& text, const std::string& what, std::size_t at,
+                            const std::string& message) {
+  const std::size_t line_start = at == 0 ? 0 : text.rfind('\n', at - 1) + 1;  // npos + 1 == 0
+  const auto line = 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(at), '\n');
+  throw IOError(what + ": malformed JSON at offset " + std::to_string(at) + " (line " + std::to_string(line) +
+                ", column " + std::to_string(at - line_start + 1) + "): " + message);
+}
 }  // namespace
 
 Json Json::parse(const std::string& text, const std::string& what) {
-  return Parser(text, what).parse_document();
+  // nlohmann skips a byte-order mark; RFC 8259 text has none.
+  if (text.starts_with("\xEF\xBB\xBF")) malformed(text, what, 0, "a byte-order mark is not allowed");
+  std::size_t consumed = 0;
+  JsonSaxBuilder builder(text, consumed);
+  const bool ok = nlohmann::json::sax_parse(CountingIterator(text.data(), 0, &consumed),
+                                            CountingIterator(text.data(), text.size(), &consumed), &builder);
+  // The lexer takes a NUL byte outside a string for the end of the input
+  // (inside one it is a control character), so "1\0x" would pass as 1.
+  const std::size_t nul = text.find('\0');
+  if (ok && nul != std::string::npos) malformed(text, what, nul, "unexpected NUL byte");
+  if (!ok) {
+    const std::size_t at = builder.error_offset();
+    if (at == nul && builder.error().find("end of input") != std::string::npos)
+      malformed(text, what, at, "unexpected NUL byte");
+    malformed(text, what, at, builder.error());
+  }
+  return builder.take();
 }
 
 #define REMAT_JSON_TYPE(want)                                                                  \
@@ -214,8 +283,11 @@ double Json::as_number() const {
 }
 std::int64_t Json::as_int() const {
   REMAT_JSON_TYPE(number);
-  REMAT_CHECK(std::floor(number_) == number_ && std::abs(number_) < 9.007199254740992e15, IOError,
-              "JSON: expected an integer, got ", number_);
+  REMAT_CHECK(std::floor(number_) == number_, IOError, "JSON: expected an integer, got ", shortest(number_));
+  REMAT_CHECK(!inexact_integer_, IOError, "JSON: expected an integer, got a number that only rounds to ",
+              shortest(number_));
+  REMAT_CHECK(std::abs(number_) < 9007199254740992.0, IOError, "JSON: expected an integer below 2^53 in magnitude ",
+              "(larger ones are not exact), got ", shortest(number_));
   return std::int64_t(number_);
 }
 const std::string& Json::as_string() const {

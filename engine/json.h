@@ -1,5 +1,6 @@
-// A minimal JSON value with a strict parser and a writer: enough for config
-// files, safetensors headers and the tools' machine-readable output.
+// A minimal JSON value with a strict parser (nlohmann-json underneath) and a
+// writer: enough for config files, safetensors headers and the tools'
+// machine-readable output. Numbers are stored as doubles.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,11 @@ class Json {
   static Json array(std::vector<Json> items = {});
   static Json object();
 
-  // Parses `text`; throws IOError naming `what` and the offset on malformed input.
+  // Parses `text` as one RFC 8259 JSON value; throws IOError naming `what`, the
+  // byte offset and the line/column on malformed input. Strict: duplicate keys,
+  // more than 64 nested arrays/objects, trailing characters, a byte-order mark,
+  // invalid UTF-8, lone surrogate escapes and numbers that overflow a double
+  // are errors.
   static Json parse(const std::string& text, const std::string& what = "JSON");
 
   Type type() const { return type_; }
@@ -34,7 +39,10 @@ class Json {
   // Typed access; throws IOError naming the expected type when it differs.
   bool as_bool() const;
   double as_number() const;
-  std::int64_t as_int() const;  // also checks the number is integral
+  // The number as an integer: throws IOError unless it is integral, below 2^53
+  // in magnitude (so it is exact), and (when parsed) its text is exactly an
+  // integer ("1.0" and "1e2" are, "1.0000000000000000001" is not).
+  std::int64_t as_int() const;
   const std::string& as_string() const;
   const std::vector<Json>& items() const;
   // Object members in key order.
@@ -48,7 +56,8 @@ class Json {
   // Appends to an array.
   Json& push(Json value);
 
-  // Compact serialisation (keys in sorted order).
+  // Compact serialisation: keys in sorted order, numbers by format_number,
+  // strings byte for byte (only strings that are valid UTF-8 parse back).
   std::string dump() const;
 
   // `s` as a JSON string literal (quotes and escapes).
@@ -58,9 +67,14 @@ class Json {
   static std::string format_number(double v, int digits = 17);
 
  private:
+  friend class JsonSaxBuilder;  // engine/json.cc: builds values while parsing
+
   Type type_ = Type::null;
   bool bool_ = false;
   double number_ = 0;
+  // Set for a parsed number whose text is not exactly an integer, so as_int
+  // rejects it even where number_ rounded to an integral value.
+  bool inexact_integer_ = false;
   std::string string_;
   std::vector<Json> items_;
   std::map<std::string, Json> members_;
