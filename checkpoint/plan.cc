@@ -1,6 +1,7 @@
 #include "checkpoint/plan.h"
 
 #include <algorithm>
+#include <charconv>
 #include <map>
 #include <sstream>
 
@@ -31,7 +32,10 @@ std::vector<std::string> split(const std::string& s, char sep) {
 std::int64_t parse_int(const std::string& spec, const std::string& what, const std::string& s) {
   if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
     bad(spec, what + " expects a non-negative integer, got '" + s + "'");
-  return std::stoll(s);
+  std::int64_t v = 0;  // from_chars: no exception for a number past int64 (std::stoll throws one)
+  if (std::from_chars(s.data(), s.data() + s.size(), v).ec != std::errc())
+    bad(spec, what + " value '" + s + "' is too large");
+  return v;
 }
 
 // Which sub-block parts each module region covers, for the overlap check.

@@ -1,5 +1,6 @@
 #include "models/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -75,13 +76,26 @@ void ModelConfig::validate() const {
   need(ffn > 0, "ffn must be > 0");
   need(seq > 0 && batch > 0, "seq and batch must be > 0");
   need(dropout >= 0 && dropout < 1, "dropout must be in [0, 1)");
+  // Finite too: a config is saved with its state as JSON, which has no inf.
+  auto finite_at_least = [&](double v, bool positive, const char* what) {
+    if (std::isfinite(v) && (positive ? v > 0 : v >= 0)) return;
+    std::ostringstream os;
+    os << what << " must be finite and " << (positive ? "> 0" : ">= 0") << ", got " << v;
+    bad.push_back(os.str());
+  };
+  finite_at_least(rope_theta, true, "rope_theta");
+  finite_at_least(norm_eps, false, "norm_eps");
+  finite_at_least(init_std, false, "init_std");
+  finite_at_least(aux_coef, false, "aux_coef");
+  finite_at_least(z_coef, false, "z_coef");
   need(experts >= 0, "experts must be >= 0");
   if (experts > 0) {
     need(top_k >= 1 && top_k <= experts, "top_k must be in [1, experts]");
     need(moe_ffn > 0, "moe_ffn must be > 0");
     need(shared >= 0, "shared must be >= 0");
     need(dense_first >= 0 && dense_first <= n_layers, "dense_first must be in [0, n_layers]");
-    need(capacity_factor >= 0, "capacity_factor must be >= 0 (0: dropless)");
+    need(std::isfinite(capacity_factor) && capacity_factor >= 0,
+         "capacity_factor must be finite and >= 0 (0: dropless)");
   }
   if (!bad.empty()) {
     std::string msg = "invalid config '" + name + "':";

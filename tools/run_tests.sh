@@ -5,30 +5,46 @@
 # Logs go to out/test-logs/. The last line is "N passed, M failed, K skipped".
 #
 # Usage: tools/run_tests.sh [substring filter on the target label]
+#
+# REMAT_BIN_DIR (default bazel-bin): where the test binaries are, e.g.
+# out/asan-bin for ./remat test --asan. REMAT_SCRIPT_TESTS=0 leaves out the
+# script tests (they run the CLI of the normal build). REMAT_TEST_LOGS
+# (default out/test-logs): where the logs go. A sanitizer report in a log is
+# printed with the failure.
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 
 filter="${1:-}"
-logdir=out/test-logs
+logdir="${REMAT_TEST_LOGS:-out/test-logs}"
 mkdir -p "$logdir"
 per_binary_timeout="${REMAT_TEST_TIMEOUT:-1200}"
+bin_dir="${REMAT_BIN_DIR:-bazel-bin}"
 
 mapfile -t targets < <(bazel query --noshow_progress 'kind(cc_test, //tests/...)' 2>/dev/null | sort)
 # Script tests (tests/**/*_test.sh) run after the binaries they use are built.
 mapfile -t scripts < <(find tests -name '*_test.sh' | sort)
-targets+=("${scripts[@]}")
+if [ "${REMAT_SCRIPT_TESTS:-1}" = 0 ]; then
+  echo "script tests left out (REMAT_SCRIPT_TESTS=0): ${#scripts[@]} of them"
+else
+  targets+=("${scripts[@]}")
+fi
 if [ ${#targets[@]} -eq 0 ]; then
   echo "no test targets found" >&2
   echo "0 passed, 1 failed"
   exit 1
 fi
 
+# The start of the first ASan/UBSan/LSan report in log $1, if any.
+sanitizer_report() {
+  grep -m1 -A14 -E 'ERROR: (Address|Leak|Undefined)Sanitizer|runtime error:' "$1" | sed 's/^/        | /'
+}
+
 passed=0 failed=0 skipped=0 failed_bins=()
 start_all=$(date +%s)
 for t in "${targets[@]}"; do
   [ -n "$filter" ] && [[ "$t" != *"$filter"* ]] && continue
   if [[ "$t" == //* ]]; then
-    path="bazel-bin/${t#//}"
+    path="$bin_dir/${t#//}"
     path="${path/://}"
   else
     path="$t"
@@ -46,6 +62,7 @@ for t in "${targets[@]}"; do
     failed_bins+=("$t")
     printf "  CRASH %-45s rc=%d (%ss), log: %s\n" "$t" "$rc" "$dt" "$logf"
     tail -20 "$logf" | sed 's/^/        /'
+    sanitizer_report "$logf"
     continue
   fi
   read -r p f s < <(echo "$summary" | sed -E 's/remat-tests: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped/\1 \2 \3/')
@@ -55,6 +72,7 @@ for t in "${targets[@]}"; do
     failed_bins+=("$t")
     printf "  FAIL  %-45s %d passed, %d failed (%ss), log: %s\n" "$t" "$p" "$f" "$dt" "$logf"
     grep -B2 -A8 -E 'FAILED|unexpected exception' "$logf" | head -60 | sed 's/^/        /'
+    sanitizer_report "$logf"
   else
     extra=""
     [ "$s" -gt 0 ] && extra=", $s skipped"
