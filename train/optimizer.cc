@@ -214,7 +214,10 @@ double grad_sq_sum(const std::vector<Tensor>& params) {
 
 void clip_grads_to(const std::vector<Tensor>& params, double norm, double max_norm) {
   if (!(max_norm > 0 && norm > max_norm)) return;
-  const float scale = float(max_norm / (norm + 1e-6));
+  scale_grads(params, float(max_norm / (norm + 1e-6)));
+}
+
+void scale_grads(const std::vector<Tensor>& params, float scale) {
   NoGradGuard ng;
   for (Device dev : cuda_devices(params)) {
     std::vector<cuda::TensorSlot> slots;
@@ -222,7 +225,7 @@ void clip_grads_to(const std::vector<Tensor>& params, double norm, double max_no
       Tensor g = p.grad();
       if (!g.defined() || g.device() != dev) continue;
       REMAT_CHECK(g.dtype() == DType::f32 && g.is_contiguous(), DTypeError,
-                  "clip_grads_to: CUDA gradients must be contiguous f32, got ", g.dtype(), " of shape ",
+                  "scale_grads: CUDA gradients must be contiguous f32, got ", g.dtype(), " of shape ",
                   shape_str(g.sizes()), " with strides ", shape_str(g.strides()));
       if (g.numel() == 0) continue;
       cuda::TensorSlot s;

@@ -58,6 +58,9 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 // scaling clip_grad_norm applies for a given norm.
 double grad_sq_sum(const std::vector<Tensor>& params);
 void clip_grads_to(const std::vector<Tensor>& params, double norm, double max_norm);
+// Multiplies every gradient by `factor` in place (CUDA gradients must be
+// contiguous f32), e.g. 1 / loss scale; a power of two is exact.
+void scale_grads(const std::vector<Tensor>& params, float factor);
 
 // Linear warm-up from 0 to max_lr over `warmup` steps, then cosine decay to
 // min_lr at `total` steps (constant after). `step` counts from 0.

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
+#include <sstream>
 
 #include "checkpoint/checkpoint.h"
 #include "cuda/allocator_backend.h"
@@ -54,7 +56,44 @@ std::pair<std::size_t, std::int64_t> expert_index(const std::string& name) {
 }
 }  // namespace
 
+namespace {
+// Every option a library user can set wrong, checked before anything is
+// built: the message names the option (and its flag), the value and the range.
+void validate_options(const TrainOptions& o) {
+  auto real = [](const char* name, double v, double lo, bool lo_open, const char* range) {
+    REMAT_CHECK(std::isfinite(v) && (lo_open ? v > lo : v >= lo), Error, "TrainOptions.", name, " must be ", range,
+                ", got ", v);
+  };
+  auto integer = [](const char* name, std::int64_t v, std::int64_t lo) {
+    REMAT_CHECK(v >= lo, Error, "TrainOptions.", name, " must be >= ", lo, ", got ", v);
+  };
+  integer("steps (--steps)", o.steps, 1);
+  integer("stop_after (--stop-after)", o.stop_after, 0);
+  integer("warmup (--warmup)", o.warmup, 0);
+  real("lr (--lr)", o.lr, 0, true, "a finite number > 0");
+  real("min_lr", o.min_lr, 0, false, "a finite number >= 0");
+  REMAT_CHECK(o.min_lr <= o.lr, Error, "TrainOptions.min_lr must be <= lr (", o.lr, "), got ", o.min_lr);
+  real("clip", o.clip, 0, false, "a finite number >= 0 (0: no clipping)");
+  real("weight_decay", o.weight_decay, 0, false, "a finite number >= 0");
+  integer("eval_every (--eval-every)", o.eval_every, 0);
+  integer("eval_batches", o.eval_batches, 1);
+  integer("save_every (--save-every)", o.save_every, 0);
+  integer("dp (--dp)", o.dp, 0);
+  integer("ep (--ep)", o.ep, 1);
+  integer("bucket_bytes (--bucket-mb)", o.bucket_bytes, 1);
+  REMAT_CHECK(o.on_nonfinite == "stop" || o.on_nonfinite == "skip", Error,
+              "TrainOptions.on_nonfinite (--on-nonfinite) must be stop or skip, got '", o.on_nonfinite, "'");
+  integer("max_nonfinite_skips (--max-nonfinite-skips)", o.max_nonfinite_skips, 1);
+  real("loss_scale_min", o.loss_scale_min, 0, true, "a finite number > 0");
+  real("loss_scale_init", o.loss_scale_init, 0, true, "a finite number > 0");
+  REMAT_CHECK(o.loss_scale_init >= o.loss_scale_min, Error, "TrainOptions.loss_scale_init must be >= loss_scale_min (",
+              o.loss_scale_min, "), got ", o.loss_scale_init);
+  integer("loss_scale_growth_interval", o.loss_scale_growth_interval, 1);
+}
+}  // namespace
+
 Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
+  validate_options(opts_);
   opts_.config.validate();
   const auto& c = opts_.config;
   const RecomputePlan plan = RecomputePlan::parse(opts_.recompute, c.n_layers);
@@ -68,6 +107,8 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
   apply_parallel_layout(*model_, layout_, opts_.reuse_routing_metadata);
   model_->set_compute_dtype(compute_dtype_from_name(opts_.dtype));
+  scaling_ = model_->compute_dtype() == DType::f16;
+  if (scaling_) loss_scale_ = opts_.loss_scale_init;
   apply_recompute_plan(*model_, plan);
   REMAT_CHECK(opts_.device.is_cpu() || world->size() == 1, Error, "--device ", opts_.device.str(),
               " with several processes needs the NCCL group in the trainer, which is not wired yet; "
@@ -82,6 +123,14 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   optimizer_ = std::make_unique<AdamW>(model_->named_parameters(), ao);
   sampler_ = std::make_unique<BatchSampler>(corpus_.train, c.batch, c.seq, opts_.seed + 1);
   if (!opts_.resume_dir.empty()) resume(opts_.resume_dir);
+}
+
+void Trainer::set_loss_scale(double scale, std::int64_t good_steps) {
+  REMAT_CHECK(std::isfinite(scale) && scale > 0 && good_steps >= 0, Error,
+              "Trainer::set_loss_scale: expected a finite scale > 0 and good_steps >= 0, got ", scale, " and ",
+              good_steps);
+  loss_scale_ = scaling_ ? scale : 1.0;
+  good_steps_ = scaling_ ? good_steps : 0;
 }
 
 double Trainer::initial_loss_estimate() const { return std::log(double(opts_.config.vocab)); }
@@ -112,9 +161,18 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
   const std::int64_t first = step_;
   model_->train(true);
   const std::int64_t stop = opts_.stop_after > 0 ? std::min(opts_.steps, first + opts_.stop_after) : opts_.steps;
+  const bool skip_nonfinite = opts_.on_nonfinite == "skip";
+  std::int64_t skipped = 0, overflows = 0, in_row = 0;  // non-finite skips (in all, in a row), f16 overflows
+  // What a stopped run says about the state on disk (no save happens after the failing step).
+  auto stop_note = [&] {
+    std::string note = "; stopped before the update, nothing saved after step " + std::to_string(step_);
+    if (!opts_.save_dir.empty()) note += " (" + opts_.save_dir + "/state.safetensors is left as it was)";
+    return note;
+  };
   while (step_ < stop) {
     const auto t0 = std::chrono::steady_clock::now();
     alloc.reset_peak();
+    const std::int64_t attempt = step_ + 1;  // the 1-based step this iteration tries
     const double lr = cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
     // Every rank draws the same global batch and takes its own sequences.
     Tensor batch = batch_shard(sampler_->next(), *layout_.world).to(opts_.device);
@@ -126,32 +184,111 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     const int W = world_size();
     double loss;
     StepStats s;
+    s.loss_scale = loss_scale_;
     {
       CategoryScope cat(MemoryCategory::activation);
       RngShardScope shard(rank(), W);  // dropout masks and random routes: this rank's share of the batch's
       auto out = model_->forward_loss(batch);
-      loss = global_mean(out.loss.item());
+      double local = out.loss.item();
+      if (opts_.fault_loss) opts_.fault_loss(attempt, local);
+      // The same bits on every rank (added in rank order), so every rank
+      // takes the same decision on a non-finite loss.
+      loss = global_mean(local);
       s.aux_loss = out.aux.item();  // global-batch statistics already
       s.routing = model_->routing_stats();
       const auto report = saved_bytes_report();
       auto it = report.bytes_by_op.find("checkpoint_boundary");
       s.boundary_bytes = it == report.bytes_by_op.end() ? 0 : it->second;
-      if (reducer_) reducer_->prepare();
-      // The global loss is the mean of the ranks' losses: each rank seeds
-      // 1/W, and gradients are summed over ranks.
-      const TensorOptions seed_opts(out.loss.dtype(), out.loss.device());
-      out.loss.backward(W > 1 ? full({}, 1.0 / double(W), seed_opts) : Tensor());
-      if (reducer_) reducer_->finish();
-    }
-    // A parameter backward did not reach (a routed expert no token chose)
-    // gets a zero gradient, so AdamW treats it the same whether or not an
-    // earlier step of this process left a gradient buffer behind (a resumed
-    // run then continues exactly as an uninterrupted one).
-    for (const Tensor& p : model_->parameters())
-      if (!p.grad().defined()) {
-        CategoryScope grad_cat(MemoryCategory::gradient);
-        p.set_grad(zeros(p.sizes(), p.device()));
+      if (std::isfinite(loss)) {
+        if (reducer_) reducer_->prepare();
+        // The global loss is the mean of the ranks' losses: each rank seeds
+        // 1/W (times the f16 loss scale), and gradients are summed over ranks.
+        double seed = loss_scale_ / double(W);
+        if (opts_.fault_seed) opts_.fault_seed(attempt, seed);
+        const TensorOptions seed_opts(out.loss.dtype(), out.loss.device());
+        out.loss.backward(seed != 1.0 ? full({}, seed, seed_opts) : Tensor());
+        if (reducer_) reducer_->finish();
       }
+    }
+    // A non-finite value: stop (before any update or save), or skip the
+    // update and try this step again on the next batch.
+    auto reject = [&](const char* what, double value) {
+      std::ostringstream msg;
+      msg << "step " << attempt << ": the " << what << " is " << value << " (not finite)";
+      if (std::string(what) != "loss") msg << ", loss " << loss;
+      if (skip_nonfinite && in_row >= opts_.max_nonfinite_skips)
+        msg << ", and the " << in_row << " step(s) before it were skipped for non-finite values"
+            << " (--max-nonfinite-skips " << opts_.max_nonfinite_skips << ")";
+      if (!skip_nonfinite || in_row >= opts_.max_nonfinite_skips) {
+        msg << stop_note();
+        if (!skip_nonfinite) msg << "; lower --lr, or --on-nonfinite skip to drop such steps";
+        throw NonFiniteError(msg.str(), attempt, value);
+      }
+      ++in_row;
+      ++skipped;
+      s.skipped = true;
+    };
+    const std::vector<Tensor> params = model_->parameters();
+    if (!std::isfinite(loss)) {
+      s.grad_norm = std::numeric_limits<double>::quiet_NaN();  // backward did not run
+      reject("loss", loss);
+    } else {
+      // A parameter backward did not reach (a routed expert no token chose)
+      // gets a zero gradient, so AdamW treats it the same whether or not an
+      // earlier step of this process left a gradient buffer behind (a resumed
+      // run then continues exactly as an uninterrupted one).
+      for (const Tensor& p : params)
+        if (!p.grad().defined()) {
+          CategoryScope grad_cat(MemoryCategory::gradient);
+          p.set_grad(zeros(p.sizes(), p.device()));
+        }
+      // The gradients are the same on every rank (summed over ranks; the
+      // experts' squares summed in rank order), so is the norm, and so is
+      // the decision taken on it.
+      double sq;
+      if (layout_.ep > 1) {
+        // Experts are split over the expert-parallel group: their squares are
+        // summed over it; the rest is the same on every rank.
+        std::vector<Tensor> dense, experts;
+        for (auto& [name, p] : model_->named_parameters()) (is_expert_parameter(name) ? experts : dense).push_back(p);
+        sq = grad_sq_sum(dense) + sum_in_rank_order(*layout_.ep_group, grad_sq_sum(experts));
+      } else {
+        sq = grad_sq_sum(params);
+      }
+      s.grad_norm = std::sqrt(sq);
+      if (scaling_ && !std::isfinite(s.grad_norm)) {
+        // f16 overflow: normal operation. Drop the update, halve the scale.
+        ++overflows;
+        s.skipped = s.overflow = true;
+        good_steps_ = 0;
+        if (loss_scale_ / 2 < opts_.loss_scale_min) {
+          std::ostringstream msg;
+          msg << "step " << attempt << ": f16 gradients overflow (norm " << s.grad_norm << ") at loss scale "
+              << loss_scale_ << ", and halving it would go below loss_scale_min " << opts_.loss_scale_min
+              << " (the loss " << loss << " is finite; the model's values outgrow f16)" << stop_note()
+              << "; lower --lr, or train with --dtype bf16";
+          throw NonFiniteError(msg.str(), attempt, loss_scale_);
+        }
+        loss_scale_ /= 2;
+      } else {
+        if (scaling_) {
+          scale_grads(params, float(1.0 / loss_scale_));  // a power of two: exact
+          s.grad_norm /= loss_scale_;
+        }
+        if (!std::isfinite(s.grad_norm)) {
+          reject("gradient norm", s.grad_norm);
+        } else {
+          clip_grads_to(params, s.grad_norm, opts_.clip);
+          optimizer_->step(lr);
+          ++step_;
+          in_row = 0;
+          if (scaling_ && ++good_steps_ >= opts_.loss_scale_growth_interval) {
+            loss_scale_ *= 2;
+            good_steps_ = 0;
+          }
+        }
+      }
+    }
     s.recomputed_ops = checkpoint_counters().ops_recomputed - ops0;
     s.moved_bytes = dispatch_counters().bytes_moved - moved0.bytes_moved;
     s.replayed_comm_bytes = dispatch_counters().replay_bytes_moved - moved0.replay_bytes_moved;
@@ -161,37 +298,28 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
       s.grad_buckets = reducer_->stats().buckets;
       s.grad_buckets_overlapped = reducer_->stats().started_in_backward;
     }
-    if (layout_.ep > 1) {
-      // Experts are split over the expert-parallel group: their squares are
-      // summed over it; the rest is the same on every rank.
-      std::vector<Tensor> dense, experts;
-      for (auto& [name, p] : model_->named_parameters()) (is_expert_parameter(name) ? experts : dense).push_back(p);
-      const double sq = grad_sq_sum(dense) + sum_in_rank_order(*layout_.ep_group, grad_sq_sum(experts));
-      s.grad_norm = std::sqrt(sq);
-      clip_grads_to(model_->parameters(), s.grad_norm, opts_.clip);
-    } else {
-      s.grad_norm = clip_grad_norm(model_->parameters(), opts_.clip);
-    }
-    optimizer_->step(lr);
-    ++step_;
     const auto t1 = std::chrono::steady_clock::now();
     const auto stats = alloc.stats();
-    s.step = step_;
+    s.step = attempt;
     s.total_steps = opts_.steps;
     s.loss = loss;
     s.lr = lr;
+    s.skipped_steps = skipped;
+    s.overflow_steps = overflows;
     s.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
     s.tokens_per_s = double(c.batch * c.seq) / (s.step_ms * 1e-3);
     s.elapsed_s = std::chrono::duration<double>(t1 - t_start).count();
-    s.eta_s = s.elapsed_s / double(step_ - first) * double(opts_.steps - step_);
+    s.eta_s = step_ > first ? s.elapsed_s / double(step_ - first) * double(opts_.steps - step_) : 0.0;
     s.peak_allocated_bytes = stats.allocated_peak;
     s.peak_reserved_bytes = stats.reserved_peak;
     s.persistent_bytes = persistent_bytes(model_->named_parameters(), *optimizer_);
     s.activation_bytes = s.peak_allocated_bytes - s.persistent_bytes;
     s.comm = layout_.counters() - comm0;
-    if ((opts_.eval_every > 0 && step_ % opts_.eval_every == 0) || step_ == stop) s.val_loss = evaluate();
-    if (!opts_.save_dir.empty() && ((opts_.save_every > 0 && step_ % opts_.save_every == 0) || step_ == stop))
-      save(opts_.save_dir);
+    if (!s.skipped) {
+      if ((opts_.eval_every > 0 && step_ % opts_.eval_every == 0) || step_ == stop) s.val_loss = evaluate();
+      if (!opts_.save_dir.empty() && ((opts_.save_every > 0 && step_ % opts_.save_every == 0) || step_ == stop))
+        save(opts_.save_dir);
+    }
     if (on_step) on_step(s);
   }
 }

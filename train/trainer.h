@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "engine/error.h"
 #include "models/config.h"
 #include "models/decoder.h"
 #include "parallel/expert_parallel.h"
@@ -45,6 +46,49 @@ struct TrainOptions {
   std::int64_t bucket_bytes = 25ll << 20;  // data-parallel gradient buckets
   bool reuse_routing_metadata = true;      // replays reuse the forward's exchanged counts
   std::shared_ptr<ProcessGroup> group;     // the ranks of this run (null: world_group())
+
+  // Non-finite values: a step whose loss or gradient norm is inf or NaN.
+  // "stop" throws NonFiniteError naming the step and the value, before any
+  // update and without saving (the state on disk stays the last good one).
+  // "skip" drops that step's update (no optimizer step: parameters and
+  // optimizer state untouched) and tries the step again on the next batch
+  // (the data sampler and dropout stream advance, the step counter and the
+  // schedule do not); max_nonfinite_skips skipped steps in a row stop the
+  // run as "stop" would.
+  std::string on_nonfinite = "stop";
+  std::int64_t max_nonfinite_skips = 10;
+  // f16 compute only: dynamic loss scaling. Backward is seeded with the
+  // scale (the loss times the scale), the gradients are divided by it before
+  // the norm and clipping; a step whose scaled gradients overflow (inf/NaN)
+  // is skipped like a non-finite one (not counted as one) and the scale
+  // halves; after loss_scale_growth_interval good steps in a row it doubles.
+  // A scale that would fall below loss_scale_min throws NonFiniteError.
+  // bf16 and f32 do not scale. Powers of two keep the unscaling exact.
+  double loss_scale_init = 65536;
+  std::int64_t loss_scale_growth_interval = 2000;
+  double loss_scale_min = 1;
+
+  // Fault injection for tests, called on every rank with the 1-based step
+  // being attempted: `fault_loss` may change this rank's loss before it is
+  // averaged over the ranks (e.g. to NaN); `fault_seed` may change the
+  // factor this rank's backward is seeded with (1/ranks times the loss
+  // scale), e.g. to inf, or to a huge value to overflow f16 gradients.
+  std::function<void(std::int64_t step, double& local_loss)> fault_loss;
+  std::function<void(std::int64_t step, double& seed)> fault_seed;
+};
+
+// A step's loss or gradient norm was not finite (or the f16 loss scale
+// collapsed) and the run stopped. Nothing was saved after the last good step.
+class NonFiniteError : public Error {
+ public:
+  NonFiniteError(const std::string& message, std::int64_t step, double value)
+      : Error(message), step_(step), value_(value) {}
+  std::int64_t step() const { return step_; }  // the 1-based step that failed
+  double value() const { return value_; }      // the offending loss, gradient norm or scale
+
+ private:
+  std::int64_t step_;
+  double value_;
 };
 
 struct StepStats {
@@ -75,15 +119,28 @@ struct StepStats {
   // MoE runs: the routing metrics of each MoE layer for this step's batch.
   std::vector<MoELayerStats> routing;
   double aux_loss = 0;  // sum over MoE layers of the load-balancing loss
+  // Non-finite values and loss scaling. A skipped step's `step` is the one
+  // attempted (it is tried again next, with the next batch), its grad_norm
+  // is NaN when backward did not run (a non-finite loss).
+  bool skipped = false;              // this step's update was dropped
+  bool overflow = false;             // ... because f16 gradients overflowed (the scale halved)
+  std::int64_t skipped_steps = 0;    // non-finite steps skipped so far in this run() (--on-nonfinite skip)
+  std::int64_t overflow_steps = 0;   // f16 overflow steps skipped so far in this run()
+  double loss_scale = 1;             // the scale this step's backward used (f16; 1 otherwise)
 };
 
 class Trainer {
  public:
+  // Validates the options first (Error naming the option, its value and
+  // the accepted range), then builds the model, optimizer and data, and
+  // resumes from resume_dir if set.
   explicit Trainer(TrainOptions opts);
 
   // Trains from the current step to opts.steps, calling on_step after each
-  // step (with val_loss set on evaluation steps). Saves to save_dir every
-  // save_every steps and at the end.
+  // step (with val_loss set on evaluation steps; also after a skipped step).
+  // Saves to save_dir every save_every steps and at the end. A non-finite
+  // loss or gradient norm throws NonFiniteError (see on_nonfinite) before
+  // any update or save, so the state on disk stays the last good one.
   void run(const std::function<void(const StepStats&)>& on_step);
   // Mean loss over eval_batches fixed held-out batches (no grad; does not
   // touch any training RNG).
@@ -100,6 +157,11 @@ class Trainer {
   void resume(const std::string& dir);
 
   std::int64_t step() const { return step_; }
+  // The f16 loss scale and the good steps since it last changed (1 and 0
+  // when not scaling); part of the state a bit-identical resume needs.
+  double loss_scale() const { return loss_scale_; }
+  std::int64_t loss_scale_good_steps() const { return good_steps_; }
+  void set_loss_scale(double scale, std::int64_t good_steps);
   int rank() const { return layout_.world->rank(); }
   int world_size() const { return layout_.world->size(); }
   const ParallelLayout& layout() const { return layout_; }
@@ -115,6 +177,9 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<BatchSampler> sampler_;
   std::int64_t step_ = 0;
+  bool scaling_ = false;      // f16: dynamic loss scaling
+  double loss_scale_ = 1;
+  std::int64_t good_steps_ = 0;
   ParallelLayout layout_;
   std::unique_ptr<GradReducer> reducer_;
   double global_mean(double local) const;
