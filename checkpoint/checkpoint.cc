@@ -5,9 +5,10 @@
 #include <optional>
 #include <sstream>
 
+#include "checkpoint/policy.h"
 #include "checkpoint/replay_memo.h"
-#include "cuda/allocator_backend.h"
 #include "engine/autograd.h"
+#include "engine/device_runtime.h"
 #include "engine/dispatch.h"
 #include "engine/rng.h"
 
@@ -64,7 +65,7 @@ struct RngStash {
   static RngStash capture() {
     RngStash s;
     s.cpu = default_generator(kCPU).state();
-    for (int d = 0; d < cuda::device_count(); ++d) s.cuda.push_back(default_generator(cuda_device(d)).state());
+    for (int d = 0; d < cuda_device_count(); ++d) s.cuda.push_back(default_generator(cuda_device(d)).state());
     return s;
   }
   void restore() const {
@@ -178,16 +179,34 @@ class Region : public std::enable_shared_from_this<Region> {
     for (const auto& t : inputs) saved_bytes_release(t, "checkpoint_boundary", id);
     holding_boundary = false;
     inputs.clear();
-    for (auto& outs : cached)
-      for (auto& t : outs) saved_bytes_release(t, "checkpoint_cache", id);
+    for (auto& c : cached) drop_cached(c);
     cached.clear();
+  }
+
+  // After the region's forward: outputs written in place later inside the
+  // forward no longer hold the op's result, so their ops are recomputed.
+  void drop_stale_cache() {
+    for (auto& c : cached)
+      if (c.stale()) drop_cached(c);
   }
 
   void replay();
 
-  // Forward: the index of the next top-level op, and cached outputs by index.
-  std::int64_t op_index = -1;
-  std::vector<std::vector<Tensor>> cached;
+  // The outputs a policy kept of one top-level op of the region, with the
+  // versions they had when kept.
+  struct Cached {
+    const char* op = "";
+    std::vector<Tensor> outputs;
+    std::vector<std::uint64_t> versions;
+    bool empty() const { return outputs.empty(); }
+    bool stale() const {
+      for (std::size_t i = 0; i < outputs.size(); ++i)
+        if (outputs[i].defined() && outputs[i].version() != versions[i]) return true;
+      return false;
+    }
+  };
+  // Cached outputs by top-level op index (empty where nothing is kept).
+  std::vector<Cached> cached;
 
   std::int64_t id;
   CheckpointOptions opts;
@@ -204,6 +223,10 @@ class Region : public std::enable_shared_from_this<Region> {
     if (!s.value.defined()) return;
     saved_bytes_release(s.value, "recompute", id);
     s.value = Tensor();
+  }
+  void drop_cached(Cached& c) {
+    for (auto& t : c.outputs) saved_bytes_release(t, "checkpoint_cache", id);
+    c = Cached{};
   }
   friend class HarvestHooks;
 };
@@ -292,9 +315,11 @@ class HarvestHooks final : public SavedTensorHooks {
 };
 
 // Selective policies: in forward, caches the outputs of the ops the policy
-// keeps (top-level ops of the region, numbered in order); in the replay, hands
-// them back so those ops skip their kernels (their autograd recording and
-// saves still happen, so the replay's saves line up with the forward's).
+// keeps (top-level ops of the region, numbered in order) among those that can
+// take cached outputs (replay_cacheable_ops()); in the replay, hands them back
+// so those ops skip their kernels (their autograd recording and saves still
+// happen, so the replay's saves line up with the forward's). A cached output
+// written in place since it was kept is an error, as for a saved tensor.
 class CacheHook final : public DispatchHook {
  public:
   CacheHook(Region& r, bool replaying) : r_(r), replaying_(replaying) {}
@@ -304,23 +329,41 @@ class CacheHook final : public DispatchHook {
     return std::nullopt;
   }
 
-  std::optional<std::vector<Tensor>> kernel_outputs(const OpCall&) override {
+  std::optional<std::vector<Tensor>> kernel_outputs(const OpCall& call) override {
     const std::size_t k = std::size_t(index_);
     if (!replaying_ || depth_ != 1 || k >= r_.cached.size() || r_.cached[k].empty()) return std::nullopt;
-    tls_counters.ops_skipped++;
+    const Region::Cached& c = r_.cached[k];
+    for (std::size_t i = 0; i < c.outputs.size(); ++i) {
+      const Tensor& t = c.outputs[i];
+      REMAT_CHECK(!t.defined() || t.version() == c.versions[i], AutogradError, "checkpoint region '", r_.opts.name,
+                  "' (id ", r_.id, "): output #", i, " of ", describe_meta(c.op, TensorMeta{t.sizes(), t.dtype(), t.device()}),
+                  ", kept by the region's selective policy for the replay, was modified in place after the "
+                  "region's forward (kept at version ", c.versions[i], ", now version ", t.version(),
+                  "); clone it before the in-place op, or leave '", c.op, "' out of the policy");
+    }
+    REMAT_CHECK(std::strcmp(c.op, call.name) == 0, CheckpointMismatchError, "checkpoint region '", r_.opts.name,
+                "' (id ", r_.id, "): top-level op #", k, " of the replay is '", call.name,
+                "' but the original forward ran '", c.op,
+                "' there. The region's function must run the same ops when replayed");
     std::vector<Tensor> out;
-    for (const Tensor& t : r_.cached[k]) out.push_back(t.defined() ? t.detach() : t);
+    for (const Tensor& t : c.outputs) out.push_back(t.defined() ? t.detach() : t);
     return out;
   }
 
+  // Counted here, where the op takes the cached outputs: only real skips.
+  void kernel_outputs_taken(const OpCall&) override { tls_counters.ops_skipped++; }
+
   void after(const OpCall& call, const std::vector<Tensor>& outputs) override {
     if (--depth_ > 0 || replaying_) return;
-    if (!saves(decide(&r_.opts.policy, call.name))) return;
+    if (!replay_cacheable(call.name) || !saves(decide(&r_.opts.policy, call.name))) return;
     const std::size_t k = std::size_t(index_);
     if (r_.cached.size() <= k) r_.cached.resize(k + 1);
+    Region::Cached& c = r_.cached[k];
+    c.op = call.name;
     for (const Tensor& t : outputs) {
-      r_.cached[k].push_back(t.defined() ? t.detach() : t);
-      saved_bytes_hold(r_.cached[k].back(), "checkpoint_cache", r_.id);
+      c.outputs.push_back(t.defined() ? t.detach() : t);
+      c.versions.push_back(t.defined() ? t.version() : 0);
+      saved_bytes_hold(c.outputs.back(), "checkpoint_cache", r_.id);
     }
   }
 
@@ -338,8 +381,9 @@ void Region::replay() {
   std::int64_t missing = 0;
   for (const auto& s : slots)
     if (s.pending && !s.value.defined()) ++missing;
-  REMAT_CHECK(!inputs.empty() || slots.empty(), CheckpointMismatchError, "checkpoint region '", opts.name, "' (id ",
-              id, "): its boundary inputs were already released");
+  // (A region may have no tensor inputs at all: what it holds is the state.)
+  REMAT_CHECK(holding_boundary, CheckpointMismatchError, "checkpoint region '", opts.name, "' (id ", id,
+              "): its boundary inputs were already released");
   auto harvest = std::make_shared<HarvestHooks>(*this, missing);
   const std::int64_t ops0 = ops_dispatched();
   bool stopped = false;
@@ -454,6 +498,7 @@ std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& in
     if (region->opts.policy) cache.emplace(std::make_shared<CacheHook>(*region, /*replaying=*/false));
     outs = fn(inputs);
   }
+  region->drop_stale_cache();
   if (region->pending_count == 0) region->free_boundary();  // nothing to regenerate
   return outs;
 }

@@ -11,13 +11,15 @@ namespace remat {
 
 namespace {
 
-const char* kValidForms =
-    "valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, attention, moe_expert, "
-    "selective:NAMES (core_attn, layernorm, mlp, moe_act, moe, shared_experts, save_matmul, "
-    "save_attention, save_ops=op1/op2), combined with '+' where they do not overlap";
+std::string valid_forms() {
+  return "valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, attention, moe_expert, "
+         "selective:NAMES (core_attn, layernorm, mlp, moe_act, moe, shared_experts, save_matmul, "
+         "save_attention, save_ops=OP/OP/... with OP one of " +
+         replay_cacheable_list() + "), combined with '+' where they do not overlap";
+}
 
 [[noreturn]] void bad(const std::string& spec, const std::string& why) {
-  throw Error("--recompute " + spec + ": " + why + "; " + kValidForms);
+  throw Error("--recompute " + spec + ": " + why + "; " + valid_forms());
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -139,7 +141,13 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
           else if (name == "save_attention") plan.policy = save_attention_outputs();
           else {
             auto ops = split(name.substr(9), '/');
-            if (ops.empty() || ops[0].empty()) bad(spec, "save_ops= needs op names, e.g. save_ops=matmul/softmax");
+            if (ops.empty() || ops[0].empty())
+              bad(spec, "save_ops= needs op names, e.g. save_ops=matmul/scaled_dot_product_attention");
+            for (const auto& op : ops)
+              if (!replay_cacheable(op))
+                bad(spec, "save_ops=: op '" + op +
+                              "' cannot hand back cached outputs (a replay would run its kernel anyway); "
+                              "valid ops: " + replay_cacheable_list());
             plan.policy = save_ops(ops);
           }
           plan.policy_name = name;

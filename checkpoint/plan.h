@@ -12,7 +12,9 @@
 //   selective:NAMES      module regions (core_attn, layernorm, mlp, moe_act,
 //                        moe, shared_experts) in every block, or per-block
 //                        regions with an op policy (save_matmul,
-//                        save_attention, save_ops=op1/op2/...)
+//                        save_attention, save_ops=op1/op2/... where each op
+//                        is one of replay_cacheable_ops(): matmul,
+//                        scaled_dot_product_attention)
 //
 // Components combine with '+' where they do not overlap.
 #pragma once

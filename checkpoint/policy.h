@@ -20,13 +20,25 @@ inline bool saves(SaveDecision d) {
   return d == SaveDecision::must_save || d == SaveDecision::prefer_save;
 }
 
+// The ops whose kernels a selective replay can really skip: those that take
+// the outputs a dispatch hook hands back (kernel_or_cached in ops/), in this
+// order: "matmul", "scaled_dot_product_attention". Only their outputs are
+// ever kept; a policy's save decision for any other op is ignored (it is
+// recomputed, and nothing is held for it).
+const std::vector<std::string>& replay_cacheable_ops();
+bool replay_cacheable(const std::string& op);
+// "matmul, scaled_dot_product_attention": the list above, for error messages.
+std::string replay_cacheable_list();
+
 // Recompute everything (the plain checkpoint).
 Policy recompute_all();
 // Keep the results of matrix products ("matmul"), recompute the rest.
 Policy save_matmul_outputs();
 // Keep the fused attention's results ("scaled_dot_product_attention").
 Policy save_attention_outputs();
-// Keep the ops named in `ops`, recompute the rest.
+// Keep the ops named in `ops`, recompute the rest. Throws Error if `ops` is
+// empty or names an op that is not in replay_cacheable_ops() (the message
+// names it and lists the valid ones).
 Policy save_ops(std::vector<std::string> ops);
 
 }  // namespace remat

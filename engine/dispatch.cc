@@ -5,28 +5,34 @@ namespace remat {
 namespace {
 thread_local std::vector<std::shared_ptr<DispatchHook>> tls_dispatch_hooks;
 thread_local std::int64_t tls_ops = 0;
-// The replacement outputs offered to the op whose body runs now.
-thread_local std::optional<std::vector<Tensor>>* tls_kernel_outputs = nullptr;
+// The replacement outputs offered to the op whose body runs now, the hook
+// that offered them and the call.
+struct KernelOffer {
+  std::optional<std::vector<Tensor>>* outputs = nullptr;
+  DispatchHook* by = nullptr;
+  const OpCall* call = nullptr;
+};
+thread_local KernelOffer tls_kernel_offer;
 
-// Points tls_kernel_outputs at this call's replacement while its body runs.
+// Points tls_kernel_offer at this call's replacement while its body runs.
 class KernelOutputsScope {
  public:
-  explicit KernelOutputsScope(std::optional<std::vector<Tensor>>* r) : previous_(tls_kernel_outputs) {
-    tls_kernel_outputs = r;
-  }
-  ~KernelOutputsScope() { tls_kernel_outputs = previous_; }
+  explicit KernelOutputsScope(KernelOffer offer) : previous_(tls_kernel_offer) { tls_kernel_offer = offer; }
+  ~KernelOutputsScope() { tls_kernel_offer = previous_; }
   KernelOutputsScope(const KernelOutputsScope&) = delete;
   KernelOutputsScope& operator=(const KernelOutputsScope&) = delete;
 
  private:
-  std::optional<std::vector<Tensor>>* previous_;
+  KernelOffer previous_;
 };
 }  // namespace
 
 std::optional<std::vector<Tensor>> take_kernel_outputs() {
-  if (!tls_kernel_outputs || !*tls_kernel_outputs) return std::nullopt;
-  std::optional<std::vector<Tensor>> r = std::move(*tls_kernel_outputs);
-  tls_kernel_outputs->reset();
+  KernelOffer& o = tls_kernel_offer;
+  if (!o.outputs || !*o.outputs) return std::nullopt;
+  std::optional<std::vector<Tensor>> r = std::move(*o.outputs);
+  o.outputs->reset();
+  if (o.by) o.by->kernel_outputs_taken(*o.call);
   return r;
 }
 
@@ -44,7 +50,7 @@ std::vector<Tensor> dispatch(const char* name, const std::vector<Tensor>& inputs
   ++tls_ops;
   TagScope tag(name);
   if (tls_dispatch_hooks.empty()) {
-    KernelOutputsScope none(nullptr);
+    KernelOutputsScope none({});
     return fn();
   }
   // Hooks may push or pop hooks while they run: iterate over a snapshot.
@@ -56,9 +62,10 @@ std::vector<Tensor> dispatch(const char* name, const std::vector<Tensor>& inputs
   }
   if (!out) {
     std::optional<std::vector<Tensor>> replacement;
+    DispatchHook* offered_by = nullptr;
     for (const auto& h : hooks)
-      if (!replacement) replacement = h->kernel_outputs(call);
-    KernelOutputsScope scope(&replacement);
+      if (!replacement && (replacement = h->kernel_outputs(call))) offered_by = h.get();
+    KernelOutputsScope scope({&replacement, offered_by, &call});
     out = fn();
   }
   for (auto it = hooks.rbegin(); it != hooks.rend(); ++it) (*it)->after(call, *out);
@@ -70,7 +77,7 @@ Tensor dispatch1(const char* name, const std::vector<Tensor>& inputs,
   if (tls_dispatch_hooks.empty()) {
     ++tls_ops;
     TagScope tag(name);
-    KernelOutputsScope none(nullptr);
+    KernelOutputsScope none({});
     return fn();
   }
   auto out = dispatch(name, inputs, [&] { return std::vector<Tensor>{fn()}; });

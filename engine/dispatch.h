@@ -32,12 +32,16 @@ class DispatchHook {
   // hand back cached results this way). Ops that support it take them with
   // take_kernel_outputs(); others compute as usual.
   virtual std::optional<std::vector<Tensor>> kernel_outputs(const OpCall&) { return std::nullopt; }
+  // The op took the outputs this hook's kernel_outputs offered for `call`
+  // (its kernel did not run). Called from inside the op's body, at the take.
+  virtual void kernel_outputs_taken(const OpCall&) {}
   // After the op ran (or was intercepted), with its outputs.
   virtual void after(const OpCall&, const std::vector<Tensor>& /*outputs*/) {}
 };
 
 // Inside an op's dispatched body: the replacement outputs a hook offered for
-// this call (once; later calls return nothing).
+// this call (once; later calls return nothing). Tells the offering hook
+// (kernel_outputs_taken).
 std::optional<std::vector<Tensor>> take_kernel_outputs();
 
 // RAII: pushes a hook on this thread's dispatch stack.

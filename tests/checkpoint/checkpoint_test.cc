@@ -170,6 +170,43 @@ TEST_CASE("parameters inside a region get gradients even when no input requires 
   }
 }
 
+TEST_CASE("a region without tensor inputs replays from its parameters", "[checkpoint]") {
+  // checkpoint(fn, {}): the function reads only parameters and a captured
+  // constant; dropout inside makes the replay restore the RNG too.
+  Block b;
+  b.p = 0.25;
+  Generator g(19);
+  const Tensor x = randn({4, 8}, DType::f32, &g);
+  auto loss_of = [](const Tensor& y) { return sum(mul(y, y)); };
+  manual_seed(41);
+  loss_of(b(x)).backward();
+  const auto g1 = v(b.w1.grad()), g2 = v(b.w2.grad());
+  for (bool reentrant : {false, true})
+    for (bool early : {true, false}) {
+      if (reentrant && !early) continue;
+      INFO("reentrant " << reentrant << " early_stop " << early);
+      b.zero();
+      CheckpointOptions o;
+      o.reentrant = reentrant;
+      o.early_stop = early;
+      reset_checkpoint_counters();
+      manual_seed(41);
+      std::vector<Tensor> outs = checkpoint(
+          [&b, x](const std::vector<Tensor>& in) {
+            REQUIRE(in.empty());
+            return std::vector<Tensor>{b(x)};
+          },
+          {}, o);
+      REQUIRE(outs.size() == 1);
+      REQUIRE(outs[0].requires_grad());
+      loss_of(outs[0]).backward();
+      CHECK(checkpoint_counters().replays == 1);
+      REQUIRE(b.w1.grad().defined());
+      CHECK(v(b.w1.grad()) == g1);
+      CHECK(v(b.w2.grad()) == g2);
+    }
+}
+
 TEST_CASE("grad() with explicit inputs works through non-reentrant regions", "[checkpoint]") {
   Block b;
   Tensor x = param({4, 8}, 11);
