@@ -7,6 +7,6 @@
 #include "tests/fuzz/targets.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  remat::fuzz::REMAT_FUZZ_TARGET(std::string_view(reinterpret_cast<const char*>(data), size));
+  (void)remat::fuzz::REMAT_FUZZ_TARGET(std::string_view(reinterpret_cast<const char*>(data), size));
   return 0;
 }

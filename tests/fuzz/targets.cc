@@ -99,12 +99,12 @@ bool same_tensor(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-void json(std::string_view input) {
+bool json(std::string_view input) {
   Json j;
   try {
     j = Json::parse(std::string(input), "fuzz input");
   } catch (const Error&) {
-    return;
+    return false;
   }
   walk(j);
   const std::string once = j.dump();
@@ -115,14 +115,15 @@ void json(std::string_view input) {
     broken("json", "the parser rejects its own output " + once + ": " + e.what());
   }
   if (twice != once) broken("json", "dump is not stable: " + once + " then " + twice);
+  return true;
 }
 
-void config(std::string_view input) {
+bool config(std::string_view input) {
   ModelConfig c;
   try {
     c = ModelConfig::from_json(Json::parse(std::string(input), "fuzz config"));
   } catch (const Error&) {
-    return;
+    return false;
   }
   (void)c.head_dim();
   (void)c.is_moe_layer(0);
@@ -135,9 +136,10 @@ void config(std::string_view input) {
   }
   if (back.to_json().dump() != text)
     broken("config", "config changes through to_json/from_json: " + text + " then " + back.to_json().dump());
+  return true;
 }
 
-void plan(std::string_view input) {
+bool plan(std::string_view input) {
   std::int64_t n_layers = 4;
   std::string spec(input);
   if (const auto nl = input.find('\n'); nl != std::string_view::npos && nl > 0 && nl <= 6 &&
@@ -150,7 +152,7 @@ void plan(std::string_view input) {
   try {
     p = RecomputePlan::parse(spec, n_layers);
   } catch (const Error&) {
-    return;
+    return false;
   }
   std::set<std::int64_t> seen;
   for (const auto& region : p.block_regions) {
@@ -165,9 +167,10 @@ void plan(std::string_view input) {
   if (p.block_in_region(-1) || p.block_in_region(n_layers))
     broken("plan", "block_in_region is true outside [0, " + std::to_string(n_layers) + ")");
   if (p.spec != spec) broken("plan", "spec '" + p.spec + "' is not the parsed '" + spec + "'");
+  return true;
 }
 
-void safetensors(std::string_view input) {
+bool safetensors(std::string_view input) {
   const std::string in = temp_dir().file("in.safetensors");
   {
     std::ofstream f(in, std::ios::binary | std::ios::trunc);
@@ -178,7 +181,7 @@ void safetensors(std::string_view input) {
   try {
     st = load_safetensors(in);
   } catch (const Error&) {
-    return;
+    return false;
   }
   std::vector<std::pair<std::string, Tensor>> tensors(st.tensors.begin(), st.tensors.end());
   const std::string out = temp_dir().file("out.safetensors");
@@ -200,6 +203,8 @@ void safetensors(std::string_view input) {
     if (it == back.metadata.end() || it->second != v)
       broken("safetensors", "metadata '" + k + "' changes through save/load");
   }
+  if (!back.checksummed) broken("safetensors", "a file saved with checksums loads as unchecksummed");
+  return true;
 }
 
 const std::vector<Target>& targets() {

@@ -2,8 +2,8 @@
 // model config loader, the recompute plan parser and the safetensors reader.
 //
 // Each target feeds one input to its parser and returns normally when the
-// parser accepts it or rejects it with a remat::Error (the project's typed
-// errors). Anything else is a finding: another exception escapes, the
+// parser accepts it (true) or rejects it with a remat::Error (false; the
+// project's typed errors). Anything else is a finding: another exception escapes, the
 // process crashes, a sanitizer reports, or an accepted input breaks the
 // target's invariant (a round trip through the writer, in-range indices),
 // which aborts with a message on stderr.
@@ -19,22 +19,22 @@
 namespace remat::fuzz {
 
 // Json::parse, then dump -> parse -> dump must reproduce the first dump.
-void json(std::string_view input);
+bool json(std::string_view input);
 // ModelConfig::from_json(Json::parse(input)) (what ModelConfig::load does
 // with a .json file); an accepted config must survive to_json -> text -> from_json.
-void config(std::string_view input);
+bool config(std::string_view input);
 // RecomputePlan::parse. Input: "N\nSPEC" parses SPEC for N layers (N in
 // [1, 4096], clamped); without a leading decimal line, SPEC is the whole
 // input and N is 4. Accepted plans must name only blocks in [0, N), each once.
-void plan(std::string_view input);
+bool plan(std::string_view input);
 // load_safetensors on a file holding `input` (written under
 // $REMAT_FUZZ_TMPDIR, else /dev/shm, else the system temp folder); an
 // accepted file must survive save_safetensors -> load_safetensors unchanged.
-void safetensors(std::string_view input);
+bool safetensors(std::string_view input);
 
 struct Target {
   std::string name;
-  void (*run)(std::string_view);
+  bool (*run)(std::string_view);  // true: accepted
 };
 // Every target above, by name ("json", "config", "plan", "safetensors").
 const std::vector<Target>& targets();
