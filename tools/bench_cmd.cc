@@ -264,23 +264,31 @@ int run_estimate(const std::string& config, const ModelConfig& c, const std::vec
 
 // The worker: one process, one plan, one repeat. Prints "BENCH-RESULT {json}".
 int run_bench_worker(const std::vector<std::string>& args) {
-  Flags f("bench-worker", args,
-          {{"config", ""}, {"recompute", ""}, {"warmup", ""}, {"steps", ""}, {"threads", ""}, {"seed", ""}, {"ep", ""}, {"dtype", ""}, {"device", ""}});
-  if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
-  const ModelConfig c = ModelConfig::load(f.get("config", "bench-dense"));
-  const std::string plan = f.get("recompute", "none");
-  const std::int64_t warmup = f.get_int("warmup", 2), steps = f.get_int("steps", 5);
-  const auto seed = std::uint64_t(f.get_int("seed", 0));
+  Flags f("bench-worker", "(internal) one measurement process of bench: prints BENCH-RESULT {json}", args,
+          {text_flag("config", "model config name or FILE.json", "bench-dense"),
+           text_flag("recompute", "one recompute plan", "none"),
+           int_flag("warmup", "untimed warm-up steps", 2, {.min = 0}),
+           int_flag("steps", "timed steps", 5, {.min = 1}),
+           threads_flag_spec(),
+           int_flag("seed", "seed", 0, {.min = 0}),
+           int_flag("ep", "expert parallel degree (the processes under mpirun)", 1, {.min = 1}),
+           text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
+           text_flag("device", "cpu, cuda or cuda:N", "cpu")});
+  apply_threads_flag(f);
+  const ModelConfig c = ModelConfig::load(f.get("config"));
+  const std::string plan = f.get("recompute");
+  const std::int64_t warmup = f.get_int("warmup"), steps = f.get_int("steps");
+  const auto seed = std::uint64_t(f.get_int("seed"));
   const Device device = device_flag(f);
 
   // Several processes (--ep under mpirun): each rank takes its share of the
   // batch and of the experts, as `./remat train` does.
   auto world = world_group();
   const int W = world->size();
-  const ParallelLayout layout = make_parallel_layout(world, f.get_int("ep", 1), c);
+  const ParallelLayout layout = make_parallel_layout(world, f.get_int("ep"), c);
   manual_seed(seed);
   DecoderModel model(c, seed, layout.placement());
-  model.set_compute_dtype(compute_dtype_from_name(f.get("dtype", "f32")));
+  model.set_compute_dtype(compute_dtype_from_name(f.get("dtype")));
   apply_parallel_layout(model, layout, /*reuse_routing_metadata=*/true);
   apply_recompute_plan(model, RecomputePlan::parse(plan, c.n_layers));
   model.to(device);
@@ -369,33 +377,32 @@ int run_bench_worker(const std::vector<std::string>& args) {
 }
 
 int run_bench(const std::vector<std::string>& args) {
-  Flags f("bench", args,
-          {{"config", "model config name or FILE.json (default bench-dense)"},
-           {"recompute", "comma-separated plans (default none,per_block)"},
-           {"warmup", "untimed warm-up steps per process (default 2)"},
-           {"steps", "timed steps per process (default 5)"},
-           {"repeats", "fresh processes per plan (default 3)"},
-           {"threads", "CPU threads (default: all cores)"},
-           {"seed", "seed (default 0)"},
-           {"dtype", "compute dtype: f32 (default) or bf16 (mixed precision)"},
-           {"device", "cpu (default), cuda or cuda:N"},
-           {"ep", "expert parallel: each worker is N processes under mpirun, the experts split over them"},
-           {"peak-flops", "device peak FLOP/s for MFU (default: the measured f32 GEMM peak on the CPU; on CUDA the "
-                          "device's dense peak for the dtype)"},
-           {"json", "write the results to FILE"},
-           {"estimate", "predict activation bytes per plan from what the ops save, next to a measured step"},
-           {"html", "write a page plotting memory against step time per plan to FILE"}},
-          {"estimate"});
-  const std::string config = f.get("config", "bench-dense");
+  Flags f("bench", "memory and speed of recompute plans, each repeat in a fresh process", args,
+          {text_flag("config", "model config name or FILE.json", "bench-dense"),
+           text_flag("recompute", "comma-separated plans", "none,per_block"),
+           int_flag("warmup", "untimed warm-up steps per process", 2, {.min = 0}),
+           int_flag("steps", "timed steps per process", 5, {.min = 1}),
+           int_flag("repeats", "fresh processes per plan", 3, {.min = 1}),
+           threads_flag_spec(),
+           int_flag("seed", "seed", 0, {.min = 0}),
+           text_flag("dtype", "compute dtype: f32 or bf16 (mixed precision)", "f32"),
+           text_flag("device", "cpu, cuda or cuda:N", "cpu"),
+           int_flag("ep", "expert parallel: each worker is N processes under mpirun, the experts split over them", 1,
+                    {.min = 1}),
+           number_flag("peak-flops", "device peak FLOP/s for MFU (default: the measured f32 GEMM peak on the CPU; on "
+                       "CUDA the device's dense peak for the dtype)", std::nullopt, {.min = 0, .min_open = true}),
+           text_flag("json", "write the results to FILE"),
+           bool_flag("estimate", "predict activation bytes per plan from what the ops save, next to a measured step"),
+           text_flag("html", "write a page plotting memory against step time per plan to FILE")});
+  const std::string config = f.get("config");
   const ModelConfig c = ModelConfig::load(config);
-  const auto plans = split_plans(f.get("recompute", "none,per_block"));
+  const auto plans = split_plans(f.get("recompute"));
   for (const auto& p : plans) RecomputePlan::parse(p, c.n_layers);  // reject bad plans before any run
-  const std::int64_t repeats = f.get_int("repeats", 3), warmup = f.get_int("warmup", 2), steps = f.get_int("steps", 5);
-  REMAT_CHECK(repeats >= 1 && steps >= 1 && warmup >= 0, Error, "bench: --repeats and --steps must be >= 1");
-  if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
+  const std::int64_t repeats = f.get_int("repeats"), warmup = f.get_int("warmup"), steps = f.get_int("steps");
+  apply_threads_flag(f);
   const int threads = num_threads();
-  const std::int64_t ep = f.get_int("ep", 1);
-  const std::string dtype = f.get("dtype", "f32");
+  const std::int64_t ep = f.get_int("ep");
+  const std::string dtype = f.get("dtype");
   compute_dtype_from_name(dtype);  // reject a bad --dtype before any run
   const Device device = device_flag(f);
   REMAT_CHECK(device.is_cpu() || device.index < cuda::device_count(), DeviceError, "bench: --device ",
@@ -403,13 +410,12 @@ int run_bench(const std::vector<std::string>& args) {
               cuda::built_with_cuda() ? "" : " (this build has no CUDA back end)");
   REMAT_CHECK(device.is_cpu() || ep == 1, Error, "bench: --ep with --device cuda needs the NCCL back end in the "
               "trainer, which is not wired yet; use --ep on the CPU");
-  REMAT_CHECK(ep >= 1, Error, "bench: --ep must be >= 1");
   REMAT_CHECK(ep == 1 || (c.experts % ep == 0 && c.batch % ep == 0), Error, "bench: --ep ", ep, " needs the ",
               c.experts, " experts and the batch of ", c.batch, " to divide by it");
   REMAT_CHECK(!f.get_bool("estimate") || (device.is_cpu() && dtype == "f32"), Error,
               "bench: --estimate traces f32 steps on the CPU; drop --device and --dtype for it");
-  if (f.get_bool("estimate")) return run_estimate(config, c, plans, threads, f.get("seed", "0"), f.get("json", ""));
-  const double peak = f.has("peak-flops") ? f.get_double("peak-flops", 0)
+  if (f.get_bool("estimate")) return run_estimate(config, c, plans, threads, f.get("seed"), f.get("json"));
+  const double peak = f.has("peak-flops") ? f.get_double("peak-flops")
                       : device.is_cuda()   ? cuda_peak_flops(device, dtype)
                                            : measure_peak_flops();
 
@@ -426,7 +432,7 @@ int run_bench(const std::vector<std::string>& args) {
   for (const auto& plan : plans) {
     Result r{plan, {}};
     for (std::int64_t rep = 0; rep < repeats; ++rep) {
-      for (const auto& [k, val] : run_worker(config, plan, warmup, steps, threads, f.get("seed", "0"), ep, dtype, device.str()))
+      for (const auto& [k, val] : run_worker(config, plan, warmup, steps, threads, f.get("seed"), ep, dtype, device.str()))
         r.v[k].push_back(val);
       std::printf("  %-24s repeat %lld: step %.0f ms\n", plan.c_str(), static_cast<long long>(rep + 1),
                   r.v["step_ms"].back());
@@ -501,14 +507,14 @@ int run_bench(const std::vector<std::string>& args) {
     }
   }
   if (f.has("json")) {
-    const std::string path = f.get("json", "");
+    const std::string path = f.get("json");
     std::ofstream out(path);
     REMAT_CHECK(out.good(), IOError, "bench: cannot write ", path);
     out << json_array(rows);
     std::printf("wrote %s\n", path.c_str());
   }
   if (f.has("html")) {
-    const std::string path = f.get("html", "");
+    const std::string path = f.get("html");
     std::ofstream out(path);
     REMAT_CHECK(out.good(), IOError, "bench: cannot write ", path);
     out << bench_html(c.name, fmt("%d threads, %lld fresh processes per plan x %lld timed steps; ratios against %s",

@@ -47,12 +47,12 @@ Tensor rnd(const Shape& s, std::uint64_t seed) {
 }  // namespace
 
 int run_bench_ops(const std::vector<std::string>& args) {
-  Flags flags("bench-ops", args,
-              {{"threads", "CPU threads (default: all cores)"},
-               {"repeats", "timed repeats per case (default 9); the median is reported"},
-               {"json", "write the results as a JSON array to FILE"}});
-  if (flags.has("threads")) set_num_threads(int(flags.get_int("threads", 2)));
-  const int repeats = int(flags.get_int("repeats", 9));
+  Flags flags("bench-ops", "GFLOP/s and GB/s of the CPU kernels at transformer shapes", args,
+              {threads_flag_spec(),
+               int_flag("repeats", "timed repeats per case; the median is reported", 9, {.min = 1, .max = 1000000}),
+               text_flag("json", "write the results as a JSON array to FILE")});
+  apply_threads_flag(flags);
+  const int repeats = int(flags.get_int("repeats"));
   NoGradGuard ng;
 
   std::vector<JsonObject> rows;
@@ -146,7 +146,7 @@ int run_bench_ops(const std::vector<std::string>& args) {
   }
 
   if (flags.has("json")) {
-    const std::string path = flags.get("json", "");
+    const std::string path = flags.get("json");
     std::ofstream out(path);
     REMAT_CHECK(out.good(), IOError, "bench-ops: cannot write ", path);
     out << json_array(rows);

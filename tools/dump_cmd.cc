@@ -12,29 +12,29 @@
 namespace remat::tools {
 
 int run_dump(const std::vector<std::string>& args) {
-  Flags f("dump", args,
-          {{"config", "model config name or FILE.json (default tiny)"},
-           {"seed", "seed for weights and the batch (default 0)"},
-           {"load", "take weights from this safetensors file (Hugging Face names)"},
-           {"recompute", "recompute plan (default none)"},
-           {"dtype", "compute dtype: f32 (default) or bf16 (parameters, gradients and the loss stay f32)"},
-           {"device", "cpu (default), cuda or cuda:N"},
-           {"out", "output FILE.safetensors (required)"},
-           {"threads", "CPU threads (default: all cores)"}});
-  if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
+  Flags f("dump", "one deterministic forward/backward written to safetensors", args,
+          {text_flag("config", "model config name or FILE.json", "tiny"),
+           int_flag("seed", "seed for weights and the batch", 0, {.min = 0}),
+           text_flag("load", "take weights from this safetensors file (Hugging Face names)"),
+           text_flag("recompute", "recompute plan", "none"),
+           text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and the loss stay f32)", "f32"),
+           text_flag("device", "cpu, cuda or cuda:N", "cpu"),
+           text_flag("out", "output FILE.safetensors (required)"),
+           threads_flag_spec()});
+  apply_threads_flag(f);
   REMAT_CHECK(f.has("out"), Error, "dump: --out FILE.safetensors is required");
-  const std::string plan = f.get("recompute", "none");
-  const ModelConfig c = ModelConfig::load(f.get("config", "tiny"));
+  const std::string plan = f.get("recompute");
+  const ModelConfig c = ModelConfig::load(f.get("config"));
   const RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
-  const auto seed = std::uint64_t(f.get_int("seed", 0));
+  const auto seed = std::uint64_t(f.get_int("seed"));
   const Device device = device_flag(f);
 
   manual_seed(seed);
   DecoderModel model(c, seed);
-  model.set_compute_dtype(compute_dtype_from_name(f.get("dtype", "f32")));
+  model.set_compute_dtype(compute_dtype_from_name(f.get("dtype")));
   apply_recompute_plan(model, parsed);
   if (f.has("load")) {
-    const std::string path = f.get("load", "");
+    const std::string path = f.get("load");
     SafetensorsFile w = load_safetensors(path);
     for (const auto& [name, p] : model.named_parameters()) {
       auto it = w.tensors.find(name);
@@ -67,10 +67,10 @@ int run_dump(const std::vector<std::string>& args) {
   // has a zero gradient.
   for (const auto& [name, p] : model.named_parameters())
     tensors.emplace_back("grad." + name, p.grad().defined() ? p.grad().to(kCPU) : zeros(p.sizes()));
-  save_safetensors(f.get("out", ""), tensors,
+  save_safetensors(f.get("out"), tensors,
                    {{"config", c.to_json().dump()}, {"seed", std::to_string(seed)}, {"recompute", plan},
                     {"device", device.str()}});
-  std::printf("dump: %s  loss.ce %.6f  loss.aux %.6f  (%zu tensors)\n", f.get("out", "").c_str(),
+  std::printf("dump: %s  loss.ce %.6f  loss.aux %.6f  (%zu tensors)\n", f.get("out").c_str(),
               out.ce.item(), out.aux.item(), tensors.size());
   return 0;
 }

@@ -14,6 +14,7 @@
 #include "engine/tensor.h"
 #include "cuda/runtime.h"
 #include "parallel/process_group.h"
+#include "tools/args.h"
 #include "tools/bench_ops.h"
 #include "tools/commands.h"
 
@@ -21,7 +22,8 @@ namespace {
 
 using Args = std::vector<std::string>;
 
-int cmd_info(const Args&) {
+int cmd_info(const Args& args) {
+  remat::tools::Flags f("info", "show the build (CUDA or not), devices, threads and allocator", args, {});
   std::printf("remat\n");
   std::printf("  CUDA back end : %s\n", remat::cuda::built_with_cuda() ? "built" : "not built");
   std::printf("  CUDA devices  : %d\n", remat::cuda::device_count());
@@ -48,16 +50,11 @@ struct Command {
 const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> c = {
       {"info", {"show the build (CUDA or not), devices, threads and allocator", cmd_info}},
-      {"bench-ops", {"GFLOP/s and GB/s of the CPU kernels at transformer shapes (--json FILE)",
-                     remat::tools::run_bench_ops}},
-      {"train", {"train a model (--config, --data, --steps, --seed, --save, --resume, --log)",
-                 remat::tools::run_train}},
-      {"dump", {"one forward/backward written to safetensors (--config, --seed, --out)",
-                remat::tools::run_dump}},
-      {"mem", {"memory timeline of one training step as JSON + HTML (--config, --recompute, --out FILE)",
-               remat::tools::run_mem}},
-      {"bench", {"memory and speed of recompute plans, each in fresh processes (--config, --recompute A,B, --json)",
-                 remat::tools::run_bench}},
+      {"bench-ops", {"GFLOP/s and GB/s of the CPU kernels at transformer shapes", remat::tools::run_bench_ops}},
+      {"train", {"train a model, showing progress", remat::tools::run_train}},
+      {"dump", {"one deterministic forward/backward written to safetensors", remat::tools::run_dump}},
+      {"mem", {"memory timeline of one training step as JSON + HTML", remat::tools::run_mem}},
+      {"bench", {"memory and speed of recompute plans, each repeat in a fresh process", remat::tools::run_bench}},
       {"bench-worker", {"(internal) one measurement process of bench", remat::tools::run_bench_worker}},
   };
   return c;
@@ -65,17 +62,22 @@ const std::map<std::string, Command>& commands() {
 
 void print_help() {
   std::printf("commands:\n");
-  for (const auto& [name, c] : commands()) std::printf("  %-10s %s\n", name.c_str(), c.help);
+  for (const auto& [name, c] : commands()) std::printf("  %-12s %s\n", name.c_str(), c.help);
+  std::printf("run `remat COMMAND --help` (or `remat help COMMAND`) for a command's flags\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help")) {
+  const bool help = argc >= 2 && (!std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help") ||
+                                  !std::strcmp(argv[1], "-h"));
+  if (argc < 2 || (help && argc == 2)) {
     print_help();
     return 0;
   }
-  const std::string name = argv[1];
+  // `remat help COMMAND` is `remat COMMAND --help`.
+  const std::string name = help ? argv[2] : argv[1];
+  const Args args = help ? Args{"--help"} : Args(argv + 2, argv + argc);
   auto it = commands().find(name);
   if (it == commands().end()) {
     std::fprintf(stderr, "remat: unknown command '%s'\n", name.c_str());
@@ -83,7 +85,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return it->second.run(Args(argv + 2, argv + argc));
+    return it->second.run(args);
+  } catch (const remat::tools::HelpRequested& h) {
+    std::fputs(h.what(), stdout);
+    return 0;
   } catch (const remat::Error& e) {
     std::fprintf(stderr, "remat %s: %s\n", name.c_str(), e.what());
     std::fflush(stderr);

@@ -77,41 +77,34 @@ class StepWatcher final : public DispatchHook {
 }  // namespace
 
 int run_mem(const std::vector<std::string>& args) {
-  Flags f("mem", args,
-          {{"config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json (default tiny)"},
-           {"recompute", "recompute plan, as for train (default none)"},
-           {"seed", "seed for weights, data and dropout (default 0)"},
-           {"steps-before", "training steps run before the recorded one, so optimizer state exists (default 1)"},
-           {"out", "write FILE.json and FILE.html (a trailing .json or .html is dropped) (required)"},
-           {"capacity", "allocator history capacity in events (default 1048576)"},
-           {"threads", "CPU threads (default: all cores)"}});
+  Flags f("mem", "the allocator history over one training step as JSON and HTML", args,
+          {text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
+           text_flag("recompute", "recompute plan, as for train", "none"),
+           int_flag("seed", "seed for weights, data and dropout", 0, {.min = 0}),
+           int_flag("steps-before", "training steps run before the recorded one, so optimizer state exists", 1,
+                    {.min = 0}),
+           text_flag("out", "write FILE.json and FILE.html (a trailing .json or .html is dropped) (required)"),
+           int_flag("capacity", "allocator history capacity in events", std::int64_t(1) << 20, {.min = 1}),
+           threads_flag_spec()});
   REMAT_CHECK(f.has("out"), Error, "--out FILE is required (writes FILE.json and FILE.html)");
-  std::string stem = f.get("out", "");
+  std::string stem = f.get("out");
   if (ends_with(stem, ".html"))
     stem.resize(stem.size() - 5);
   else if (ends_with(stem, ".json"))
     stem.resize(stem.size() - 5);
-  REMAT_CHECK(!stem.empty() && !ends_with(stem, "/"), Error, "--out '", f.get("out", ""),
+  REMAT_CHECK(!stem.empty() && !ends_with(stem, "/"), Error, "--out '", f.get("out"),
               "' names no file (expected e.g. --out out/tiny-mem)");
-  const std::int64_t steps_before = f.get_int("steps-before", 1);
-  REMAT_CHECK(steps_before >= 0, Error, "--steps-before must be >= 0, got ", steps_before);
-  const std::int64_t capacity = f.get_int("capacity", std::int64_t(1) << 20);
-  REMAT_CHECK(capacity > 0, Error, "--capacity must be > 0, got ", capacity);
-  if (f.has("threads")) {
-    const std::int64_t threads = f.get_int("threads", 1);
-    REMAT_CHECK(threads > 0, Error, "--threads must be > 0, got ", threads);
-    set_num_threads(int(threads));
-  }
-  const std::int64_t seed_flag = f.get_int("seed", 0);
-  REMAT_CHECK(seed_flag >= 0, Error, "--seed must be >= 0, got ", seed_flag);
-  const auto seed = std::uint64_t(seed_flag);
+  const std::int64_t steps_before = f.get_int("steps-before");
+  const std::int64_t capacity = f.get_int("capacity");
+  apply_threads_flag(f);
+  const auto seed = std::uint64_t(f.get_int("seed"));
 
   // The run the trainer would do (train/trainer.cc), step by step here so the
   // phases can be marked: same corpus, model, plan, AdamW, schedule and clip.
   TrainOptions o;
-  o.config = ModelConfig::load(f.get("config", "tiny"));
+  o.config = ModelConfig::load(f.get("config"));
   o.config.validate();
-  o.recompute = f.get("recompute", "none");
+  o.recompute = f.get("recompute");
   o.seed = seed;
   const ModelConfig& c = o.config;
   const RecomputePlan plan = RecomputePlan::parse(o.recompute, c.n_layers);

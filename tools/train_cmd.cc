@@ -27,60 +27,65 @@ std::string hms(double s) {
 }  // namespace
 
 int run_train(const std::vector<std::string>& args) {
-  Flags f("train", args,
-          {{"config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json (default tiny)"},
-           {"data", "train on this text file (byte level; last 10% held out) instead of the generated corpus"},
-           {"steps", "optimizer steps of the whole run (default 600)"},
-           {"stop-after", "stop this invocation after N steps (resume later with --resume)"},
-           {"seed", "seed for weights, data and dropout (default 0)"},
-           {"lr", "peak learning rate (default 3e-3)"},
-           {"warmup", "warm-up steps (default 20)"},
-           {"recompute", "recompute plan: none, per_block, chunk, selected:I,J, uniform:N, block:N, attention, selective:NAMES, or A+B (default none)"},
-           {"save", "save state to DIR at the end (and every --save-every steps)"},
-           {"save-every", "save every N steps"},
-           {"resume", "resume from the state in DIR"},
-           {"log", "write one JSON object per step to FILE.jsonl"},
-           {"eval-every", "validation every N steps (default 100)"},
-           {"dtype", "compute dtype: f32 (default) or bf16 (mixed precision: f32 master weights, optimizer state and loss)"},
-           {"device", "cpu (default), cuda or cuda:N: parameters, optimizer state and activations live there"},
-           {"dp", "data parallel over N ranks (run under `mpirun -np N`; default: the job's size)"},
-           {"ep", "expert parallel: split the routed experts over N ranks (N divides the job's size)"},
-           {"bucket-mb", "data-parallel gradient bucket size in MiB (default 25)"},
-           {"reuse-routing", "1: recompute replays reuse the forward's exchanged expert counts; 0: exchange again (default 1)"},
-           {"comm-timeout", "seconds a collective may take before this rank gives up on its peers (default 300)"},
-           {"threads", "CPU threads (default: all cores)"}});
-  if (f.has("threads")) set_num_threads(int(f.get_int("threads", 2)));
+  Flags f("train", "train a model, showing progress", args,
+          {text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
+           text_flag("data", "train on this text file (byte level; last 10% held out) instead of the generated corpus"),
+           int_flag("steps", "optimizer steps of the whole run", 600, {.min = 1}),
+           int_flag("stop-after", "stop this invocation after N steps (resume later with --resume; 0: run to --steps)", 0,
+                    {.min = 0}),
+           int_flag("seed", "seed for weights, data and dropout", 0, {.min = 0}),
+           number_flag("lr", "peak learning rate", 3e-3, {.min = 0, .min_open = true}),
+           int_flag("warmup", "warm-up steps", 20, {.min = 0}),
+           text_flag("recompute", "recompute plan: none, per_block, chunk, selected:I,J, uniform:N, block:N, attention, "
+                     "selective:NAMES, or A+B", "none"),
+           text_flag("save", "save state to DIR at the end (and every --save-every steps)"),
+           int_flag("save-every", "save every N steps (0: only at the end)", 0, {.min = 0}),
+           text_flag("resume", "resume from the state in DIR"),
+           text_flag("log", "write one JSON object per step to FILE.jsonl"),
+           int_flag("eval-every", "validation every N steps (0: only at the end)", 100, {.min = 0}),
+           text_flag("dtype", "compute dtype: f32 or bf16 (mixed precision: f32 master weights, optimizer state and loss)",
+                     "f32"),
+           text_flag("device", "cpu, cuda or cuda:N: parameters, optimizer state and activations live there", "cpu"),
+           int_flag("dp", "data parallel over N ranks (run under `mpirun -np N`; 0: the job's size)", 0, {.min = 0}),
+           int_flag("ep", "expert parallel: split the routed experts over N ranks (N divides the job's size)", 1,
+                    {.min = 1}),
+           number_flag("bucket-mb", "data-parallel gradient bucket size in MiB", 25,
+                       {.min = 0, .min_open = true, .max = 1 << 20}),
+           int_flag("reuse-routing", "1: recompute replays reuse the forward's exchanged expert counts; 0: exchange again",
+                    1, {.min = 0, .max = 1}),
+           number_flag("comm-timeout", "seconds a collective may take before this rank gives up on its peers "
+                       "(default: $REMAT_COMM_TIMEOUT, else 300)", std::nullopt, {.min = 0, .min_open = true}),
+           threads_flag_spec()});
+  apply_threads_flag(f);
   TrainOptions o;
-  o.config = ModelConfig::load(f.get("config", "tiny"));
-  o.data_file = f.get("data", "");
-  o.steps = f.get_int("steps", 600);
-  o.stop_after = f.get_int("stop-after", 0);
-  o.seed = std::uint64_t(f.get_int("seed", 0));
-  o.lr = f.get_double("lr", 3e-3);
+  o.config = ModelConfig::load(f.get("config"));
+  o.data_file = f.get("data");
+  o.steps = f.get_int("steps");
+  o.stop_after = f.get_int("stop-after");
+  o.seed = std::uint64_t(f.get_int("seed"));
+  o.lr = f.get_double("lr");
   o.min_lr = o.lr / 10;
-  o.warmup = f.get_int("warmup", 20);
-  o.recompute = f.get("recompute", "none");
-  o.save_dir = f.get("save", "");
-  o.save_every = f.get_int("save-every", 0);
-  o.resume_dir = f.get("resume", "");
-  o.eval_every = f.get_int("eval-every", 100);
-  o.dtype = f.get("dtype", "f32");
+  o.warmup = f.get_int("warmup");
+  o.recompute = f.get("recompute");
+  o.save_dir = f.get("save");
+  o.save_every = f.get_int("save-every");
+  o.resume_dir = f.get("resume");
+  o.eval_every = f.get_int("eval-every");
+  o.dtype = f.get("dtype");
   o.device = device_flag(f);
-  o.dp = f.get_int("dp", 0);
-  o.ep = f.get_int("ep", 1);
-  o.bucket_bytes = std::int64_t(f.get_double("bucket-mb", 25) * double(1 << 20));
-  o.reuse_routing_metadata = f.get_int("reuse-routing", 1) != 0;
-  if (f.has("comm-timeout")) set_comm_timeout(f.get_double("comm-timeout", 300));
-  REMAT_CHECK(o.steps > 0, Error, "--steps must be > 0");
-  REMAT_CHECK(o.ep >= 1 && o.dp >= 0, Error, "--ep must be >= 1 and --dp >= 0 (0: the job's size)");
+  o.dp = f.get_int("dp");
+  o.ep = f.get_int("ep");
+  o.bucket_bytes = std::int64_t(f.get_double("bucket-mb") * double(1 << 20));
+  o.reuse_routing_metadata = f.get_int("reuse-routing") != 0;
+  if (f.has("comm-timeout")) set_comm_timeout(f.get_double("comm-timeout"));
 
   Trainer trainer(o);
   // Only rank 0 prints and logs (every rank computes the same global figures).
   const bool lead = trainer.rank() == 0;
   std::unique_ptr<std::ofstream> log;
   if (f.has("log") && lead) {
-    log = std::make_unique<std::ofstream>(f.get("log", ""));
-    REMAT_CHECK(log->good(), IOError, "--log: cannot write ", f.get("log", ""));
+    log = std::make_unique<std::ofstream>(f.get("log"));
+    REMAT_CHECK(log->good(), IOError, "--log: cannot write ", f.get("log"));
   }
 
   const auto& c = o.config;
