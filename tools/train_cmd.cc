@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <cstdio>
 #include <fstream>
 
@@ -10,6 +12,7 @@
 #include "tools/args.h"
 #include "tools/commands.h"
 #include "tools/json.h"
+#include "train/state_files.h"
 #include "train/trainer.h"
 
 namespace remat::tools {
@@ -23,6 +26,34 @@ std::string hms(double s) {
   else
     std::snprintf(buf, sizeof buf, "%d:%02d", t / 60, t % 60);
   return buf;
+}
+
+// Tests: REMAT_FAULT_SAVE=STEP[:N] ends this process with status 99 right
+// after step STEP (train/state_files.h: begin, writing, written, rotated,
+// renamed, synced) of its Nth save (default 1), as a crash would: nothing is
+// flushed or cleaned up.
+void install_save_fault_from_env() {
+  const char* spec = std::getenv("REMAT_FAULT_SAVE");
+  if (!spec || !*spec) return;
+  const std::string s = spec;
+  const auto colon = s.find(':');
+  int nth = 1;
+  SaveStep at = SaveStep::begin;
+  try {
+    at = parse_save_step(s.substr(0, colon));
+    if (colon != std::string::npos) nth = std::stoi(s.substr(colon + 1));
+  } catch (const std::exception& e) {
+    throw Error("REMAT_FAULT_SAVE=" + s + ": expected STEP[:N]: " + e.what());
+  }
+  REMAT_CHECK(nth >= 1, Error, "REMAT_FAULT_SAVE=", s, ": N must be >= 1");
+  auto saves = std::make_shared<int>(0);
+  set_save_fault_hook([=](SaveStep step) {
+    if (step == SaveStep::begin) ++*saves;
+    if (*saves != nth || step != at) return;
+    static const char msg[] = "remat: REMAT_FAULT_SAVE: ending the process in the middle of a save\n";
+    if (::write(STDERR_FILENO, msg, sizeof msg - 1) < 0) {}
+    ::_exit(99);
+  });
 }
 }  // namespace
 
@@ -79,6 +110,7 @@ int run_train(const std::vector<std::string>& args) {
   o.reuse_routing_metadata = f.get_int("reuse-routing") != 0;
   if (f.has("comm-timeout")) set_comm_timeout(f.get_double("comm-timeout"));
 
+  install_save_fault_from_env();
   Trainer trainer(o);
   // Only rank 0 prints and logs (every rank computes the same global figures).
   const bool lead = trainer.rank() == 0;
@@ -108,6 +140,7 @@ int run_train(const std::vector<std::string>& args) {
               static_cast<long long>(o.steps), static_cast<long long>(c.batch), static_cast<long long>(c.seq), o.lr,
               static_cast<long long>(o.warmup), static_cast<long long>(c.vocab), trainer.initial_loss_estimate());
   if (trainer.step() > 0) std::printf("  resumed at step %lld from %s\n", static_cast<long long>(trainer.step()), o.resume_dir.c_str());
+  for (const std::string& note : trainer.resume_notes()) std::printf("  note: %s\n", note.c_str());
   std::fflush(stdout);
 
   double first_val = -1, last_val = -1, last_loss = 0, tok_s_sum = 0;

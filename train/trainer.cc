@@ -17,16 +17,11 @@
 #include "models/recompute.h"
 #include "moe/dispatch.h"
 #include "train/safetensors.h"
+#include "train/state_files.h"
 
 namespace remat {
 
 namespace {
-std::string state_path(const std::string& dir) { return dir + "/state.safetensors"; }
-std::string prev_path(const std::string& dir) { return dir + "/state.prev.safetensors"; }
-bool exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0;
-}
 constexpr const char* kFormat = "remat-train-state-1";
 
 // The sum over the group's ranks of one double per rank, added in rank order
@@ -349,7 +344,6 @@ void Trainer::save(const std::string& dir) const {
     tensors = std::move(all);
   }
   if (rank() == 0) {
-    ::mkdir(dir.c_str(), 0755);
     const RngState data = sampler_->state();
     const RngState dropout = default_generator(opts_.device).state();
     std::map<std::string, std::string> meta = {
@@ -365,34 +359,51 @@ void Trainer::save(const std::string& dir) const {
         {"world_size", std::to_string(world_size())},
         {"ep", std::to_string(layout_.ep)},
     };
-    const std::string cur = state_path(dir);
-    if (exists(cur)) ::rename(cur.c_str(), prev_path(dir).c_str());
-    save_safetensors(cur, tensors, meta);
+    // Every tensor checksummed; written crash-safely (train/state_files.h).
+    save_state_files(dir, encode_safetensors(tensors, meta, {}, state_file(dir)));
   }
   layout_.world->barrier();  // nobody reads the state before it is complete
 }
 
 void Trainer::resume(const std::string& dir) {
-  const std::string cur = state_path(dir);
-  const std::string prev_note = exists(prev_path(dir))
-      ? " (the previous state " + prev_path(dir) + " is intact; move it to " + cur + " to resume from it)"
-      : "";
-  REMAT_CHECK(exists(cur), IOError, "--resume: no state file ", cur, prev_note);
+  resume_notes_.clear();
+  StateChoice choice = choose_state_file(dir);
+  const std::string cur = choice.path;
+  // On a failure: what the previous state offers (read only then).
+  auto prev_hint = [&]() -> std::string {
+    const std::string prev = prev_state_file(dir);
+    if (choice.from_prev) return "";
+    struct stat st;
+    if (::stat(prev.c_str(), &st) != 0) return " (there is no previous state " + prev + ")";
+    try {
+      const SafetensorsFile p = load_safetensors(prev);
+      const auto step = p.metadata.find("step");
+      return " (the previous state " + prev + " is intact: " +
+             (step == p.metadata.end() ? "" : "step " + step->second + ", ") +
+             (p.checksummed ? "every checksum matches" : "no checksums to verify") + "; move it to " +
+             state_file(dir) + " to resume from it)";
+    } catch (const IOError& e) {
+      return std::string(" (the previous state is damaged too: ") + e.what() + ")";
+    }
+  };
   SafetensorsFile f;
   try {
-    f = load_safetensors(cur);
+    f = load_safetensors(cur);  // every checksum verified before any tensor is built
   } catch (const IOError& e) {
-    throw IOError(std::string("--resume: ") + e.what() + prev_note);
+    throw IOError(std::string("--resume: ") + e.what() + prev_hint());
   }
+  if (!f.checksummed)
+    choice.notes.push_back(cur + " has no checksums (written before remat recorded them): loaded without an "
+                           "integrity check; the next save adds them");
   auto meta = [&](const char* key) -> const std::string& {
     auto it = f.metadata.find(key);
-    REMAT_CHECK(it != f.metadata.end(), IOError, "--resume: ", cur, " has no metadata '", key, "'", prev_note);
+    REMAT_CHECK(it != f.metadata.end(), IOError, "--resume: ", cur, " has no metadata '", key, "'", prev_hint());
     return it->second;
   };
   auto meta_u64 = [&](const char* key) {
     const std::string& v = meta(key);
     REMAT_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos, IOError,
-                "--resume: metadata '", key, "' of ", cur, " is not a number: '", v, "'", prev_note);
+                "--resume: metadata '", key, "' of ", cur, " is not a number: '", v, "'", prev_hint());
     return std::stoull(v);
   };
   REMAT_CHECK(meta("format") == kFormat, IOError, "--resume: ", cur, " has format '", meta("format"),
@@ -405,7 +416,7 @@ void Trainer::resume(const std::string& dir) {
   // Validate every parameter before changing anything.
   for (const auto& [name, p] : model_->named_parameters()) {
     auto it = f.tensors.find(name);
-    REMAT_CHECK(it != f.tensors.end(), IOError, "--resume: ", cur, " is missing parameter '", name, "'", prev_note);
+    REMAT_CHECK(it != f.tensors.end(), IOError, "--resume: ", cur, " is missing parameter '", name, "'", prev_hint());
     REMAT_CHECK(it->second.sizes() == p.sizes() && it->second.dtype() == p.dtype(), IOError, "--resume: parameter '",
                 name, "' in ", cur, " is ", shape_str(it->second.sizes()), " ", it->second.dtype(), ", expected ",
                 shape_str(p.sizes()), " ", p.dtype());
@@ -423,6 +434,7 @@ void Trainer::resume(const std::string& dir) {
   sampler_->set_state(data);
   default_generator(opts_.device).set_state(rng);
   step_ = step;
+  resume_notes_ = std::move(choice.notes);
 }
 
 }  // namespace remat

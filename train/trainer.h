@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/error.h"
 #include "models/config.h"
@@ -146,15 +147,24 @@ class Trainer {
   // touch any training RNG).
   double evaluate();
 
-  // Writes DIR/state.safetensors atomically; the state it replaces is kept
-  // as DIR/state.prev.safetensors. Several processes: the experts (and their
-  // optimizer state) are gathered to rank 0, which writes one file in the
-  // layout of one process, so any --ep can resume it. A collective.
+  // Writes DIR/state.safetensors with every tensor checksummed, crash-safely
+  // (train/state_files.h: there is always a complete state on disk); the
+  // state it replaces is kept as DIR/state.prev.safetensors. Several
+  // processes: the experts (and their optimizer state) are gathered to rank
+  // 0, which writes one file in the layout of one process, so any --ep can
+  // resume it. A collective.
   void save(const std::string& dir) const;
-  // Loads DIR/state.safetensors, validating everything before changing
-  // anything; throws IOError naming the problem (and the previous state, if
-  // there is one). Every rank reads the file and takes its own experts.
+  // Loads DIR/state.safetensors (or, when a save left none,
+  // DIR/state.prev.safetensors), verifying every checksum and validating
+  // everything before changing anything; throws IOError naming the problem
+  // (a checksum mismatch names the tensor and the file) and what the
+  // previous state offers. States without checksums load, with a note.
+  // Every rank reads the file and takes its own experts.
   void resume(const std::string& dir);
+  // Notes for the user from the last successful resume (the library does not
+  // print): a state without checksums, a fall-back to the previous state,
+  // leftover temporary files ignored.
+  const std::vector<std::string>& resume_notes() const { return resume_notes_; }
 
   std::int64_t step() const { return step_; }
   // The f16 loss scale and the good steps since it last changed (1 and 0
@@ -177,6 +187,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<BatchSampler> sampler_;
   std::int64_t step_ = 0;
+  std::vector<std::string> resume_notes_;
   bool scaling_ = false;      // f16: dynamic loss scaling
   double loss_scale_ = 1;
   std::int64_t good_steps_ = 0;
