@@ -74,8 +74,12 @@ int run_train(const std::vector<std::string>& args) {
            text_flag("resume", "resume from the state in DIR"),
            text_flag("log", "write one JSON object per step to FILE.jsonl"),
            int_flag("eval-every", "validation every N steps (0: only at the end)", 100, {.min = 0}),
-           text_flag("dtype", "compute dtype: f32 or bf16 (mixed precision: f32 master weights, optimizer state and loss)",
-                     "f32"),
+           text_flag("dtype", "compute dtype: f32, bf16 (mixed precision: f32 master weights, optimizer state and loss) "
+                     "or f16 (the same, with dynamic loss scaling)", "f32"),
+           text_flag("on-nonfinite", "a step whose loss or gradient norm is inf/NaN: stop (exit non-zero; nothing saved "
+                     "after the last good step) or skip (drop its update, retry the step on the next batch)", "stop"),
+           int_flag("max-nonfinite-skips", "with --on-nonfinite skip: stop after N skipped steps in a row", 10,
+                    {.min = 1}),
            text_flag("device", "cpu, cuda or cuda:N: parameters, optimizer state and activations live there", "cpu"),
            int_flag("dp", "data parallel over N ranks (run under `mpirun -np N`; 0: the job's size)", 0, {.min = 0}),
            int_flag("ep", "expert parallel: split the routed experts over N ranks (N divides the job's size)", 1,
@@ -103,6 +107,8 @@ int run_train(const std::vector<std::string>& args) {
   o.resume_dir = f.get("resume");
   o.eval_every = f.get_int("eval-every");
   o.dtype = f.get("dtype");
+  o.on_nonfinite = f.get("on-nonfinite");  // checked by the Trainer
+  o.max_nonfinite_skips = f.get_int("max-nonfinite-skips");
   o.device = device_flag(f);
   o.dp = f.get_int("dp");
   o.ep = f.get_int("ep");
@@ -144,11 +150,9 @@ int run_train(const std::vector<std::string>& args) {
   std::fflush(stdout);
 
   double first_val = -1, last_val = -1, last_loss = 0, tok_s_sum = 0;
-  std::int64_t n = 0;
+  std::int64_t n = 0, skipped = 0, overflows = 0;
+  const bool f16 = o.dtype == "f16";
   trainer.run([&](const StepStats& s) {
-    last_loss = s.loss;
-    tok_s_sum += s.tokens_per_s;
-    ++n;
     if (log) {
       JsonObject j;
       j.set("step", s.step).set("loss", s.loss).set("lr", s.lr).set("grad_norm", s.grad_norm);
@@ -157,6 +161,8 @@ int run_train(const std::vector<std::string>& args) {
       j.set("persistent_bytes", s.persistent_bytes).set("activation_bytes", s.activation_bytes);
       j.set("recomputed_ops", s.recomputed_ops).set("saved_bytes_peak", s.saved_bytes_peak);
       j.set("boundary_bytes", s.boundary_bytes);
+      j.set("skipped", s.skipped).set("skipped_steps", s.skipped_steps);
+      j.set("loss_scale", s.loss_scale).set("overflow_steps", s.overflow_steps);
       if (trainer.world_size() > 1) {
         JsonObject comm;
         for (CommPhase p : {CommPhase::forward, CommPhase::backward, CommPhase::replay}) {
@@ -199,6 +205,20 @@ int run_train(const std::vector<std::string>& args) {
       *log << j.str() << "\n";
       log->flush();
     }
+    skipped = s.skipped_steps;
+    overflows = s.overflow_steps;
+    if (s.skipped) {  // an f16 overflow is routine (the scale halves); a non-finite value is worth a line
+      if (!s.overflow) {
+        const double bad = std::isfinite(s.loss) ? s.grad_norm : s.loss;
+        std::fprintf(stderr, "%sremat train: step %lld: %s %s, update skipped (--on-nonfinite skip; %lld so far)\n",
+                     tty ? "\n" : "", static_cast<long long>(s.step), std::isfinite(s.loss) ? "gradient norm" : "loss",
+                     std::isnan(bad) ? "nan" : bad > 0 ? "inf" : "-inf", static_cast<long long>(s.skipped_steps));
+      }
+      return;
+    }
+    last_loss = s.loss;
+    tok_s_sum += s.tokens_per_s;
+    ++n;
     char line[320];
     std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  lr %.2e  %7.0f tok/s  elapsed %s  eta %s",
                   static_cast<long long>(s.step), static_cast<long long>(s.total_steps), s.loss, s.lr,
@@ -208,6 +228,10 @@ int run_train(const std::vector<std::string>& args) {
       for (const auto& r : s.routing) worst = std::max(worst, r.imbalance);
       const std::size_t len = std::strlen(line);
       std::snprintf(line + len, sizeof line - len, "  aux %.3f  imbalance %.2f", s.aux_loss, worst);
+    }
+    if (f16) {
+      const std::size_t len = std::strlen(line);
+      std::snprintf(line + len, sizeof line - len, "  scale %g", s.loss_scale);
     }
     if (s.val_loss) {
       if (first_val < 0) first_val = *s.val_loss;
@@ -225,6 +249,9 @@ int run_train(const std::vector<std::string>& args) {
   if (trainer.corpus().entropy_floor >= 0)
     std::printf(" (entropy floor %.4f, start ~ %.4f)", trainer.corpus().entropy_floor, trainer.initial_loss_estimate());
   std::printf(", %.0f tokens/s on average\n", n ? tok_s_sum / double(n) : 0.0);
+  if (skipped > 0 || overflows > 0)
+    std::printf("skipped updates: %lld non-finite, %lld f16 overflows (loss scale now %g)\n",
+                static_cast<long long>(skipped), static_cast<long long>(overflows), trainer.loss_scale());
   if (!o.save_dir.empty()) std::printf("state saved in %s/state.safetensors\n", o.save_dir.c_str());
   return 0;
 }

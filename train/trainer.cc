@@ -209,7 +209,8 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     // update and try this step again on the next batch.
     auto reject = [&](const char* what, double value) {
       std::ostringstream msg;
-      msg << "step " << attempt << ": the " << what << " is " << value << " (not finite)";
+      msg << "step " << attempt << ": the " << what << " is " << (std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf")
+          << " (not finite)";
       if (std::string(what) != "loss") msg << ", loss " << loss;
       if (skip_nonfinite && in_row >= opts_.max_nonfinite_skips)
         msg << ", and the " << in_row << " step(s) before it were skipped for non-finite values"
@@ -258,7 +259,8 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
         good_steps_ = 0;
         if (loss_scale_ / 2 < opts_.loss_scale_min) {
           std::ostringstream msg;
-          msg << "step " << attempt << ": f16 gradients overflow (norm " << s.grad_norm << ") at loss scale "
+          msg << "step " << attempt << ": f16 gradients overflow (norm " << (std::isnan(s.grad_norm) ? "nan" : "inf")
+              << ") at loss scale "
               << loss_scale_ << ", and halving it would go below loss_scale_min " << opts_.loss_scale_min
               << " (the loss " << loss << " is finite; the model's values outgrow f16)" << stop_note()
               << "; lower --lr, or train with --dtype bf16";
