@@ -62,10 +62,11 @@ rm -f "$prefix/lib/libremat.a"
 } | ar -M
 
 # What the libraries need at link time: OpenMP, OpenBLAS, OpenMPI (process
-# groups), and the CUDA runtime and cuBLASLt when the build has them.
+# groups), xxHash (state checksums), and the CUDA runtime and cuBLASLt when
+# the build has them.
 blas=/usr/lib/x86_64-linux-gnu/openblas-openmp
 mpi=/usr/lib/x86_64-linux-gnu/openmpi/lib
-deps="-fopenmp -L$blas -Wl,-rpath,$blas -lopenblas -L$mpi -Wl,-rpath,$mpi -lmpi"
+deps="-fopenmp -L$blas -Wl,-rpath,$blas -lopenblas -L$mpi -Wl,-rpath,$mpi -lmpi -lxxhash"
 if ar t bazel-bin/cuda/libcuda.a | grep -q allocator_backend; then
   cuda=$(readlink -f /usr/local/cuda)/lib64
   deps="$deps -L$cuda -Wl,-rpath,$cuda -lcudart -lcublasLt"
