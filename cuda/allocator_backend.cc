@@ -79,8 +79,6 @@ int device_count() {
   return n;
 }
 
-bool built_with_cuda() { return true; }
-
 std::unique_ptr<MemoryBackend> make_allocator_backend(int device) {
   const int n = device_count();
   REMAT_CHECK(device >= 0 && device < n, DeviceError, "CUDA device ", device,

@@ -100,6 +100,12 @@ DeviceInfo device_info(int device) {
   return info;
 }
 
+int current_device() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
 void set_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
 
 void copy_host_to_device(void* dst, const void* src, std::size_t bytes, StreamId stream) {

@@ -1,27 +1,21 @@
-// Thin wrappers over the CUDA runtime for copies, fills and synchronisation.
-// Every function throws DeviceError naming the CUDA error on failure; in a
-// build without CUDA each throws "built without CUDA".
+// Thin wrappers over the CUDA runtime for device queries, copies, fills and
+// synchronisation; cuda/backend.cc offers them to the engine as its device
+// back end. Every function throws DeviceError naming the CUDA error on failure.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
+#include "engine/device_runtime.h"
 #include "engine/memory_backend.h"
 
 namespace remat::cuda {
 
-// What the benchmarks and `remat info` report about a device.
-struct DeviceInfo {
-  std::string name;
-  int major = 0, minor = 0;        // compute capability
-  int multiprocessors = 0;
-  int clock_khz = 0;               // peak SM clock
-  std::size_t memory_bytes = 0;
-};
 // Properties of CUDA device `device`; throws DeviceError if it is absent.
 DeviceInfo device_info(int device);
 
+// The calling thread's current device.
+int current_device();
 // Makes `device` current on the calling thread.
 void set_device(int device);
 // Host-to-device, device-to-host and device-to-device copies of `bytes`

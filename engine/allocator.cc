@@ -7,9 +7,9 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "engine/device_backend.h"
 #include "engine/error.h"
 #include "engine/immortal.h"
-#include "cuda/allocator_backend.h"
 
 namespace remat {
 
@@ -522,12 +522,13 @@ CachingAllocator& allocator_for(Device device) {
     if (!r.cpu) r.cpu = std::make_unique<CachingAllocator>(make_cpu_memory_backend());
     return *r.cpu;
   }
-  const int n = cuda::device_count();
+  DeviceBackend& backend = detail::cuda_backend("allocating memory", device);
+  const int n = backend.device_count();
   REMAT_CHECK(device.index >= 0 && device.index < n, DeviceError, "device ", device,
               " is not available (", n, " CUDA devices present)");
   if (r.cuda.size() < std::size_t(n)) r.cuda.resize(std::size_t(n));
   auto& slot = r.cuda[std::size_t(device.index)];
-  if (!slot) slot = std::make_unique<CachingAllocator>(cuda::make_allocator_backend(device.index));
+  if (!slot) slot = std::make_unique<CachingAllocator>(backend.make_memory_backend(device.index));
   return *slot;
 }
 

@@ -283,9 +283,11 @@ struct AutogradCounters {
 AutogradCounters autograd_counters();
 
 namespace detail {
-// acc += g (same shape; acc contiguous). CPU only for now.
+// acc += g in place (same shape and device; acc contiguous), summed in f32 and
+// rounded to acc's dtype, on the CPU or a CUDA device (engine/gradient_kernels.cc).
 void add_into(Tensor& acc, const Tensor& g);
-// Sums `g` over broadcast dims so that its shape becomes `shape`.
+// Sums `g` over broadcast dims so that its shape becomes `shape`, in f32 in
+// input order (deterministic), on g's device; returns g's dtype.
 Tensor sum_to_shape(const Tensor& g, const Shape& shape);
 }  // namespace detail
 

@@ -3,7 +3,7 @@
 #include <memory>
 #include <vector>
 
-#include "cuda/allocator_backend.h"
+#include "engine/device_runtime.h"
 #include "engine/error.h"
 #include "engine/immortal.h"
 #include "engine/parallel_for.h"
@@ -73,7 +73,7 @@ Generator& default_generator(Device device) {
   Generators& g = generators();
   if (device.is_cpu()) return g.cpu;
   std::lock_guard<std::mutex> lock(g.mu);
-  REMAT_CHECK(device.index >= 0 && device.index < cuda::device_count(), DeviceError,
+  REMAT_CHECK(device.index >= 0 && device.index < cuda_device_count(), DeviceError,
               "default_generator: device ", device, " is not available");
   if (g.cuda.size() <= std::size_t(device.index)) g.cuda.resize(std::size_t(device.index) + 1);
   auto& slot = g.cuda[std::size_t(device.index)];
@@ -85,7 +85,7 @@ void manual_seed(std::uint64_t seed) {
   Generators& g = generators();
   g.cpu.manual_seed(seed);
   std::lock_guard<std::mutex> lock(g.mu);
-  const int n = cuda::device_count();
+  const int n = cuda_device_count();
   if (g.cuda.size() < std::size_t(n)) g.cuda.resize(std::size_t(n));
   for (auto& slot : g.cuda) {
     if (!slot) slot = std::make_unique<Generator>(0);

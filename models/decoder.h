@@ -51,8 +51,9 @@ class DecoderModel : public Module {
   // `placement` (with the same values one process would give them).
   DecoderModel(const ModelConfig& c, std::uint64_t seed, ExpertPlacement placement = {});
 
-  // Runs blocks [first, last) on x. The default runs them one after the other;
-  // recompute plans replace it to wrap blocks in checkpoint regions.
+  // Runs every block on x (the hidden states after the embedding) and returns
+  // the last block's output. Without one, run_blocks runs the blocks one after
+  // the other; recompute plans set one that wraps blocks in checkpoint regions.
   using BlockRunner = std::function<Tensor(const DecoderModel&, const Tensor& x)>;
 
   struct Output {

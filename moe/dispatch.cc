@@ -4,10 +4,10 @@
 #include <cmath>
 
 #include "checkpoint/recompute_context.h"
-#include "cuda/moe_dispatch.h"
 #include "engine/autograd.h"
 #include "moe/buffer_pool.h"
 #include "ops/kernel_util.h"
+#include "ops/moe_rows.h"
 #include "ops/ops.h"
 
 namespace remat {
@@ -168,38 +168,25 @@ void scatter_add_rows(const float* y, const float* w, const std::int64_t* dst, f
   });
 }
 
-// ---- CUDA: the same row movement with cuda/moe_dispatch kernels (the CPU's
-// bits: same f32 arithmetic and order, one rounding to the output dtype).
+// ---- CUDA: the same row movement with ops/moe_rows.h (the CPU's bits: same
+// f32 arithmetic and order, one rounding to the output dtype).
 
 // For every slot of `tokens` x `top_k`, its row in routing order or -1
 // (dropped): the per-token row lists the combine sums over.
 Tensor cuda_row_of_slot(const Tensor& slot_of_row, std::int64_t tokens, std::int64_t top_k, Device device) {
-  Tensor slots = slot_of_row.to(device).contiguous();
-  Tensor out = empty({tokens * top_k}, TensorOptions(DType::i64, device));
-  cuda::moe_invert_rows(out.data<std::int64_t>(), tokens * top_k, slots.data<std::int64_t>(), slots.numel(),
-                        ops_detail::cuda_stream());
-  return out;
+  return moe_row_of_slot(slot_of_row, tokens, top_k, device);
 }
 
 // out[t] = sum over token t's rows r, in row order, of w[r] * y[r] (w
 // undefined: weight 1), in f32, rounded once to `dtype`.
 Tensor cuda_sum_token_rows(const Tensor& y, const Tensor& w, const Tensor& row_of_slot, std::int64_t tokens,
                            std::int64_t top_k, DType dtype) {
-  const std::int64_t d = y.size(1);
-  Tensor yc = ops_detail::contiguous_detached(y);
-  Tensor wf = w.defined() ? ops_detail::f32_contiguous(w.detach()) : Tensor();
-  Tensor out = empty({tokens, d}, TensorOptions(dtype, y.device()));
-  cuda::moe_combine_rows(out.raw_data(), dtype, yc.raw_data(), yc.dtype(), wf.defined() ? wf.data<float>() : nullptr,
-                         row_of_slot.data<std::int64_t>(), tokens, top_k, d, ops_detail::cuda_stream());
-  return out;
+  return moe_sum_token_rows(y, w, row_of_slot, tokens, top_k, dtype);
 }
 
 // out[r] = x[idx[r]] * w[r] (w undefined: weight 1), in f32, rounded once to `dtype`.
 void cuda_gather_rows(const Tensor& out, const Tensor& x, const Tensor& idx, const Tensor& w) {
-  Tensor xc = ops_detail::contiguous_detached(x);
-  Tensor wf = w.defined() ? ops_detail::f32_contiguous(w.detach()) : Tensor();
-  cuda::moe_gather_rows(out.raw_data(), out.dtype(), xc.raw_data(), xc.dtype(), idx.data<std::int64_t>(),
-                        wf.defined() ? wf.data<float>() : nullptr, out.size(0), xc.size(1), ops_detail::cuda_stream());
+  moe_gather_rows_into(out, x, idx, w);
 }
 
 // moe_combine's gradients on CUDA: gy[r] = w[r] * g[tok[r]] (rounded to
@@ -213,10 +200,7 @@ std::vector<Tensor> combine_backward_cuda(Node& n, const Tensor& grad, const Ten
     cuda_gather_rows(gy, gc, tok, n.saved(1));
   }
   if (n.needs_input_grad(1)) {
-    Tensor yv = ops_detail::contiguous_detached(n.saved(0));
-    Tensor gwf = empty({r}, TensorOptions(DType::f32, grad.device()));
-    cuda::moe_row_dots(gwf.data<float>(), gc.raw_data(), gc.dtype(), tok.data<std::int64_t>(), yv.raw_data(),
-                       yv.dtype(), r, d, ops_detail::cuda_stream());
+    Tensor gwf = moe_row_dots(gc, tok, n.saved(0));
     gw = ops_detail::from_f32(gwf, wdt);
   }
   tls_counters.backward_bytes_moved += std::int64_t(grad.nbytes());

@@ -347,27 +347,33 @@ void backward_kernel(const float* q, const float* k, const float* v, const float
 std::vector<Tensor> attention_backward_cuda(Node& n, const Tensor& grad, const Geometry& g,
                                             const Tensor& q, const Tensor& k, const Tensor& v,
                                             const Tensor& out, const Tensor& lse) {
-  const TensorOptions opts(q.dtype(), q.device());
-  const Tensor qc = contiguous_detached(q), kc = contiguous_detached(k), vc = contiguous_detached(v);
-  const Tensor oc = contiguous_detached(out), lc = contiguous_detached(lse);
-  const Tensor gc = contiguous_detached(grad.dtype() == q.dtype() ? grad : grad.to(q.dtype()));
-  Tensor dq, dk, dv;
-  if (n.needs_input_grad(0)) dq = empty(q.sizes(), opts);
-  if (n.needs_input_grad(1)) dk = empty(q.sizes(), opts);
-  if (n.needs_input_grad(2)) dv = empty(q.sizes(), opts);
-  Tensor delta = empty({g.bh, g.s}, TensorOptions(DType::f32, q.device()));
-  auto ptr = [](const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; };
-  cuda::attention_backward(qc.raw_data(), kc.raw_data(), vc.raw_data(), oc.raw_data(),
-                           gc.raw_data(), lc.data<float>(), ptr(dq), ptr(dk), ptr(dv),
-                           delta.data<float>(), g.bh, g.s, g.d, g.causal, g.scale, q.dtype(),
-                           cuda_stream());
-  return std::vector<Tensor>{dq, dk, dv};
+  if constexpr (kHaveCuda) {
+    const TensorOptions opts(q.dtype(), q.device());
+    const Tensor qc = contiguous_detached(q), kc = contiguous_detached(k), vc = contiguous_detached(v);
+    const Tensor oc = contiguous_detached(out), lc = contiguous_detached(lse);
+    const Tensor gc = contiguous_detached(grad.dtype() == q.dtype() ? grad : grad.to(q.dtype()));
+    Tensor dq, dk, dv;
+    if (n.needs_input_grad(0)) dq = empty(q.sizes(), opts);
+    if (n.needs_input_grad(1)) dk = empty(q.sizes(), opts);
+    if (n.needs_input_grad(2)) dv = empty(q.sizes(), opts);
+    Tensor delta = empty({g.bh, g.s}, TensorOptions(DType::f32, q.device()));
+    auto ptr = [](const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; };
+    cuda::attention_backward(qc.raw_data(), kc.raw_data(), vc.raw_data(), oc.raw_data(),
+                             gc.raw_data(), lc.data<float>(), ptr(dq), ptr(dk), ptr(dv),
+                             delta.data<float>(), g.bh, g.s, g.d, g.causal, g.scale, q.dtype(),
+                             cuda_stream());
+    return std::vector<Tensor>{dq, dk, dv};
+  } else {
+    no_cuda_kernel(kOp);
+  }
 }
 
 std::vector<Tensor> attention_backward(Node& n, const Tensor& grad, const Geometry& g) {
   NoGradGuard ng;
   const Tensor q = n.saved(0), k = n.saved(1), v = n.saved(2), out = n.saved(3), lse = n.saved(4);
-  if (on_cuda(q)) return attention_backward_cuda(n, grad, g, q, k, v, out, lse);
+  if constexpr (kHaveCuda) {
+    if (on_cuda(q)) return attention_backward_cuda(n, grad, g, q, k, v, out, lse);
+  }
   const Tensor qf = f32_contiguous(q), kf = f32_contiguous(k), vf = f32_contiguous(v);
   const Tensor of = f32_contiguous(out), gf = f32_contiguous(grad), lf = f32_contiguous(lse);
   Tensor dq, dk, dv;
@@ -396,15 +402,17 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     const Geometry geo{q.size(0) * q.size(1), q.size(2), q.size(3), causal, sc};
     std::vector<Tensor> res = kernel_or_cached([&] {
       NoGradGuard ng;
-      if (on_cuda(q)) {
-        const Tensor qc = contiguous_detached(q), kc = contiguous_detached(k),
-                     vc = contiguous_detached(v);
-        Tensor o = empty(q.sizes(), TensorOptions(q.dtype(), q.device()));
-        Tensor l = empty({q.size(0), q.size(1), q.size(2)}, TensorOptions(DType::f32, q.device()));
-        cuda::attention_forward(qc.raw_data(), kc.raw_data(), vc.raw_data(), o.raw_data(),
-                                l.data<float>(), geo.bh, geo.s, geo.d, geo.causal, geo.scale,
-                                q.dtype(), cuda_stream());
-        return std::vector<Tensor>{o, l};
+      if constexpr (kHaveCuda) {
+        if (on_cuda(q)) {
+          const Tensor qc = contiguous_detached(q), kc = contiguous_detached(k),
+                       vc = contiguous_detached(v);
+          Tensor o = empty(q.sizes(), TensorOptions(q.dtype(), q.device()));
+          Tensor l = empty({q.size(0), q.size(1), q.size(2)}, TensorOptions(DType::f32, q.device()));
+          cuda::attention_forward(qc.raw_data(), kc.raw_data(), vc.raw_data(), o.raw_data(),
+                                  l.data<float>(), geo.bh, geo.s, geo.d, geo.causal, geo.scale,
+                                  q.dtype(), cuda_stream());
+          return std::vector<Tensor>{o, l};
+        }
       }
       const Tensor qf = f32_contiguous(q), kf = f32_contiguous(k), vf = f32_contiguous(v);
       Tensor o = empty(q.sizes(), DType::f32);

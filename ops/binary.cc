@@ -40,13 +40,15 @@ Tensor binary_kernel(const char* op, const Tensor& a, const Tensor& b) {
   check_kernel_device(op, a);
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), op);
   NoGradGuard ng;
-  if (on_cuda(a)) {
-    // Both operands read in place through their (broadcast) strides.
-    Tensor ea = a.detach().expand(shape), eb = b.detach().expand(shape);
-    Tensor out = empty(shape, TensorOptions(a.dtype(), a.device()));
-    cuda::binary(cuda_op(K), out.raw_data(), ea.raw_data(), layout_of(op, ea), eb.raw_data(),
-                 layout_of(op, eb), a.dtype(), cuda_stream());
-    return out;
+  if constexpr (kHaveCuda) {
+    if (on_cuda(a)) {
+      // Both operands read in place through their (broadcast) strides.
+      Tensor ea = a.detach().expand(shape), eb = b.detach().expand(shape);
+      Tensor out = empty(shape, TensorOptions(a.dtype(), a.device()));
+      cuda::binary(cuda_op(K), out.raw_data(), ea.raw_data(), layout_of(op, ea), eb.raw_data(),
+                   layout_of(op, eb), a.dtype(), cuda_stream());
+      return out;
+    }
   }
   Tensor af = a.dtype() == DType::f32 ? a.detach() : a.detach().to(DType::f32);
   Tensor bf = b.dtype() == DType::f32 ? b.detach() : b.detach().to(DType::f32);
@@ -100,16 +102,19 @@ float rounded_scalar(double s, DType t) {
 template <BinOp K>
 Tensor scalar_kernel(const char* op, const Tensor& a, double s, bool scalar_first) {
   check_defined(op, a, "input");
-  if (!on_cuda(a))
-    return scalar_first ? binary_kernel<K>(op, scalar_like(a, s).expand(a.sizes()), a)
-                        : binary_kernel<K>(op, a, scalar_like(a, s));
-  check_floating(op, a, "input");
-  NoGradGuard ng;
-  Tensor ad = a.detach();
-  Tensor out = empty(a.sizes(), TensorOptions(a.dtype(), a.device()));
-  cuda::binary_scalar(cuda_op(K), out.raw_data(), ad.raw_data(), layout_of(op, ad),
-                      rounded_scalar(s, a.dtype()), scalar_first, a.dtype(), cuda_stream());
-  return out;
+  if constexpr (kHaveCuda) {
+    if (on_cuda(a)) {
+      check_floating(op, a, "input");
+      NoGradGuard ng;
+      Tensor ad = a.detach();
+      Tensor out = empty(a.sizes(), TensorOptions(a.dtype(), a.device()));
+      cuda::binary_scalar(cuda_op(K), out.raw_data(), ad.raw_data(), layout_of(op, ad),
+                          rounded_scalar(s, a.dtype()), scalar_first, a.dtype(), cuda_stream());
+      return out;
+    }
+  }
+  return scalar_first ? binary_kernel<K>(op, scalar_like(a, s).expand(a.sizes()), a)
+                      : binary_kernel<K>(op, a, scalar_like(a, s));
 }
 
 }  // namespace

@@ -19,12 +19,14 @@ Tensor dropout_kernel(const Tensor& x, double p, RngState state) {
   // u = (w >> 8) / 2^24 exactly, so u >= p  <=>  (w >> 8) >= ceil(p * 2^24).
   const auto threshold = std::uint32_t(std::ceil(p * 16777216.0));
   const float scale = float(1.0 / (1.0 - p));
-  if (on_cuda(x)) {  // the same words of the same stream, x read through its strides
-    Tensor xd = x.detach();
-    Tensor out = empty(x.sizes(), TensorOptions(x.dtype(), x.device()));
-    cuda::dropout(out.raw_data(), xd.raw_data(), layout_of("dropout", xd), x.dtype(), state.seed,
-                  state.offset, threshold, scale, cuda_stream());
-    return out;
+  if constexpr (kHaveCuda) {
+    if (on_cuda(x)) {  // the same words of the same stream, x read through its strides
+      Tensor xd = x.detach();
+      Tensor out = empty(x.sizes(), TensorOptions(x.dtype(), x.device()));
+      cuda::dropout(out.raw_data(), xd.raw_data(), layout_of("dropout", xd), x.dtype(), state.seed,
+                    state.offset, threshold, scale, cuda_stream());
+      return out;
+    }
   }
   Tensor xf = f32_contiguous(x);
   Tensor out = empty(x.sizes(), DType::f32);

@@ -16,11 +16,15 @@ namespace {
 // ids as i64 in row-major order (CUDA ids are copied to the host on the op's
 // stream, which waits for them).
 std::vector<std::int64_t> read_ids(const Tensor& ids) {
-  if (!on_cuda(ids)) return ids.detach().to_vector<std::int64_t>();
-  Tensor c = contiguous_detached(ids);
-  Tensor host = empty(c.sizes(), TensorOptions(c.dtype(), kCPU));
-  cuda::copy_device_to_host(host.raw_data(), c.raw_data(), c.nbytes(), cuda_stream());
-  return host.to_vector<std::int64_t>();
+  if constexpr (kHaveCuda) {
+    if (on_cuda(ids)) {
+      Tensor c = contiguous_detached(ids);
+      Tensor host = empty(c.sizes(), TensorOptions(c.dtype(), kCPU));
+      cuda::copy_device_to_host(host.raw_data(), c.raw_data(), c.nbytes(), cuda_stream());
+      return host.to_vector<std::int64_t>();
+    }
+  }
+  return ids.detach().to_vector<std::int64_t>();
 }
 
 void check_ids(const std::vector<std::int64_t>& ids, const Tensor& weight) {
@@ -37,13 +41,15 @@ void check_ids(const std::vector<std::int64_t>& ids, const Tensor& weight) {
 Tensor embedding_forward(const Tensor& weight, const Tensor& ids_t, const std::vector<std::int64_t>& ids,
                          const Shape& out_shape) {
   NoGradGuard ng;
-  if (on_cuda(weight)) {
-    // The ids were checked on the host; the kernel reads the device copy.
-    Tensor w = contiguous_detached(weight), ic = contiguous_detached(ids_t);
-    Tensor out = empty(out_shape, TensorOptions(weight.dtype(), weight.device()));
-    cuda::embedding_forward(out.raw_data(), w.raw_data(), w.dtype(), ic.raw_data(), ic.dtype(), ic.numel(),
-                            w.size(1), cuda_stream());
-    return out;
+  if constexpr (kHaveCuda) {
+    if (on_cuda(weight)) {
+      // The ids were checked on the host; the kernel reads the device copy.
+      Tensor w = contiguous_detached(weight), ic = contiguous_detached(ids_t);
+      Tensor out = empty(out_shape, TensorOptions(weight.dtype(), weight.device()));
+      cuda::embedding_forward(out.raw_data(), w.raw_data(), w.dtype(), ic.raw_data(), ic.dtype(), ic.numel(),
+                              w.size(1), cuda_stream());
+      return out;
+    }
   }
   Tensor w = weight.detach().contiguous();
   const std::int64_t d = w.size(1);
@@ -92,30 +98,34 @@ IdGroups group_ids(const std::vector<std::int64_t>& ids, std::int64_t vocab) {
 // rounds once, as the CPU kernel below does. Rows no id touches stay zero.
 Tensor embedding_backward_cuda(const Tensor& g, const Tensor& ids_t, std::int64_t vocab, std::int64_t d,
                                DType dtype) {
-  NoGradGuard ng;
-  const std::vector<std::int64_t> ids = read_ids(ids_t);
-  const IdGroups grp = group_ids(ids, vocab);
-  const std::int64_t n = std::int64_t(ids.size()), touched = std::int64_t(grp.touched.size());
-  std::vector<std::int64_t> lists;
-  lists.reserve(std::size_t(2 * touched + 1 + n));
-  lists.insert(lists.end(), grp.touched.begin(), grp.touched.end());
-  for (std::int64_t v : grp.touched) lists.push_back(grp.start[std::size_t(v)]);
-  lists.push_back(n);
-  lists.insert(lists.end(), grp.order.begin(), grp.order.end());
-  const Device dev = g.device();
-  Tensor dev_lists = empty({std::int64_t(lists.size())}, TensorOptions(DType::i64, dev));
-  cuda::copy_host_to_device(dev_lists.raw_data(), lists.data(), lists.size() * sizeof(std::int64_t),
-                            cuda_stream());
-  // Sums in f32 either way; a gradient of another dtype is accumulated into
-  // an f32 table and rounded to the weight's dtype at the end, as on the CPU.
-  const DType acc = g.dtype() == dtype ? dtype : DType::f32;
-  Tensor gc = contiguous_detached(g.dtype() == acc ? g : g.to(acc));
-  Tensor grad = empty({vocab, d}, TensorOptions(acc, dev));
-  cuda::memset_async(grad.raw_data(), 0, grad.nbytes(), cuda_stream());
-  const std::int64_t* pl = dev_lists.data<std::int64_t>();
-  cuda::embedding_backward(grad.raw_data(), gc.raw_data(), acc, pl, pl + touched, pl + 2 * touched + 1,
-                           touched, d, cuda_stream());
-  return acc == dtype ? grad : grad.to(dtype);
+  if constexpr (kHaveCuda) {
+    NoGradGuard ng;
+    const std::vector<std::int64_t> ids = read_ids(ids_t);
+    const IdGroups grp = group_ids(ids, vocab);
+    const std::int64_t n = std::int64_t(ids.size()), touched = std::int64_t(grp.touched.size());
+    std::vector<std::int64_t> lists;
+    lists.reserve(std::size_t(2 * touched + 1 + n));
+    lists.insert(lists.end(), grp.touched.begin(), grp.touched.end());
+    for (std::int64_t v : grp.touched) lists.push_back(grp.start[std::size_t(v)]);
+    lists.push_back(n);
+    lists.insert(lists.end(), grp.order.begin(), grp.order.end());
+    const Device dev = g.device();
+    Tensor dev_lists = empty({std::int64_t(lists.size())}, TensorOptions(DType::i64, dev));
+    cuda::copy_host_to_device(dev_lists.raw_data(), lists.data(), lists.size() * sizeof(std::int64_t),
+                              cuda_stream());
+    // Sums in f32 either way; a gradient of another dtype is accumulated into
+    // an f32 table and rounded to the weight's dtype at the end, as on the CPU.
+    const DType acc = g.dtype() == dtype ? dtype : DType::f32;
+    Tensor gc = contiguous_detached(g.dtype() == acc ? g : g.to(acc));
+    Tensor grad = empty({vocab, d}, TensorOptions(acc, dev));
+    cuda::memset_async(grad.raw_data(), 0, grad.nbytes(), cuda_stream());
+    const std::int64_t* pl = dev_lists.data<std::int64_t>();
+    cuda::embedding_backward(grad.raw_data(), gc.raw_data(), acc, pl, pl + touched, pl + 2 * touched + 1,
+                             touched, d, cuda_stream());
+    return acc == dtype ? grad : grad.to(dtype);
+  } else {
+    no_cuda_kernel("embedding backward");
+  }
 }
 
 // grad[v] = sum of g rows k with ids[k] == v, added in increasing k. The rows
@@ -123,7 +133,9 @@ Tensor embedding_backward_cuda(const Tensor& g, const Tensor& ids_t, std::int64_
 // by one thread: no atomics, and the same order for any thread count.
 Tensor embedding_backward(const Tensor& g, const Tensor& ids_t, std::int64_t vocab, std::int64_t d,
                           DType dtype) {
-  if (on_cuda(g)) return embedding_backward_cuda(g, ids_t, vocab, d, dtype);
+  if constexpr (kHaveCuda) {
+    if (on_cuda(g)) return embedding_backward_cuda(g, ids_t, vocab, d, dtype);
+  }
   NoGradGuard ng;
   const std::vector<std::int64_t> ids = read_ids(ids_t);  // checked by the forward
   const std::int64_t n = std::int64_t(ids.size());

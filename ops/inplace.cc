@@ -49,13 +49,15 @@ void update_kernel(const char* op, Tensor& x, const Tensor& y_in, float alpha) {
   if (y.shares_storage_with(x) && !same_layout) y = y.clone();
   y = y.expand(x.sizes());
   x.bump_version();
-  if (on_cuda(x)) {
-    constexpr cuda::UpdateOp code = K == Kind::add   ? cuda::UpdateOp::add
-                                    : K == Kind::mul ? cuda::UpdateOp::mul
-                                                     : cuda::UpdateOp::scale;
-    cuda::update(code, x.raw_data(), layout_of(op, x), y.raw_data(), layout_of(op, y), alpha,
-                 x.dtype(), cuda_stream());
-    return;
+  if constexpr (kHaveCuda) {
+    if (on_cuda(x)) {
+      constexpr cuda::UpdateOp code = K == Kind::add   ? cuda::UpdateOp::add
+                                      : K == Kind::mul ? cuda::UpdateOp::mul
+                                                       : cuda::UpdateOp::scale;
+      cuda::update(code, x.raw_data(), layout_of(op, x), y.raw_data(), layout_of(op, y), alpha,
+                   x.dtype(), cuda_stream());
+      return;
+    }
   }
   const std::array<const Shape*, 2> st{&x.strides(), &y.strides()};
   dispatch_dtype(x.dtype(), [&](auto tag) {

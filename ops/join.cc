@@ -33,19 +33,21 @@ Tensor cat_kernel(const std::vector<Tensor>& xs, std::int64_t d, const Shape& sh
   NoGradGuard ng;
   Tensor out = empty(shape, TensorOptions(xs[0].dtype(), xs[0].device()));
   if (out.numel() == 0) return out;
-  if (on_cuda(out)) {
-    // Each input is copied into its narrowed view of the output (any layout).
-    std::int64_t off = 0;
-    for (const auto& x : xs) {
-      const std::int64_t len = x.size(d);
-      if (len > 0) {
-        const Tensor dst = out.narrow(d, off, len);
-        cuda::copy_strided(dst.raw_data(), dst.dtype(), layout_of("cat", dst), x.raw_data(), x.dtype(),
-                           layout_of("cat", x), cuda_stream());
+  if constexpr (kHaveCuda) {
+    if (on_cuda(out)) {
+      // Each input is copied into its narrowed view of the output (any layout).
+      std::int64_t off = 0;
+      for (const auto& x : xs) {
+        const std::int64_t len = x.size(d);
+        if (len > 0) {
+          const Tensor dst = out.narrow(d, off, len);
+          cuda::copy_strided(dst.raw_data(), dst.dtype(), layout_of("cat", dst), x.raw_data(), x.dtype(),
+                             layout_of("cat", x), cuda_stream());
+        }
+        off += len;
       }
-      off += len;
+      return out;
     }
-    return out;
   }
   std::int64_t outer = 1, inner = 1;
   for (std::int64_t k = 0; k < d; ++k) outer *= shape[std::size_t(k)];

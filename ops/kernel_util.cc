@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-#include "engine/cuda_layout.h"
+#include "engine/device_layout.h"
 
 namespace remat::ops_detail {
 
@@ -48,10 +48,14 @@ void check_kernel_device(const char* op, const Tensor& t) {
               t.device(), " (got ", describe(t), ")");
 }
 
+void no_cuda_kernel(const char* op) {
+  throw DeviceError(std::string(op) + ": no CUDA device: this build of remat has no CUDA back end");
+}
+
 cuda::Strided layout_of(const char* op, const Tensor& t) {
   REMAT_CHECK(t.dim() <= cuda::kMaxDims, ShapeError, op, ": CUDA kernels take at most ",
               cuda::kMaxDims, " dims, got ", describe(t));
-  return detail::cuda_layout(t);
+  return detail::device_layout(t);
 }
 
 Tensor contiguous_detached(const Tensor& t) {

@@ -8,9 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/stream.h"
+#include "cuda/config.h"
 #include "cuda/strided.h"
 #include "engine/autograd.h"
+#include "engine/device_runtime.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
 #include "engine/parallel_for.h"
@@ -35,13 +36,24 @@ void check_cpu(const char* op, const Tensor& t);
 // kernels for both call this instead of check_cpu).
 void check_kernel_device(const char* op, const Tensor& t);
 
+// True in a build with the CUDA back end. Each op's CUDA branch sits next to
+// its CPU one inside `if constexpr (kHaveCuda) { if (on_cuda(x)) ... }`; a
+// helper that launches cuda/ kernels (a *_cuda function) has its whole body
+// inside `if constexpr (kHaveCuda) { ... } else { no_cuda_kernel(op); }`, so
+// calling it needs no guard. Without the toolkit those statements are
+// discarded, the cuda/ functions they name need no definition, and the build
+// links without stubs (cuda/config.h). No CUDA tensor exists in such a build.
+using cuda::kHaveCuda;
+// Thrown by a CUDA-only helper reached in a build without CUDA (which cannot
+// happen: such a build has no CUDA tensors).
+[[noreturn]] void no_cuda_kernel(const char* op);
 // True if `t` lives on a CUDA device: the op runs its cuda/ kernel.
 inline bool on_cuda(const Tensor& t) { return t.device().is_cuda(); }
 // `t`'s sizes and strides as cuda/ kernels take them; throws ShapeError
 // naming `op` for more than cuda::kMaxDims dims.
 cuda::Strided layout_of(const char* op, const Tensor& t);
 // The stream the op's CUDA kernels go on (the thread's current stream).
-inline StreamId cuda_stream() { return cuda::current_stream(); }
+inline StreamId cuda_stream() { return current_stream(); }
 // `t` detached and contiguous in its own dtype and device (no copy if it is).
 Tensor contiguous_detached(const Tensor& t);
 

@@ -43,17 +43,21 @@ struct CeForward {
 // losses are summed in a fixed order on the device.
 CeForward ce_forward_cuda(const Tensor& logits, const Tensor& targets, std::int64_t count,
                           std::int64_t ignore_index) {
-  NoGradGuard ng;
-  const std::int64_t c = logits.size(-1);
-  const std::int64_t rows = targets.numel();
-  Tensor lc = contiguous_detached(logits), tc = contiguous_detached(targets);
-  CeForward f{empty({}, TensorOptions(DType::f32, logits.device())),
-              empty({rows}, TensorOptions(DType::f32, logits.device()))};
-  Tensor row_loss = empty({rows}, TensorOptions(DType::f32, logits.device()));
-  cuda::cross_entropy_forward(f.loss.data<float>(), f.lse.data<float>(), lc.raw_data(), lc.dtype(),
-                              tc.raw_data(), tc.dtype(), rows, c, ignore_index, count,
-                              row_loss.data<float>(), cuda_stream());
-  return f;
+  if constexpr (kHaveCuda) {
+    NoGradGuard ng;
+    const std::int64_t c = logits.size(-1);
+    const std::int64_t rows = targets.numel();
+    Tensor lc = contiguous_detached(logits), tc = contiguous_detached(targets);
+    CeForward f{empty({}, TensorOptions(DType::f32, logits.device())),
+                empty({rows}, TensorOptions(DType::f32, logits.device()))};
+    Tensor row_loss = empty({rows}, TensorOptions(DType::f32, logits.device()));
+    cuda::cross_entropy_forward(f.loss.data<float>(), f.lse.data<float>(), lc.raw_data(), lc.dtype(),
+                                tc.raw_data(), tc.dtype(), rows, c, ignore_index, count,
+                                row_loss.data<float>(), cuda_stream());
+    return f;
+  } else {
+    no_cuda_kernel("cross_entropy");
+  }
 }
 
 CeForward ce_forward(const Tensor& logits, const std::vector<std::int64_t>& tg,
@@ -89,15 +93,17 @@ Tensor ce_backward(const Tensor& g, const Tensor& logits, const Tensor& targets,
                    std::int64_t count, std::int64_t ignore_index) {
   NoGradGuard ng;
   const std::int64_t c = logits.size(-1);
-  if (on_cuda(logits)) {
-    Tensor lc = contiguous_detached(logits), tc = contiguous_detached(targets);
-    Tensor sc = contiguous_detached(lse);
-    Tensor gc = contiguous_detached(g.dtype() == DType::f32 ? g : g.detach().to(DType::f32));
-    Tensor dl = empty(logits.sizes(), TensorOptions(logits.dtype(), logits.device()));
-    cuda::cross_entropy_backward(dl.raw_data(), gc.data<float>(), lc.raw_data(), sc.data<float>(),
-                                 lc.dtype(), tc.raw_data(), tc.dtype(), tc.numel(), c, ignore_index, count,
-                                 cuda_stream());
-    return dl;
+  if constexpr (kHaveCuda) {
+    if (on_cuda(logits)) {
+      Tensor lc = contiguous_detached(logits), tc = contiguous_detached(targets);
+      Tensor sc = contiguous_detached(lse);
+      Tensor gc = contiguous_detached(g.dtype() == DType::f32 ? g : g.detach().to(DType::f32));
+      Tensor dl = empty(logits.sizes(), TensorOptions(logits.dtype(), logits.device()));
+      cuda::cross_entropy_backward(dl.raw_data(), gc.data<float>(), lc.raw_data(), sc.data<float>(),
+                                   lc.dtype(), tc.raw_data(), tc.dtype(), tc.numel(), c, ignore_index, count,
+                                   cuda_stream());
+      return dl;
+    }
   }
   std::vector<std::int64_t> tg;
   read_targets(targets, c, ignore_index, tg);

@@ -69,32 +69,36 @@ GemmOperand as_operand(const Tensor& t_in) {
 // its workspace from the caching allocator. Returns the output in `dtype`.
 Tensor gemm_cuda(const GemmOperand& ga, const GemmOperand& gb, DType dtype, Device device,
                  const Shape& out_shape, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k) {
-  Tensor out = empty(out_shape, TensorOptions(dtype, device));
-  if (k == 0) return out.zero_();
-  cuda::GemmArgs g;
-  g.trans_a = ga.trans;
-  g.trans_b = gb.trans;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = ga.ptr;
-  g.lda = ga.ld;
-  g.stride_a = ga.batch_stride;
-  g.b = gb.ptr;
-  g.ldb = gb.ld;
-  g.stride_b = gb.batch_stride;
-  g.c = out.raw_data();
-  g.ldc = n;
-  g.stride_c = m * n;
-  g.batch = batch;
-  g.dtype = dtype;
-  Tensor workspace;
-  {
-    CategoryScope cat(MemoryCategory::workspace);
-    workspace = empty({std::int64_t(cuda::gemm_workspace_bytes())}, TensorOptions(DType::boolean, device));
+  if constexpr (kHaveCuda) {
+    Tensor out = empty(out_shape, TensorOptions(dtype, device));
+    if (k == 0) return out.zero_();
+    cuda::GemmArgs g;
+    g.trans_a = ga.trans;
+    g.trans_b = gb.trans;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a = ga.ptr;
+    g.lda = ga.ld;
+    g.stride_a = ga.batch_stride;
+    g.b = gb.ptr;
+    g.ldb = gb.ld;
+    g.stride_b = gb.batch_stride;
+    g.c = out.raw_data();
+    g.ldc = n;
+    g.stride_c = m * n;
+    g.batch = batch;
+    g.dtype = dtype;
+    Tensor workspace;
+    {
+      CategoryScope cat(MemoryCategory::workspace);
+      workspace = empty({std::int64_t(cuda::gemm_workspace_bytes())}, TensorOptions(DType::boolean, device));
+    }
+    cuda::gemm(g, workspace.raw_data(), cuda::gemm_workspace_bytes(), cuda_stream());
+    return out;
+  } else {
+    no_cuda_kernel("matmul");
   }
-  cuda::gemm(g, workspace.raw_data(), cuda::gemm_workspace_bytes(), cuda_stream());
-  return out;
 }
 
 // out[b] = a[b] @ b[b] for each of `batch` matrices (batch 1 for 2-D).
@@ -102,7 +106,9 @@ Tensor gemm_batched(const Tensor& a, const Tensor& b, const Shape& out_shape, st
                     std::int64_t m, std::int64_t n, std::int64_t k) {
   NoGradGuard ng;
   GemmOperand ga = as_operand(a.detach()), gb = as_operand(b.detach());
-  if (on_cuda(a)) return gemm_cuda(ga, gb, a.dtype(), a.device(), out_shape, batch, m, n, k);
+  if constexpr (kHaveCuda) {
+    if (on_cuda(a)) return gemm_cuda(ga, gb, a.dtype(), a.device(), out_shape, batch, m, n, k);
+  }
   Tensor out = empty(out_shape, DType::f32);
   float* po = out.data<float>();
   const auto* pa = static_cast<const float*>(ga.ptr);

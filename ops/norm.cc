@@ -87,13 +87,15 @@ struct RmsForward {
 RmsForward rms_forward(const Tensor& x, const Tensor& w, float eps) {
   NoGradGuard ng;
   const std::int64_t d = x.size(-1), rows = num_rows(x);
-  if (on_cuda(x)) {
-    Tensor xc = cuda_operand(x, x.dtype()), wc = cuda_operand(w, x.dtype());
-    RmsForward f{empty(x.sizes(), TensorOptions(x.dtype(), x.device())),
-                 empty({rows}, TensorOptions(DType::f32, x.device()))};
-    cuda::rms_norm_forward(f.y.raw_data(), f.rstd.data<float>(), xc.raw_data(), wc.raw_data(), x.dtype(),
-                           rows, d, eps, cuda_stream());
-    return f;
+  if constexpr (kHaveCuda) {
+    if (on_cuda(x)) {
+      Tensor xc = cuda_operand(x, x.dtype()), wc = cuda_operand(w, x.dtype());
+      RmsForward f{empty(x.sizes(), TensorOptions(x.dtype(), x.device())),
+                   empty({rows}, TensorOptions(DType::f32, x.device()))};
+      cuda::rms_norm_forward(f.y.raw_data(), f.rstd.data<float>(), xc.raw_data(), wc.raw_data(), x.dtype(),
+                             rows, d, eps, cuda_stream());
+      return f;
+    }
   }
   Tensor xf = f32_contiguous(x), wf = f32_contiguous(w);
   RmsForward f{empty(x.sizes(), DType::f32), empty({rows}, DType::f32)};
@@ -119,19 +121,21 @@ std::vector<Tensor> rms_backward(const Tensor& g, const Tensor& x, const Tensor&
                                  const Tensor& rstd, bool need_dx, bool need_dw) {
   NoGradGuard ng;
   const std::int64_t d = x.size(-1), rows = num_rows(x);
-  if (on_cuda(x)) {
-    const DType dt = x.dtype();
-    const TensorOptions opts(dt, x.device());
-    Tensor gc = cuda_operand(g, dt), xc = cuda_operand(x, dt);
-    Tensor wc = need_dx ? cuda_operand(w, dt) : Tensor();
-    Tensor rc = cuda_operand(rstd, DType::f32);
-    Tensor dx = need_dx ? empty(x.sizes(), opts) : Tensor();
-    Tensor dw = need_dw ? empty({d}, opts) : Tensor();
-    Tensor work = cuda_workspace(need_dw ? cuda::norm_param_grad_workspace(rows, d) : 0, x.device());
-    cuda::rms_norm_backward(need_dx ? dx.raw_data() : nullptr, need_dw ? dw.raw_data() : nullptr,
-                            gc.raw_data(), xc.raw_data(), ptr_or_null(wc), rc.data<float>(), dt, rows, d,
-                            work.defined() ? work.data<float>() : nullptr, cuda_stream());
-    return {dx, dw};
+  if constexpr (kHaveCuda) {
+    if (on_cuda(x)) {
+      const DType dt = x.dtype();
+      const TensorOptions opts(dt, x.device());
+      Tensor gc = cuda_operand(g, dt), xc = cuda_operand(x, dt);
+      Tensor wc = need_dx ? cuda_operand(w, dt) : Tensor();
+      Tensor rc = cuda_operand(rstd, DType::f32);
+      Tensor dx = need_dx ? empty(x.sizes(), opts) : Tensor();
+      Tensor dw = need_dw ? empty({d}, opts) : Tensor();
+      Tensor work = cuda_workspace(need_dw ? cuda::norm_param_grad_workspace(rows, d) : 0, x.device());
+      cuda::rms_norm_backward(need_dx ? dx.raw_data() : nullptr, need_dw ? dw.raw_data() : nullptr,
+                              gc.raw_data(), xc.raw_data(), ptr_or_null(wc), rc.data<float>(), dt, rows, d,
+                              work.defined() ? work.data<float>() : nullptr, cuda_stream());
+      return {dx, dw};
+    }
   }
   Tensor gf = f32_contiguous(g), xf = f32_contiguous(x), rf = f32_contiguous(rstd);
   Tensor wf = need_dx ? f32_contiguous(w) : Tensor();  // saved only when dx is needed
@@ -185,15 +189,17 @@ struct LnForward {
 LnForward ln_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
   NoGradGuard ng;
   const std::int64_t d = x.size(-1), rows = num_rows(x);
-  if (on_cuda(x)) {
-    const DType dt = x.dtype();
-    Tensor xc = cuda_operand(x, dt), wc = cuda_operand(w, dt), bc = cuda_operand(b, dt);
-    LnForward f{empty(x.sizes(), TensorOptions(dt, x.device())),
-                empty({rows}, TensorOptions(DType::f32, x.device())),
-                empty({rows}, TensorOptions(DType::f32, x.device()))};
-    cuda::layer_norm_forward(f.y.raw_data(), f.mean.data<float>(), f.rstd.data<float>(), xc.raw_data(),
-                             ptr_or_null(wc), ptr_or_null(bc), dt, rows, d, eps, cuda_stream());
-    return f;
+  if constexpr (kHaveCuda) {
+    if (on_cuda(x)) {
+      const DType dt = x.dtype();
+      Tensor xc = cuda_operand(x, dt), wc = cuda_operand(w, dt), bc = cuda_operand(b, dt);
+      LnForward f{empty(x.sizes(), TensorOptions(dt, x.device())),
+                  empty({rows}, TensorOptions(DType::f32, x.device())),
+                  empty({rows}, TensorOptions(DType::f32, x.device()))};
+      cuda::layer_norm_forward(f.y.raw_data(), f.mean.data<float>(), f.rstd.data<float>(), xc.raw_data(),
+                               ptr_or_null(wc), ptr_or_null(bc), dt, rows, d, eps, cuda_stream());
+      return f;
+    }
   }
   Tensor xf = f32_contiguous(x);
   Tensor wf = w.defined() ? f32_contiguous(w) : Tensor();
@@ -238,24 +244,26 @@ std::vector<Tensor> ln_backward(const Tensor& g, const Tensor& x, const Tensor& 
   NoGradGuard ng;
   const std::int64_t d = g.size(-1), rows = num_rows(g);
   const bool need_x = need_dx || need_dw;
-  if (on_cuda(g)) {
-    const TensorOptions opts(dtype, g.device());
-    Tensor gc = cuda_operand(g, dtype);
-    Tensor xc = need_x ? cuda_operand(x, dtype) : Tensor();
-    Tensor wc = need_dx ? cuda_operand(w, dtype) : Tensor();
-    Tensor mc = need_x ? cuda_operand(mean, DType::f32) : Tensor();
-    Tensor rc = need_x ? cuda_operand(rstd, DType::f32) : Tensor();
-    Tensor dx = need_dx ? empty(g.sizes(), opts) : Tensor();
-    Tensor dw = need_dw ? empty({d}, opts) : Tensor();
-    Tensor db = need_db ? empty({d}, opts) : Tensor();
-    const std::int64_t per = cuda::norm_param_grad_workspace(rows, d);
-    Tensor work = cuda_workspace(per * ((need_dw ? 1 : 0) + (need_db ? 1 : 0)), g.device());
-    cuda::layer_norm_backward(need_dx ? dx.raw_data() : nullptr, need_dw ? dw.raw_data() : nullptr,
-                              need_db ? db.raw_data() : nullptr, gc.raw_data(), ptr_or_null(xc),
-                              ptr_or_null(wc), need_x ? mc.data<float>() : nullptr,
-                              need_x ? rc.data<float>() : nullptr, dtype, rows, d,
-                              work.defined() ? work.data<float>() : nullptr, cuda_stream());
-    return {dx, dw, db};
+  if constexpr (kHaveCuda) {
+    if (on_cuda(g)) {
+      const TensorOptions opts(dtype, g.device());
+      Tensor gc = cuda_operand(g, dtype);
+      Tensor xc = need_x ? cuda_operand(x, dtype) : Tensor();
+      Tensor wc = need_dx ? cuda_operand(w, dtype) : Tensor();
+      Tensor mc = need_x ? cuda_operand(mean, DType::f32) : Tensor();
+      Tensor rc = need_x ? cuda_operand(rstd, DType::f32) : Tensor();
+      Tensor dx = need_dx ? empty(g.sizes(), opts) : Tensor();
+      Tensor dw = need_dw ? empty({d}, opts) : Tensor();
+      Tensor db = need_db ? empty({d}, opts) : Tensor();
+      const std::int64_t per = cuda::norm_param_grad_workspace(rows, d);
+      Tensor work = cuda_workspace(per * ((need_dw ? 1 : 0) + (need_db ? 1 : 0)), g.device());
+      cuda::layer_norm_backward(need_dx ? dx.raw_data() : nullptr, need_dw ? dw.raw_data() : nullptr,
+                                need_db ? db.raw_data() : nullptr, gc.raw_data(), ptr_or_null(xc),
+                                ptr_or_null(wc), need_x ? mc.data<float>() : nullptr,
+                                need_x ? rc.data<float>() : nullptr, dtype, rows, d,
+                                work.defined() ? work.data<float>() : nullptr, cuda_stream());
+      return {dx, dw, db};
+    }
   }
   Tensor gf = f32_contiguous(g);
   Tensor xf = need_x ? f32_contiguous(x) : Tensor();

@@ -90,22 +90,28 @@ Folded fold(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd
 // sum_kernel on CUDA: the result in x's dtype, straight from x's layout.
 Tensor sum_cuda(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd, bool keepdim,
                 float scale) {
-  Shape out_shape, keep_shape;
-  reduced_shapes(x, rd, out_shape, keep_shape);
-  cuda::Strided kept, reduced;
-  split_layout(op, x, rd, kept, reduced);
-  Tensor out = empty(keepdim ? keep_shape : out_shape, TensorOptions(x.dtype(), x.device()));
-  const std::int64_t ws = cuda::reduce_sum_workspace(kept, reduced);
-  Tensor work = ws > 0 ? empty({ws}, TensorOptions(DType::f32, x.device())) : Tensor();
-  cuda::reduce_sum(out.raw_data(), x.raw_data(), x.dtype(), kept, reduced, scale,
-                   ws > 0 ? work.data<float>() : nullptr, cuda_stream());
-  return out;
+  if constexpr (kHaveCuda) {
+    Shape out_shape, keep_shape;
+    reduced_shapes(x, rd, out_shape, keep_shape);
+    cuda::Strided kept, reduced;
+    split_layout(op, x, rd, kept, reduced);
+    Tensor out = empty(keepdim ? keep_shape : out_shape, TensorOptions(x.dtype(), x.device()));
+    const std::int64_t ws = cuda::reduce_sum_workspace(kept, reduced);
+    Tensor work = ws > 0 ? empty({ws}, TensorOptions(DType::f32, x.device())) : Tensor();
+    cuda::reduce_sum(out.raw_data(), x.raw_data(), x.dtype(), kept, reduced, scale,
+                     ws > 0 ? work.data<float>() : nullptr, cuda_stream());
+    return out;
+  } else {
+    no_cuda_kernel(op);
+  }
 }
 
 Tensor sum_kernel(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd,
                   bool keepdim, float scale) {
   check_kernel_device(op, x);
-  if (on_cuda(x)) return sum_cuda(op, x, rd, keepdim, scale);
+  if constexpr (kHaveCuda) {
+    if (on_cuda(x)) return sum_cuda(op, x, rd, keepdim, scale);
+  }
   Folded f = fold(op, x, rd);
   Tensor out = empty(keepdim ? f.keep_shape : f.out_shape, DType::f32);
   const float* p = f.mat.data<float>();
@@ -187,14 +193,18 @@ std::pair<Tensor, Tensor> max(const Tensor& x, std::int64_t dim, bool keepdim) {
   auto outs = dispatch("max", {x}, [&] {
     Tensor out, index;
     if (on_cuda(x)) {
-      Shape out_shape, keep_shape;
-      reduced_shapes(x, rd, out_shape, keep_shape);
-      cuda::Strided kept, reduced;
-      split_layout("max", x, rd, kept, reduced);
-      out = empty(keepdim ? keep_shape : out_shape, TensorOptions(x.dtype(), x.device()));
-      index = empty(keepdim ? keep_shape : out_shape, TensorOptions(DType::i64, x.device()));
-      cuda::reduce_max(out.raw_data(), index.data<std::int64_t>(), x.raw_data(), x.dtype(), kept,
-                       reduced.numel(), reduced.dim > 0 ? reduced.strides[0] : 0, cuda_stream());
+      if constexpr (kHaveCuda) {
+        Shape out_shape, keep_shape;
+        reduced_shapes(x, rd, out_shape, keep_shape);
+        cuda::Strided kept, reduced;
+        split_layout("max", x, rd, kept, reduced);
+        out = empty(keepdim ? keep_shape : out_shape, TensorOptions(x.dtype(), x.device()));
+        index = empty(keepdim ? keep_shape : out_shape, TensorOptions(DType::i64, x.device()));
+        cuda::reduce_max(out.raw_data(), index.data<std::int64_t>(), x.raw_data(), x.dtype(), kept,
+                         reduced.numel(), reduced.dim > 0 ? reduced.strides[0] : 0, cuda_stream());
+      } else {
+        no_cuda_kernel("max");
+      }
     } else {
       Folded f = fold("max", x, rd);
       Tensor values = empty(keepdim ? f.keep_shape : f.out_shape, DType::f32);
@@ -219,16 +229,18 @@ std::pair<Tensor, Tensor> max(const Tensor& x, std::int64_t dim, bool keepdim) {
       node->save(index, true);
       node->backward_fn = [xs = x.sizes(), d, keepdim, dt = x.dtype(), rd](Node& n, std::vector<Tensor>& g) {
         Tensor idx = n.saved(0);
-        if (on_cuda(idx)) {
-          // Zeros, then each output's gradient written at its argmax.
-          Tensor gx = zeros(xs, TensorOptions(dt, idx.device()));
-          Tensor gc = contiguous_detached(g[0].dtype() == dt ? g[0] : g[0].to(dt));
-          Tensor ic = contiguous_detached(idx);
-          cuda::Strided kept, reduced;
-          split_layout("max", gx, rd, kept, reduced);
-          cuda::reduce_max_backward(gx.raw_data(), kept, reduced.dim > 0 ? reduced.strides[0] : 0,
-                                    gc.raw_data(), ic.data<std::int64_t>(), dt, cuda_stream());
-          return std::vector<Tensor>{gx};
+        if constexpr (kHaveCuda) {
+          if (on_cuda(idx)) {
+            // Zeros, then each output's gradient written at its argmax.
+            Tensor gx = zeros(xs, TensorOptions(dt, idx.device()));
+            Tensor gc = contiguous_detached(g[0].dtype() == dt ? g[0] : g[0].to(dt));
+            Tensor ic = contiguous_detached(idx);
+            cuda::Strided kept, reduced;
+            split_layout("max", gx, rd, kept, reduced);
+            cuda::reduce_max_backward(gx.raw_data(), kept, reduced.dim > 0 ? reduced.strides[0] : 0,
+                                      gc.raw_data(), ic.data<std::int64_t>(), dt, cuda_stream());
+            return std::vector<Tensor>{gx};
+          }
         }
         Tensor gg = g[0];
         if (!keepdim && !xs.empty()) {

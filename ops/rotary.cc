@@ -17,19 +17,21 @@ namespace {
 Tensor rotary_kernel(const Tensor& x, double theta, std::int64_t position_offset, float sign) {
   NoGradGuard ng;
   const std::int64_t seq = x.size(-2), d = x.size(-1), half = d / 2;
-  if (on_cuda(x)) {
-    // The cos / sin table on the device (f32 [2, seq, half]), then the rows
-    // rotated reading x through its strides.
-    Tensor xd = x.detach();
-    Tensor table = empty({2, seq, half}, TensorOptions(DType::f32, x.device()));
-    float* cs = table.data<float>();
-    float* sn = cs + seq * half;
-    const StreamId stream = cuda_stream();
-    cuda::rotary_table(cs, sn, seq, half, theta, position_offset, sign, stream);
-    Tensor out = empty(x.sizes(), TensorOptions(x.dtype(), x.device()));
-    cuda::rotary(out.raw_data(), xd.raw_data(), layout_of("rotary_embedding", xd), x.dtype(), cs,
-                 sn, stream);
-    return out;
+  if constexpr (kHaveCuda) {
+    if (on_cuda(x)) {
+      // The cos / sin table on the device (f32 [2, seq, half]), then the rows
+      // rotated reading x through its strides.
+      Tensor xd = x.detach();
+      Tensor table = empty({2, seq, half}, TensorOptions(DType::f32, x.device()));
+      float* cs = table.data<float>();
+      float* sn = cs + seq * half;
+      const StreamId stream = cuda_stream();
+      cuda::rotary_table(cs, sn, seq, half, theta, position_offset, sign, stream);
+      Tensor out = empty(x.sizes(), TensorOptions(x.dtype(), x.device()));
+      cuda::rotary(out.raw_data(), xd.raw_data(), layout_of("rotary_embedding", xd), x.dtype(), cs,
+                   sn, stream);
+      return out;
+    }
   }
   // cos / sin of pos * inv_freq_i, computed in double, per (s, i).
   std::vector<float> cs(std::size_t(seq * half)), sn(std::size_t(seq * half));

@@ -70,11 +70,13 @@ Tensor from_rows_cuda(const Tensor& rows, const RowLayout& l) {
 // Forward over rows: softmax, or log_softmax when `log`.
 Tensor softmax_kernel(const Tensor& x, const RowLayout& l, bool log) {
   NoGradGuard ng;
-  if (on_cuda(x)) {
-    Tensor xr = to_rows_cuda(x, l, x.dtype());
-    Tensor out = empty(xr.sizes(), TensorOptions(x.dtype(), x.device()));
-    cuda::softmax_forward(out.raw_data(), xr.raw_data(), x.dtype(), l.rows, l.n, log, cuda_stream());
-    return from_rows_cuda(out, l);
+  if constexpr (kHaveCuda) {
+    if (on_cuda(x)) {
+      Tensor xr = to_rows_cuda(x, l, x.dtype());
+      Tensor out = empty(xr.sizes(), TensorOptions(x.dtype(), x.device()));
+      cuda::softmax_forward(out.raw_data(), xr.raw_data(), x.dtype(), l.rows, l.n, log, cuda_stream());
+      return from_rows_cuda(out, l);
+    }
   }
   Tensor xr = to_rows(x, l);
   Tensor out = empty(xr.sizes(), DType::f32);
@@ -103,11 +105,13 @@ Tensor softmax_kernel(const Tensor& x, const RowLayout& l, bool log) {
 Tensor softmax_backward_kernel(const Tensor& g, const Tensor& y, const RowLayout& l, bool log,
                                DType dtype) {
   NoGradGuard ng;
-  if (on_cuda(y)) {
-    Tensor gr = to_rows_cuda(g, l, dtype), yr = to_rows_cuda(y, l, dtype);
-    Tensor dx = empty(gr.sizes(), TensorOptions(dtype, y.device()));
-    cuda::softmax_backward(dx.raw_data(), gr.raw_data(), yr.raw_data(), dtype, l.rows, l.n, log, cuda_stream());
-    return from_rows_cuda(dx, l);
+  if constexpr (kHaveCuda) {
+    if (on_cuda(y)) {
+      Tensor gr = to_rows_cuda(g, l, dtype), yr = to_rows_cuda(y, l, dtype);
+      Tensor dx = empty(gr.sizes(), TensorOptions(dtype, y.device()));
+      cuda::softmax_backward(dx.raw_data(), gr.raw_data(), yr.raw_data(), dtype, l.rows, l.n, log, cuda_stream());
+      return from_rows_cuda(dx, l);
+    }
   }
   Tensor gr = to_rows(g, l), yr = to_rows(y, l);
   Tensor dx = empty(gr.sizes(), DType::f32);

@@ -30,12 +30,14 @@ void parallel_blocks(std::int64_t n, Fn&& fn) {
 
 Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
   NoGradGuard ng;
-  if (on_cuda(gate)) {  // gate and up read in place through their strides
-    Tensor g = gate.detach(), u = up.detach();
-    Tensor out = empty(gate.sizes(), TensorOptions(gate.dtype(), gate.device()));
-    cuda::swiglu_forward(out.raw_data(), g.raw_data(), layout_of("swiglu", g), u.raw_data(),
-                         layout_of("swiglu", u), gate.dtype(), cuda_stream());
-    return out;
+  if constexpr (kHaveCuda) {
+    if (on_cuda(gate)) {  // gate and up read in place through their strides
+      Tensor g = gate.detach(), u = up.detach();
+      Tensor out = empty(gate.sizes(), TensorOptions(gate.dtype(), gate.device()));
+      cuda::swiglu_forward(out.raw_data(), g.raw_data(), layout_of("swiglu", g), u.raw_data(),
+                           layout_of("swiglu", u), gate.dtype(), cuda_stream());
+      return out;
+    }
   }
   Tensor gf = f32_contiguous(gate), uf = f32_contiguous(up);
   Tensor out = empty(gate.sizes(), DType::f32);
@@ -55,24 +57,26 @@ Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
 std::vector<Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up,
                                     bool need_dgate, bool need_dup) {
   NoGradGuard ng;
-  if (on_cuda(gate)) {
-    REMAT_CHECK(dy.sizes() == gate.sizes() && dy.device() == gate.device(), ShapeError,
-                "swiglu backward: gradient ", describe(dy), " does not match gate ",
-                describe(gate));
-    // Dense operands of one dtype: gate's, or f32 (the CPU's compute type) if
-    // dy arrives in another; the gradients end in gate's dtype.
-    const DType dt = dy.dtype() == gate.dtype() ? gate.dtype() : DType::f32;
-    const TensorOptions opts(dt, gate.device());
-    Tensor d = contiguous_detached(dy.detach().to(dt));
-    Tensor g = contiguous_detached(gate.detach().to(dt));
-    Tensor u = need_dgate ? contiguous_detached(up.detach().to(dt)) : Tensor();
-    Tensor dgate = need_dgate ? empty(gate.sizes(), opts) : Tensor();
-    Tensor dup = need_dup ? empty(gate.sizes(), opts) : Tensor();
-    cuda::swiglu_backward(need_dgate ? dgate.raw_data() : nullptr,
-                          need_dup ? dup.raw_data() : nullptr, d.raw_data(), g.raw_data(),
-                          need_dgate ? u.raw_data() : nullptr, gate.numel(), dt, cuda_stream());
-    return {need_dgate ? dgate.to(gate.dtype()) : Tensor(),
-            need_dup ? dup.to(gate.dtype()) : Tensor()};
+  if constexpr (kHaveCuda) {
+    if (on_cuda(gate)) {
+      REMAT_CHECK(dy.sizes() == gate.sizes() && dy.device() == gate.device(), ShapeError,
+                  "swiglu backward: gradient ", describe(dy), " does not match gate ",
+                  describe(gate));
+      // Dense operands of one dtype: gate's, or f32 (the CPU's compute type) if
+      // dy arrives in another; the gradients end in gate's dtype.
+      const DType dt = dy.dtype() == gate.dtype() ? gate.dtype() : DType::f32;
+      const TensorOptions opts(dt, gate.device());
+      Tensor d = contiguous_detached(dy.detach().to(dt));
+      Tensor g = contiguous_detached(gate.detach().to(dt));
+      Tensor u = need_dgate ? contiguous_detached(up.detach().to(dt)) : Tensor();
+      Tensor dgate = need_dgate ? empty(gate.sizes(), opts) : Tensor();
+      Tensor dup = need_dup ? empty(gate.sizes(), opts) : Tensor();
+      cuda::swiglu_backward(need_dgate ? dgate.raw_data() : nullptr,
+                            need_dup ? dup.raw_data() : nullptr, d.raw_data(), g.raw_data(),
+                            need_dgate ? u.raw_data() : nullptr, gate.numel(), dt, cuda_stream());
+      return {need_dgate ? dgate.to(gate.dtype()) : Tensor(),
+              need_dup ? dup.to(gate.dtype()) : Tensor()};
+    }
   }
   Tensor df = f32_contiguous(dy), gf = f32_contiguous(gate);
   Tensor uf = need_dgate ? f32_contiguous(up) : Tensor();

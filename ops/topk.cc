@@ -46,23 +46,31 @@ cuda::Strided rows_layout(const Tensor& t, std::int64_t d) {
 // and writes values (x's dtype, copied exactly) and i64 indices of `shape`.
 std::pair<Tensor, Tensor> topk_cuda(const Tensor& x, std::int64_t k, std::int64_t d, bool largest,
                                     const Shape& shape) {
-  Tensor values = empty(shape, TensorOptions(x.dtype(), x.device()));
-  Tensor indices = empty(shape, TensorOptions(DType::i64, x.device()));
-  cuda::topk(x.raw_data(), x.dtype(), rows_layout(x, d), x.stride(d), x.size(d), values.raw_data(),
-             indices.data<std::int64_t>(), rows_layout(values, d), values.stride(d), k, largest, cuda_stream());
-  return {values, indices};
+  if constexpr (kHaveCuda) {
+    Tensor values = empty(shape, TensorOptions(x.dtype(), x.device()));
+    Tensor indices = empty(shape, TensorOptions(DType::i64, x.device()));
+    cuda::topk(x.raw_data(), x.dtype(), rows_layout(x, d), x.stride(d), x.size(d), values.raw_data(),
+               indices.data<std::int64_t>(), rows_layout(values, d), values.stride(d), k, largest, cuda_stream());
+    return {values, indices};
+  } else {
+    no_cuda_kernel("topk");
+  }
 }
 
 // The gradient of topk's values on CUDA: g placed at the picked entries of a
 // zero tensor of x's shape (0 + g, as the CPU's scatter_add into zeros).
 Tensor topk_backward_cuda(const Shape& xs, std::int64_t d, DType dt, const Tensor& indices, const Tensor& g_in) {
-  const Tensor g = g_in.dtype() == dt ? g_in : g_in.to(dt);
-  Tensor gx = empty(xs, TensorOptions(dt, g.device()));
-  cuda::memset_async(gx.raw_data(), 0, gx.nbytes(), cuda_stream());
-  cuda::topk_backward(gx.raw_data(), rows_layout(gx, d), gx.stride(d), g.raw_data(), rows_layout(g, d), g.stride(d),
-                      indices.data<std::int64_t>(), rows_layout(indices, d), indices.stride(d), dt, g.size(d),
-                      cuda_stream());
-  return gx;
+  if constexpr (kHaveCuda) {
+    const Tensor g = g_in.dtype() == dt ? g_in : g_in.to(dt);
+    Tensor gx = empty(xs, TensorOptions(dt, g.device()));
+    cuda::memset_async(gx.raw_data(), 0, gx.nbytes(), cuda_stream());
+    cuda::topk_backward(gx.raw_data(), rows_layout(gx, d), gx.stride(d), g.raw_data(), rows_layout(g, d), g.stride(d),
+                        indices.data<std::int64_t>(), rows_layout(indices, d), indices.stride(d), dt, g.size(d),
+                        cuda_stream());
+    return gx;
+  } else {
+    no_cuda_kernel("topk backward");
+  }
 }
 
 }  // namespace

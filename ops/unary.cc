@@ -24,12 +24,14 @@ Tensor map_f32(const char* op, const Tensor& x, UnaryOp code, float param, Fn&& 
   check_floating(op, x, "input");
   check_kernel_device(op, x);
   NoGradGuard ng;
-  if (on_cuda(x)) {
-    Tensor xd = x.detach();
-    Tensor out = empty(x.sizes(), TensorOptions(x.dtype(), x.device()));
-    cuda::unary(code, out.raw_data(), xd.raw_data(), layout_of(op, xd), x.dtype(), param,
-                cuda_stream());
-    return out;
+  if constexpr (kHaveCuda) {
+    if (on_cuda(x)) {
+      Tensor xd = x.detach();
+      Tensor out = empty(x.sizes(), TensorOptions(x.dtype(), x.device()));
+      cuda::unary(code, out.raw_data(), xd.raw_data(), layout_of(op, xd), x.dtype(), param,
+                  cuda_stream());
+      return out;
+    }
   }
   Tensor xf = f32_contiguous(x);
   Tensor out = empty(x.sizes(), DType::f32);
@@ -51,18 +53,20 @@ Tensor map2_f32(const char* op, const Tensor& a, const Tensor& b, UnaryOp code, 
                 Fn&& fn) {
   check_kernel_device(op, a);
   NoGradGuard ng;
-  if (on_cuda(a)) {
-    REMAT_CHECK(a.device() == b.device(), DeviceError, op, ": gradient ", describe(a),
-                " and saved tensor ", describe(b), " are on different devices");
-    REMAT_CHECK(a.sizes() == b.sizes(), ShapeError, op, ": gradient ", describe(a),
-                " and saved tensor ", describe(b), " have different shapes");
-    // Mixed dtypes: both in f32 (as the CPU computes), one rounding to a's dtype.
-    const DType dt = a.dtype() == b.dtype() ? a.dtype() : DType::f32;
-    Tensor ad = a.detach().to(dt), bd = b.detach().to(dt);
-    Tensor out = empty(a.sizes(), TensorOptions(dt, a.device()));
-    cuda::unary_backward(code, out.raw_data(), ad.raw_data(), layout_of(op, ad), bd.raw_data(),
-                         layout_of(op, bd), dt, param, cuda_stream());
-    return out.to(a.dtype());
+  if constexpr (kHaveCuda) {
+    if (on_cuda(a)) {
+      REMAT_CHECK(a.device() == b.device(), DeviceError, op, ": gradient ", describe(a),
+                  " and saved tensor ", describe(b), " are on different devices");
+      REMAT_CHECK(a.sizes() == b.sizes(), ShapeError, op, ": gradient ", describe(a),
+                  " and saved tensor ", describe(b), " have different shapes");
+      // Mixed dtypes: both in f32 (as the CPU computes), one rounding to a's dtype.
+      const DType dt = a.dtype() == b.dtype() ? a.dtype() : DType::f32;
+      Tensor ad = a.detach().to(dt), bd = b.detach().to(dt);
+      Tensor out = empty(a.sizes(), TensorOptions(dt, a.device()));
+      cuda::unary_backward(code, out.raw_data(), ad.raw_data(), layout_of(op, ad), bd.raw_data(),
+                           layout_of(op, bd), dt, param, cuda_stream());
+      return out.to(a.dtype());
+    }
   }
   Tensor af = f32_contiguous(a), bf = f32_contiguous(b);
   Tensor out = empty(a.sizes(), DType::f32);

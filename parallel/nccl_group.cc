@@ -8,7 +8,6 @@
 #include <string>
 #include <thread>
 
-#include "cuda/runtime.h"
 
 namespace remat {
 

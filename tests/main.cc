@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/allocator_backend.h"
+#include "engine/device_runtime.h"
 
 namespace {
 
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
 
   int skipped = 0;
-  if (remat::cuda::device_count() == 0) {
+  if (remat::cuda_device_count() == 0) {
     std::vector<std::string> names;
     for (const auto& tc : Catch::getAllTestCasesSorted(session.config()))
       if (has_tag(tc, "cuda")) names.push_back(tc.getTestCaseInfo().name);

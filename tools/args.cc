@@ -7,8 +7,7 @@
 #include <system_error>
 
 #include "CLI/CLI.hpp"
-#include "cuda/allocator_backend.h"
-#include "cuda/runtime.h"
+#include "engine/device_runtime.h"
 #include "engine/parallel_for.h"
 
 namespace remat::tools {
@@ -245,7 +244,7 @@ void apply_threads_flag(const Flags& f) {
 
 Device device_flag(const Flags& f) {
   const Device device = Device::parse(f.get("device"));
-  if (device.is_cuda() && device.index < cuda::device_count()) cuda::set_device(device.index);
+  use_device_if_present(device);
   return device;
 }
 

@@ -16,9 +16,8 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/plan.h"
-#include "cuda/allocator_backend.h"
-#include "cuda/runtime.h"
 #include "engine/autograd.h"
+#include "engine/device_runtime.h"
 #include "engine/dispatch.h"
 #include "engine/json.h"
 #include "engine/parallel_for.h"
@@ -26,7 +25,6 @@
 #include "models/recompute.h"
 #include "moe/dispatch.h"
 #include "ops/gemm.h"
-#include "parallel/expert_parallel.h"
 #include "parallel/grad_reducer.h"
 #include "tools/args.h"
 #include "tools/bench_plot.h"
@@ -35,6 +33,7 @@
 #include "tools/json.h"
 #include "train/data.h"
 #include "train/optimizer.h"
+#include "train/parallel_layout.h"
 
 namespace remat::tools {
 
@@ -113,7 +112,7 @@ double measure_peak_flops() {
 // f32); other GPUs: SMs x clock x per-SM rate (Hopper: 4096 16-bit tensor
 // FLOPs and 256 f32 FLOPs per SM per clock, from the same figures).
 double cuda_peak_flops(Device device, const std::string& dtype) {
-  const cuda::DeviceInfo info = cuda::device_info(device.index);
+  const DeviceInfo info = device_info(device);
   const bool half = dtype != "f32";
   if (info.name.find("H100") != std::string::npos || info.name.find("H200") != std::string::npos)
     return half ? 989.4e12 : 66.9e12;
@@ -122,7 +121,7 @@ double cuda_peak_flops(Device device, const std::string& dtype) {
 
 // Waits for the device's queued work (the CPU runs ops synchronously).
 void sync(Device device) {
-  if (device.is_cuda()) cuda::synchronize();
+  synchronize(device);
 }
 
 // Splits "none,selected:0,2,per_block" into plans: a piece that does not start
@@ -405,9 +404,9 @@ int run_bench(const std::vector<std::string>& args) {
   const std::string dtype = f.get("dtype");
   compute_dtype_from_name(dtype);  // reject a bad --dtype before any run
   const Device device = device_flag(f);
-  REMAT_CHECK(device.is_cpu() || device.index < cuda::device_count(), DeviceError, "bench: --device ",
-              device.str(), ": ", cuda::device_count(), " CUDA devices present",
-              cuda::built_with_cuda() ? "" : " (this build has no CUDA back end)");
+  REMAT_CHECK(device.is_cpu() || device.index < cuda_device_count(), DeviceError, "bench: --device ",
+              device.str(), ": ", cuda_device_count(), " CUDA devices present",
+              cuda_built() ? "" : " (this build has no CUDA back end)");
   REMAT_CHECK(device.is_cpu() || ep == 1, Error, "bench: --ep with --device cuda needs the NCCL back end in the "
               "trainer, which is not wired yet; use --ep on the CPU");
   REMAT_CHECK(ep == 1 || (c.experts % ep == 0 && c.batch % ep == 0), Error, "bench: --ep ", ep, " needs the ",

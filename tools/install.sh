@@ -48,10 +48,15 @@ for f in sorted(seen):
 print(f"  {len(seen)} headers")
 PY
 
-# Libraries from the Bazel archives (position-independent objects).
-libs=(engine cuda ops checkpoint moe models parallel train)
+# Libraries from the Bazel archives (position-independent objects). The CUDA
+# back end (libcuda.lo, linked whole: it registers itself with the engine) is
+# there only in a build with the toolkit, which the built binary reports.
+with_cuda=0
+bazel-bin/tools/remat info | grep -q "CUDA back end : built" && with_cuda=1
+libs=(engine ops checkpoint moe models parallel train)
 archives=()
 for l in "${libs[@]}"; do archives+=("bazel-bin/$l/lib$l.a"); done
+[ "$with_cuda" -eq 1 ] && archives+=("bazel-bin/cuda/libcuda.lo")
 mkdir -p "$prefix/lib"
 rm -f "$prefix/lib/libremat.a"
 {
@@ -67,7 +72,7 @@ rm -f "$prefix/lib/libremat.a"
 blas=/usr/lib/x86_64-linux-gnu/openblas-openmp
 mpi=/usr/lib/x86_64-linux-gnu/openmpi/lib
 deps="-fopenmp -L$blas -Wl,-rpath,$blas -lopenblas -L$mpi -Wl,-rpath,$mpi -lmpi -lxxhash"
-if ar t bazel-bin/cuda/libcuda.a | grep -q allocator_backend; then
+if [ "$with_cuda" -eq 1 ]; then
   cuda=$(readlink -f /usr/local/cuda)/lib64
   deps="$deps -L$cuda -Wl,-rpath,$cuda -lcudart -lcublasLt"
 fi

@@ -7,16 +7,16 @@
 #include <string>
 #include <vector>
 
-#include "cuda/allocator_backend.h"
 #include "engine/allocator.h"
+#include "engine/device_runtime.h"
 #include "engine/error.h"
 #include "engine/parallel_for.h"
 #include "engine/tensor.h"
-#include "cuda/runtime.h"
 #include "parallel/process_group.h"
 #include "tools/args.h"
 #include "tools/bench_ops.h"
 #include "tools/commands.h"
+#include "tools/comm_watchdog.h"
 
 namespace {
 
@@ -25,10 +25,10 @@ using Args = std::vector<std::string>;
 int cmd_info(const Args& args) {
   remat::tools::Flags f("info", "show the build (CUDA or not), devices, threads and allocator", args, {});
   std::printf("remat\n");
-  std::printf("  CUDA back end : %s\n", remat::cuda::built_with_cuda() ? "built" : "not built");
-  std::printf("  CUDA devices  : %d\n", remat::cuda::device_count());
-  for (int d = 0; d < remat::cuda::device_count(); ++d) {
-    const remat::cuda::DeviceInfo i = remat::cuda::device_info(d);
+  std::printf("  CUDA back end : %s\n", remat::cuda_built() ? "built" : "not built");
+  std::printf("  CUDA devices  : %d\n", remat::cuda_device_count());
+  for (int d = 0; d < remat::cuda_device_count(); ++d) {
+    const remat::DeviceInfo i = remat::device_info(remat::cuda_device(d));
     std::printf("    cuda:%d      : %s, sm_%d%d, %d SMs at %.0f MHz, %.1f GiB\n", d, i.name.c_str(), i.major, i.minor,
                 i.multiprocessors, i.clock_khz / 1e3, double(i.memory_bytes) / double(1ull << 30));
   }
@@ -69,6 +69,8 @@ void print_help() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Under mpirun a failed or stuck peer ends this rank, naming the collective.
+  remat::tools::install_comm_failure_handling();
   const bool help = argc >= 2 && (!std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help") ||
                                   !std::strcmp(argv[1], "-h"));
   if (argc < 2 || (help && argc == 2)) {

@@ -2,31 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <type_traits>
 
-#include "cuda/adamw.h"
-#include "cuda/stream.h"
 #include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/parallel_for.h"
+#include "ops/multi_tensor.h"
 
 namespace remat {
 
 namespace {
-
-// A host array of plain structs as a device tensor (i64 words) from the
-// caching allocator, for a multi-tensor kernel's slots. The copy is complete
-// on return; frees after the launch are ordered on the same stream.
-template <typename T>
-Tensor upload_slots(const std::vector<T>& slots, Device device) {
-  static_assert(std::is_trivially_copyable_v<T> && alignof(T) <= 8);
-  CategoryScope cat(MemoryCategory::workspace);
-  const std::size_t bytes = slots.size() * sizeof(T);
-  Tensor host = empty({std::int64_t((bytes + 7) / 8)}, TensorOptions(DType::i64, kCPU));
-  std::memcpy(host.raw_data(), slots.data(), bytes);
-  return host.to(device);
-}
 
 // The CUDA devices of `params`' gradients, each once, in order of first use.
 std::vector<Device> cuda_devices(const std::vector<Tensor>& params) {
@@ -42,25 +26,13 @@ std::vector<Device> cuda_devices(const std::vector<Tensor>& params) {
 // The sum of squares of the gradients on CUDA device `device` (one
 // deterministic multi-tensor reduction).
 double cuda_grad_sq_sum(const std::vector<Tensor>& params, Device device) {
-  std::vector<cuda::TensorSlot> slots;
-  std::vector<Tensor> keep;  // f32 contiguous gradients, alive until the result is back
+  std::vector<Tensor> grads;  // f32 contiguous
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined() || g.device() != device || g.numel() == 0) continue;
-    Tensor gc = g.to(DType::f32).contiguous();
-    cuda::TensorSlot s;
-    s.data = gc.data<float>();
-    s.numel = gc.numel();
-    slots.push_back(s);
-    keep.push_back(gc);
+    grads.push_back(g.to(DType::f32).contiguous());
   }
-  if (slots.empty()) return 0.0;
-  const std::int64_t chunks = cuda::multi_tensor_layout(slots.data(), std::int64_t(slots.size()));
-  Tensor dev = upload_slots(slots, device);
-  CategoryScope cat(MemoryCategory::workspace);
-  Tensor scratch = empty({chunks + 1}, TensorOptions(DType::i64, device));  // doubles
-  return cuda::sum_squares(static_cast<const cuda::TensorSlot*>(dev.raw_data()), std::int64_t(slots.size()), chunks,
-                           static_cast<double*>(scratch.raw_data()), cuda::current_stream());
+  return multi_tensor_sum_squares(grads, device);
 }
 
 }  // namespace
@@ -90,9 +62,8 @@ void AdamW::step(double lr) {
   const float eps = float(opts_.eps);
   // Parameters on CUDA: one multi-tensor launch per device, after the CPU ones.
   std::vector<Device> devices;
-  std::vector<std::vector<cuda::AdamWSlot>> device_slots;
+  std::vector<std::vector<AdamWTensors>> device_slots;
   std::vector<Slot*> updated;
-  std::vector<Tensor> keep;  // converted gradients, alive until the launches are queued
   for (Slot& s : slots_) {
     Tensor g = s.param.grad();
     if (!g.defined()) continue;
@@ -103,14 +74,7 @@ void AdamW::step(double lr) {
       Tensor gc = g.to(DType::f32).to(s.param.device()).contiguous();
       REMAT_CHECK(gc.sizes() == s.param.sizes(), ShapeError, "AdamW: gradient of '", s.name, "' is ",
                   shape_str(gc.sizes()), ", expected ", shape_str(s.param.sizes()));
-      keep.push_back(gc);
-      cuda::AdamWSlot d;
-      d.param = s.param.data<float>();
-      d.grad = gc.data<float>();
-      d.exp_avg = s.exp_avg.data<float>();
-      d.exp_avg_sq = s.exp_avg_sq.data<float>();
-      d.numel = s.param.numel();
-      d.decay = decay;
+      const AdamWTensors d{s.param, gc, s.exp_avg, s.exp_avg_sq, decay};
       auto it = std::find(devices.begin(), devices.end(), s.param.device());
       if (it == devices.end()) {
         devices.push_back(s.param.device());
@@ -138,22 +102,14 @@ void AdamW::step(double lr) {
     s.exp_avg_sq.bump_version();
   }
   if (devices.empty()) return;
-  cuda::AdamWScalars sc;
+  AdamWStepScalars sc;
   sc.beta1 = b1;
   sc.beta2 = b2;
-  sc.one_minus_beta1 = 1.0f - b1;
-  sc.one_minus_beta2 = 1.0f - b2;
   sc.step_size = step_size;
   sc.inv_sqrt_bc2 = inv_sqrt_bc2;
   sc.eps = eps;
-  for (std::size_t k = 0; k < devices.size(); ++k) {
-    auto& slots = device_slots[k];
-    if (slots.empty()) continue;
-    const std::int64_t chunks = cuda::multi_tensor_layout(slots.data(), std::int64_t(slots.size()));
-    Tensor dev = upload_slots(slots, devices[k]);
-    cuda::adamw_step(static_cast<const cuda::AdamWSlot*>(dev.raw_data()), std::int64_t(slots.size()), chunks, sc,
-                     cuda::current_stream());
-  }
+  for (std::size_t k = 0; k < devices.size(); ++k)
+    if (!device_slots[k].empty()) multi_tensor_adamw(device_slots[k], sc, devices[k]);
   for (Slot* s : updated) {
     s->param.bump_version();
     s->exp_avg.bump_version();
@@ -220,7 +176,7 @@ void clip_grads_to(const std::vector<Tensor>& params, double norm, double max_no
 void scale_grads(const std::vector<Tensor>& params, float scale) {
   NoGradGuard ng;
   for (Device dev : cuda_devices(params)) {
-    std::vector<cuda::TensorSlot> slots;
+    std::vector<Tensor> grads;
     for (const Tensor& p : params) {
       Tensor g = p.grad();
       if (!g.defined() || g.device() != dev) continue;
@@ -228,17 +184,9 @@ void scale_grads(const std::vector<Tensor>& params, float scale) {
                   "scale_grads: CUDA gradients must be contiguous f32, got ", g.dtype(), " of shape ",
                   shape_str(g.sizes()), " with strides ", shape_str(g.strides()));
       if (g.numel() == 0) continue;
-      cuda::TensorSlot s;
-      s.data = g.data<float>();
-      s.numel = g.numel();
-      slots.push_back(s);
+      grads.push_back(g);
     }
-    if (!slots.empty()) {
-      const std::int64_t chunks = cuda::multi_tensor_layout(slots.data(), std::int64_t(slots.size()));
-      Tensor devslots = upload_slots(slots, dev);
-      cuda::scale_tensors(static_cast<const cuda::TensorSlot*>(devslots.raw_data()), std::int64_t(slots.size()),
-                          chunks, scale, cuda::current_stream());
-    }
+    if (!grads.empty()) multi_tensor_scale_(grads, scale, dev);
     for (const Tensor& p : params) {
       Tensor g = p.grad();
       if (g.defined() && g.device() == dev) g.bump_version();

@@ -11,9 +11,8 @@
 #include <sstream>
 
 #include "checkpoint/checkpoint.h"
-#include "cuda/allocator_backend.h"
-#include "cuda/runtime.h"
 #include "engine/autograd.h"
+#include "engine/device_runtime.h"
 #include "models/recompute.h"
 #include "moe/dispatch.h"
 #include "train/safetensors.h"
@@ -110,7 +109,7 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
               "run one process per job on CUDA, or the CPU under mpirun");
   // Kernels run where the memory is: a present CUDA device becomes current
   // (an absent one fails in model_->to, naming it).
-  if (opts_.device.is_cuda() && opts_.device.index < cuda::device_count()) cuda::set_device(opts_.device.index);
+  use_device_if_present(opts_.device);
   model_->to(opts_.device);  // weights are drawn on the CPU, so every device starts from the same ones
   reducer_ = make_grad_reducer(layout_, model_->named_parameters(), opts_.bucket_bytes);
   AdamWOptions ao;

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/runtime.h"
+#include "engine/device_runtime.h"
 #include "engine/allocator.h"
 #include "ops/attention.h"
 #include "ops/ops.h"
@@ -181,7 +181,7 @@ TEST_CASE("CUDA attention memory grows linearly in S, not like S^2", "[cuda][att
     Tensor k = random_normal(shape, 32).to(kGpu).set_requires_grad(true);
     Tensor v = random_normal(shape, 33).to(kGpu).set_requires_grad(true);
     const Tensor seed = random_normal(shape, 34).to(kGpu);
-    cuda::synchronize();
+    synchronize(cuda_device(0));
 
     std::int64_t base = alloc.stats().allocated_bytes;
     alloc.reset_peak();
@@ -194,7 +194,7 @@ TEST_CASE("CUDA attention memory grows linearly in S, not like S^2", "[cuda][att
     const std::vector<Tensor> g = grad({out}, {q, k, v}, {seed});
     // Beyond the three gradients: delta (and whatever autograd adds, all O(S)).
     bwd[n] = peak_above(alloc, base) - 3 * tensor_bytes;
-    cuda::synchronize();
+    synchronize(cuda_device(0));
     INFO("S " << s << ": forward extra " << fwd[n] << " B, backward extra " << bwd[n] << " B");
     CHECK(fwd[n] < 4 * s * s);    // 1/4 of the score matrix
     CHECK(bwd[n] < 4 * s * s);

@@ -4,7 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuda/gemm.h"
-#include "cuda/stream.h"
+#include "engine/device_runtime.h"
 #include "ops/ops.h"
 #include "tests/cuda/device_compare.h"
 
@@ -94,14 +94,14 @@ TEST_CASE("cuBLASLt picks an algorithm once per shape and repeats its bits", "[c
 }
 
 TEST_CASE("work on a side stream is ordered by events", "[cuda]") {
-  cuda::Stream side;
-  cuda::Event ready;
+  Stream side;
+  Event ready;
   Tensor x = random_normal({1 << 16}, 21).to(kGpu);
-  ready.record(cuda::current_stream());
+  ready.record(current_stream());
   ready.wait(side.id());
   Tensor y;
   {
-    cuda::StreamGuard guard(side.id());
+    StreamGuard guard(side.id());
     y = mul(x, 2.0);
   }
   side.synchronize();

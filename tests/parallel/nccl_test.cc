@@ -4,7 +4,7 @@
 // rank the same cases run over the job.
 #include <catch2/catch.hpp>
 
-#include "cuda/allocator_backend.h"
+#include "engine/device_runtime.h"
 #include "parallel/nccl_group.h"
 #include "parallel/process_group.h"
 
@@ -14,7 +14,7 @@ TEST_CASE("without CUDA, or without a device, an NCCL group is refused clearly",
   auto world = world_group();
   if (!nccl_available()) {
     CHECK_THROWS_WITH(nccl_group(world, 0), Catch::Contains("no CUDA"));
-  } else if (cuda::device_count() == 0) {
+  } else if (cuda_device_count() == 0) {
     CHECK_THROWS_WITH(nccl_group(world, 0), Catch::Contains("NCCL group: cudaSetDevice"));
   } else {
     SUCCEED("a device is present: the [cuda] case below checks the group");

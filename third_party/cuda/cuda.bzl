@@ -3,7 +3,8 @@
 Headers of `deps` (their CcInfo) are visible to nvcc, so a kernel file can
 include engine headers. Objects are position independent, so the library links
 into tests, tools and the shared library alike. Without a toolkit the macro
-makes an empty cc_library with the same name and headers.
+makes a cc_library with the same name and headers only. Either way the
+library defines REMAT_HAVE_CUDA (1 or 0) for its dependents (cuda/config.h).
 """
 
 load("@local_cuda//:defs.bzl", "HAS_CUDA", "NVCC")
@@ -54,23 +55,22 @@ _nvcc_objects = rule(
     },
 )
 
-def cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], cc_srcs = [],
-                 fallback_srcs = [], **kwargs):
+def cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], cc_srcs = [], **kwargs):
     """A cc_library whose .cu `srcs` are compiled by nvcc for sm_90.
 
     cc_srcs are host C++ sources (calling the CUDA runtime) compiled into the
-    same library. Without a toolkit the library is built from fallback_srcs
-    instead, which must define the same functions.
+    same library. Without a toolkit the library has the headers only: its
+    dependents compile their CUDA branches out (`if constexpr (kHaveCuda)`).
     """
     if not HAS_CUDA:
-        native.cc_library(name = name, srcs = fallback_srcs, hdrs = hdrs, deps = deps, **kwargs)
+        native.cc_library(name = name, hdrs = hdrs, deps = deps, defines = ["REMAT_HAVE_CUDA=0"], **kwargs)
         return
     _nvcc_objects(
         name = name + "_nvcc",
         srcs = srcs,
         hdrs = hdrs,
         deps = deps + ["@local_cuda//:headers"],
-        copts = copts,
+        copts = copts + ["-DREMAT_HAVE_CUDA=1"],
         nvcc = NVCC,
     )
     native.cc_library(
@@ -78,6 +78,7 @@ def cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], cc_srcs = []
         srcs = [":" + name + "_nvcc"] + cc_srcs,
         hdrs = hdrs,
         deps = deps + ["@local_cuda//:cudart"],
+        defines = ["REMAT_HAVE_CUDA=1"],
         linkstatic = True,
         **kwargs
     )

@@ -1,0 +1,95 @@
+// The registered device back end and the device functions code above the
+// engine calls (engine/device_runtime.h).
+#include "engine/device_runtime.h"
+
+#include <atomic>
+
+#include "engine/device_backend.h"
+#include "engine/error.h"
+
+namespace remat {
+
+namespace {
+std::atomic<DeviceBackend*> g_cuda_backend{nullptr};
+thread_local StreamId tls_stream = 0;
+
+// The back end, after checking `device` is one of its devices.
+DeviceBackend& present(const char* what, Device device) {
+  DeviceBackend& b = detail::cuda_backend(what, device);
+  const int n = b.device_count();
+  REMAT_CHECK(device.index >= 0 && device.index < n, DeviceError, what, ": device ", device,
+              " is not available (", n, " CUDA devices present)");
+  return b;
+}
+}  // namespace
+
+void register_cuda_backend(DeviceBackend& backend) {
+  DeviceBackend* none = nullptr;
+  REMAT_CHECK(g_cuda_backend.compare_exchange_strong(none, &backend), Error,
+              "register_cuda_backend: a CUDA back end is already registered");
+}
+
+DeviceBackend* detail::cuda_backend_or_null() { return g_cuda_backend.load(std::memory_order_acquire); }
+
+DeviceBackend& detail::cuda_backend(const char* what, Device device) {
+  DeviceBackend* b = cuda_backend_or_null();
+  REMAT_CHECK(b != nullptr, DeviceError, what, " on ", device,
+              ": no CUDA device: this build of remat has no CUDA back end (no toolkit was found at "
+              "build time; set REMAT_CUDA_PATH or install one in /usr/local/cuda)");
+  return *b;
+}
+
+bool cuda_built() { return detail::cuda_backend_or_null() != nullptr; }
+
+int cuda_device_count() {
+  DeviceBackend* b = detail::cuda_backend_or_null();
+  return b ? b->device_count() : 0;
+}
+
+DeviceInfo device_info(Device device) {
+  REMAT_CHECK(device.is_cuda(), DeviceError, "device_info: ", device, " is not a CUDA device");
+  return present("device_info", device).device_info(device.index);
+}
+
+void set_current_device(Device device) {
+  if (device.is_cpu()) return;
+  present("set_current_device", device).set_device(device.index);
+}
+
+void use_device_if_present(Device device) {
+  if (device.is_cuda() && device.index < cuda_device_count()) set_current_device(device);
+}
+
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+  DeviceBackend& b = present("synchronize", device);
+  const int previous = b.current_device();
+  if (previous == device.index) return b.synchronize();
+  b.set_device(device.index);
+  b.synchronize();
+  b.set_device(previous);
+}
+
+StreamId current_stream() { return tls_stream; }
+
+StreamGuard::StreamGuard(StreamId stream) : previous_(tls_stream) { tls_stream = stream; }
+StreamGuard::~StreamGuard() { tls_stream = previous_; }
+
+Stream::Stream() : id_(detail::cuda_backend("Stream", cuda_device()).create_stream()) {}
+Stream::~Stream() {
+  if (id_) detail::cuda_backend_or_null()->destroy_stream(id_);
+}
+void Stream::synchronize() const { detail::cuda_backend("Stream", cuda_device()).synchronize_stream(id_); }
+
+Event::Event() : id_(detail::cuda_backend("Event", cuda_device()).create_event()) {}
+Event::~Event() {
+  if (id_) detail::cuda_backend_or_null()->destroy_event(id_);
+}
+void Event::record(StreamId stream) { detail::cuda_backend("Event", cuda_device()).record_event(id_, stream); }
+void Event::wait(StreamId stream) const { detail::cuda_backend("Event", cuda_device()).wait_event(id_, stream); }
+void Event::synchronize() const { detail::cuda_backend("Event", cuda_device()).synchronize_event(id_); }
+float Event::elapsed_ms(const Event& later) const {
+  return detail::cuda_backend("Event", cuda_device()).elapsed_ms(id_, later.id_);
+}
+
+}  // namespace remat

@@ -1,0 +1,117 @@
+// Saved tensors: the stack of saved-tensor hooks, the checkpoint region new
+// saves belong to, and SavedTensor itself (pack through the hooks at save
+// time, version check and unpack at backward, release).
+#include <algorithm>
+#include <any>
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "engine/autograd.h"
+#include "engine/autograd_internal.h"
+
+namespace remat {
+
+namespace {
+thread_local std::vector<std::shared_ptr<SavedTensorHooks>> tls_hooks;
+thread_local std::int64_t tls_region = -1;
+std::atomic<std::uint64_t> g_save_id{0};
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Hooks and regions
+
+SavedTensorHooksScope::SavedTensorHooksScope(std::shared_ptr<SavedTensorHooks> hooks) {
+  REMAT_CHECK(hooks != nullptr, Error, "SavedTensorHooksScope: hooks must not be null");
+  tls_hooks.push_back(std::move(hooks));
+}
+SavedTensorHooksScope::~SavedTensorHooksScope() { tls_hooks.pop_back(); }
+
+DisableSavedTensorHooks::DisableSavedTensorHooks() : saved_(std::move(tls_hooks)) {
+  tls_hooks.clear();
+}
+DisableSavedTensorHooks::~DisableSavedTensorHooks() { tls_hooks = std::move(saved_); }
+
+std::size_t SavedTensorHooks::held_bytes(const std::any& packed) const {
+  if (const Tensor* t = std::any_cast<Tensor>(&packed)) return t->defined() ? t->nbytes() : 0;
+  return 0;
+}
+
+std::int64_t current_save_region() { return tls_region; }
+RegionScope::RegionScope(std::int64_t region) : previous_(tls_region) { tls_region = region; }
+RegionScope::~RegionScope() { tls_region = previous_; }
+
+// ---------------------------------------------------------------------------
+// SavedTensor
+
+SavedTensor::SavedTensor(const Tensor& t, const char* op, bool is_output) {
+  info_.id = ++g_save_id;
+  info_.op = op;
+  info_.is_output = is_output;
+  info_.region = tls_region;
+  if (!t.defined()) return;
+  defined_ = true;
+  info_.meta = TensorMeta{t.sizes(), t.dtype(), t.device()};
+  info_.bytes = t.nbytes();
+  saved_version_ = t.version();
+  version_ = t.impl().version;
+  std::any value = t.detach();
+  hooks_ = tls_hooks;  // innermost last on the stack
+  std::reverse(hooks_.begin(), hooks_.end());  // innermost first
+  for (const auto& h : hooks_) value = h->pack(std::move(value), info_);
+  if (hooks_.empty())
+    held_bytes_ = info_.bytes;
+  else
+    held_bytes_ = hooks_.back()->held_bytes(value);
+  packed_ = std::move(value);
+  // The registry counts the packed tensor's storage (deduplicated), or what
+  // the hook reports it keeps.
+  if (const Tensor* p = std::any_cast<Tensor>(&packed_); p && p->defined() && held_bytes_ > 0) {
+    held_ = *p;
+    detail::saved_bytes_tensor(held_, info_.op, info_.region, +1, 1);
+  } else if (held_bytes_ > 0) {
+    detail::saved_bytes_raw(this, std::int64_t(held_bytes_), info_.op, info_.region, +1, 1);
+  }
+}
+
+SavedTensor::~SavedTensor() { release(); }
+
+void SavedTensor::release() {
+  if (released_) return;
+  released_ = true;
+  if (!defined_) return;
+  if (held_.defined())
+    detail::saved_bytes_tensor(held_, info_.op, info_.region, -1, -1);
+  else if (held_bytes_ > 0)
+    detail::saved_bytes_raw(this, std::int64_t(held_bytes_), info_.op, info_.region, -1, -1);
+  held_ = Tensor();
+  held_bytes_ = 0;
+  // Tell the hooks, outermost first (the order unpack would run in).
+  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) (*it)->on_release(packed_, info_);
+  packed_.reset();
+}
+
+Tensor SavedTensor::unpack() const {
+  REMAT_CHECK(!released_, AutogradError, "backward through op '", info_.op,
+              "' a second time: its saved tensors were freed after the first backward; pass "
+              "retain_graph=true to the first backward if you need to run it twice");
+  if (!defined_) return Tensor();
+  const std::uint64_t now = version_->value.load();
+  REMAT_CHECK(now == saved_version_, AutogradError, "a tensor of shape ",
+              shape_str(info_.meta.sizes), " saved by op '", info_.op,
+              "' for backward was modified in place afterwards (saved at version ",
+              saved_version_, ", now version ", now,
+              "); clone it before the in-place op, or use an out-of-place op");
+  std::any value = packed_;
+  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it)
+    value = (*it)->unpack(std::move(value), info_);
+  const Tensor* t = std::any_cast<Tensor>(&value);
+  REMAT_CHECK(t != nullptr, AutogradError, "saved-tensor hooks for op '", info_.op,
+              "' did not unpack to a tensor");
+  REMAT_CHECK(t->sizes() == info_.meta.sizes && t->dtype() == info_.meta.dtype, AutogradError,
+              "saved-tensor hooks for op '", info_.op, "' unpacked shape ", shape_str(t->sizes()),
+              " ", t->dtype(), ", expected ", shape_str(info_.meta.sizes), " ", info_.meta.dtype);
+  return *t;
+}
+
+}  // namespace remat
