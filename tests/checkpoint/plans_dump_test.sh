@@ -25,7 +25,8 @@ check() {
   done
 }
 dense="per_block chunk selected:0,2 uniform:2 block:3 attention selective:core_attn selective:layernorm selective:mlp
-       selective:save_matmul selective:save_attention selective:mlp,layernorm selected:1,3+block:1 attention+selective:mlp"
+       selective:save_matmul selective:save_attention selective:save_ops=matmul/scaled_dot_product_attention
+       selective:mlp,layernorm selected:1,3+block:1 attention+selective:mlp"
 moe="per_block chunk attention moe_expert selective:moe_act selective:moe selective:shared_experts attention+moe_expert"
 for seed in 0 1; do
   check tests/checkpoint/data/tiny_dropout.json "$seed" "$dense"
