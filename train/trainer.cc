@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -21,6 +22,12 @@
 namespace remat {
 
 namespace {
+// A double as text that reads back to the same bits.
+std::string format_exact(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
 constexpr const char* kFormat = "remat-train-state-1";
 
 // The sum over the group's ranks of one double per rank, added in rank order
@@ -359,6 +366,10 @@ void Trainer::save(const std::string& dir) const {
         {"rng_offset", std::to_string(dropout.offset)},
         {"world_size", std::to_string(world_size())},
         {"ep", std::to_string(layout_.ep)},
+        // f16's dynamic loss scale (1 and 0 for f32/bf16), so a resumed run
+        // continues with the same scale and growth count.
+        {"loss_scale", format_exact(loss_scale_)},
+        {"loss_scale_good_steps", std::to_string(good_steps_)},
     };
     // Every tensor checksummed; written crash-safely (train/state_files.h).
     save_state_files(dir, encode_safetensors(tensors, meta, {}, state_file(dir)));
@@ -432,8 +443,23 @@ void Trainer::resume(const std::string& dir) {
       dst.copy_(f.tensors.at(name));
     }
   }
+  double scale = 1;
+  std::int64_t good_steps = 0;
+  if (f.metadata.count("loss_scale")) {
+    const std::string& v = meta("loss_scale");
+    char* end = nullptr;
+    scale = std::strtod(v.c_str(), &end);
+    REMAT_CHECK(!v.empty() && end && *end == '\0' && std::isfinite(scale) && scale > 0, IOError,
+                "--resume: metadata 'loss_scale' of ", cur, " is not a finite number > 0: '", v, "'", prev_hint());
+    good_steps = std::int64_t(meta_u64("loss_scale_good_steps"));
+  } else if (scaling_) {
+    choice.notes.push_back(cur + " has no loss scale (written before f16 loss scaling): starting from " +
+                           format_exact(opts_.loss_scale_init));
+    scale = opts_.loss_scale_init;
+  }
   sampler_->set_state(data);
   default_generator(opts_.device).set_state(rng);
+  if (scaling_) set_loss_scale(scale, good_steps);
   step_ = step;
   resume_notes_ = std::move(choice.notes);
 }

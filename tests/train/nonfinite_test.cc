@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -338,7 +339,9 @@ TEST_CASE("training in f16 with dynamic loss scaling lowers the loss like f32", 
   auto train = [](const std::string& dtype, std::vector<StepStats>& stats) {
     TrainOptions o;
     o.config = ModelConfig::named("tiny");
-    o.steps = 30;
+    o.config.seq = 64;  // small enough for the suite: about 10 s of CPU for both runs
+    o.config.batch = 4;
+    o.steps = 20;
     o.warmup = 5;
     o.eval_every = 0;
     o.eval_batches = 1;
@@ -354,7 +357,7 @@ TEST_CASE("training in f16 with dynamic loss scaling lowers the loss like f32", 
   std::vector<double> losses;
   for (const StepStats& s : h)
     if (!s.skipped) losses.push_back(s.loss);
-  REQUIRE(losses.size() == 30);
+  REQUIRE(losses.size() == 20);
   CHECK(h.front().loss_scale == 65536.0);
   CHECK(losses.back() < losses.front() - 1.0);
   CHECK(std::fabs(losses.back() - f.back().loss) <= 0.05 * f.back().loss);
@@ -408,6 +411,46 @@ TEST_CASE("the f16 loss scale halves on an overflow (skipping the step) and doub
   // of a plausible size (a scaled norm would be ~1000x larger).
   CHECK(got[0].grad_norm > 0.01);
   CHECK(got[0].grad_norm < 100);
+}
+
+TEST_CASE("an f16 run saved and resumed continues with the same loss scale and bits", "[train][f16]") {
+  auto options = [] {
+    TrainOptions o = small_options(8);
+    o.dtype = "f16";
+    o.loss_scale_init = 1024;
+    o.loss_scale_growth_interval = 3;
+    return o;
+  };
+  std::vector<double> whole;
+  {
+    Trainer t(options());
+    t.run([&](const StepStats& s) { whole.push_back(s.loss); });
+  }
+  const std::string dir = temp_dir();
+  std::vector<double> resumed;
+  double scale_at_save = 0;
+  std::int64_t good_at_save = 0;
+  {
+    TrainOptions o = options();
+    o.stop_after = 5;  // the scale doubled after step 3; two good steps since
+    o.save_dir = dir;
+    Trainer t(o);
+    t.run([&](const StepStats& s) { resumed.push_back(s.loss); });
+    scale_at_save = t.loss_scale();
+    good_at_save = t.loss_scale_good_steps();
+  }
+  CHECK(scale_at_save == 2048);
+  CHECK(good_at_save == 2);
+  {
+    TrainOptions o = options();
+    o.resume_dir = dir;
+    Trainer t(o);
+    CHECK(t.loss_scale() == scale_at_save);
+    CHECK(t.loss_scale_good_steps() == good_at_save);
+    t.run([&](const StepStats& s) { resumed.push_back(s.loss); });
+  }
+  CHECK(resumed == whole);
+  std::system(("rm -rf " + dir).c_str());
 }
 
 TEST_CASE("an f16 loss scale that collapses below loss_scale_min stops the run; a non-finite loss stops it too",
