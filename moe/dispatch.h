@@ -3,7 +3,7 @@
 // range; combine moves the expert outputs back and sums them per token with
 // the routing weights. Both are autograd ops behind TokenDispatcher:
 // LocalDispatcher moves rows inside one process; the expert-parallel
-// dispatcher (parallel/expert_parallel.h) moves them between ranks with
+// dispatcher (moe/expert_parallel.h) moves them between ranks with
 // all-to-all. Every call is counted (rows, bytes), split into the original
 // forward and replays.
 #pragma once

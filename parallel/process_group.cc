@@ -1,16 +1,9 @@
 #include "parallel/process_group.h"
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include "checkpoint/recompute_context.h"
 #include "engine/autograd.h"
@@ -85,9 +78,8 @@ CommPhase current_comm_phase() {
 }
 
 // ---------------------------------------------------------------------------
-// Failure handling: what this process is blocked in, a watchdog that ends a
-// collective running past the timeout, a SIGTERM handler that names it, and
-// fault injection for the tests.
+// Failure handling: what this process is blocked in, and the hooks a program
+// installs (the watchdog, signal handler and fault injection live in tools/).
 
 namespace {
 
@@ -95,99 +87,39 @@ namespace {
 // written before `g_since_ns` is set and cleared after it is reset.
 char g_what[256];
 std::atomic<std::int64_t> g_since_ns{0};
-std::atomic<std::int64_t> g_started{0};  // collectives this process started
-std::atomic<double> g_timeout_s{-1};     // < 0: not read from the environment yet
-std::once_flag g_watchdog_once;
+std::atomic<std::int64_t> g_counted{0};  // collectives of several ranks this process counted
+std::atomic<double> g_timeout_s{300};
+std::atomic<void (*)(std::int64_t)> g_on_count{nullptr};
+std::atomic<void (*)()> g_on_block{nullptr};
 
 std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
-void write_err(const char* a, const char* b = "", const char* c = "") {
-  for (const char* s : {a, b, c}) {
-    std::size_t n = std::strlen(s);
-    while (n > 0) {
-      const ssize_t w = ::write(STDERR_FILENO, s, n);
-      if (w <= 0) return;
-      s += w;
-      n -= std::size_t(w);
-    }
-  }
-}
-
-void on_terminate(int) {
-  if (g_since_ns.load() != 0)
-    write_err("remat: terminated while in ", g_what, "; a peer rank failed, so this rank exits too\n");
-  else
-    write_err("remat: terminated by the launcher (a peer rank failed or the job was cancelled)\n");
-  ::_exit(1);
-}
-
-void watchdog() {
-  for (;;) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const std::int64_t since = g_since_ns.load();
-    const double limit = comm_timeout();
-    if (since == 0 || limit <= 0) continue;
-    if (double(now_ns() - since) * 1e-9 < limit) continue;
-    char secs[32];
-    std::snprintf(secs, sizeof secs, "%g", limit);
-    write_err("remat: ", g_what, " did not finish within ");
-    write_err(secs, " s (the comm timeout); a peer rank has failed or is stuck, so this rank exits\n");
-    ::_exit(1);
-  }
-}
-
-void start_failure_handling() {
-  struct sigaction sa;
-  std::memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_terminate;
-  sigaction(SIGTERM, &sa, nullptr);
-  std::thread(watchdog).detach();
-}
-
-// REMAT_FAULT=kill:RANK:N or hang:RANK:N: world rank RANK dies (SIGKILL) or
-// stops (sleeps forever) when it starts its N-th collective. For the tests.
-void maybe_inject_fault(std::int64_t n) {
-  static const char* spec = std::getenv("REMAT_FAULT");
-  if (!spec) return;
-  char what[8] = {0};
-  int rank = -1;
-  long long at = -1;
-  if (std::sscanf(spec, "%7[a-z]:%d:%lld", what, &rank, &at) != 3) return;
-  const char* wr = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (!wr || std::atoi(wr) != rank || n != at) return;
-  if (std::strcmp(what, "kill") == 0) {
-    write_err("remat: REMAT_FAULT: killing this rank in the middle of a step\n");
-    ::kill(::getpid(), SIGKILL);
-  }
-  if (std::strcmp(what, "hang") == 0) {
-    write_err("remat: REMAT_FAULT: this rank stops responding\n");
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
-}
-
 }  // namespace
 
 void set_comm_timeout(double seconds) { g_timeout_s.store(seconds); }
+double comm_timeout() { return g_timeout_s.load(); }
 
-double comm_timeout() {
-  double t = g_timeout_s.load();
-  if (t < 0) {
-    const char* e = std::getenv("REMAT_COMM_TIMEOUT");
-    t = e ? std::atof(e) : 300.0;
-    g_timeout_s.store(t);
-  }
-  return t;
+const char* collective_in_flight() { return g_since_ns.load() != 0 ? g_what : nullptr; }
+
+double collective_in_flight_seconds() {
+  const std::int64_t since = g_since_ns.load();
+  return since == 0 ? -1.0 : double(now_ns() - since) * 1e-9;
+}
+
+void set_collective_hooks(CollectiveHooks hooks) {
+  g_on_count.store(hooks.on_count);
+  g_on_block.store(hooks.on_block);
 }
 
 CollectiveInFlight::CollectiveInFlight(CollectiveKind kind, std::int64_t bytes, int rank, int size) {
   if (size <= 1) return;
-  std::call_once(g_watchdog_once, start_failure_handling);
   std::snprintf(g_what, sizeof g_what, "collective %s (phase %s, %lld bytes, rank %d of %d)", collective_name(kind),
                 phase_name(current_comm_phase()), static_cast<long long>(bytes), rank, size);
   g_since_ns.store(now_ns());
+  if (auto hook = g_on_block.load()) hook();
 }
 
 CollectiveInFlight::~CollectiveInFlight() { g_since_ns.store(0); }
@@ -196,7 +128,9 @@ void ProcessGroup::count(CollectiveKind kind, std::int64_t bytes) {
   const auto p = std::size_t(current_comm_phase());
   counters_.calls[std::size_t(kind)][p]++;
   counters_.bytes[std::size_t(kind)][p] += bytes;
-  if (size() > 1) maybe_inject_fault(++g_started);
+  if (size() <= 1) return;
+  const std::int64_t n = ++g_counted;
+  if (auto hook = g_on_count.load()) hook(n);
 }
 
 namespace {

@@ -5,10 +5,13 @@
 // sent) by kind and by phase: original forward, backward, and replay inside
 // recompute. DESIGN.md §6.
 //
-// Failures: a collective that does not finish within the comm timeout, or a
-// rank that is terminated while inside one (the launcher does this when a
-// peer dies), ends the process with a message naming the collective, its
-// phase and its bytes, instead of hanging.
+// Failures: the back ends raise Error naming the collective. This library
+// never ends the process, installs signal handlers or injects faults on its
+// own: it records the collective this process is blocked in and calls the
+// hooks a program installs (set_collective_hooks). The remat tool installs a
+// watchdog that ends a rank whose collective runs past the comm timeout, a
+// SIGTERM handler that names the collective, and the tests' fault injection
+// (tools/comm_watchdog.h).
 #pragma once
 
 #include <array>
@@ -118,10 +121,32 @@ class CollectiveInFlight {
   CollectiveInFlight& operator=(const CollectiveInFlight&) = delete;
 };
 
-// Seconds a collective may take before the process gives up on its peers
-// and exits non-zero (default 300; REMAT_COMM_TIMEOUT overrides; 0: never).
+// Seconds a collective may take before this rank gives up on its peers
+// (default 300; 0: never): the NCCL back end aborts its communicator and
+// throws a little before it, a watchdog a program installs ends the process.
 void set_comm_timeout(double seconds);
 double comm_timeout();
+
+// The collective this process is blocked in (the latest CollectiveInFlight
+// of a group of several ranks), e.g. "collective all_to_all (phase forward,
+// 4096 bytes, rank 0 of 2)", or null when it is in none; and the seconds it
+// has been blocked (negative when in none). Both are async-signal-safe, for
+// a watchdog thread or a signal handler; the text may change under a reader
+// while another collective starts.
+const char* collective_in_flight();
+double collective_in_flight_seconds();
+
+// Hooks a program installs to watch its collectives (the remat tool does;
+// library code never does). Both run on the thread of a collective of a
+// group of several ranks, before it communicates: `on_count` when it is
+// counted, with how many this process has counted so far (1, 2, ...);
+// `on_block` when the thread is about to block in it (collective_in_flight()
+// names it). Null: nothing (the default). Set them before any collective.
+struct CollectiveHooks {
+  void (*on_count)(std::int64_t counted) = nullptr;
+  void (*on_block)() = nullptr;
+};
+void set_collective_hooks(CollectiveHooks hooks);
 
 // The world group: MPI's when the process was started by an MPI launcher
 // (MPI is initialised on first use and finalised at exit), else a group of

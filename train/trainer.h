@@ -12,10 +12,10 @@
 #include "engine/error.h"
 #include "models/config.h"
 #include "models/decoder.h"
-#include "parallel/expert_parallel.h"
 #include "parallel/grad_reducer.h"
 #include "train/data.h"
 #include "train/optimizer.h"
+#include "train/parallel_layout.h"
 
 namespace remat {
 

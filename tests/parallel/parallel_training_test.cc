@@ -11,9 +11,9 @@
 #include "engine/autograd.h"
 #include "models/recompute.h"
 #include "ops/ops.h"
-#include "parallel/expert_parallel.h"
 #include "parallel/grad_reducer.h"
 #include "train/data.h"
+#include "train/parallel_layout.h"
 #include "train/trainer.h"
 
 using namespace remat;
