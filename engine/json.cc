@@ -106,7 +106,9 @@ bool integral_text(std::string_view tok) {
     }
   };
   for (; i < tok.size() && tok[i] >= '0' && tok[i] <= '9'; ++i) digit(tok[i], false);
-  if (i < tok.size() && tok[i] == '.')
+  // The decimal point: nlohmann hands over the token with the C locale's
+  // decimal point, '.' unless a program changed LC_NUMERIC.
+  if (i < tok.size() && tok[i] != 'e' && tok[i] != 'E')
     for (++i; i < tok.size() && tok[i] >= '0' && tok[i] <= '9'; ++i) digit(tok[i], true);
   std::int64_t exponent = 0;
   if (i < tok.size() && (tok[i] == 'e' || tok[i] == 'E')) {
