@@ -323,7 +323,23 @@ Json& Json::push(Json value) {
 }
 
 namespace {
-void quote_into(std::string& out, const std::string& s) {
+// `s` itself when it is valid UTF-8; otherwise `s` with every invalid byte
+// sequence replaced by U+FFFD (nlohmann's replacing serialiser), so every
+// string remat writes parses back: the reader rejects invalid UTF-8, and a
+// non-UTF-8 file path in a state's metadata must not make the state unreadable.
+std::string valid_utf8(const std::string& s) {
+  if (std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return s;
+  const nlohmann::json j(s);
+  try {
+    (void)j.dump();
+    return s;
+  } catch (const nlohmann::json::type_error&) {
+    return nlohmann::json::parse(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)).get<std::string>();
+  }
+}
+
+void quote_into(std::string& out, const std::string& raw) {
+  const std::string s = valid_utf8(raw);
   out += '"';
   for (char c : s) {
     switch (c) {

@@ -57,7 +57,8 @@ class Json {
   Json& push(Json value);
 
   // Compact serialisation: keys in sorted order, numbers by format_number,
-  // strings byte for byte (only strings that are valid UTF-8 parse back).
+  // strings byte for byte when they are valid UTF-8; in others every invalid
+  // byte sequence becomes U+FFFD, so the output always parses back.
   std::string dump() const;
 
   // `s` as a JSON string literal (quotes and escapes).

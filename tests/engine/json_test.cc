@@ -209,6 +209,19 @@ TEST_CASE("strings must be valid UTF-8 without raw control characters", "[json]"
   CHECK_THAT(parse_error("\"\x1f\""), Catch::Contains("control character"));
 }
 
+TEST_CASE("strings that are not valid UTF-8 are written with U+FFFD, so the output parses back", "[json]") {
+  // A state's metadata holds the data file's path, which need not be UTF-8.
+  const std::string path = "/data/caf\xe9.txt";  // Latin-1 e-acute
+  const std::string out = Json::string(path).dump();
+  CHECK(out == "\"/data/caf\xef\xbf\xbd.txt\"");
+  CHECK(Json::parse(out).as_string() == "/data/caf\xef\xbf\xbd.txt");
+  Json obj = Json::object();
+  obj.set("k\xff", Json::string("ok"));
+  CHECK(Json::parse(obj.dump()).has("k\xef\xbf\xbd"));
+  // Valid UTF-8 is written unchanged.
+  CHECK(Json::string("\xc3\xa9").dump() == "\"\xc3\xa9\"");
+}
+
 TEST_CASE("numbers follow RFC 8259 and keep double precision", "[json]") {
   CHECK(Json::parse("0.1").as_number() == 0.1);
   CHECK(Json::parse("-1.5E+2").as_number() == -150.0);
