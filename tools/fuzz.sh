@@ -15,7 +15,8 @@
 # out/fuzz/corpus/TARGET/ (reused by the next run) and writes a crashing
 # input to out/fuzz/crashes/TARGET/; logs go to out/fuzz/TARGET.log.
 # One line per target: "fuzz TARGET: N executions in S s, K crashes".
-# Exits 1 if any target found something, 2 if clang or libFuzzer is missing.
+# Exits 1 if the build failed or any target found something, 2 if clang or
+# libFuzzer is missing, 64 on a bad flag or target.
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 
@@ -28,18 +29,18 @@ while [ $# -gt 0 ]; do
     --seconds)
       [[ "${2:-}" =~ ^[0-9]+$ ]] && [ "$2" -gt 0 ] || {
         echo "fuzz: --seconds needs a positive whole number of seconds, got '${2:-}'" >&2
-        exit 2
+        exit 64
       }
       seconds="$2"
       shift 2
       ;;
     --no-build) build=0; shift ;;
     -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    -*) echo "fuzz: unknown flag $1; valid flags: --seconds N, --no-build" >&2; exit 2 ;;
+    -*) echo "fuzz: unknown flag $1; valid flags: --seconds N, --no-build" >&2; exit 64 ;;
     *)
       if [[ " ${all_targets[*]} " != *" $1 "* ]]; then
         echo "fuzz: unknown target '$1'; valid targets: ${all_targets[*]}" >&2
-        exit 2
+        exit 64
       fi
       targets+=("$1")
       shift
