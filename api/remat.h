@@ -4,6 +4,8 @@
 //
 // It brings in, all in namespace remat:
 //   tensors and dtypes ........ engine/tensor.h, engine/dtype.h, engine/device.h
+//   devices ................... engine/device_runtime.h (CUDA devices, the current
+//                               device and stream, streams, events, syncs)
 //   ops ....................... ops/ops.h (every differentiable op)
 //   autograd .................. engine/autograd.h (backward, grad, hooks on
 //                               gradients and on saved tensors), engine/grad_mode.h
@@ -30,6 +32,7 @@
 #include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/device.h"
+#include "engine/device_runtime.h"
 #include "engine/dispatch.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
