@@ -100,8 +100,13 @@ for t in "${targets[@]}"; do
   [ -d "tests/fuzz/crashes/$t" ] && seeds+=("tests/fuzz/crashes/$t")
   log="out/fuzz/$t.log"
   "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
-    -print_final_stats=1 "${dict[@]}" -artifact_prefix="$crashes/" "$work" "${seeds[@]}" >"$log" 2>&1
+    -print_final_stats=1 "${dict[@]}" -artifact_prefix="$crashes/" "$work" "${seeds[@]}" >"$log" 2>&1 &
+  pid=$!
+  wait "$pid"
   rc=$?
+  # libFuzzer ends without running exit handlers, so clang's OpenMP runtime
+  # leaves its registration file behind.
+  rm -f /dev/shm/__KMP_REGISTERED_LIB_"${pid}"_*
   execs=$(grep -oE 'stat::number_of_executed_units: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$')
   secs=$(grep -oE 'Done [0-9]+ runs in [0-9]+ second' "$log" | tail -1 | grep -oE '[0-9]+ second' | grep -oE '[0-9]+')
   if [ "$rc" -eq 0 ] && grep -q '^Done [0-9]* runs' "$log"; then

@@ -92,6 +92,12 @@ const TempDir& temp_dir() {
   return dir;
 }
 
+void write_input(const std::string& path, std::string_view input, const char* target) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(input.data(), std::streamsize(input.size()));
+  if (!f) broken(target, "cannot write the input to " + path);
+}
+
 bool same_tensor(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.sizes() == b.sizes() && a.nbytes() == b.nbytes() &&
          (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
@@ -119,9 +125,11 @@ bool json(std::string_view input) {
 }
 
 bool config(std::string_view input) {
+  const std::string path = temp_dir().file("in.json");
+  write_input(path, input, "config");
   ModelConfig c;
   try {
-    c = ModelConfig::from_json(Json::parse(std::string(input), "fuzz config"));
+    c = ModelConfig::load(path);
   } catch (const Error&) {
     return false;
   }
@@ -172,11 +180,7 @@ bool plan(std::string_view input) {
 
 bool safetensors(std::string_view input) {
   const std::string in = temp_dir().file("in.safetensors");
-  {
-    std::ofstream f(in, std::ios::binary | std::ios::trunc);
-    f.write(input.data(), std::streamsize(input.size()));
-    if (!f) broken("safetensors", "cannot write the input to " + in);
-  }
+  write_input(in, input, "safetensors");
   SafetensorsFile st;
   try {
     st = load_safetensors(in);

@@ -20,16 +20,17 @@ namespace remat::fuzz {
 
 // Json::parse, then dump -> parse -> dump must reproduce the first dump.
 bool json(std::string_view input);
-// ModelConfig::from_json(Json::parse(input)) (what ModelConfig::load does
-// with a .json file); an accepted config must survive to_json -> text -> from_json.
+// ModelConfig::load of a .json file holding `input` (in the folder below);
+// an accepted config must survive to_json -> text -> from_json.
 bool config(std::string_view input);
 // RecomputePlan::parse. Input: "N\nSPEC" parses SPEC for N layers (N in
 // [1, 4096], clamped); without a leading decimal line, SPEC is the whole
 // input and N is 4. Accepted plans must name only blocks in [0, N), each once.
 bool plan(std::string_view input);
-// load_safetensors on a file holding `input` (written under
-// $REMAT_FUZZ_TMPDIR, else /dev/shm, else the system temp folder); an
-// accepted file must survive save_safetensors -> load_safetensors unchanged.
+// load_safetensors on a file holding `input`; an accepted file must survive
+// save_safetensors -> load_safetensors unchanged. The files of config and
+// safetensors go to a folder of this process under $REMAT_FUZZ_TMPDIR, else
+// /dev/shm, else the system temp folder, removed at a normal exit.
 bool safetensors(std::string_view input);
 
 struct Target {
