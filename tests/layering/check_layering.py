@@ -47,19 +47,6 @@ INTERNAL = re.compile(r"\bInternal to (\w+)/")
 # empty list: delete an entry together with the include it names. An entry
 # whose include no longer occurs is reported as a note (not a failure).
 ALLOWED = {
-    # engine/ reaches the CUDA back end directly; the device back-end seam
-    # (#16 item 1) moves these behind an interface engine/ owns.
-    ("engine/allocator.cc", "cuda/allocator_backend.h"),
-    ("engine/autograd.cc", "cuda/accumulate.h"),
-    ("engine/autograd.cc", "cuda/stream.h"),
-    ("engine/cuda_layout.h", "cuda/strided.h"),
-    ("engine/rng.cc", "cuda/allocator_backend.h"),
-    ("engine/tensor.cc", "cuda/copy.h"),
-    ("engine/tensor.cc", "cuda/runtime.h"),
-    ("engine/tensor.cc", "cuda/stream.h"),
-    # The MoE row kernels use ops' internal helpers until they are ops
-    # themselves (#16 item 2).
-    ("moe/dispatch.cc", "ops/kernel_util.h"),
     # The comm phase asks whether a recompute replay is running; the
     # recompute context moves to engine/ (#16 item 2).
     ("parallel/process_group.cc", "checkpoint/recompute_context.h"),
