@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -450,7 +451,7 @@ TEST_CASE("an f16 run saved and resumed continues with the same loss scale and b
     t.run([&](const StepStats& s) { resumed.push_back(s.loss); });
   }
   CHECK(resumed == whole);
-  std::system(("rm -rf " + dir).c_str());
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("an f16 loss scale that collapses below loss_scale_min stops the run; a non-finite loss stops it too",
