@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "checkpoint/policy.h"
-#include "checkpoint/recompute_context.h"
+#include "engine/recompute_context.h"
 #include "engine/tensor.h"
 
 namespace remat {

@@ -1,6 +1,6 @@
 #include "checkpoint/output_discard.h"
 
-#include "checkpoint/recompute_context.h"
+#include "engine/recompute_context.h"
 
 namespace remat {
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "checkpoint/recompute_context.h"
 #include "checkpoint/replay_memo.h"
+#include "engine/recompute_context.h"
 #include "moe/router.h"
 #include "ops/ops.h"
 

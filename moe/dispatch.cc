@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "checkpoint/recompute_context.h"
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
+#include "engine/recompute_context.h"
 #include "moe/buffer_pool.h"
 #include "ops/moe_rows.h"
 #include "ops/ops.h"

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <string>
 
-#include "checkpoint/recompute_context.h"
 #include "engine/autograd.h"
+#include "engine/recompute_context.h"
 
 namespace remat {
 

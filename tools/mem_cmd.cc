@@ -5,11 +5,11 @@
 #include <memory>
 
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/recompute_context.h"
 #include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/parallel_for.h"
+#include "engine/recompute_context.h"
 #include "models/decoder.h"
 #include "models/recompute.h"
 #include "tools/args.h"

@@ -47,9 +47,6 @@ INTERNAL = re.compile(r"\bInternal to (\w+)/")
 # empty list: delete an entry together with the include it names. An entry
 # whose include no longer occurs is reported as a note (not a failure).
 ALLOWED = {
-    # The comm phase asks whether a recompute replay is running; the
-    # recompute context moves to engine/ (#16 item 2).
-    ("parallel/process_group.cc", "checkpoint/recompute_context.h"),
     # bench-ops and bench's peak FLOP/s time the CPU GEMM itself, which
     # ops/gemm.h calls internal to ops/: either the header becomes public
     # or the benchmarks go through matmul.

@@ -1,4 +1,4 @@
-#include "checkpoint/recompute_context.h"
+#include "engine/recompute_context.h"
 
 namespace remat {
 

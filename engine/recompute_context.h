@@ -13,7 +13,7 @@ bool in_recompute();
 // Replays nested on this thread right now (0 in the original forward).
 int recompute_depth();
 
-// RAII: marks this thread as replaying (used by the checkpoint engine).
+// RAII: marks this thread as replaying (checkpoint/ sets it around a replay).
 class RecomputeScope {
  public:
   RecomputeScope();
