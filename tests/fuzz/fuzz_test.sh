@@ -4,6 +4,9 @@
 # ASan and UBSan in its own output base: each target runs, replays its seeds
 # and past findings, and finds nothing. Without clang's libFuzzer it counts
 # one skipped check and says why.
+# The first run compiles the libraries once more with clang (minutes on two
+# cores); later runs rebuild only what changed.
+# remat-test-timeout: 3600
 set -u
 # shellcheck source=tests/script_checks.sh
 source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"
