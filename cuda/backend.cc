@@ -12,6 +12,7 @@
 #include "cuda/copy.h"
 #include "cuda/runtime.h"
 #include "engine/device_backend.h"
+#include "cuda/check.h"
 #include "engine/error.h"
 #include "engine/immortal.h"
 
@@ -19,13 +20,8 @@ namespace remat::cuda {
 
 namespace {
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw DeviceError(std::string("CUDA ") + what + " failed: " + cudaGetErrorString(err));
-  }
-}
-cudaStream_t as_stream(StreamId s) { return reinterpret_cast<cudaStream_t>(s); }
+using detail::as_stream;
+using detail::check_cuda;
 cudaEvent_t as_event(EventId e) { return reinterpret_cast<cudaEvent_t>(e); }
 
 class CudaBackend final : public DeviceBackend {
@@ -79,29 +75,29 @@ class CudaBackend final : public DeviceBackend {
   void synchronize() override { cuda::synchronize(); }
   StreamId create_stream() override {
     cudaStream_t s = nullptr;
-    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
     return reinterpret_cast<StreamId>(s);
   }
   void destroy_stream(StreamId stream) override { cudaStreamDestroy(as_stream(stream)); }
   void synchronize_stream(StreamId stream) override {
-    check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
+    check_cuda(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
   }
   EventId create_event() override {
     cudaEvent_t e = nullptr;
-    check(cudaEventCreate(&e), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&e), "cudaEventCreate");
     return reinterpret_cast<EventId>(e);
   }
   void destroy_event(EventId event) override { cudaEventDestroy(as_event(event)); }
   void record_event(EventId event, StreamId stream) override {
-    check(cudaEventRecord(as_event(event), as_stream(stream)), "cudaEventRecord");
+    check_cuda(cudaEventRecord(as_event(event), as_stream(stream)), "cudaEventRecord");
   }
   void wait_event(EventId event, StreamId stream) override {
-    check(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0), "cudaStreamWaitEvent");
   }
-  void synchronize_event(EventId event) override { check(cudaEventSynchronize(as_event(event)), "cudaEventSynchronize"); }
+  void synchronize_event(EventId event) override { check_cuda(cudaEventSynchronize(as_event(event)), "cudaEventSynchronize"); }
   float elapsed_ms(EventId start, EventId end) override {
     float ms = 0;
-    check(cudaEventElapsedTime(&ms, as_event(start), as_event(end)), "cudaEventElapsedTime");
+    check_cuda(cudaEventElapsedTime(&ms, as_event(start), as_event(end)), "cudaEventElapsedTime");
     return ms;
   }
 };

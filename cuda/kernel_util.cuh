@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/check.h"
 #include "cuda/strided.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
@@ -17,21 +18,11 @@
 
 namespace remat::cuda::detail {
 
-inline cudaStream_t as_stream(StreamId s) { return reinterpret_cast<cudaStream_t>(s); }
-
 // Throws DeviceError naming the kernel if its launch failed.
 inline void check_launch(const char* what) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
     throw DeviceError(std::string("CUDA kernel ") + what + " failed to launch: " + cudaGetErrorString(err));
-}
-
-// Throws DeviceError naming the call if a CUDA runtime call failed.
-inline void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw DeviceError(std::string("CUDA ") + what + " failed: " + cudaGetErrorString(err));
-  }
 }
 
 // ceil(a / b) for positive b.

@@ -6,19 +6,15 @@
 #include <cstring>
 #include <mutex>
 
+#include "cuda/check.h"
 #include "engine/error.h"
 #include "engine/immortal.h"
 
 namespace remat::cuda {
 
 namespace {
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw DeviceError(std::string("CUDA ") + what + " failed: " + cudaGetErrorString(err));
-  }
-}
-cudaStream_t as_stream(StreamId s) { return reinterpret_cast<cudaStream_t>(s); }
+using detail::as_stream;
+using detail::check_cuda;
 
 // Host<->device copies of pageable memory go through two pinned buffers:
 // while the DMA engine moves one chunk, the host fills (or drains) the other.
@@ -34,12 +30,12 @@ class PinnedStaging {
     int slot = 0;
     for (std::size_t off = 0; off < bytes; off += kStageBytes, slot ^= 1) {
       const std::size_t n = std::min(kStageBytes, bytes - off);
-      check(cudaEventSynchronize(done_[slot]), "host-to-device copy (staging wait)");
+      check_cuda(cudaEventSynchronize(done_[slot]), "host-to-device copy (staging wait)");
       std::memcpy(buf_[slot], src + off, n);
-      check(cudaMemcpyAsync(dst + off, buf_[slot], n, cudaMemcpyHostToDevice, stream), "host-to-device copy");
-      check(cudaEventRecord(done_[slot], stream), "host-to-device copy (event)");
+      check_cuda(cudaMemcpyAsync(dst + off, buf_[slot], n, cudaMemcpyHostToDevice, stream), "host-to-device copy");
+      check_cuda(cudaEventRecord(done_[slot], stream), "host-to-device copy (event)");
     }
-    check(cudaStreamSynchronize(stream), "host-to-device copy");
+    check_cuda(cudaStreamSynchronize(stream), "host-to-device copy");
   }
 
   void to_host(char* dst, const char* src, std::size_t bytes, cudaStream_t stream) {
@@ -49,13 +45,13 @@ class PinnedStaging {
     const std::size_t chunks = (bytes + kStageBytes - 1) / kStageBytes;
     auto issue = [&](std::size_t c) {
       const std::size_t off = c * kStageBytes, n = std::min(kStageBytes, bytes - off);
-      check(cudaMemcpyAsync(buf_[c & 1], src + off, n, cudaMemcpyDeviceToHost, stream), "device-to-host copy");
-      check(cudaEventRecord(done_[c & 1], stream), "device-to-host copy (event)");
+      check_cuda(cudaMemcpyAsync(buf_[c & 1], src + off, n, cudaMemcpyDeviceToHost, stream), "device-to-host copy");
+      check_cuda(cudaEventRecord(done_[c & 1], stream), "device-to-host copy (event)");
     };
     issue(0);
     for (std::size_t c = 0; c < chunks; ++c) {
       if (c + 1 < chunks) issue(c + 1);
-      check(cudaEventSynchronize(done_[c & 1]), "device-to-host copy");
+      check_cuda(cudaEventSynchronize(done_[c & 1]), "device-to-host copy");
       const std::size_t off = c * kStageBytes, n = std::min(kStageBytes, bytes - off);
       std::memcpy(dst + off, buf_[c & 1], n);
     }
@@ -65,8 +61,8 @@ class PinnedStaging {
   void ensure() {
     if (buf_[0]) return;
     for (int i = 0; i < 2; ++i) {
-      check(cudaMallocHost(&buf_[i], kStageBytes), "cudaMallocHost (pinned staging)");
-      check(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming), "cudaEventCreate");
+      check_cuda(cudaMallocHost(&buf_[i], kStageBytes), "cudaMallocHost (pinned staging)");
+      check_cuda(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming), "cudaEventCreate");
     }
   }
 
@@ -82,31 +78,31 @@ PinnedStaging& staging() {
 
 void direct(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, StreamId stream,
             const char* what) {
-  check(cudaMemcpyAsync(dst, src, bytes, kind, as_stream(stream)), what);
-  check(cudaStreamSynchronize(as_stream(stream)), what);
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, as_stream(stream)), what);
+  check_cuda(cudaStreamSynchronize(as_stream(stream)), what);
 }
 }  // namespace
 
 DeviceInfo device_info(int device) {
   cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   DeviceInfo info;
   info.name = prop.name;
   info.major = prop.major;
   info.minor = prop.minor;
   info.multiprocessors = prop.multiProcessorCount;
-  check(cudaDeviceGetAttribute(&info.clock_khz, cudaDevAttrClockRate, device), "cudaDeviceGetAttribute(clock)");
+  check_cuda(cudaDeviceGetAttribute(&info.clock_khz, cudaDevAttrClockRate, device), "cudaDeviceGetAttribute(clock)");
   info.memory_bytes = prop.totalGlobalMem;
   return info;
 }
 
 int current_device() {
   int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   return device;
 }
 
-void set_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
+void set_device(int device) { check_cuda(cudaSetDevice(device), "cudaSetDevice"); }
 
 void copy_host_to_device(void* dst, const void* src, std::size_t bytes, StreamId stream) {
   if (bytes == 0) return;
@@ -127,9 +123,9 @@ void copy_device_to_device(void* dst, const void* src, std::size_t bytes, Stream
 
 void memset_async(void* dst, int value, std::size_t bytes, StreamId stream) {
   if (bytes == 0) return;
-  check(cudaMemsetAsync(dst, value, bytes, as_stream(stream)), "cudaMemsetAsync");
+  check_cuda(cudaMemsetAsync(dst, value, bytes, as_stream(stream)), "cudaMemsetAsync");
 }
 
-void synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+void synchronize() { check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 }  // namespace remat::cuda

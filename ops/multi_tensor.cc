@@ -33,6 +33,21 @@ Tensor upload_slots(const std::vector<T>& slots, Device device) {
   return host.to(device);
 }
 
+// The non-empty tensors of `tensors` (each checked as an operand of `op`) as
+// the slots of a multi-tensor kernel.
+std::vector<cuda::TensorSlot> tensor_slots(const char* op, const std::vector<Tensor>& tensors, Device device) {
+  std::vector<cuda::TensorSlot> slots;
+  for (const Tensor& t : tensors) {
+    check_operand(op, t, device);
+    if (t.numel() == 0) continue;
+    cuda::TensorSlot s;
+    s.data = t.data<float>();
+    s.numel = t.numel();
+    slots.push_back(s);
+  }
+  return slots;
+}
+
 }  // namespace
 
 void multi_tensor_adamw(const std::vector<AdamWTensors>& tensors, const AdamWStepScalars& s, Device device) {
@@ -76,15 +91,7 @@ void multi_tensor_adamw(const std::vector<AdamWTensors>& tensors, const AdamWSte
 double multi_tensor_sum_squares(const std::vector<Tensor>& tensors, Device device) {
   constexpr const char* op = "multi_tensor_sum_squares";
   if constexpr (kHaveCuda) {
-    std::vector<cuda::TensorSlot> slots;
-    for (const Tensor& t : tensors) {
-      check_operand(op, t, device);
-      if (t.numel() == 0) continue;
-      cuda::TensorSlot s;
-      s.data = t.data<float>();
-      s.numel = t.numel();
-      slots.push_back(s);
-    }
+    std::vector<cuda::TensorSlot> slots = tensor_slots(op, tensors, device);
     if (slots.empty()) return 0.0;
     const std::int64_t chunks = cuda::multi_tensor_layout(slots.data(), std::int64_t(slots.size()));
     Tensor dev = upload_slots(slots, device);
@@ -100,15 +107,7 @@ double multi_tensor_sum_squares(const std::vector<Tensor>& tensors, Device devic
 void multi_tensor_scale_(const std::vector<Tensor>& tensors, float scale, Device device) {
   constexpr const char* op = "multi_tensor_scale_";
   if constexpr (kHaveCuda) {
-    std::vector<cuda::TensorSlot> slots;
-    for (const Tensor& t : tensors) {
-      check_operand(op, t, device);
-      if (t.numel() == 0) continue;
-      cuda::TensorSlot s;
-      s.data = t.data<float>();
-      s.numel = t.numel();
-      slots.push_back(s);
-    }
+    std::vector<cuda::TensorSlot> slots = tensor_slots(op, tensors, device);
     if (slots.empty()) return;
     const std::int64_t chunks = cuda::multi_tensor_layout(slots.data(), std::int64_t(slots.size()));
     Tensor devslots = upload_slots(slots, device);

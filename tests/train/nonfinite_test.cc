@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -21,6 +20,7 @@
 
 #include "parallel/process_group.h"
 #include "train/trainer.h"
+#include "tests/train/train_test_util.h"
 
 using namespace remat;
 
@@ -29,36 +29,12 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/remat-nonfinite-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+std::string temp_dir() { return test::temp_dir("nonfinite"); }
 
 // A small model in one process (also when the binary runs under mpirun).
 TrainOptions small_options(std::int64_t steps) {
-  TrainOptions o;
-  o.config = ModelConfig::named("tiny");
-  o.config.name = "test-small";
-  o.config.d_model = 32;
-  o.config.n_layers = 2;
-  o.config.n_heads = 2;
-  o.config.ffn = 64;
-  o.config.seq = 16;
-  o.config.batch = 4;
-  o.steps = steps;
-  o.seed = 5;
-  o.warmup = 5;
-  o.eval_every = 0;
-  o.eval_batches = 1;
+  TrainOptions o = test::small_options(steps);
+  o.config.dropout = 0;
   o.group = single_process_group();
   return o;
 }
@@ -133,8 +109,8 @@ TEST_CASE("a non-finite loss stops the run naming the step and the value; the sa
     steps.push_back(s.step);
     CHECK_FALSE(s.skipped);
     if (s.step == 4) {
-      saved_at_4 = file_bytes(dir + "/state.safetensors");
-      prev_at_4 = file_bytes(dir + "/state.prev.safetensors");
+      saved_at_4 = test::read_all(dir + "/state.safetensors");
+      prev_at_4 = test::read_all(dir + "/state.prev.safetensors");
       params_at_4 = params_of(t);
     }
   });
@@ -147,8 +123,8 @@ TEST_CASE("a non-finite loss stops the run naming the step and the value; the sa
   CHECK(t.step() == 4);
   // Nothing was saved or updated after the bad step: the files are the ones
   // written at step 4, byte for byte, and so are the parameters.
-  CHECK(file_bytes(dir + "/state.safetensors") == saved_at_4);
-  CHECK(file_bytes(dir + "/state.prev.safetensors") == prev_at_4);
+  CHECK(test::read_all(dir + "/state.safetensors") == saved_at_4);
+  CHECK(test::read_all(dir + "/state.prev.safetensors") == prev_at_4);
   CHECK(params_of(t) == params_at_4);
   // And the state resumes: a fresh trainer continues from step 4.
   TrainOptions r = small_options(10);
@@ -172,14 +148,14 @@ TEST_CASE("a learning rate that diverges stops at the first non-finite loss with
   const NonFiniteError e = run_expecting_error(t, [&](const StepStats& s) {
     CHECK(std::isfinite(s.loss));
     last_good = s.step;
-    last_saved = file_bytes(dir + "/state.safetensors");
+    last_saved = test::read_all(dir + "/state.safetensors");
   });
   INFO(e.what());
   CHECK(e.step() == last_good + 1);
   CHECK(e.step() <= 3);
   CHECK_FALSE(std::isfinite(e.value()));
   CHECK(t.step() == last_good);
-  CHECK(file_bytes(dir + "/state.safetensors") == last_saved);
+  CHECK(test::read_all(dir + "/state.safetensors") == last_saved);
 }
 
 TEST_CASE("a non-finite gradient norm stops the run before the update", "[train][nonfinite]") {
@@ -312,7 +288,7 @@ TEST_CASE("--on-nonfinite skip stops after max_nonfinite_skips skipped steps in 
   std::string saved_at_2;
   const NonFiniteError e = run_expecting_error(t, [&](const StepStats& s) {
     counts.push_back(s.skipped_steps);
-    if (s.step == 2) saved_at_2 = file_bytes(dir + "/state.safetensors");
+    if (s.step == 2) saved_at_2 = test::read_all(dir + "/state.safetensors");
   });
   CHECK(counts == std::vector<std::int64_t>{0, 0, 1, 2, 3});
   CHECK(e.step() == 3);
@@ -320,7 +296,7 @@ TEST_CASE("--on-nonfinite skip stops after max_nonfinite_skips skipped steps in 
                                         Catch::Contains("3 step(s) before it were skipped") &&
                                         Catch::Contains("--max-nonfinite-skips 3"));
   CHECK(t.step() == 2);
-  CHECK(file_bytes(dir + "/state.safetensors") == saved_at_2);
+  CHECK(test::read_all(dir + "/state.safetensors") == saved_at_2);
 }
 
 TEST_CASE("f32 and bf16 do not scale the loss", "[train][f16]") {
@@ -451,7 +427,6 @@ TEST_CASE("an f16 run saved and resumed continues with the same loss scale and b
     t.run([&](const StepStats& s) { resumed.push_back(s.loss); });
   }
   CHECK(resumed == whole);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("an f16 loss scale that collapses below loss_scale_min stops the run; a non-finite loss stops it too",

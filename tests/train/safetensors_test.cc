@@ -7,25 +7,14 @@
 #include <unistd.h>
 
 #include "train/safetensors.h"
+#include "tests/train/train_test_util.h"
 
 using namespace remat;
 
 namespace {
-std::string temp_dir() {
-  char tmpl[] = "/tmp/remat-st-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-std::string read_all(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-void write_all(const std::string& p, const std::string& s) {
-  std::ofstream out(p, std::ios::binary);
-  out << s;
-}
+using test::read_all;
+using test::write_all;
+std::string temp_dir() { return test::temp_dir("st"); }
 }  // namespace
 
 TEST_CASE("safetensors round-trips every dtype with metadata", "[safetensors]") {

@@ -16,62 +16,25 @@
 #include "train/safetensors.h"
 #include "train/state_files.h"
 #include "train/trainer.h"
+#include "tests/train/train_test_util.h"
 
 using namespace remat;
 
 namespace {
-// A fresh folder, removed when the test binary exits.
-std::string temp_dir() {
-  static struct Cleanup {
-    std::vector<std::string> dirs;
-    ~Cleanup() {
-      for (const auto& d : dirs) std::filesystem::remove_all(d);
-    }
-  } cleanup;
-  char tmpl[] = "/tmp/remat-state-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  cleanup.dirs.push_back(tmpl);
-  return tmpl;
-}
+using test::losses_of;
+using test::read_all;
+using test::write_all;
+std::string temp_dir() { return test::temp_dir("state"); }
 bool exists(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0;
 }
-std::string read_all(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-void write_all(const std::string& p, const std::string& s) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << s;
-}
 std::string step_of(const std::string& path) { return load_safetensors(path).metadata.at("step"); }
 
 TrainOptions small_options(std::int64_t steps) {
-  TrainOptions o;
-  o.config = ModelConfig::named("tiny");
-  o.config.name = "test-small";
-  o.config.d_model = 32;
-  o.config.n_layers = 2;
-  o.config.n_heads = 2;
-  o.config.ffn = 64;
-  o.config.seq = 16;
-  o.config.batch = 4;
-  o.config.dropout = 0.1;
-  o.steps = steps;
-  o.seed = 5;
+  TrainOptions o = test::small_options(steps);
   o.warmup = 2;
-  o.eval_every = 0;
-  o.eval_batches = 1;
   return o;
-}
-
-std::vector<double> losses_of(Trainer& t) {
-  std::vector<double> out;
-  t.run([&](const StepStats& s) { out.push_back(s.loss); });
-  return out;
 }
 
 struct SimulatedCrash {

@@ -10,42 +10,14 @@
 #include "train/optimizer.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
+#include "tests/train/train_test_util.h"
 
 using namespace remat;
 
 namespace {
-std::string temp_dir() {
-  char tmpl[] = "/tmp/remat-train-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-
-// A small model so the resume test stays fast; dropout on, so the RNG state
-// has to be restored exactly too.
-TrainOptions small_options(std::int64_t steps) {
-  TrainOptions o;
-  o.config = ModelConfig::named("tiny");
-  o.config.name = "test-small";
-  o.config.d_model = 32;
-  o.config.n_layers = 2;
-  o.config.n_heads = 2;
-  o.config.ffn = 64;
-  o.config.seq = 16;
-  o.config.batch = 4;
-  o.config.dropout = 0.1;
-  o.steps = steps;
-  o.seed = 5;
-  o.warmup = 5;
-  o.eval_every = 0;
-  o.eval_batches = 1;
-  return o;
-}
-
-std::vector<double> losses_of(Trainer& t) {
-  std::vector<double> out;
-  t.run([&](const StepStats& s) { out.push_back(s.loss); });
-  return out;
-}
+using test::losses_of;
+using test::small_options;
+std::string temp_dir() { return test::temp_dir("train"); }
 }  // namespace
 
 TEST_CASE("AdamW matches a hand-computed update", "[train][adamw]") {
@@ -167,14 +139,8 @@ TEST_CASE("a corrupt state file is rejected and the previous good state is still
   losses_of(t);
   const std::string cur = dir + "/state.safetensors", prev = dir + "/state.prev.safetensors";
   REQUIRE(load_safetensors(prev).metadata.at("step") == "2");
-  {
-    std::ifstream in(cur, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string bytes = ss.str();
-    std::ofstream out(cur, std::ios::binary | std::ios::trunc);
-    out << bytes.substr(0, bytes.size() / 2);  // truncated
-  }
+  const std::string bytes = test::read_all(cur);
+  test::write_all(cur, bytes.substr(0, bytes.size() / 2));  // truncated
   TrainOptions r = small_options(8);
   r.resume_dir = dir;
   try {
