@@ -10,8 +10,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "checkpoint/checkpoint.h"
@@ -27,6 +30,7 @@
 #include "ops/gemm.h"
 #include "parallel/grad_reducer.h"
 #include "tools/args.h"
+#include "tools/bench_order.h"
 #include "tools/bench_plot.h"
 #include "tools/html.h"
 #include "tools/commands.h"
@@ -375,13 +379,93 @@ int run_bench_worker(const std::vector<std::string>& args) {
   return 0;
 }
 
+namespace {
+
+// bench_torch.py: under the current folder (./remat runs from the repository
+// root), else next to the binary or one folder above it (the GPU bundle).
+std::string find_torch_script() {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> tried = {fs::current_path() / "tools/reference/bench_torch.py"};
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    tried.push_back(exe.parent_path() / "bench_torch.py");
+    tried.push_back(exe.parent_path().parent_path() / "bench_torch.py");
+  }
+  std::string list;
+  for (const fs::path& p : tried) {
+    if (fs::exists(p, ec)) return p.string();
+    list += (list.empty() ? "" : ", ") + p.string();
+  }
+  throw Error("bench --baseline torch: tools/reference/bench_torch.py not found (looked at " + list +
+              "); run bench from the repository root, e.g. ./remat bench");
+}
+
+// The config as a JSON file for bench_torch.py, removed when this goes.
+class TempConfigFile {
+ public:
+  explicit TempConfigFile(const ModelConfig& c)
+      : path_((std::filesystem::temp_directory_path() / ("remat-bench-" + std::to_string(::getpid()) + ".json")).string()) {
+    std::ofstream out(path_);
+    out << c.to_json().dump();
+    REMAT_CHECK(out.good(), IOError, "bench: cannot write the baseline's config file ", path_);
+  }
+  ~TempConfigFile() {
+    std::error_code ec;
+    std::filesystem::remove(path_, ec);
+  }
+  TempConfigFile(const TempConfigFile&) = delete;
+  TempConfigFile& operator=(const TempConfigFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// One PyTorch eager process (bench_torch.py) with the bench's threads, dtype,
+// device, warm-up and timed steps; its numeric result fields.
+std::map<std::string, double> run_torch_worker(const std::string& script, const std::string& config_file,
+                                               int threads, const std::string& dtype, const std::string& device,
+                                               std::int64_t warmup, std::int64_t steps, std::string* framework) {
+  const char* py = std::getenv("REMAT_PYTHON");
+  const std::string cmd = std::string("'") + (py && *py ? py : "/usr/bin/python3") + "' '" + script + "' --config '" +
+                          config_file + "' --threads " + std::to_string(threads) + " --dtype " + dtype +
+                          " --device " + device + " --warmup " + std::to_string(warmup) + " --steps " +
+                          std::to_string(steps) + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REMAT_CHECK(p != nullptr, Error, "bench: cannot start the PyTorch baseline");
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = ::pclose(p);
+  const auto pos = out.rfind("\n{", out.size() - (out.size() > 1 ? 2 : 0));
+  const std::string line = out.substr(pos == std::string::npos ? 0 : pos + 1);
+  REMAT_CHECK(rc == 0 && !line.empty() && line[0] == '{', Error, "bench --baseline torch: ", cmd,
+              " failed (exit ", rc, "):\n", out);
+  const Json parsed = Json::parse(line.substr(0, line.find('\n')), "bench_torch.py output");
+  std::map<std::string, double> r;
+  for (const auto& [k, val] : parsed.members()) {
+    if (val.is_number()) r[k] = val.as_number();
+    if (k == "framework" && framework) *framework = val.as_string();
+  }
+  for (const char* k : {"step_ms", "forward_ms", "backward_ms", "tokens"})
+    REMAT_CHECK(r.count(k), Error, "bench --baseline torch: bench_torch.py printed no '", k, "':\n", out);
+  return r;
+}
+
+double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+}  // namespace
+
 int run_bench(const std::vector<std::string>& args) {
-  Flags f("bench", "memory and speed of recompute plans, each repeat in a fresh process", args,
+  Flags f("bench", "memory and speed of recompute plans, each repeat in a fresh process, in a balanced interleaved "
+          "order", args,
           {text_flag("config", "model config name or FILE.json", "bench-dense"),
            text_flag("recompute", "comma-separated plans", "none,per_block"),
            int_flag("warmup", "untimed warm-up steps per process", 2, {.min = 0}),
            int_flag("steps", "timed steps per process", 5, {.min = 1}),
-           int_flag("repeats", "fresh processes per plan", 3, {.min = 1}),
+           int_flag("repeats", "fresh processes per plan (rounds of the interleaved order)", 3, {.min = 1}),
            threads_flag_spec(),
            int_flag("seed", "seed", 0, {.min = 0}),
            text_flag("dtype", "compute dtype: f32 or bf16 (mixed precision)", "f32"),
@@ -390,6 +474,8 @@ int run_bench(const std::vector<std::string>& args) {
                     {.min = 1}),
            number_flag("peak-flops", "device peak FLOP/s for MFU (default: the measured f32 GEMM peak on the CPU; on "
                        "CUDA the device's dense peak for the dtype)", std::nullopt, {.min = 0, .min_open = true}),
+           text_flag("baseline", "'torch': PyTorch eager on the same model (tools/reference/bench_torch.py) as "
+                     "another variant of the same interleaved run"),
            text_flag("json", "write the results to FILE"),
            bool_flag("estimate", "predict activation bytes per plan from what the ops save, next to a measured step"),
            text_flag("html", "write a page plotting memory against step time per plan to FILE")});
@@ -413,60 +499,100 @@ int run_bench(const std::vector<std::string>& args) {
               c.experts, " experts and the batch of ", c.batch, " to divide by it");
   REMAT_CHECK(!f.get_bool("estimate") || (device.is_cpu() && dtype == "f32"), Error,
               "bench: --estimate traces f32 steps on the CPU; drop --device and --dtype for it");
+  const std::string baseline = f.get("baseline");
+  REMAT_CHECK(baseline.empty() || baseline == "torch", Error, "bench: --baseline expects 'torch', got '", baseline,
+              "'");
+  const bool torch = baseline == "torch";
+  REMAT_CHECK(!torch || (c.experts == 0 && c.dropout == 0 && ep == 1 && dtype != "f16" &&
+                         !f.get_bool("estimate")),
+              Error, "bench --baseline torch: the PyTorch baseline models the dense decoder without dropout in f32 "
+              "or bf16 on one process; config ", c.name, " has ", c.experts, " experts and dropout ", c.dropout,
+              ", --dtype ", dtype, ", --ep ", ep, f.get_bool("estimate") ? ", --estimate" : "");
   if (f.get_bool("estimate")) return run_estimate(config, c, plans, threads, f.get("seed"), f.get("json"));
+  const std::string torch_script = torch ? find_torch_script() : "";
+  const std::optional<TempConfigFile> torch_config =
+      torch ? std::optional<TempConfigFile>(std::in_place, c) : std::nullopt;
   const double peak = f.has("peak-flops") ? f.get_double("peak-flops")
                       : device.is_cuda()   ? cuda_peak_flops(device, dtype)
                                            : measure_peak_flops();
 
-  std::printf("remat bench: config %s on %s, %d threads, %lld repeats x (%lld warm-up + %lld timed steps), peak %.1f GFLOP/s%s\n",
-              c.name.c_str(), device.str().c_str(), threads, static_cast<long long>(repeats), static_cast<long long>(warmup),
-              static_cast<long long>(steps), peak / 1e9, f.has("peak-flops") ? "" : device.is_cuda() ? " (device dense peak)" : " (measured GEMM)");
+  // The variants: the plans, then the baseline; run in a balanced order.
+  std::vector<std::string> variants = plans;
+  if (torch) variants.push_back("torch");
+  const std::int64_t V = std::int64_t(variants.size());
+  const auto order = bench_order(V, repeats);
+  std::printf("remat bench: config %s on %s, %d threads, %lld repeats x (%lld warm-up + %lld timed steps), peak %.1f "
+              "GFLOP/s%s; %zu processes in a balanced interleaved order\n",
+              c.name.c_str(), device.str().c_str(), threads, static_cast<long long>(repeats),
+              static_cast<long long>(warmup), static_cast<long long>(steps), peak / 1e9,
+              f.has("peak-flops") ? "" : device.is_cuda() ? " (device dense peak)" : " (measured GEMM)", order.size());
   std::fflush(stdout);
 
-  struct Result {
-    std::string plan;
-    std::map<std::string, std::vector<double>> v;
-  };
-  std::vector<Result> results;
-  for (const auto& plan : plans) {
-    Result r{plan, {}};
-    for (std::int64_t rep = 0; rep < repeats; ++rep) {
-      for (const auto& [k, val] : run_worker(config, plan, warmup, steps, threads, f.get("seed"), ep, dtype, device.str()))
-        r.v[k].push_back(val);
-      std::printf("  %-24s repeat %lld: step %.0f ms\n", plan.c_str(), static_cast<long long>(rep + 1),
-                  r.v["step_ms"].back());
-      std::fflush(stdout);
-    }
-    results.push_back(r);
+  std::vector<std::map<std::string, std::vector<double>>> v(static_cast<std::size_t>(V));
+  std::vector<JsonObject> runs;
+  std::string framework;
+  for (const BenchSlot& s : order) {
+    const std::string& name = variants[std::size_t(s.variant)];
+    const bool is_torch = torch && s.variant == V - 1;
+    const auto r = is_torch ? run_torch_worker(torch_script, torch_config->path(), threads, dtype, device.str(),
+                                               warmup, steps, &framework)
+                            : run_worker(config, name, warmup, steps, threads, f.get("seed"), ep, dtype, device.str());
+    for (const auto& [k, val] : r) v[std::size_t(s.variant)][k].push_back(val);
+    JsonObject run;
+    run.set("variant", name).set("repeat", s.repeat).set("position", s.position).set("slot", s.slot);
+    for (const char* k : {"step_ms", "forward_ms", "backward_ms", "peak_allocated_bytes", "peak_reserved_bytes",
+                          "activation_bytes"})
+      if (r.count(k) && !(is_torch && device.is_cpu() && std::string(k).find("bytes") != std::string::npos))
+        run.set(k, r.at(k));  // (PyTorch reports no CPU memory peaks)
+    runs.push_back(run);
+    std::printf("  [%2lld/%zu] %-24s repeat %lld: step %.0f ms (forward %.0f, backward %.0f)\n",
+                static_cast<long long>(s.position + 1), order.size(), name.c_str(),
+                static_cast<long long>(s.repeat + 1), r.at("step_ms"), r.at("forward_ms"), r.at("backward_ms"));
+    std::fflush(stdout);
   }
 
-  // The baseline for ratios: `none` if measured, else the first plan.
-  const Result* base = &results.front();
-  for (const auto& r : results)
-    if (r.plan == "none") base = &r;
-  const double base_ms = median(base->v.at("step_ms")), base_act = median(base->v.at("activation_bytes"));
+  // The baseline for ratios: `none` if measured, else the first plan. Replay
+  // cost: a plan's backward minus the baseline's, also in baseline forwards.
+  std::size_t base = 0;
+  for (std::size_t i = 0; i < plans.size(); ++i)
+    if (plans[i] == "none") base = i;
+  auto med_of = [&](std::size_t i, const char* k) { return median(v[i].at(k)); };
+  const double base_ms = med_of(base, "step_ms"), base_act = med_of(base, "activation_bytes");
+  const double base_bwd = med_of(base, "backward_ms"), base_fwd = med_of(base, "forward_ms");
+  const std::size_t ti = std::size_t(V - 1);
+  const double torch_tps = torch ? med_of(ti, "tokens") / (med_of(ti, "step_ms") * 1e-3) : 0.0;
 
   std::vector<JsonObject> rows;
   std::vector<BenchPoint> points;
-  std::printf("\n%-24s %10s %10s %10s %10s %9s %9s %8s %8s %6s %6s %9s %8s\n", "plan", "peak MiB", "reserved",
-              "persist.", "activ.", "step ms", "fwd ms", "bwd ms", "tok/s", "MFU", "HFU", "recomp.", "x time");
-  for (const auto& r : results) {
-    auto med = [&](const char* k) { return median(r.v.at(k)); };
-    const double step = med("step_ms");
+  std::printf("\n%-20s %9s %9s %22s %8s %8s %8s %7s %8s %6s %6s %8s %7s %7s%s\n", "plan", "peak MiB", "activ.",
+              "step ms [min-max]", "fwd ms", "bwd ms", "replay", "rep/fwd", "tok/s", "MFU", "HFU", "recomp.", "x time",
+              "x mem", torch ? "  x torch" : "");
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    auto med = [&](const char* k) { return med_of(i, k); };
+    const std::string& plan = plans[i];
+    const auto& sv = v[i].at("step_ms");
+    const double step = med("step_ms"), tps = med("tokens") / (step * 1e-3);
     const double mfu = med("model_flops") / (step * 1e-3) / peak;
     const double hfu = (med("model_flops") + med("replay_flops")) / (step * 1e-3) / peak;
+    const double replay_ms = med("backward_ms") - base_bwd;
+    const double replay_fwd = base_fwd > 0 ? replay_ms / base_fwd : 0.0;
+    const double mem_ratio = base_act > 0 ? med("activation_bytes") / base_act : 0.0;
     JsonObject j;
-    j.set("plan", r.plan).set("config", c.name).set("repeats", repeats).set("threads", threads).set("dtype", dtype);
+    j.set("plan", plan).set("config", c.name).set("repeats", repeats).set("threads", threads).set("dtype", dtype);
     j.set("device", device.str());
     j.set("peak_allocated_bytes", med("peak_allocated_bytes")).set("peak_reserved_bytes", med("peak_reserved_bytes"));
     j.set("persistent_bytes", med("persistent_bytes")).set("activation_bytes", med("activation_bytes"));
-    j.set("step_ms", step).set("step_ms_min", *std::min_element(r.v.at("step_ms").begin(), r.v.at("step_ms").end()));
-    j.set("step_ms_max", *std::max_element(r.v.at("step_ms").begin(), r.v.at("step_ms").end()));
-    j.set("forward_ms", med("forward_ms")).set("backward_ms", med("backward_ms"));
-    j.set("tokens_per_s", med("tokens") / (step * 1e-3)).set("recomputed_ops", med("recomputed_ops"));
+    j.set("step_ms", step).set("step_ms_min", min_of(sv)).set("step_ms_max", max_of(sv));
+    j.set("forward_ms", med("forward_ms")).set("forward_ms_min", min_of(v[i].at("forward_ms")));
+    j.set("forward_ms_max", max_of(v[i].at("forward_ms")));
+    j.set("backward_ms", med("backward_ms")).set("backward_ms_min", min_of(v[i].at("backward_ms")));
+    j.set("backward_ms_max", max_of(v[i].at("backward_ms")));
+    j.set("replay_ms", replay_ms).set("replay_forwards", replay_fwd);
+    j.set("tokens_per_s", tps).set("recomputed_ops", med("recomputed_ops"));
     j.set("replayed_comm_bytes", med("replayed_comm_bytes")).set("mfu", mfu).set("hfu", hfu);
     j.set("model_flops", med("model_flops")).set("recomputed_flops", med("replay_flops")).set("peak_flops", peak);
-    j.set("time_ratio", step / base_ms).set("memory_ratio", base_act > 0 ? med("activation_bytes") / base_act : 0.0);
+    j.set("time_ratio", step / base_ms).set("memory_ratio", mem_ratio);
+    if (torch) j.set("torch_ratio", tps / torch_tps);
     if (ep > 1) {
       j.set("ep", ep);
       for (const char* k : {"comm_bytes_forward", "comm_bytes_backward", "comm_bytes_replay", "all_to_all_bytes_forward",
@@ -475,50 +601,73 @@ int run_bench(const std::vector<std::string>& args) {
     }
     rows.push_back(j);
     BenchPoint bp;
-    bp.plan = r.plan;
+    bp.plan = plan;
     bp.step_ms = step;
-    bp.step_ms_min = *std::min_element(r.v.at("step_ms").begin(), r.v.at("step_ms").end());
-    bp.step_ms_max = *std::max_element(r.v.at("step_ms").begin(), r.v.at("step_ms").end());
+    bp.step_ms_min = min_of(sv);
+    bp.step_ms_max = max_of(sv);
     bp.activation_bytes = med("activation_bytes");
     bp.peak_allocated_bytes = med("peak_allocated_bytes");
     bp.mfu = mfu;
     bp.hfu = hfu;
     bp.time_ratio = step / base_ms;
-    bp.memory_ratio = base_act > 0 ? med("activation_bytes") / base_act : 0.0;
+    bp.memory_ratio = mem_ratio;
     points.push_back(bp);
-    std::printf("%-24s %10.1f %10.1f %10.1f %10.1f %9.0f %9.0f %8.0f %8.0f %5.1f%% %5.1f%% %9.0f %7.2fx\n",
-                r.plan.c_str(), med("peak_allocated_bytes") / 1048576.0, med("peak_reserved_bytes") / 1048576.0,
-                med("persistent_bytes") / 1048576.0, med("activation_bytes") / 1048576.0, step, med("forward_ms"),
-                med("backward_ms"), med("tokens") / (step * 1e-3), 100 * mfu, 100 * hfu, med("recomputed_ops"),
-                step / base_ms);
+    const std::string spread = fmt("%.0f [%.0f-%.0f]", step, min_of(sv), max_of(sv));
+    std::printf("%-20s %9.1f %9.1f %22s %8.0f %8.0f %8.0f %7.2f %8.0f %5.1f%% %5.1f%% %8.0f %6.2fx %6.2fx%s\n",
+                plan.c_str(), med("peak_allocated_bytes") / 1048576.0, med("activation_bytes") / 1048576.0,
+                spread.c_str(), med("forward_ms"), med("backward_ms"), replay_ms, replay_fwd, tps, 100 * mfu,
+                100 * hfu, med("recomputed_ops"), step / base_ms, mem_ratio,
+                torch ? fmt("  %6.2fx", tps / torch_tps).c_str() : "");
   }
-  std::printf("(medians over repeats; activations = peak - persistent (parameters + gradients + optimizer state); ratios against %s)\n",
-              base->plan.c_str());
+  JsonObject torch_row;
+  if (torch) {
+    const auto& sv = v[ti].at("step_ms");
+    const double step = med_of(ti, "step_ms");
+    const std::string spread = fmt("%.0f [%.0f-%.0f]", step, min_of(sv), max_of(sv));
+    std::printf("%-20s %9s %9s %22s %8.0f %8.0f %8s %7s %8.0f %5.1f%%\n", "torch", "-", "-", spread.c_str(),
+                med_of(ti, "forward_ms"), med_of(ti, "backward_ms"), "-", "-", torch_tps,
+                100 * (med_of(base, "model_flops") / (step * 1e-3) / peak));
+    torch_row.set("framework", framework).set("step_ms", step).set("step_ms_min", min_of(sv));
+    torch_row.set("step_ms_max", max_of(sv)).set("forward_ms", med_of(ti, "forward_ms"));
+    torch_row.set("backward_ms", med_of(ti, "backward_ms")).set("tokens_per_s", torch_tps);
+    torch_row.set("mfu", med_of(base, "model_flops") / (step * 1e-3) / peak);
+  }
+  std::printf("(medians over repeats, [min-max] across them; activations = peak - persistent (parameters + gradients "
+              "+ optimizer state); replay = backward - %s's backward, rep/fwd in %s forwards; ratios against %s%s)\n",
+              plans[base].c_str(), plans[base].c_str(), plans[base].c_str(),
+              torch ? fmt("; x torch: tokens/s over %s's", framework.c_str()).c_str() : "");
   if (ep > 1) {
     std::printf("\n%d ranks (expert parallel %lld), rank 0's collectives per step, MiB sent:\n%-24s %10s %10s %10s %12s %12s\n",
                 int(ep), static_cast<long long>(ep), "plan", "forward", "backward", "replay", "a2a forward",
                 "a2a replay");
-    for (const auto& r : results) {
-      auto med = [&](const char* k) { return median(r.v.at(k)) / 1048576.0; };
-      std::printf("%-24s %10.2f %10.2f %10.2f %12.2f %12.2f\n", r.plan.c_str(), med("comm_bytes_forward"),
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      auto med = [&](const char* k) { return med_of(i, k) / 1048576.0; };
+      std::printf("%-24s %10.2f %10.2f %10.2f %12.2f %12.2f\n", plans[i].c_str(), med("comm_bytes_forward"),
                   med("comm_bytes_backward"), med("comm_bytes_replay"), med("all_to_all_bytes_forward"),
                   med("all_to_all_bytes_replay"));
     }
   }
   if (f.has("json")) {
     const std::string path = f.get("json");
+    JsonObject doc;
+    doc.set("config", c.name).set("device", device.str()).set("dtype", dtype).set("threads", threads);
+    doc.set("repeats", repeats).set("warmup", warmup).set("steps", steps).set("order", "williams");
+    doc.set("baseline_plan", plans[base]).set("peak_flops", peak);
+    doc.set_raw("rows", json_array(rows));
+    if (torch) doc.set_raw("torch", torch_row.str());
+    doc.set_raw("runs", json_array(runs));
     std::ofstream out(path);
     REMAT_CHECK(out.good(), IOError, "bench: cannot write ", path);
-    out << json_array(rows);
+    out << doc.str() << "\n";
     std::printf("wrote %s\n", path.c_str());
   }
   if (f.has("html")) {
     const std::string path = f.get("html");
     std::ofstream out(path);
     REMAT_CHECK(out.good(), IOError, "bench: cannot write ", path);
-    out << bench_html(c.name, fmt("%d threads, %lld fresh processes per plan x %lld timed steps; ratios against %s",
-                                  threads, static_cast<long long>(repeats), static_cast<long long>(steps),
-                                  base->plan.c_str()),
+    out << bench_html(c.name, fmt("%d threads, %lld fresh processes per plan x %lld timed steps, interleaved; ratios "
+                                  "against %s", threads, static_cast<long long>(repeats),
+                                  static_cast<long long>(steps), plans[base].c_str()),
                       points);
     std::printf("wrote %s\n", path.c_str());
   }

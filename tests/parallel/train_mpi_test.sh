@@ -92,7 +92,7 @@ check "the timeout message names the collective" 'grep -qE "collective [a-z_]+ \
 check "bench --ep 2 reports the all_to_all bytes each plan sends and re-sends" \
   "/usr/bin/python3 - '$tmp/bench.json' <<'PY'
 import json, sys
-rows = {r['plan']: r for r in json.load(open(sys.argv[1]))}
+rows = {r['plan']: r for r in json.load(open(sys.argv[1]))['rows']}
 for r in rows.values():
     assert r['ep'] == 2 and r['all_to_all_bytes_forward'] > 0 and r['step_ms'] > 0
 assert rows['none']['all_to_all_bytes_replay'] == 0 == rows['moe_expert']['all_to_all_bytes_replay']

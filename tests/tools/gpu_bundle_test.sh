@@ -23,8 +23,10 @@ check "the runner found the bundled libraries (remat info ran)" 'grep -q "CUDA b
 # The summary the GPU run ends with, from bench and PyTorch JSON shaped as they write it.
 mkdir -p "$tmp/fake"
 cat > "$tmp/fake/bench-gpu-dense.json" <<'J'
-[{"plan": "none", "tokens_per_s": 60000, "step_ms": 136.5, "mfu": 0.5, "activation_bytes": 8589934592, "peak_allocated_bytes": 12884901888},
- {"plan": "per_block", "tokens_per_s": 48000, "step_ms": 170.6, "mfu": 0.4, "activation_bytes": 1073741824, "peak_allocated_bytes": 5368709120}]
+{"config": "gpu-dense", "rows": [
+ {"plan": "none", "tokens_per_s": 60000, "step_ms": 136.5, "mfu": 0.5, "activation_bytes": 8589934592, "peak_allocated_bytes": 12884901888},
+ {"plan": "per_block", "tokens_per_s": 48000, "step_ms": 170.6, "mfu": 0.4, "activation_bytes": 1073741824, "peak_allocated_bytes": 5368709120}],
+ "runs": []}
 J
 echo '{"config": "gpu-dense", "tokens_per_s": 40000.0, "step_ms": 204.8}' > "$tmp/fake/torch-gpu-dense.json"
 python3 out/gpu-check/summarize.py "$tmp/fake" > "$tmp/summary.txt" 2>&1

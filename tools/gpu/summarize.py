@@ -13,13 +13,15 @@ def main():
     for path in sorted(glob.glob(os.path.join(out, "bench-*.json"))):
         name = os.path.basename(path)[len("bench-"):-len(".json")]
         try:
-            rows = {r["plan"]: r for r in json.load(open(path))}
+            doc = json.load(open(path))
+            # bench --json writes {"rows": [...], "runs": [...], "torch": {...}}; older files were the rows alone.
+            rows = {r["plan"]: r for r in (doc["rows"] if isinstance(doc, dict) else doc)}
         except (OSError, ValueError, KeyError) as e:
             print(f"{name}: no results ({e})")
             continue
-        torch_tps = None
+        torch_tps = doc["torch"]["tokens_per_s"] if isinstance(doc, dict) and "torch" in doc else None
         tp = os.path.join(out, f"torch-{name}.json")
-        if os.path.exists(tp):
+        if torch_tps is None and os.path.exists(tp):
             try:
                 torch_tps = json.loads(open(tp).read().strip().splitlines()[-1])["tokens_per_s"]
             except (ValueError, IndexError, KeyError):
