@@ -1,6 +1,7 @@
 #include "checkpoint/checkpoint.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <sstream>
@@ -374,7 +375,25 @@ class CacheHook final : public DispatchHook {
   std::int64_t index_ = -1;
 };
 
+// Adds the wall time of an outermost replay to the counters.
+class ReplayTimer {
+ public:
+  ReplayTimer() : outermost_(!in_recompute()), t0_(std::chrono::steady_clock::now()) {}
+  ~ReplayTimer() {
+    if (outermost_)
+      tls_counters.replay_ns +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  ReplayTimer(const ReplayTimer&) = delete;
+  ReplayTimer& operator=(const ReplayTimer&) = delete;
+
+ private:
+  bool outermost_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 void Region::replay() {
+  ReplayTimer timer;
   RecomputeScope replaying;
   CategoryScope cat(MemoryCategory::recompute);
   tls_counters.replays++;
@@ -450,6 +469,7 @@ std::vector<Tensor> checkpoint_reentrant(const RegionFn& fn, const std::vector<T
                 "' cannot run under grad(): its replay accumulates into .grad; use the non-reentrant default");
     std::vector<Tensor> saved;
     for (std::size_t i = 0; i < n_in; ++i) saved.push_back(self.saved(i));
+    std::optional<ReplayTimer> timer(std::in_place);  // the replayed forward only
     RecomputeScope replaying;
     tls_counters.replays++;
     const std::int64_t ops0 = ops_dispatched();
@@ -463,6 +483,7 @@ std::vector<Tensor> checkpoint_reentrant(const RegionFn& fn, const std::vector<T
       outs2 = fn(in);
     }
     tls_counters.ops_recomputed += ops_dispatched() - ops0;
+    timer.reset();
     std::vector<Tensor> roots, seeds;
     for (std::size_t j = 0; j < grad_outputs.size(); ++j) {
       const Tensor& o = outs2.at(grad_outputs[j]);

@@ -62,6 +62,9 @@ struct CheckpointCounters {
   std::int64_t tensors_regenerated = 0;  // saved tensors a replay produced
   std::int64_t bytes_regenerated = 0;
   std::int64_t ops_skipped = 0;          // op kernels a replay skipped (outputs cached by a policy)
+  // Host wall time inside replays (outermost only), in nanoseconds. On CUDA
+  // it is the time to enqueue the replay's work, not to run it.
+  std::int64_t replay_ns = 0;
 };
 CheckpointCounters checkpoint_counters();
 void reset_checkpoint_counters();

@@ -13,6 +13,7 @@ namespace {
 
 std::string valid_forms() {
   return "valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, attention, moe_expert, "
+         "keep_last (with block regions), "
          "selective:NAMES (core_attn, layernorm, mlp, moe_act, moe, shared_experts, save_matmul, "
          "save_attention, save_ops=OP/OP/... with OP one of " +
          replay_cacheable_list() + "), combined with '+' where they do not overlap";
@@ -94,8 +95,14 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
     plan.modules.insert(module);
   };
 
+  bool keep_last = false;
   for (std::size_t c = 0; c < components.size(); ++c) {
     const std::string& comp = components[c];
+    if (comp == "keep_last") {
+      if (keep_last) bad(spec, "'keep_last' given twice");
+      keep_last = true;
+      continue;
+    }
     const auto colon = comp.find(':');
     const std::string head = comp.substr(0, colon);
     const std::string arg = colon == std::string::npos ? "" : comp.substr(colon + 1);
@@ -162,6 +169,20 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
     } else {
       bad(spec, "unknown component '" + comp + "'");
     }
+  }
+  // keep_last: the last block leaves its block-level region (its backward
+  // starts right after the forward, so replaying it would redo work to free
+  // memory that is needed again at once).
+  if (keep_last) {
+    std::int64_t last = -1;
+    for (const auto& r : plan.block_regions)
+      for (auto b : r) last = std::max(last, b);
+    if (last < 0) bad(spec, "'keep_last' needs block-level regions (per_block, chunk, uniform:N, ...) to take the last block from");
+    for (auto& r : plan.block_regions) r.erase(std::remove(r.begin(), r.end(), last), r.end());
+    plan.block_regions.erase(std::remove_if(plan.block_regions.begin(), plan.block_regions.end(),
+                                            [](const auto& r) { return r.empty(); }),
+                             plan.block_regions.end());
+    owner[std::size_t(last)] = -1;
   }
   // Module regions live inside blocks: they cannot share a block with a block region.
   if (!plan.modules.empty())

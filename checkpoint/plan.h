@@ -15,6 +15,11 @@
 //                        save_attention, save_ops=op1/op2/... where each op
 //                        is one of replay_cacheable_ops(): matmul,
 //                        scaled_dot_product_attention)
+//   keep_last            (with block-level regions) the last block leaves its
+//                        region and keeps its saves: its backward starts right
+//                        after the forward, so its replay is redone work. Costs
+//                        one block's saves during the head's forward and
+//                        backward (free when the head is small next to a block).
 //
 // Components combine with '+' where they do not overlap.
 #pragma once

@@ -304,7 +304,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
   DispatchHookScope hook(flops_hook);
   auto& alloc = allocator_for(device);
 
-  std::vector<double> step_ms, fwd_ms, bwd_ms, replay_flops;
+  std::vector<double> step_ms, fwd_ms, bwd_ms, replay_flops, replay_wall;
   std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
   for (std::int64_t i = 0; i < warmup + steps; ++i) {
     Tensor batch = sampler.next();
@@ -314,6 +314,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
     const CommCounters comm0 = layout.counters();
     alloc.reset_peak();
     const auto ops0 = checkpoint_counters().ops_recomputed;
+    const auto replay_ns0 = checkpoint_counters().replay_ns;
     const auto moved0 = dispatch_counters().replay_bytes_moved;
     flops_hook->flops = 0;
     const auto t0 = Clock::now();
@@ -346,6 +347,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
     fwd_ms.push_back(f_ms);
     bwd_ms.push_back(b_ms);
     replay_flops.push_back(flops_hook->flops);
+    replay_wall.push_back(double(checkpoint_counters().replay_ns - replay_ns0) * 1e-6);
     peak_alloc = std::max(peak_alloc, st.allocated_peak);
     peak_res = std::max(peak_res, st.reserved_peak);
     // Persistent: parameters, their gradient buffers and optimizer state
@@ -360,6 +362,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
   if (world->rank() != 0) return 0;  // rank 0 reports
   JsonObject j;
   j.set("step_ms", median(step_ms)).set("forward_ms", median(fwd_ms)).set("backward_ms", median(bwd_ms));
+  j.set("replay_wall_ms", median(replay_wall));
   j.set("peak_allocated_bytes", peak_alloc).set("peak_reserved_bytes", peak_res);
   j.set("persistent_bytes", persistent).set("activation_bytes", activations);
   j.set("recomputed_ops", ops).set("replayed_comm_bytes", replayed);
@@ -587,7 +590,7 @@ int run_bench(const std::vector<std::string>& args) {
     j.set("forward_ms_max", max_of(v[i].at("forward_ms")));
     j.set("backward_ms", med("backward_ms")).set("backward_ms_min", min_of(v[i].at("backward_ms")));
     j.set("backward_ms_max", max_of(v[i].at("backward_ms")));
-    j.set("replay_ms", replay_ms).set("replay_forwards", replay_fwd);
+    j.set("replay_ms", replay_ms).set("replay_forwards", replay_fwd).set("replay_wall_ms", med("replay_wall_ms"));
     j.set("tokens_per_s", tps).set("recomputed_ops", med("recomputed_ops"));
     j.set("replayed_comm_bytes", med("replayed_comm_bytes")).set("mfu", mfu).set("hfu", hfu);
     j.set("model_flops", med("model_flops")).set("recomputed_flops", med("replay_flops")).set("peak_flops", peak);

@@ -26,6 +26,17 @@ TEST_CASE("plans parse into the regions DESIGN.md lists", "[checkpoint][plan]") 
   CHECK(sel.block_regions == Groups{{0}, {1}});
   CHECK(RecomputePlan::parse("selected:2,3+block:2", 4).block_regions == Groups{{2}, {3}, {0}, {1}});
   CHECK(RecomputePlan::parse("attention+selective:mlp", 4).modules.size() == 2);
+  // keep_last: the last block leaves its region (a group shrinks, a single-block region goes).
+  CHECK(RecomputePlan::parse("per_block+keep_last", 3).block_regions == Groups{{0}, {1}});
+  CHECK(RecomputePlan::parse("keep_last+per_block", 3).block_regions == Groups{{0}, {1}});
+  CHECK(RecomputePlan::parse("chunk+keep_last", 3).block_regions == Groups{{0, 1}});
+  CHECK(RecomputePlan::parse("uniform:2+keep_last", 5).block_regions == Groups{{0, 1}, {2, 3}});
+  CHECK(RecomputePlan::parse("uniform:2+keep_last", 4).block_regions == Groups{{0, 1}, {2}});
+  CHECK(RecomputePlan::parse("selected:0,2+keep_last", 4).block_regions == Groups{{0}});
+  CHECK(RecomputePlan::parse("per_block+keep_last", 1).is_none());
+  auto sel_last = RecomputePlan::parse("selective:save_matmul+keep_last", 3);
+  CHECK(sel_last.policy != nullptr);
+  CHECK(sel_last.block_regions == Groups{{0}, {1}});
 }
 
 TEST_CASE("overlapping or unknown plans are rejected with the reason", "[checkpoint][plan]") {
@@ -46,6 +57,10 @@ TEST_CASE("overlapping or unknown plans are rejected with the reason", "[checkpo
   CHECK_THROWS_WITH(RecomputePlan::parse("uniform:x", 4), Catch::Contains("expects a non-negative integer"));
   CHECK_THROWS_WITH(RecomputePlan::parse("selective:foo", 4), Catch::Contains("unknown selective name 'foo'"));
   CHECK_THROWS_WITH(RecomputePlan::parse("none+chunk", 4), Catch::Contains("'none' cannot be combined"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("keep_last", 4), Catch::Contains("'keep_last' needs block-level regions"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("attention+keep_last", 4),
+                    Catch::Contains("'keep_last' needs block-level regions"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block+keep_last+keep_last", 4), Catch::Contains("'keep_last' given twice"));
   DecoderModel dense(ModelConfig::named("tiny"), 0);
   CHECK_THROWS_WITH(apply_recompute_plan(dense, RecomputePlan::parse("moe_expert", 4)),
                     Catch::Contains("'moe_expert' needs MoE blocks"));
@@ -112,6 +127,9 @@ TEST_CASE("peak saved bytes follow the arithmetic of each plan", "[checkpoint][p
   const double per_block = double(peak_saved(c, "per_block"));
   CHECK(per_block == Approx(L * I + std::max(Sb, H)).epsilon(0.10));
   CHECK(per_block < 0.5 * none);
+  // per_block+keep_last: the last block's saves stay, next to the head's.
+  const double keep_last = double(peak_saved(c, "per_block+keep_last"));
+  CHECK(keep_last == Approx(double(L - 1) * I + Sb + H).epsilon(0.10));
 
   // uniform:g: L/g kept inputs plus g blocks' saves while a group replays.
   for (std::int64_t g : {2, 4}) {

@@ -26,8 +26,9 @@ check() {
 }
 dense="per_block chunk selected:0,2 uniform:2 block:3 attention selective:core_attn selective:layernorm selective:mlp
        selective:save_matmul selective:save_attention selective:save_ops=matmul/scaled_dot_product_attention
-       selective:mlp,layernorm selected:1,3+block:1 attention+selective:mlp"
-moe="per_block chunk attention moe_expert selective:moe_act selective:moe selective:shared_experts attention+moe_expert"
+       selective:mlp,layernorm selected:1,3+block:1 attention+selective:mlp per_block+keep_last
+       uniform:2+keep_last"
+moe="per_block chunk per_block+keep_last attention moe_expert selective:moe_act selective:moe selective:shared_experts attention+moe_expert"
 for seed in 0 1; do
   check tests/checkpoint/data/tiny_dropout.json "$seed" "$dense"
   check tests/checkpoint/data/tiny_moe_dropout.json "$seed" "$moe"
