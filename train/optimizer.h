@@ -21,11 +21,16 @@ struct AdamWOptions {
 
 class AdamW {
  public:
-  // Takes the parameters by name (the names key the saved state).
+  // Takes the parameters by name (the names key the saved state); each must
+  // be a contiguous f32 CPU or CUDA tensor.
   AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWOptions opts = {});
 
   // One update with learning rate `lr` from each parameter's .grad (a
   // parameter without a gradient is left alone). Runs without autograd.
+  // Element by element in f32 with multi_tensor_adamw's operations and order:
+  // CPU parameters in one parallel region over fixed chunks of all of them,
+  // CUDA parameters in one launch per device; the result does not depend on
+  // the thread count.
   void step(double lr);
   std::int64_t steps() const { return step_; }
 
@@ -50,16 +55,21 @@ class AdamW {
 // buffer per parameter, and the optimizer's state.
 std::int64_t persistent_bytes(const std::vector<std::pair<std::string, Tensor>>& params, const AdamW& opt);
 
-// Scales every gradient so that their global L2 norm is at most max_norm;
-// returns the norm before scaling (computed in double, deterministically).
+// Scales every gradient in place so that their global L2 norm is at most
+// max_norm; returns the norm before scaling (grad_sq_sum's, square-rooted).
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 // The pieces of clip_grad_norm, for norms over parameters split between
-// ranks: the sum of squares of the gradients (double, in order), and the
-// scaling clip_grad_norm applies for a given norm.
+// ranks: the sum of squares of the gradients, and the scaling clip_grad_norm
+// applies for a given norm.
+// grad_sq_sum is deterministic and independent of the thread count: CPU
+// gradients (in order) are cut into fixed chunks of 16384 elements, each
+// chunk summed in double over 16 fixed lanes combined pairwise, the chunk
+// partials added in order; then each CUDA device's sum (multi_tensor_sum_squares).
 double grad_sq_sum(const std::vector<Tensor>& params);
 void clip_grads_to(const std::vector<Tensor>& params, double norm, double max_norm);
-// Multiplies every gradient by `factor` in place (CUDA gradients must be
-// contiguous f32), e.g. 1 / loss scale; a power of two is exact.
+// Multiplies every gradient by `factor` in place (x *= factor in f32; every
+// gradient must be contiguous f32, else DTypeError before anything changes),
+// e.g. 1 / loss scale; a power of two is exact.
 void scale_grads(const std::vector<Tensor>& params, float factor);
 
 // Linear warm-up from 0 to max_lr over `warmup` steps, then cosine decay to
