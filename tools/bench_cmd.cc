@@ -132,7 +132,7 @@ void sync(Device device) {
 // a plan continues the previous one.
 std::vector<std::string> split_plans(const std::string& s) {
   static const char* heads[] = {"none", "per_block", "chunk", "selected:", "uniform:", "block:", "attention",
-                                "moe_expert", "selective:"};
+                                "moe_expert", "selective:", "keep_last"};
   std::vector<std::string> out;
   std::stringstream in(s);
   std::string piece;
