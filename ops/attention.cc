@@ -1,5 +1,7 @@
 #include "ops/attention.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,6 +11,7 @@
 #include "ops/binary.h"
 #include "ops/kernel_util.h"
 #include "ops/matmul.h"
+#include "ops/simd.h"
 #include "ops/softmax.h"
 
 namespace remat {
@@ -18,23 +21,9 @@ using namespace ops_detail;
 namespace {
 
 constexpr const char* kOp = "scaled_dot_product_attention";
-constexpr std::int64_t kTileQ = 32;  // query rows per block
-constexpr std::int64_t kTileK = 32;  // keys per streamed tile (4 vectors of 8)
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Eight floats in one AVX register (GCC/Clang vector extension). Every sum
-// below accumulates each output element in a fixed sequential order, so
-// vectorisation changes nothing in the results.
-using vf8 = float __attribute__((vector_size(32)));
-static_assert(kTileK == 32, "tile_scores keeps a row of scores in four vf8 registers");
-
-inline vf8 load8(const float* p) {
-  vf8 v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store8(float* p, vf8 v) { __builtin_memcpy(p, &v, sizeof v); }
-inline vf8 splat(float x) { return vf8{x, x, x, x, x, x, x, x}; }
+constexpr std::int64_t kTileQ = 64;  // query rows per block
+constexpr std::int64_t kTileK = 64;  // keys per streamed tile
+static_assert(kTileQ == kTileK, "query blocks and key tiles share boundaries");
 
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   check_floating(op, q, "q");
@@ -64,6 +53,62 @@ struct Geometry {
   float scale = 1.0f;
 };
 
+// The CPU tiles (ops/attention_simd.h, compiled once per instruction set).
+// One query block [i0, i1) of one head's forward; pointers are the head's.
+struct ForwardBlock {
+  const float* q;   // [S, D]
+  const float* kt;  // K^T by key tiles: tile t is [D, kTileK] at kt + t * D * kTileK
+  const float* v;  // [S, D]
+  float* out;      // [S, D]
+  float* lse;      // [S]
+  std::int64_t s, d, i0, i1;
+  bool causal;
+  float scale;
+  float* acc;  // scratch [kTileQ, D]
+  float* p;    // scratch [kTileQ, kTileK]
+};
+
+// Query rows [i0, i1) of one head against its key tile [j0, j0 + n); null
+// dq / dk / dv are skipped. The first block of a dq row (first_q: the first
+// key tile) or of a dk / dv row (first_kv: the tile's first query block)
+// writes it, later ones add to it.
+struct BackwardBlock {
+  const float *q, *k, *dout, *lse, *delta;  // the head's [S, D] / [S]
+  const float *kt, *vt;                     // the tile's K^T and V^T [D, kTileK]
+  std::int64_t d, i0, i1, j0, n;
+  bool causal;
+  float scale;
+  float *p, *ds;         // scratch [kTileQ, kTileK]
+  float *dq, *dk, *dv;  // the head's [S, D]
+  bool first_q, first_kv;
+};
+
+struct Kernels {
+  void (*forward)(const ForwardBlock&);
+  void (*backward)(const BackwardBlock&);
+  void (*exp)(const float*, float*, std::int64_t);
+};
+
+namespace avx2 {
+#define REMAT_SIMD_WIDTH 8
+#define REMAT_SIMD_FN
+#include "ops/attention_simd.h"
+#undef REMAT_SIMD_FN
+#undef REMAT_SIMD_WIDTH
+}  // namespace avx2
+
+namespace avx512 {
+#define REMAT_SIMD_WIDTH 16
+#define REMAT_SIMD_FN __attribute__((target("avx512f")))
+#include "ops/attention_simd.h"
+#undef REMAT_SIMD_FN
+#undef REMAT_SIMD_WIDTH
+}  // namespace avx512
+
+const Kernels& kernels() {
+  return simd_path() == Simd::avx512 ? avx512::kKernels : avx2::kKernels;
+}
+
 std::int64_t num_tiles(std::int64_t n, std::int64_t tile) { return (n + tile - 1) / tile; }
 
 // Tasks per parallel chunk for tasks of about `macs` multiply-adds each, so
@@ -76,151 +121,67 @@ std::int64_t task_grain(std::int64_t macs) {
 // ...), so the contiguous chunks parallel_for hands out get similar causal work.
 std::int64_t zigzag(std::int64_t t, std::int64_t n) { return t % 2 == 0 ? t / 2 : n - 1 - t / 2; }
 
-// Rows [0, n) of x [n, D] transposed into xt [D, kTileK], zero-padded to kTileK columns.
-void transpose_tile(const float* x, std::int64_t n, std::int64_t D, float* xt) {
-  for (std::int64_t d = 0; d < D; ++d) {
-    float* row = xt + d * kTileK;
-    for (std::int64_t c = 0; c < n; ++c) row[c] = x[c * D + d];
-    for (std::int64_t c = n; c < kTileK; ++c) row[c] = 0.0f;
+// y[d * ldy + c] = x[c * ldx + d] for c, d < 8 (AVX2 shuffles).
+inline void transpose8x8(const float* x, std::int64_t ldx, float* y, std::int64_t ldy) {
+  __m256 r[8], t[8], u[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(x + i * ldx);
+#pragma GCC unroll 4
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(y + i * ldy, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(y + (i + 4) * ldy, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
   }
 }
 
-// out[r][c] = sum_d a[r][d] * bt[d][c] for rows [0, rows) of a [rows, D] and
-// the kTileK columns of bt [D, kTileK] (sums over d in order). Two rows at a
-// time: eight independent accumulator chains.
-void tile_scores(const float* a, std::int64_t rows, const float* bt, std::int64_t D, float* out) {
-  std::int64_t r = 0;
-  for (; r + 2 <= rows; r += 2) {
-    const float* a0 = a + r * D;
-    const float* a1 = a0 + D;
-    vf8 c00{}, c01{}, c02{}, c03{}, c10{}, c11{}, c12{}, c13{};
-    for (std::int64_t d = 0; d < D; ++d) {
-      const float* b = bt + d * kTileK;
-      const vf8 b0 = load8(b), b1 = load8(b + 8), b2 = load8(b + 16), b3 = load8(b + 24);
-      const vf8 x0 = splat(a0[d]), x1 = splat(a1[d]);
-      c00 += x0 * b0;
-      c01 += x0 * b1;
-      c02 += x0 * b2;
-      c03 += x0 * b3;
-      c10 += x1 * b0;
-      c11 += x1 * b1;
-      c12 += x1 * b2;
-      c13 += x1 * b3;
-    }
-    float* o = out + r * kTileK;
-    store8(o, c00);
-    store8(o + 8, c01);
-    store8(o + 16, c02);
-    store8(o + 24, c03);
-    store8(o + kTileK, c10);
-    store8(o + kTileK + 8, c11);
-    store8(o + kTileK + 16, c12);
-    store8(o + kTileK + 24, c13);
+// Rows [0, n) of x [n, D] transposed into xt [D, ld] (columns [0, n)).
+void transpose_rows(const float* x, std::int64_t n, std::int64_t D, std::int64_t ld, float* xt) {
+  std::int64_t c0 = 0;
+  for (; c0 + 8 <= n; c0 += 8) {
+    std::int64_t d0 = 0;
+    for (; d0 + 8 <= D; d0 += 8) transpose8x8(x + c0 * D + d0, D, xt + d0 * ld + c0, ld);
+    for (std::int64_t d = d0; d < D; ++d)
+      for (std::int64_t c = c0; c < c0 + 8; ++c) xt[d * ld + c] = x[c * D + d];
   }
-  for (; r < rows; ++r) {
-    const float* ar = a + r * D;
-    vf8 c0{}, c1{}, c2{}, c3{};
-    for (std::int64_t d = 0; d < D; ++d) {
-      const vf8 x = splat(ar[d]);
-      const float* b = bt + d * kTileK;
-      c0 += x * load8(b);
-      c1 += x * load8(b + 8);
-      c2 += x * load8(b + 16);
-      c3 += x * load8(b + 24);
-    }
-    float* o = out + r * kTileK;
-    store8(o, c0);
-    store8(o + 8, c1);
-    store8(o + 16, c2);
-    store8(o + 24, c3);
-  }
-}
-
-// y[0..D) += sum_{t in [t0, t1)} w[t * ws] * x[t * D + (0..D)], summed in
-// order of t for every element (32 columns at a time: four independent chains).
-void accumulate_rows(float* y, const float* w, std::int64_t ws, const float* x, std::int64_t t0,
-                     std::int64_t t1, std::int64_t D) {
-  std::int64_t d = 0;
-  for (; d + 32 <= D; d += 32) {
-    vf8 a0 = load8(y + d), a1 = load8(y + d + 8), a2 = load8(y + d + 16), a3 = load8(y + d + 24);
-    for (std::int64_t t = t0; t < t1; ++t) {
-      const vf8 s = splat(w[t * ws]);
-      const float* xr = x + t * D + d;
-      a0 += s * load8(xr);
-      a1 += s * load8(xr + 8);
-      a2 += s * load8(xr + 16);
-      a3 += s * load8(xr + 24);
-    }
-    store8(y + d, a0);
-    store8(y + d + 8, a1);
-    store8(y + d + 16, a2);
-    store8(y + d + 24, a3);
-  }
-  for (; d + 8 <= D; d += 8) {
-    vf8 acc = load8(y + d);
-    for (std::int64_t t = t0; t < t1; ++t) acc += splat(w[t * ws]) * load8(x + t * D + d);
-    store8(y + d, acc);
-  }
-  for (; d < D; ++d) {
-    float acc = y[d];
-    for (std::int64_t t = t0; t < t1; ++t) acc += w[t * ws] * x[t * D + d];
-    y[d] = acc;
-  }
+  for (std::int64_t d = 0; d < D; ++d)
+    for (std::int64_t c = c0; c < n; ++c) xt[d * ld + c] = x[c * D + d];
 }
 
 // out = softmax(q k^T * scale) v and lse = log-sum-exp of each score row, one
-// task per (head, query tile), streaming over key tiles with a running max and
-// sum per row. Each task writes only its own rows.
+// task per (head, query block), streaming over key tiles with a running max and
+// sum per row. Each task writes only its own rows; a chunk of tasks keeps the
+// K^T of the head it is on.
 void forward_kernel(const float* q, const float* k, const float* v, float* out, float* lse,
                     const Geometry& g) {
   const std::int64_t S = g.s, D = g.d;
   const std::int64_t nq = num_tiles(S, kTileQ);
+  const Kernels& kern = kernels();
   parallel_for(0, g.bh * nq, task_grain(2 * kTileQ * S * D), [&](std::int64_t t0, std::int64_t t1) {
-    std::vector<float> acc(std::size_t(kTileQ * D)), kt(std::size_t(D * kTileK));
-    std::vector<float> m(kTileQ), l(kTileQ), p(kTileQ * kTileK);
+    std::vector<float> acc(std::size_t(kTileQ * D)), kt(std::size_t(D * nq * kTileK));
+    std::vector<float> p(kTileQ * kTileK);
+    std::int64_t head = -1;
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t bh = t / nq;
       const std::int64_t i0 = zigzag(t % nq, nq) * kTileQ, i1 = std::min(S, i0 + kTileQ);
-      const float* Q = q + bh * S * D;
-      const float* K = k + bh * S * D;
-      const float* V = v + bh * S * D;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      std::fill(m.begin(), m.end(), kNegInf);
-      std::fill(l.begin(), l.end(), 0.0f);
-      const std::int64_t key_end = g.causal ? i1 : S;
-      for (std::int64_t j0 = 0; j0 < key_end; j0 += kTileK) {
-        const std::int64_t n = std::min(key_end, j0 + kTileK) - j0;
-        transpose_tile(K + j0 * D, n, D, kt.data());
-        tile_scores(Q + i0 * D, i1 - i0, kt.data(), D, p.data());
-        for (std::int64_t i = i0; i < i1; ++i) {
-          const std::int64_t r = i - i0;
-          const std::int64_t c_end = g.causal ? std::min(n, i + 1 - j0) : n;
-          if (c_end <= 0) continue;
-          float* pr = p.data() + r * kTileK;
-          float tile_max = kNegInf;
-          for (std::int64_t c = 0; c < c_end; ++c) {
-            pr[c] *= g.scale;
-            tile_max = std::max(tile_max, pr[c]);
-          }
-          const float m_old = m[std::size_t(r)], m_new = std::max(m_old, tile_max);
-          const float alpha = m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
-          for (std::int64_t c = 0; c < c_end; ++c) pr[c] = std::exp(pr[c] - m_new);
-          l[std::size_t(r)] = l[std::size_t(r)] * alpha + lane_sum(pr, c_end);
-          float* a = acc.data() + r * D;
-          if (alpha != 1.0f)
-            for (std::int64_t d = 0; d < D; ++d) a[d] *= alpha;
-          accumulate_rows(a, pr, 1, V + j0 * D, 0, c_end, D);
-          m[std::size_t(r)] = m_new;
-        }
+      if (bh != head) {
+        for (std::int64_t j0 = 0; j0 < S; j0 += kTileK)
+          transpose_rows(k + (bh * S + j0) * D, std::min(kTileK, S - j0), D, kTileK,
+                         kt.data() + j0 * D);
+        head = bh;
       }
-      for (std::int64_t i = i0; i < i1; ++i) {
-        const std::int64_t r = i - i0;
-        const float* a = acc.data() + r * D;
-        float* o = out + (bh * S + i) * D;
-        const float li = l[std::size_t(r)];
-        for (std::int64_t d = 0; d < D; ++d) o[d] = a[d] / li;
-        lse[bh * S + i] = m[std::size_t(r)] + std::log(li);
-      }
+      kern.forward(ForwardBlock{q + bh * S * D, kt.data(), v + bh * S * D, out + bh * S * D,
+                                lse + bh * S, S, D, i0, i1, g.causal, g.scale, acc.data(), p.data()});
     }
   });
 }
@@ -230,7 +191,7 @@ struct Head {
   const float *q, *k, *v, *dout, *lse, *delta;
 };
 
-// Scratch for backward_block: the key tile's K^T and V^T, P and dS blocks.
+// Scratch for one task of the backward: the key tile's K^T and V^T, P and dS.
 struct Workspace {
   std::vector<float> kt, vt, p, ds;
   explicit Workspace(std::int64_t D)
@@ -238,53 +199,32 @@ struct Workspace {
         ds(kTileQ * kTileK) {}
   // Loads key tile [j0, j0 + n) of head h.
   void load_keys(const Head& h, std::int64_t j0, std::int64_t n, std::int64_t D) {
-    transpose_tile(h.k + j0 * D, n, D, kt.data());
-    transpose_tile(h.v + j0 * D, n, D, vt.data());
+    transpose_rows(h.k + j0 * D, n, D, kTileK, kt.data());
+    transpose_rows(h.v + j0 * D, n, D, kTileK, vt.data());
   }
 };
 
 // Gradient contributions of query rows [i0, i1) (at most kTileQ) against the
-// key tile [j0, j0 + n) loaded in `w`, causal pairs excluded. Each (row, key)
-// pair's P and dS are computed the same way whichever schedule calls this,
-// and every output row accumulates its terms in increasing key (dq) or row
-// (dk, dv) order, so all schedules give bit-identical results. Null dq / dk /
-// dv are skipped.
-void backward_block(const Head& h, std::int64_t i0, std::int64_t i1, std::int64_t j0,
-                    std::int64_t n, const Geometry& g, Workspace& w, float* dq, float* dk,
-                    float* dv) {
-  const std::int64_t D = g.d, rows = i1 - i0;
-  float* P = w.p.data();
-  float* dS = w.ds.data();
-  const bool need_ds = dq || dk;
-  tile_scores(h.q + i0 * D, rows, w.kt.data(), D, P);
-  if (need_ds) tile_scores(h.dout + i0 * D, rows, w.vt.data(), D, dS);  // dP = dO V^T
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t i = i0 + r;
-    const std::int64_t c_end = g.causal ? std::clamp<std::int64_t>(i + 1 - j0, 0, n) : n;
-    const float lse_i = h.lse[i], delta_i = h.delta[i];
-    float* pr = P + r * kTileK;
-    float* dsr = dS + r * kTileK;
-    for (std::int64_t c = 0; c < c_end; ++c) {
-      pr[c] = std::exp(pr[c] * g.scale - lse_i);  // P recomputed from the saved log-sum-exp
-      // dS = P (dP - Delta); the scale of dQ and dK folded in.
-      if (need_ds) dsr[c] = g.scale * (pr[c] * (dsr[c] - delta_i));
-    }
-    if (dq && c_end > 0) accumulate_rows(dq + i * D, dsr, 1, h.k + j0 * D, 0, c_end, D);
-  }
-  // Key c gets rows i >= j0 + c under the causal mask.
-  for (std::int64_t c = 0; c < n; ++c) {
-    const std::int64_t r0 = g.causal ? std::clamp<std::int64_t>(j0 + c - i0, 0, rows) : 0;
-    if (r0 == rows) continue;
-    if (dv) accumulate_rows(dv + (j0 + c) * D, P + c, kTileK, h.dout + i0 * D, r0, rows, D);
-    if (dk) accumulate_rows(dk + (j0 + c) * D, dS + c, kTileK, h.q + i0 * D, r0, rows, D);
-  }
+// key tile [j0, j0 + n) loaded in `w`. Each (row, key) pair's P and dS are
+// computed the same way whichever schedule calls this, and every output row
+// accumulates its terms in increasing key (dq) or row (dk, dv) order, so all
+// schedules give bit-identical results.
+void backward_block(const Kernels& kern, const Head& h, std::int64_t i0, std::int64_t i1,
+                    std::int64_t j0, std::int64_t n, const Geometry& g, Workspace& w, float* dq,
+                    float* dk, float* dv) {
+  const bool first_q = j0 == 0, first_kv = i0 == (g.causal ? j0 : 0);
+  kern.backward(BackwardBlock{h.q, h.k, h.dout, h.lse, h.delta, w.kt.data(), w.vt.data(), g.d, i0,
+                              i1, j0, n, g.causal, g.scale, w.p.data(), w.ds.data(), dq, dk, dv,
+                              first_q, first_kv});
 }
 
-// Fills dq, dk, dv (zeroed [bh, S, D] buffers, null when not needed).
+// Fills dq, dk, dv ([bh, S, D] buffers, null when not needed): every row is
+// written by its first block (backward_block) and accumulated after.
 void backward_kernel(const float* q, const float* k, const float* v, const float* out,
                      const float* dout, const float* lse, float* dq, float* dk, float* dv,
                      const Geometry& g) {
   const std::int64_t S = g.s, D = g.d, HS = S * D;
+  const Kernels& kern = kernels();
   // Delta_i = rowsum(dO_i * O_i).
   std::vector<float> delta(std::size_t(g.bh * S));
   parallel_rows(g.bh * S, D, [&](std::int64_t r0, std::int64_t r1) {
@@ -300,9 +240,8 @@ void backward_kernel(const float* q, const float* k, const float* v, const float
     const std::int64_t n = std::min(S, j0 + kTileK) - j0;
     w.load_keys(h, j0, n, D);
     for (std::int64_t i0 = g.causal ? j0 : 0; i0 < S; i0 += kTileQ)
-      backward_block(h, i0, std::min(S, i0 + kTileQ), j0, n, g, w, hq, hk, hv);
+      backward_block(kern, h, i0, std::min(S, i0 + kTileQ), j0, n, g, w, hq, hk, hv);
   };
-  static_assert(kTileQ == kTileK, "query blocks and key tiles share boundaries");
   const std::int64_t nk = num_tiles(S, kTileK), nq = num_tiles(S, kTileQ);
   if (g.bh >= num_threads()) {
     // Enough heads: one pass per head on one thread.
@@ -335,7 +274,7 @@ void backward_kernel(const float* q, const float* k, const float* v, const float
         for (std::int64_t j0 = 0; j0 < key_end; j0 += kTileK) {
           const std::int64_t n = std::min(S, j0 + kTileK) - j0;
           w.load_keys(h, j0, n, D);
-          backward_block(h, i0, i1, j0, n, g, w, at(dq, bh), nullptr, nullptr);
+          backward_block(kern, h, i0, i1, j0, n, g, w, at(dq, bh), nullptr, nullptr);
         }
       }
     });
@@ -377,9 +316,9 @@ std::vector<Tensor> attention_backward(Node& n, const Tensor& grad, const Geomet
   const Tensor qf = f32_contiguous(q), kf = f32_contiguous(k), vf = f32_contiguous(v);
   const Tensor of = f32_contiguous(out), gf = f32_contiguous(grad), lf = f32_contiguous(lse);
   Tensor dq, dk, dv;
-  if (n.needs_input_grad(0)) dq = zeros(q.sizes(), DType::f32);
-  if (n.needs_input_grad(1)) dk = zeros(q.sizes(), DType::f32);
-  if (n.needs_input_grad(2)) dv = zeros(q.sizes(), DType::f32);
+  if (n.needs_input_grad(0)) dq = empty(q.sizes(), DType::f32);
+  if (n.needs_input_grad(1)) dk = empty(q.sizes(), DType::f32);
+  if (n.needs_input_grad(2)) dv = empty(q.sizes(), DType::f32);
   auto ptr = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
   backward_kernel(qf.data<float>(), kf.data<float>(), vf.data<float>(), of.data<float>(),
                   gf.data<float>(), lf.data<float>(), ptr(dq), ptr(dk), ptr(dv), g);
@@ -453,5 +392,7 @@ Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bo
   }
   return matmul(softmax(scores, -1), v);
 }
+
+void ops_detail::attention_exp(const float* x, float* y, std::int64_t n) { kernels().exp(x, y, n); }
 
 }  // namespace remat

@@ -11,6 +11,9 @@ namespace remat {
 // softmax(q k^T * scale [+ causal mask]) v for q, k, v [B, H, S, D] of one
 // shape, dtype and device; scale 0 means 1/sqrt(D). Causal masks key j for
 // query i when j > i. Saves q, k, v, the output and a [B, H, S] f32 log-sum-exp.
+// On the CPU: f32 tiles of 64 queries x 64 keys, compiled for AVX2 and for
+// AVX-512 and chosen at run time (ops/simd.h); every path and thread count
+// gives the same bits.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal = true, double scale = 0);
 
@@ -19,4 +22,12 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                            double scale = 0);
 
+namespace ops_detail {
+
+// y[i] = exp(x[i]) for i < n through the CPU kernels' vector exp on the
+// current path (ops/simd.h; the same bits on every path): within 1 ulp on
+// [-86.5, 88.37], 0 below, +inf above, NaN kept. For tests.
+void attention_exp(const float* x, float* y, std::int64_t n);
+
+}  // namespace ops_detail
 }  // namespace remat

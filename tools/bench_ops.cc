@@ -126,7 +126,10 @@ int run_bench_ops(const std::vector<std::string>& args) {
   Tensor targets = arange(T);
   mem("cross_entropy  [1024x8192]", f * double(T * 8192), [&] { cross_entropy(logits, targets); });
 
-  // Fused causal attention, forward and forward + backward.
+  // Fused causal attention: forward, backward alone (the graph kept, grad()
+  // of q, k, v) and both. FLOPs are the causal half of the products: 2 in the
+  // forward (Q K^T, P V), 5 in the backward (Q K^T again, dO V^T, dS K,
+  // P^T dO, dS^T Q). REMAT_SIMD=avx2 times the AVX2 kernels on an AVX-512 CPU.
   {
     Tensor q = rnd({B, H, S, Dh}, 10), k = rnd({B, H, S, Dh}, 11), v = rnd({B, H, S, Dh}, 12);
     const double fwd_flops = 4.0 * double(B * H) * double(S) * double(S) * double(Dh) / 2.0;
@@ -137,6 +140,13 @@ int run_bench_ops(const std::vector<std::string>& args) {
     kl.set_requires_grad(true);
     vl.set_requires_grad(true);
     Tensor go = rnd({B, H, S, Dh}, 13);
+    {
+      EnableGradGuard eg;
+      Tensor o = scaled_dot_product_attention(ql, kl, vl);
+      report("attention", "sdpa backward  [4x8x256x64] causal", "fused",
+             time_it([&] { grad({o}, {ql, kl, vl}, {go}, /*retain_graph=*/true); }, 1, repeats),
+             fwd_flops * 2.5, "GFLOP/s");
+    }
     report("attention", "sdpa fwd+bwd   [4x8x256x64] causal", "fused", time_it([&] {
              EnableGradGuard eg;
              Tensor o = scaled_dot_product_attention(ql, kl, vl);

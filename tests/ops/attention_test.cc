@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "engine/parallel_for.h"
 #include "ops/attention.h"
 #include "ops/ops.h"
+#include "ops/simd.h"
 #include "tests/ops/gradcheck.h"
 
 using namespace remat;
@@ -71,17 +74,55 @@ bool bit_equal(const Tensor& a, const Tensor& b) {
   return a.to_vector<float>() == b.to_vector<float>();
 }
 
+// Identical bytes (bit_equal also lets -0 match +0).
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_vector<float>(), y = b.to_vector<float>();
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+using ops_detail::Simd;
+
+// The CPU kernels' instruction set for one scope.
+struct SimdScope {
+  Simd saved = ops_detail::simd_path();
+  explicit SimdScope(Simd s) { ops_detail::set_simd_path(s); }
+  ~SimdScope() { ops_detail::set_simd_path(saved); }
+  SimdScope(const SimdScope&) = delete;
+  SimdScope& operator=(const SimdScope&) = delete;
+};
+
+// The paths this CPU runs: AVX2 always, AVX-512 where present.
+std::vector<Simd> simd_paths() {
+  std::vector<Simd> paths{Simd::avx2};
+  if (ops_detail::cpu_has_avx512())
+    paths.push_back(Simd::avx512);
+  else
+    WARN("this CPU has no AVX-512F: only the AVX2 kernels run");
+  return paths;
+}
+
+// exp through the kernels' vector exp on path p.
+std::vector<float> kernel_exp(const std::vector<float>& x, Simd p) {
+  SimdScope scope(p);
+  std::vector<float> y(x.size());
+  ops_detail::attention_exp(x.data(), y.data(), std::int64_t(x.size()));
+  return y;
+}
+
 }  // namespace
 
 TEST_CASE("fused attention matches the reference: output and gradients", "[ops][attention]") {
   // Tolerance: max abs error <= 1e-5 * max(1, max |reference|), per tensor.
+  // The CPU tiles are 64 x 64, products go in blocks of 8 rows and vectors
+  // of 8 or 16 floats; the shapes cover every kind of remainder.
   for (bool causal : {true, false}) {
-    check_matches({2, 3, 37, 16}, causal, 0, 10);   // S not a multiple of the 32-row tiles
-    check_matches({1, 2, 70, 8}, causal, 0, 20);    // three tiles, ragged last
-    check_matches({1, 1, 32, 24}, causal, 0.5, 30); // exactly one tile, explicit scale
-    check_matches({2, 1, 5, 4}, causal, 0, 40);     // smaller than a tile
-    check_matches({1, 2, 1, 8}, causal, 0, 50);     // one row
-    check_matches({1, 2, 37, 44}, causal, 0, 70);   // D = 32 + 8 + 4: every vector path
+    check_matches({2, 3, 37, 16}, causal, 0, 10);    // S not a multiple of the tiles or the 8-row blocks
+    check_matches({1, 2, 150, 8}, causal, 0, 20);    // three tiles, ragged last
+    check_matches({1, 1, 64, 24}, causal, 0.5, 30);  // exactly one tile, explicit scale
+    check_matches({2, 1, 5, 4}, causal, 0, 40);      // smaller than a tile
+    check_matches({1, 2, 1, 8}, causal, 0, 50);      // one row
+    check_matches({1, 2, 70, 44}, causal, 0, 70);    // D = 32 + 8 + 4: every vector tail
+    check_matches({1, 1, 128, 64}, causal, 0, 80);   // two whole tiles at the benchmark head dim
   }
   // Peaked softmax (large scores): the running max must rescale correctly.
   check_matches({1, 2, 50, 8}, true, 4.0, 60);
@@ -151,6 +192,74 @@ TEST_CASE("fused attention: results do not depend on the thread count or on whic
   set_num_threads(threads);
 }
 
+TEST_CASE("fused attention: the AVX2 and AVX-512 kernels give the same bits at every thread count",
+          "[ops][attention][simd]") {
+  const int threads = num_threads();
+  const std::vector<Simd> paths = simd_paths();
+  // Head dims below, between and above the vector widths; S ragged against
+  // the tiles and the 8-row blocks; few heads (the key-tile / query-block
+  // schedule at 3 threads) and many.
+  for (const Shape& shape : {Shape{1, 2, 150, 44}, Shape{2, 1, 77, 3}, Shape{1, 1, 64, 64},
+                             Shape{1, 4, 129, 24}, Shape{1, 1, 9, 17}}) {
+    const Tensor q = normal(shape, 1), k = normal(shape, 2), v = normal(shape, 3), dout = normal(shape, 4);
+    for (bool causal : {true, false}) {
+      set_num_threads(1);
+      Result base;
+      {
+        SimdScope scope(Simd::avx2);
+        base = fused(q, k, v, dout, causal);
+      }
+      for (Simd p : paths)
+        for (int t : {1, 3}) {
+          INFO("shape " << shape_str(shape) << " causal " << causal << " path " << ops_detail::simd_name(p)
+                        << " threads " << t);
+          SimdScope scope(p);
+          set_num_threads(t);
+          const Result r = fused(q, k, v, dout, causal);
+          CHECK(same_bits(r.out, base.out));
+          CHECK(same_bits(r.dq, base.dq));
+          CHECK(same_bits(r.dk, base.dk));
+          CHECK(same_bits(r.dv, base.dv));
+        }
+      set_num_threads(threads);
+    }
+  }
+  set_num_threads(threads);
+}
+
+TEST_CASE("the attention kernels' exp: within 1 ulp, fixed edges, the same bits on every path",
+          "[ops][attention][simd]") {
+  std::vector<float> x;
+  for (float t = -86.5f; t <= 88.37f; t += 0.00317f) x.push_back(t);
+  for (int n = -124; n <= 127; ++n) x.push_back(float(n * std::log(2.0)));  // near reduction boundaries
+  for (float t : {0.0f, -0.0f, 1e-8f, -1e-8f, 0.5f, -0.5f, 1.0f, -1.0f}) x.push_back(t);
+  const std::vector<Simd> paths = simd_paths();
+  const std::vector<float> y = kernel_exp(x, Simd::avx2);
+  double worst_ulp = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp(double(x[i]));
+    const double ulp = std::ldexp(1.0, std::ilogb(want) - 23);
+    worst_ulp = std::max(worst_ulp, std::abs(double(y[i]) - want) / ulp);
+  }
+  INFO("worst error " << worst_ulp << " ulp over " << x.size() << " points");
+  CHECK(worst_ulp <= 1.0);
+  for (Simd p : paths) {
+    INFO("path " << ops_detail::simd_name(p));
+    const std::vector<float> z = kernel_exp(x, p);
+    CHECK(std::memcmp(z.data(), y.data(), y.size() * sizeof(float)) == 0);
+    // Edges: exact 1 at 0; 0 below -86.5 (-inf included); +inf above 88.37; NaN kept.
+    const float inf = std::numeric_limits<float>::infinity();
+    const std::vector<float> e = kernel_exp({0.0f, -inf, -86.6f, -1000.0f, 88.4f, inf, std::nanf("")}, p);
+    CHECK(e[0] == 1.0f);
+    CHECK(e[1] == 0.0f);
+    CHECK(e[2] == 0.0f);
+    CHECK(e[3] == 0.0f);
+    CHECK(e[4] == inf);
+    CHECK(e[5] == inf);
+    CHECK(std::isnan(e[6]));
+  }
+}
+
 TEST_CASE("fused attention: gradients match finite differences", "[ops][attention][grad]") {
   for (bool causal : {true, false}) {
     check_gradients([causal](auto& t) { return scaled_dot_product_attention(t[0], t[1], t[2], causal); },
@@ -167,9 +276,9 @@ TEST_CASE("fused attention: gradients match finite differences", "[ops][attentio
       {normal({1, 6, 2, 4}, 7), normal({1, 6, 2, 4}, 8), normal({1, 6, 2, 4}, 9)});
   check_gradients([](auto& t) { return scaled_dot_product_attention(t[0], t[0], t[0]); },
                   {normal({1, 1, 7, 4}, 10)});
-  // More than one key tile (S = 37 > 32), on a random subset of elements.
+  // More than one key tile (S = 70 > 64), on a random subset of elements.
   check_gradients([](auto& t) { return scaled_dot_product_attention(t[0], t[1], t[2]); },
-                  {normal({1, 1, 37, 2}, 11), normal({1, 1, 37, 2}, 12), normal({1, 1, 37, 2}, 13)});
+                  {normal({1, 1, 70, 2}, 11), normal({1, 1, 70, 2}, 12), normal({1, 1, 70, 2}, 13)});
 }
 
 TEST_CASE("fused attention saves q, k, v, out and a [B, H, S] log-sum-exp only; the reference "
