@@ -175,7 +175,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     if (auto node = autograd::make_node("matmul", {&a, &b})) {
       node->save(node->needs_input_grad(1) ? a : Tensor());
       node->save(node->needs_input_grad(0) ? b : Tensor());
-      node->backward_fn = [two_d](Node& n, std::vector<Tensor>& g) {
+      // A 2-D right operand stored transposed (linear's w.t()): its gradient
+      // is computed in the storage's layout, so it reaches w contiguous and
+      // accumulates without a strided pass.
+      const bool b_transposed = two_d && b.stride(0) == 1 && b.size(1) > 1;
+      node->backward_fn = [two_d, b_transposed](Node& n, std::vector<Tensor>& g) {
         Tensor ga, gb;
         if (n.needs_input_grad(0)) {
           Tensor bs = n.saved(1);
@@ -186,7 +190,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
           if (two_d) {
             // Sum over folded rows: a_flat^T @ g_flat.
             const std::int64_t k = as.size(-1), nn = g[0].size(-1);
-            gb = matmul(as.reshape({-1, k}).t(), g[0].reshape({-1, nn}));
+            const Tensor a2 = as.reshape({-1, k}), g2 = g[0].reshape({-1, nn});
+            gb = b_transposed ? matmul(g2.t(), a2).t() : matmul(a2.t(), g2);
           } else {
             gb = matmul(as.transpose(-1, -2), g[0]);
           }

@@ -87,3 +87,22 @@ TEST_CASE("matmul and linear: gradients match finite differences", "[ops][matmul
   check_gradients([](auto& t) { return linear(t[0], t[1], t[2]); },
                   {normal({2, 3, 4}, 13), normal({5, 4}, 14), normal({5}, 15)});
 }
+
+TEST_CASE("linear's weight gradient is computed in the weight's layout: contiguous, equal to g^T x", "[ops][matmul][grad]") {
+  Tensor x = normal({2, 3, 4}, 21), w = normal({5, 4}, 22), g = normal({2, 3, 5}, 23);
+  w.set_requires_grad(true);
+  Tensor y = linear(x, w);
+  Tensor dw = grad({y}, {w}, {g})[0];
+  CHECK(dw.is_contiguous());
+  std::vector<double> want(20, 0.0);  // dw[o][i] = sum over rows r of g[r][o] * x[r][i]
+  const Tensor x2 = x.reshape({6, 4}), g2 = g.reshape({6, 5});
+  for (std::int64_t o = 0; o < 5; ++o)
+    for (std::int64_t i = 0; i < 4; ++i)
+      for (std::int64_t r = 0; r < 6; ++r) want[std::size_t(o * 4 + i)] += g2.at({r, o}) * x2.at({r, i});
+  check_close(dw, want);
+  // backward() accumulates it into .grad (twice: the sum).
+  linear(x, w).backward(g);
+  linear(x, w).backward(g);
+  for (double& v : want) v *= 2;
+  check_close(w.grad(), want);
+}
