@@ -82,4 +82,31 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
               int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
+namespace {
+void run_gemm(const GemmArgs& g, bool one_thread) {
+  if (!one_thread) {
+    gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, g.a, g.lda, g.b, g.ldb, 0.0f, g.c, g.ldc);
+    return;
+  }
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) {
+    for (std::int64_t i = 0; i < g.m; ++i) std::memset(g.c + i * g.ldc, 0, std::size_t(g.n) * sizeof(float));
+    return;
+  }
+  // Inside a parallel region OpenBLAS's OpenMP build runs on the calling thread alone.
+  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
+              int(g.m), int(g.n), int(g.k), 1.0f, g.a, int(g.lda), g.b, int(g.ldb), 0.0f, g.c, int(g.ldc));
+}
+}  // namespace
+
+void gemm_pair(const GemmArgs& first, const GemmArgs& second) {
+  if (num_threads() < 2 || omp_in_parallel() || gemm_backend() != GemmBackend::openblas) {
+    run_gemm(first, false);
+    run_gemm(second, false);
+    return;
+  }
+#pragma omp parallel num_threads(2)
+  run_gemm(omp_get_thread_num() == 0 ? first : second, true);
+}
+
 }  // namespace remat::ops_detail

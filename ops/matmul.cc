@@ -1,5 +1,7 @@
 #include "ops/matmul.h"
 
+#include <optional>
+
 #include "ops/binary.h"
 #include "cuda/gemm.h"
 #include "ops/gemm.h"
@@ -126,6 +128,53 @@ Tensor gemm_batched(const Tensor& a, const Tensor& b, const Shape& out_shape, st
   return out;
 }
 
+// The backward of a 2-D product a [..., k] @ b [k, n] needing both
+// gradients, on the CPU in f32 outside grad mode: dA = g b^T and dB = a^T g
+// (equal FLOPs) as one gemm_pair, side by side. dB is computed in b's storage
+// layout when b is stored transposed. Nothing (nullopt) for other cases.
+std::optional<std::vector<Tensor>> cpu_grads_side_by_side(const Tensor& g, const Tensor& a, const Tensor& b,
+                                                          bool b_transposed) {
+  if (!g.device().is_cpu() || g.dtype() != DType::f32 || a.dtype() != DType::f32 || b.dtype() != DType::f32)
+    return std::nullopt;
+  NoGradGuard ng;
+  const std::int64_t k = a.size(-1), n = b.size(-1);
+  const Tensor a2 = a.detach().reshape({-1, k}), g2 = g.detach().reshape({-1, n});
+  const std::int64_t m = a2.size(0);
+  const GemmOperand og = as_operand(g2), obt = as_operand(b.detach().t());
+  Tensor ga = empty({m, k}, DType::f32);
+  GemmArgs first;
+  first.trans_a = og.trans;
+  first.trans_b = obt.trans;
+  first.m = m;
+  first.n = k;
+  first.k = n;
+  first.a = static_cast<const float*>(og.ptr);
+  first.lda = og.ld;
+  first.b = static_cast<const float*>(obt.ptr);
+  first.ldb = obt.ld;
+  first.c = ga.data<float>();
+  first.ldc = k;
+  // dB [k, n], or its transpose [n, k] when b is stored transposed.
+  const GemmOperand lhs = b_transposed ? as_operand(g2.t()) : as_operand(a2.t());
+  const GemmOperand rhs = b_transposed ? as_operand(a2) : as_operand(g2);
+  const std::int64_t rows = b_transposed ? n : k, cols = b_transposed ? k : n;
+  Tensor gb = empty({rows, cols}, DType::f32);
+  GemmArgs second;
+  second.trans_a = lhs.trans;
+  second.trans_b = rhs.trans;
+  second.m = rows;
+  second.n = cols;
+  second.k = m;
+  second.a = static_cast<const float*>(lhs.ptr);
+  second.lda = lhs.ld;
+  second.b = static_cast<const float*>(rhs.ptr);
+  second.ldb = rhs.ld;
+  second.c = gb.data<float>();
+  second.ldc = cols;
+  gemm_pair(first, second);
+  return std::vector<Tensor>{ga.view(a.sizes()), b_transposed ? gb.t() : gb};
+}
+
 void check_matmul(const char* op, const Tensor& a, const Tensor& b) {
   check_floating(op, a, "first operand");
   check_same(op, a, b);
@@ -181,6 +230,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
       const bool b_transposed = two_d && b.stride(0) == 1 && b.size(1) > 1;
       node->backward_fn = [two_d, b_transposed](Node& n, std::vector<Tensor>& g) {
         Tensor ga, gb;
+        if (two_d && n.needs_input_grad(0) && n.needs_input_grad(1) && !grad_enabled()) {
+          if (auto both = cpu_grads_side_by_side(g[0], n.saved(0), n.saved(1), b_transposed)) return *both;
+        }
         if (n.needs_input_grad(0)) {
           Tensor bs = n.saved(1);
           ga = matmul(g[0], bs.transpose(-1, -2));

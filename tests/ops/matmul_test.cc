@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "engine/parallel_for.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
 #include "tests/ops/gradcheck.h"
@@ -105,4 +106,37 @@ TEST_CASE("linear's weight gradient is computed in the weight's layout: contiguo
   linear(x, w).backward(g);
   for (double& v : want) v *= 2;
   check_close(w.grad(), want);
+}
+
+TEST_CASE("a product's two gradients, computed side by side, do not depend on the thread count", "[ops][matmul][grad]") {
+  // linear (w stored transposed in the product) and a plain matmul, at GEMM-sized shapes.
+  Tensor x = normal({3, 70, 96}, 31), w = normal({80, 96}, 32), g = normal({3, 70, 80}, 33);
+  Tensor b = normal({96, 80}, 34);
+  auto grads = [&](int threads) {
+    set_num_threads(threads);
+    Tensor xs = x.detach(), ws = w.detach(), bs = b.detach();
+    xs.set_requires_grad(true);
+    ws.set_requires_grad(true);
+    bs.set_requires_grad(true);
+    auto lin = grad({linear(xs, ws)}, {xs, ws}, {g});
+    auto mm = grad({matmul(xs, bs)}, {xs, bs}, {g});
+    return std::vector<Tensor>{lin[0], lin[1], mm[0], mm[1]};
+  };
+  const int threads = num_threads();
+  const auto one = grads(1), two = grads(2), three = grads(3);
+  set_num_threads(threads);
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    INFO("gradient " << i);
+    CHECK(one[i].to_vector<float>() == two[i].to_vector<float>());
+    CHECK(one[i].to_vector<float>() == three[i].to_vector<float>());
+  }
+  // And they are the products: dX = g w, dW = g^T x.
+  const Tensor x2 = x.reshape({210, 96}), g2 = g.reshape({210, 80});
+  std::vector<double> dw(80 * 96, 0.0);
+  for (std::int64_t o = 0; o < 80; ++o)
+    for (std::int64_t r = 0; r < 210; ++r) {
+      const double gr = g2.at({r, o});
+      for (std::int64_t i = 0; i < 96; ++i) dw[std::size_t(o * 96 + i)] += gr * x2.at({r, i});
+    }
+  check_close(one[1], dw);
 }
