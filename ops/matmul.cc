@@ -1,6 +1,6 @@
 #include "ops/matmul.h"
 
-#include <optional>
+#include "engine/dispatch.h"
 
 #include "ops/binary.h"
 #include "cuda/gemm.h"
@@ -131,11 +131,12 @@ Tensor gemm_batched(const Tensor& a, const Tensor& b, const Shape& out_shape, st
 // The backward of a 2-D product a [..., k] @ b [k, n] needing both
 // gradients, on the CPU in f32 outside grad mode: dA = g b^T and dB = a^T g
 // (equal FLOPs) as one gemm_pair, side by side. dB is computed in b's storage
-// layout when b is stored transposed. Nothing (nullopt) for other cases.
-std::optional<std::vector<Tensor>> cpu_grads_side_by_side(const Tensor& g, const Tensor& a, const Tensor& b,
-                                                          bool b_transposed) {
-  if (!g.device().is_cpu() || g.dtype() != DType::f32 || a.dtype() != DType::f32 || b.dtype() != DType::f32)
-    return std::nullopt;
+// layout when b is stored transposed. Only where side_by_side_applies().
+bool side_by_side_applies(const Tensor& g, const Tensor& a, const Tensor& b) {
+  return g.device().is_cpu() && g.dtype() == DType::f32 && a.dtype() == DType::f32 && b.dtype() == DType::f32;
+}
+
+std::vector<Tensor> cpu_grads_side_by_side(const Tensor& g, const Tensor& a, const Tensor& b, bool b_transposed) {
   NoGradGuard ng;
   const std::int64_t k = a.size(-1), n = b.size(-1);
   const Tensor a2 = a.detach().reshape({-1, k}), g2 = g.detach().reshape({-1, n});
@@ -229,16 +230,20 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
       // accumulates without a strided pass.
       const bool b_transposed = two_d && b.stride(0) == 1 && b.size(1) > 1;
       node->backward_fn = [two_d, b_transposed](Node& n, std::vector<Tensor>& g) {
+        // Each saved tensor is unpacked once: under a checkpoint region an
+        // unpack hands the regenerated tensor over, and a second one would
+        // replay the region again.
+        const bool need_a = n.needs_input_grad(0), need_b = n.needs_input_grad(1);
+        const Tensor bs = need_a ? n.saved(1) : Tensor();
+        const Tensor as = need_b ? n.saved(0) : Tensor();
+        if (two_d && need_a && need_b && !grad_enabled() && side_by_side_applies(g[0], as, bs)) {
+          // One dispatched op, so dispatch hooks (memory timeline phases, op tags) see the backward's products.
+          return dispatch("matmul_backward", {g[0], as, bs},
+                          [&] { return cpu_grads_side_by_side(g[0], as, bs, b_transposed); });
+        }
         Tensor ga, gb;
-        if (two_d && n.needs_input_grad(0) && n.needs_input_grad(1) && !grad_enabled()) {
-          if (auto both = cpu_grads_side_by_side(g[0], n.saved(0), n.saved(1), b_transposed)) return *both;
-        }
-        if (n.needs_input_grad(0)) {
-          Tensor bs = n.saved(1);
-          ga = matmul(g[0], bs.transpose(-1, -2));
-        }
-        if (n.needs_input_grad(1)) {
-          Tensor as = n.saved(0);
+        if (need_a) ga = matmul(g[0], bs.transpose(-1, -2));
+        if (need_b) {
           if (two_d) {
             // Sum over folded rows: a_flat^T @ g_flat.
             const std::int64_t k = as.size(-1), nn = g[0].size(-1);
