@@ -132,6 +132,24 @@ Tensor gemm_batched(const Tensor& a, const Tensor& b, const Shape& out_shape, st
 // gradients, on the CPU in f32 outside grad mode: dA = g b^T and dB = a^T g
 // (equal FLOPs) as one gemm_pair, side by side. dB is computed in b's storage
 // layout when b is stored transposed. Only where side_by_side_applies().
+// The f32 product op(l) [m, k] @ op(r) [k, n] into a contiguous c [m, n].
+GemmArgs product_args(const GemmOperand& l, const GemmOperand& r, std::int64_t m, std::int64_t n, std::int64_t k,
+                      float* c) {
+  GemmArgs g;
+  g.trans_a = l.trans;
+  g.trans_b = r.trans;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = static_cast<const float*>(l.ptr);
+  g.lda = l.ld;
+  g.b = static_cast<const float*>(r.ptr);
+  g.ldb = r.ld;
+  g.c = c;
+  g.ldc = n;
+  return g;
+}
+
 bool side_by_side_applies(const Tensor& g, const Tensor& a, const Tensor& b) {
   return g.device().is_cpu() && g.dtype() == DType::f32 && a.dtype() == DType::f32 && b.dtype() == DType::f32;
 }
@@ -143,35 +161,13 @@ std::vector<Tensor> cpu_grads_side_by_side(const Tensor& g, const Tensor& a, con
   const std::int64_t m = a2.size(0);
   const GemmOperand og = as_operand(g2), obt = as_operand(b.detach().t());
   Tensor ga = empty({m, k}, DType::f32);
-  GemmArgs first;
-  first.trans_a = og.trans;
-  first.trans_b = obt.trans;
-  first.m = m;
-  first.n = k;
-  first.k = n;
-  first.a = static_cast<const float*>(og.ptr);
-  first.lda = og.ld;
-  first.b = static_cast<const float*>(obt.ptr);
-  first.ldb = obt.ld;
-  first.c = ga.data<float>();
-  first.ldc = k;
+  const GemmArgs first = product_args(og, obt, m, k, n, ga.data<float>());
   // dB [k, n], or its transpose [n, k] when b is stored transposed.
   const GemmOperand lhs = b_transposed ? as_operand(g2.t()) : as_operand(a2.t());
   const GemmOperand rhs = b_transposed ? as_operand(a2) : as_operand(g2);
   const std::int64_t rows = b_transposed ? n : k, cols = b_transposed ? k : n;
   Tensor gb = empty({rows, cols}, DType::f32);
-  GemmArgs second;
-  second.trans_a = lhs.trans;
-  second.trans_b = rhs.trans;
-  second.m = rows;
-  second.n = cols;
-  second.k = m;
-  second.a = static_cast<const float*>(lhs.ptr);
-  second.lda = lhs.ld;
-  second.b = static_cast<const float*>(rhs.ptr);
-  second.ldb = rhs.ld;
-  second.c = gb.data<float>();
-  second.ldc = cols;
+  const GemmArgs second = product_args(lhs, rhs, rows, cols, m, gb.data<float>());
   gemm_pair(first, second);
   return std::vector<Tensor>{ga.view(a.sizes()), b_transposed ? gb.t() : gb};
 }

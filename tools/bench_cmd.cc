@@ -184,6 +184,18 @@ Trace trace_step(const ModelConfig& c, const std::string& plan) {
   return t;
 }
 
+// Runs shell command `cmd` (`what` names it in errors) and returns its
+// output; its exit status goes to *rc.
+std::string run_capture(const std::string& cmd, const char* what, int* rc) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REMAT_CHECK(p != nullptr, Error, "bench: cannot start ", what);
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  *rc = ::pclose(p);
+  return out;
+}
+
 // Runs one worker process and returns its result fields.
 // With ep > 1 the worker is `ep` processes under mpirun (threads split
 // between them), and rank 0 reports.
@@ -201,12 +213,8 @@ std::map<std::string, double> run_worker(const std::string& config, const std::s
                     "' --recompute '" + plan + "' --warmup " + std::to_string(warmup) + " --steps " +
                     std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " + seed +
                     " --ep " + std::to_string(ep) + " --dtype " + dtype + " --device " + device + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REMAT_CHECK(p != nullptr, Error, "bench: cannot start a worker process");
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = ::pclose(p);
+  int rc = 0;
+  const std::string out = run_capture(cmd, "a worker process", &rc);
   const auto pos = out.find("BENCH-RESULT ");
   REMAT_CHECK(rc == 0 && pos != std::string::npos, Error, "bench: worker for plan ", plan, " failed:\n", out);
   std::string line = out.substr(pos + 13);
@@ -437,12 +445,8 @@ std::map<std::string, double> run_torch_worker(const std::string& script, const 
                           config_file + "' --threads " + std::to_string(threads) + " --dtype " + dtype +
                           " --device " + device + " --warmup " + std::to_string(warmup) + " --steps " +
                           std::to_string(steps) + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REMAT_CHECK(p != nullptr, Error, "bench: cannot start the PyTorch baseline");
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = ::pclose(p);
+  int rc = 0;
+  const std::string out = run_capture(cmd, "the PyTorch baseline", &rc);
   const auto pos = out.rfind("\n{", out.size() - (out.size() > 1 ? 2 : 0));
   const std::string line = out.substr(pos == std::string::npos ? 0 : pos + 1);
   REMAT_CHECK(rc == 0 && !line.empty() && line[0] == '{', Error, "bench --baseline torch: ", cmd,
