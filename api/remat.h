@@ -8,7 +8,10 @@
 //                               device and stream, streams, events, syncs)
 //   ops ....................... ops/ops.h (every differentiable op)
 //   autograd .................. engine/autograd.h (backward, grad, hooks on
-//                               gradients and on saved tensors), engine/grad_mode.h
+//                               gradients and on saved tensors, typed saved-tensor
+//                               hooks), engine/grad_mode.h
+//   custom ops ................ engine/custom_op.h (a differentiable op from a forward
+//                               and a backward), engine/gradcheck.h (finite differences)
 //   memory .................... engine/allocator.h (stats, categories, history)
 //   random numbers ............ engine/rng.h
 //   op dispatch hooks ......... engine/dispatch.h
@@ -31,12 +34,14 @@
 #include "checkpoint/replay_memo.h"
 #include "engine/allocator.h"
 #include "engine/autograd.h"
+#include "engine/custom_op.h"
 #include "engine/device.h"
 #include "engine/device_runtime.h"
 #include "engine/dispatch.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/grad_mode.h"
+#include "engine/gradcheck.h"
 #include "engine/parallel_for.h"
 #include "engine/rng.h"
 #include "engine/tensor.h"

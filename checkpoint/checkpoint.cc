@@ -234,29 +234,27 @@ class Region : public std::enable_shared_from_this<Region> {
 
 // Forward hooks of a region: saves become placeholders (unless the policy
 // keeps them); unpack regenerates.
-class RegionHooks final : public SavedTensorHooks {
+class RegionHooks final : public TypedSavedTensorHooks {
  public:
   explicit RegionHooks(std::shared_ptr<Region> r) : region_(std::move(r)) {}
 
-  std::any pack(std::any value, const SaveInfo& info) override {
-    const Tensor* t = std::any_cast<Tensor>(&value);
-    if (!t) return value;  // an inner region's placeholder: not ours
-    return Placeholder{region_, region_->add_slot(info, *t)};
+  std::string name() const override { return "checkpoint region '" + region_->opts.name + "'"; }
+
+  // Only tensors: an inner region's placeholder passes by.
+  std::any pack_tensor(const Tensor& t, const SaveInfo& info) override {
+    return Placeholder{region_, region_->add_slot(info, t)};
   }
 
-  std::any unpack(std::any packed, const SaveInfo&) override {
-    if (const auto* p = std::any_cast<Placeholder>(&packed); p && p->region == region_)
-      return p->region->take(p->index);
-    return packed;
+  Tensor unpack_tensor(std::any packed, const SaveInfo&) override {
+    const auto& p = std::any_cast<const Placeholder&>(packed);
+    return p.region->take(p.index);
   }
 
-  std::size_t held_bytes(const std::any& packed) const override {
-    if (const Tensor* t = std::any_cast<Tensor>(&packed)) return t->defined() ? t->nbytes() : 0;
-    return 0;
-  }
+  std::size_t held_bytes(const std::any&) const override { return 0; }
 
   void on_release(const std::any& packed, const SaveInfo&) override {
-    if (const auto* p = std::any_cast<Placeholder>(&packed); p && p->region == region_) p->region->release(p->index);
+    const auto& p = std::any_cast<const Placeholder&>(packed);
+    p.region->release(p.index);
   }
 
  private:
@@ -265,13 +263,14 @@ class RegionHooks final : public SavedTensorHooks {
 
 // Replay hooks: hand each save, in order, to its slot; stop early once every
 // slot still needed has its tensor.
-class HarvestHooks final : public SavedTensorHooks {
+class HarvestHooks final : public TypedSavedTensorHooks {
  public:
   HarvestHooks(Region& r, std::int64_t missing) : r_(r), missing_(missing) {}
 
-  std::any pack(std::any value, const SaveInfo& info) override {
-    const Tensor* t = std::any_cast<Tensor>(&value);
-    if (!t) return value;
+  std::string name() const override { return "replay of checkpoint region '" + r_.opts.name + "'"; }
+
+  std::any pack_tensor(const Tensor& tensor, const SaveInfo& info) override {
+    const Tensor* t = &tensor;
     const std::size_t k = next_++;
     REMAT_CHECK(k < r_.slots.size(), CheckpointMismatchError, "checkpoint region '", r_.opts.name, "' (id ", r_.id,
                 "): the replay saved more tensors than the original forward (", r_.slots.size(), "); extra save #", k,
@@ -303,7 +302,11 @@ class HarvestHooks final : public SavedTensorHooks {
     return std::any();
   }
 
-  std::any unpack(std::any packed, const SaveInfo&) override { return packed; }
+  // The replay's own graph is dropped unused, so its saves are never unpacked.
+  Tensor unpack_tensor(std::any, const SaveInfo& info) override {
+    throw AutogradError("checkpoint region '" + r_.opts.name + "': a save of op '" + info.op +
+                        "' made during its replay was unpacked; replays keep no saves");
+  }
   std::size_t held_bytes(const std::any&) const override { return 0; }
 
   std::size_t saves_seen() const { return next_; }
@@ -436,9 +439,13 @@ std::vector<Tensor> checkpoint_reentrant(const RegionFn& fn, const std::vector<T
                                          const CheckpointOptions& opts) {
   // Forward with grad on (so we learn which outputs depend on parameters)
   // but keeping no saved tensor.
-  struct DropAll final : SavedTensorHooks {
-    std::any pack(std::any, const SaveInfo&) override { return std::any(); }
-    std::any unpack(std::any p, const SaveInfo&) override { return p; }
+  struct DropAll final : TypedSavedTensorHooks {
+    std::string name() const override { return "reentrant checkpoint forward"; }
+    std::any pack_tensor(const Tensor&, const SaveInfo&) override { return std::any(); }
+    Tensor unpack_tensor(std::any, const SaveInfo& info) override {
+      throw AutogradError(std::string("reentrant checkpoint: a save of op '") + info.op +
+                          "' from the no-save forward was unpacked");
+    }
     std::size_t held_bytes(const std::any&) const override { return 0; }
   };
   const RngStash rng = RngStash::capture();

@@ -14,7 +14,7 @@ struct Recipe {
   std::shared_ptr<const std::vector<Tensor>> inputs;
 };
 
-class DiscardHooks final : public SavedTensorHooks {
+class DiscardHooks final : public TypedSavedTensorHooks {
  public:
   // The hooks see the inputs only weakly: recipes keep them alive, and they
   // go when the last recipe is released.
@@ -28,12 +28,15 @@ class DiscardHooks final : public SavedTensorHooks {
         producer_(std::make_shared<const DiscardedOutput::Producer>(std::move(producer))),
         inputs_(inputs) {}
 
-  std::any pack(std::any value, const SaveInfo& info) override {
-    const Tensor* t = std::any_cast<Tensor>(&value);
-    // Only saves of the discarded output itself (same storage and layout).
-    if (!t || t->impl().storage.get() != storage_ || t->sizes() != sizes_ || t->strides() != strides_ ||
-        t->storage_offset() != offset_)
-      return value;
+  std::string name() const override { return std::string("output-discard '") + name_ + "'"; }
+
+  // Only saves of the discarded output itself (same storage and layout).
+  bool wants(const Tensor& t, const SaveInfo&) const override {
+    return t.impl().storage.get() == storage_ && t.sizes() == sizes_ && t.strides() == strides_ &&
+           t.storage_offset() == offset_;
+  }
+
+  std::any pack_tensor(const Tensor&, const SaveInfo& info) override {
     auto inputs = inputs_.lock();
     REMAT_CHECK(inputs != nullptr, Error, "output-discard '", name_, "': a save of its output by op '", info.op,
                 "' after the DiscardedOutput was destroyed");
@@ -42,26 +45,22 @@ class DiscardHooks final : public SavedTensorHooks {
   }
 
   void on_release(const std::any& packed, const SaveInfo& info) override {
-    if (const Recipe* r = std::any_cast<Recipe>(&packed))
-      for (const auto& in : *r->inputs) saved_bytes_release(in, "output_discard_inputs", info.region);
+    for (const auto& in : *std::any_cast<const Recipe&>(packed).inputs)
+      saved_bytes_release(in, "output_discard_inputs", info.region);
   }
 
-  std::any unpack(std::any packed, const SaveInfo&) override {
-    const Recipe* r = std::any_cast<Recipe>(&packed);
-    if (!r) return packed;
+  Tensor unpack_tensor(std::any packed, const SaveInfo&) override {
+    const Recipe& r = std::any_cast<const Recipe&>(packed);
     RecomputeScope replaying;
     NoGradGuard no_grad;
     CategoryScope cat(MemoryCategory::recompute);
     ++tls_regenerations;
     std::vector<Tensor> in;
-    for (const auto& t : *r->inputs) in.push_back(t.defined() ? t.detach() : t);
-    return (*r->producer)(in);
+    for (const auto& t : *r.inputs) in.push_back(t.defined() ? t.detach() : t);
+    return (*r.producer)(in);
   }
 
-  std::size_t held_bytes(const std::any& packed) const override {
-    if (const Tensor* t = std::any_cast<Tensor>(&packed)) return t->defined() ? t->nbytes() : 0;
-    return 0;  // a recipe holds no data of its own
-  }
+  std::size_t held_bytes(const std::any&) const override { return 0; }  // a recipe holds no data of its own
 
  private:
   const char* name_;

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "engine/grad_mode.h"
@@ -74,12 +75,21 @@ struct SaveInfo {
 // A pack/unpack pair applied to every tensor an op saves while the hooks are
 // active. Hooks stack: the innermost (most recently pushed) packs first and
 // each outer hook packs what the inner one returned; unpack runs in reverse.
+// A hook whose accepts() declines a value is skipped for that save entirely
+// (no pack, unpack or on_release): the value passes through it untouched.
+// Most hooks should derive from TypedSavedTensorHooks below, which sees only
+// tensors.
 class SavedTensorHooks {
  public:
   virtual ~SavedTensorHooks() = default;
+  // Names the hook in errors (default: its C++ type name).
+  virtual std::string name() const;
+  // Whether this hook packs `value` (default: every value).
+  virtual bool accepts(const std::any& /*value*/, const SaveInfo& /*info*/) const { return true; }
   // `value` holds a Tensor for the innermost hook, else the inner hook's result.
   virtual std::any pack(std::any value, const SaveInfo& info) = 0;
-  // Returns what pack received.
+  // Returns what pack received. If that was a Tensor, it must be a Tensor of
+  // the same shape and dtype, else unpack raises AutogradError naming the hook.
   virtual std::any unpack(std::any packed, const SaveInfo& info) = 0;
   // Bytes the packed value keeps alive, for the saved-bytes registry. The
   // default counts a packed Tensor's bytes and nothing else.
@@ -88,6 +98,28 @@ class SavedTensorHooks {
   // without another unpack.
   virtual void on_release(const std::any& /*packed*/, const SaveInfo& /*info*/) {}
 };
+
+// Saved-tensor hooks that see only tensors: pack_tensor turns a Tensor into a
+// Tensor or any other value, unpack_tensor turns that back into the Tensor.
+// Values that inner hooks packed into something other than a Tensor (a
+// checkpoint region's placeholder, say) pass by untouched, so these hooks
+// compose with checkpoint(), offload and each other without special cases.
+class TypedSavedTensorHooks : public SavedTensorHooks {
+ public:
+  // Whether to pack this tensor (default: all); declined ones pass by.
+  virtual bool wants(const Tensor& /*t*/, const SaveInfo& /*info*/) const { return true; }
+  virtual std::any pack_tensor(const Tensor& t, const SaveInfo& info) = 0;
+  // Gets what pack_tensor returned; returns the tensor it was given (same
+  // shape and dtype; it may live elsewhere or be a recomputed copy).
+  virtual Tensor unpack_tensor(std::any packed, const SaveInfo& info) = 0;
+
+  bool accepts(const std::any& value, const SaveInfo& info) const final;
+  std::any pack(std::any value, const SaveInfo& info) final;
+  std::any unpack(std::any packed, const SaveInfo& info) final;
+};
+
+// A readable name of a C++ type (demangled), for error messages.
+std::string type_name(const std::type_info& type);
 
 // RAII: pushes hooks onto this thread's stack for the scope's lifetime.
 class SavedTensorHooksScope {
@@ -151,12 +183,19 @@ class SavedTensor {
   std::size_t held_bytes() const { return held_bytes_; }
 
  private:
+  // A hook that packed this save, and what it was given.
+  struct Packer {
+    std::shared_ptr<SavedTensorHooks> hooks;
+    bool got_tensor = false;  // it packed a Tensor (so unpack must give one back)
+    TensorMeta meta;          // that tensor's shape, dtype and device
+  };
+
   SaveInfo info_;
   bool defined_ = false;
   bool released_ = false;
   std::uint64_t saved_version_ = 0;
   std::shared_ptr<VersionCounter> version_;
-  std::vector<std::shared_ptr<SavedTensorHooks>> hooks_;  // innermost first
+  std::vector<Packer> hooks_;  // the hooks that packed it, innermost first
   std::any packed_;
   std::size_t held_bytes_ = 0;
   Tensor held_;  // what the registry counts (the packed tensor, if any)

@@ -1,10 +1,15 @@
 // Saved tensors: the stack of saved-tensor hooks, the checkpoint region new
 // saves belong to, and SavedTensor itself (pack through the hooks at save
 // time, version check and unpack at backward, release).
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <any>
 #include <atomic>
+#include <cstdlib>
 #include <memory>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "engine/autograd.h"
@@ -32,10 +37,56 @@ DisableSavedTensorHooks::DisableSavedTensorHooks() : saved_(std::move(tls_hooks)
 }
 DisableSavedTensorHooks::~DisableSavedTensorHooks() { tls_hooks = std::move(saved_); }
 
+std::string type_name(const std::type_info& type) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(type.name(), nullptr, nullptr, &status), std::free);
+  return status == 0 && d ? std::string(d.get()) : std::string(type.name());
+}
+
+std::string SavedTensorHooks::name() const { return type_name(typeid(*this)); }
+
 std::size_t SavedTensorHooks::held_bytes(const std::any& packed) const {
   if (const Tensor* t = std::any_cast<Tensor>(&packed)) return t->defined() ? t->nbytes() : 0;
   return 0;
 }
+
+bool TypedSavedTensorHooks::accepts(const std::any& value, const SaveInfo& info) const {
+  const Tensor* t = std::any_cast<Tensor>(&value);
+  return t != nullptr && wants(*t, info);
+}
+
+std::any TypedSavedTensorHooks::pack(std::any value, const SaveInfo& info) {
+  return pack_tensor(std::any_cast<const Tensor&>(value), info);
+}
+
+std::any TypedSavedTensorHooks::unpack(std::any packed, const SaveInfo& info) {
+  return unpack_tensor(std::move(packed), info);
+}
+
+namespace {
+
+// "save #7 of op 'matmul' (shape [4, 8] f32)": which save an error is about.
+std::string describe_save(const SaveInfo& info) {
+  std::ostringstream o;
+  o << "save #" << info.id << " of op '" << info.op << "' (shape " << shape_str(info.meta.sizes) << " "
+    << info.meta.dtype;
+  if (info.region >= 0) o << ", checkpoint region " << info.region;
+  o << ")";
+  return o.str();
+}
+
+std::string describe_value(const std::any& v) {
+  if (const Tensor* t = std::any_cast<Tensor>(&v)) {
+    if (!t->defined()) return "an undefined Tensor";
+    std::ostringstream o;
+    o << "a Tensor of shape " << shape_str(t->sizes()) << " " << t->dtype();
+    return o.str();
+  }
+  if (!v.has_value()) return "an empty value";
+  return "a value of type " + type_name(v.type());
+}
+
+}  // namespace
 
 std::int64_t current_save_region() { return tls_region; }
 RegionScope::RegionScope(std::int64_t region) : previous_(tls_region) { tls_region = region; }
@@ -56,13 +107,32 @@ SavedTensor::SavedTensor(const Tensor& t, const char* op, bool is_output) {
   saved_version_ = t.version();
   version_ = t.impl().version;
   std::any value = t.detach();
-  hooks_ = tls_hooks;  // innermost last on the stack
-  std::reverse(hooks_.begin(), hooks_.end());  // innermost first
-  for (const auto& h : hooks_) value = h->pack(std::move(value), info_);
+  // Innermost (last pushed) first; a hook that declines the value is skipped.
+  for (auto it = tls_hooks.rbegin(); it != tls_hooks.rend(); ++it) {
+    const auto& h = *it;
+    if (!h->accepts(value, info_)) continue;
+    Packer p{h, false, {}};
+    if (const Tensor* v = std::any_cast<Tensor>(&value); v && v->defined()) {
+      p.got_tensor = true;
+      p.meta = TensorMeta{v->sizes(), v->dtype(), v->device()};
+    }
+    const std::type_info& given = value.type();
+    try {
+      value = h->pack(std::move(value), info_);
+    } catch (const std::bad_any_cast&) {
+      throw AutogradError("saved-tensor hook '" + h->name() + "' failed on " + describe_save(info_) +
+                          ": its pack was given " +
+                          (p.got_tensor ? "a Tensor" : "a value of type " + type_name(given)) +
+                          " and cast it to another type (std::bad_any_cast). Hooks outside a checkpoint region "
+                          "or another hook receive what the inner hook packed; derive from TypedSavedTensorHooks "
+                          "to see only tensors");
+    }
+    hooks_.push_back(std::move(p));
+  }
   if (hooks_.empty())
     held_bytes_ = info_.bytes;
   else
-    held_bytes_ = hooks_.back()->held_bytes(value);
+    held_bytes_ = hooks_.back().hooks->held_bytes(value);
   packed_ = std::move(value);
   // The registry counts the packed tensor's storage (deduplicated), or what
   // the hook reports it keeps.
@@ -87,7 +157,7 @@ void SavedTensor::release() {
   held_ = Tensor();
   held_bytes_ = 0;
   // Tell the hooks, outermost first (the order unpack would run in).
-  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) (*it)->on_release(packed_, info_);
+  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) it->hooks->on_release(packed_, info_);
   packed_.reset();
 }
 
@@ -103,11 +173,24 @@ Tensor SavedTensor::unpack() const {
               saved_version_, ", now version ", now,
               "); clone it before the in-place op, or use an out-of-place op");
   std::any value = packed_;
-  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it)
-    value = (*it)->unpack(std::move(value), info_);
+  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) {
+    const auto& h = *it->hooks;
+    try {
+      value = it->hooks->unpack(std::move(value), info_);
+    } catch (const std::bad_any_cast&) {
+      throw AutogradError("saved-tensor hook '" + h.name() + "' failed to unpack " + describe_save(info_) +
+                          ": it cast its packed value to another type (std::bad_any_cast)");
+    }
+    if (!it->got_tensor) continue;
+    const Tensor* t = std::any_cast<Tensor>(&value);
+    const bool same = t && t->defined() && t->sizes() == it->meta.sizes && t->dtype() == it->meta.dtype;
+    REMAT_CHECK(same, AutogradError, "saved-tensor hook '", h.name(), "' unpacked ", describe_save(info_), " to ",
+                describe_value(value), ", expected the Tensor it packed (shape ", shape_str(it->meta.sizes), " ",
+                it->meta.dtype, ")");
+  }
   const Tensor* t = std::any_cast<Tensor>(&value);
   REMAT_CHECK(t != nullptr, AutogradError, "saved-tensor hooks for op '", info_.op,
-              "' did not unpack to a tensor");
+              "' did not unpack to a tensor (got ", describe_value(value), ")");
   REMAT_CHECK(t->sizes() == info_.meta.sizes && t->dtype() == info_.meta.dtype, AutogradError,
               "saved-tensor hooks for op '", info_.op, "' unpacked shape ", shape_str(t->sizes()),
               " ", t->dtype(), ", expected ", shape_str(info_.meta.sizes), " ", info_.meta.dtype);
