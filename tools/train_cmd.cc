@@ -12,6 +12,7 @@
 #include "tools/args.h"
 #include "tools/commands.h"
 #include "tools/json.h"
+#include "tools/progress.h"
 #include "train/state_files.h"
 #include "train/trainer.h"
 
@@ -88,10 +89,14 @@ int run_train(const std::vector<std::string>& args) {
                        {.min = 0, .min_open = true, .max = 1 << 20}),
            int_flag("reuse-routing", "1: recompute replays reuse the forward's exchanged expert counts; 0: exchange again",
                     1, {.min = 0, .max = 1}),
+           text_flag("progress", "per-step progress on stdout: bar (one line redrawn with \\r), lines (a line every "
+                     "10 steps and at each evaluation), off (none; the summary still prints), or auto (bar on a terminal "
+                     "not started by a launcher such as mpirun or srun, else lines)", "auto"),
            number_flag("comm-timeout", "seconds a collective may take before this rank gives up on its peers "
                        "(default: $REMAT_COMM_TIMEOUT, else 300)", std::nullopt, {.min = 0, .min_open = true}),
            threads_flag_spec()});
   apply_threads_flag(f);
+  ProgressOutput progress(resolve_progress(f.get("progress"), ::isatty(STDOUT_FILENO) != 0, process_env()));
   TrainOptions o;
   o.config = ModelConfig::load(f.get("config"));
   o.data_file = f.get("data");
@@ -127,7 +132,6 @@ int run_train(const std::vector<std::string>& args) {
   }
 
   const auto& c = o.config;
-  const bool tty = ::isatty(STDOUT_FILENO);
   if (!lead) {
     trainer.run(nullptr);
     return 0;
@@ -152,7 +156,7 @@ int run_train(const std::vector<std::string>& args) {
   double first_val = -1, last_val = -1, last_loss = 0, tok_s_sum = 0;
   std::int64_t n = 0, skipped = 0, overflows = 0;
   const bool f16 = o.dtype == "f16";
-  trainer.run([&](const StepStats& s) {
+  const auto on_step = [&](const StepStats& s) {
     if (log) {
       JsonObject j;
       j.set("step", s.step).set("loss", s.loss).set("lr", s.lr).set("grad_norm", s.grad_norm);
@@ -209,9 +213,11 @@ int run_train(const std::vector<std::string>& args) {
     overflows = s.overflow_steps;
     if (s.skipped) {  // an f16 overflow is routine (the scale halves); a non-finite value is worth a line
       if (!s.overflow) {
+        std::fputs(progress.end_line().c_str(), stdout);
+        std::fflush(stdout);
         const double bad = std::isfinite(s.loss) ? s.grad_norm : s.loss;
-        std::fprintf(stderr, "%sremat train: step %lld: %s %s, update skipped (--on-nonfinite skip; %lld so far)\n",
-                     tty ? "\n" : "", static_cast<long long>(s.step), std::isfinite(s.loss) ? "gradient norm" : "loss",
+        std::fprintf(stderr, "remat train: step %lld: %s %s, update skipped (--on-nonfinite skip; %lld so far)\n",
+                     static_cast<long long>(s.step), std::isfinite(s.loss) ? "gradient norm" : "loss",
                      std::isnan(bad) ? "nan" : bad > 0 ? "inf" : "-inf", static_cast<long long>(s.skipped_steps));
       }
       return;
@@ -236,15 +242,24 @@ int run_train(const std::vector<std::string>& args) {
     if (s.val_loss) {
       if (first_val < 0) first_val = *s.val_loss;
       last_val = *s.val_loss;
-      std::printf("%s%s  val %.4f\n", tty ? "\r" : "", line, *s.val_loss);
-    } else if (tty) {
-      std::printf("\r%s", line);
-    } else if (s.step % 10 == 0) {
-      std::printf("%s\n", line);
+      const std::size_t len = std::strlen(line);
+      std::snprintf(line + len, sizeof line - len, "  val %.4f", *s.val_loss);
     }
+    const std::string text = progress.step(s.step, line, s.val_loss.has_value());
+    if (!text.empty()) {
+      std::fputs(text.c_str(), stdout);
+      std::fflush(stdout);
+    }
+  };
+  try {
+    trainer.run(on_step);
+  } catch (...) {  // the error (printed by main, on stderr) starts on a fresh line
+    std::fputs(progress.end_line().c_str(), stdout);
     std::fflush(stdout);
-  });
-  std::printf("%sdone: %lld steps, final train loss %.4f, validation loss %.4f", tty ? "\n" : "",
+    throw;
+  }
+  std::fputs(progress.end_line().c_str(), stdout);
+  std::printf("done: %lld steps, final train loss %.4f, validation loss %.4f",
               static_cast<long long>(trainer.step()), last_loss, last_val);
   if (trainer.corpus().entropy_floor >= 0)
     std::printf(" (entropy floor %.4f, start ~ %.4f)", trainer.corpus().entropy_floor, trainer.initial_loss_estimate());
