@@ -1,0 +1,43 @@
+// MXFP8: e4m3 values with one power-of-two scale per block of 32 consecutive
+// values (the OCP Microscaling Formats v1.0 layout, MXFP8 E4M3), used to
+// compress saved tensors. Not differentiable: these are storage codecs.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/tensor.h"
+
+namespace remat {
+
+inline constexpr std::int64_t kMxBlock = 32;
+
+// A tensor in MXFP8: `codes` holds one e4m3 byte per element (dtype
+// fp8_e4m3, in the source's row-major order); `scales` the blocks' shared
+// exponents as biased E8M0 bytes (2^(b - 127)), four per i32 element.
+struct MxFp8 {
+  Tensor codes;
+  Tensor scales;
+  Shape sizes;        // the source's shape
+  DType dtype = DType::f32;  // the source's dtype (what dequantize returns)
+  std::int64_t bytes() const;  // what the two tensors hold
+};
+
+// Quantizes x (f32, bf16 or f16, any layout, on the CPU). Each block's
+// exponent is the smallest one that brings the block's largest magnitude to
+// <= 448 (e4m3's largest finite value), so nothing saturates; values round to
+// nearest even. NaN stays NaN; a block holding +-inf gets the largest
+// exponent, so the inf comes back as inf (and the block's finite values as 0). One pass over
+// x: each block is scanned for its maximum and then encoded while in cache.
+// Throws DTypeError for other dtypes, DeviceError off the CPU.
+MxFp8 mxfp8_quantize(const Tensor& x);
+
+// The values back, in the source's shape and dtype (contiguous).
+Tensor mxfp8_dequantize(const MxFp8& q);
+
+namespace ops_detail {
+// One value to e4m3 bits, round to nearest even, saturating at 448
+// (bit-identical to fp8_e4m3's constructor, faster).
+std::uint8_t e4m3_encode(float v);
+}  // namespace ops_detail
+
+}  // namespace remat
