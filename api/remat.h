@@ -17,7 +17,8 @@
 //   op dispatch hooks ......... engine/dispatch.h
 //   checkpointing ............. checkpoint/checkpoint.h, checkpoint/policy.h,
 //                               checkpoint/output_discard.h, checkpoint/plan.h
-//   modules and models ........ models/module.h, models/layers.h, models/decoder.h,
+//   modules and models ........ models/module.h, models/layers.h, models/block_stack.h
+//                               (blocks run under any recompute plan), models/decoder.h,
 //                               models/moe_layer.h, models/config.h, models/recompute.h
 //   training .................. train/optimizer.h (AdamW, clipping, schedule),
 //                               train/safetensors.h, train/data.h
@@ -45,6 +46,7 @@
 #include "engine/parallel_for.h"
 #include "engine/rng.h"
 #include "engine/tensor.h"
+#include "models/block_stack.h"
 #include "models/config.h"
 #include "models/decoder.h"
 #include "models/layers.h"

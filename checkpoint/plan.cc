@@ -11,17 +11,28 @@ namespace remat {
 
 namespace {
 
-std::string valid_forms() {
-  return "valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, attention, moe_expert, "
+// "attention" and "moe_expert" are plan components on their own; every other
+// sub-region name is named under selective:.
+bool standalone(const std::string& name) { return name == "attention" || name == "moe_expert"; }
+
+std::string valid_forms(const std::vector<std::string>& sub_regions) {
+  std::string own, selective;
+  for (const auto& n : sub_regions) (standalone(n) ? own : selective) += n + ", ";
+  return "valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, " + own +
          "keep_last (with block regions), "
-         "selective:NAMES (core_attn, layernorm, mlp, moe_act, moe, shared_experts, save_matmul, "
+         "selective:NAMES (" + selective + "save_matmul, "
          "save_attention, save_ops=OP/OP/... with OP one of " +
          replay_cacheable_list() + "), combined with '+' where they do not overlap";
 }
 
-[[noreturn]] void bad(const std::string& spec, const std::string& why) {
-  throw Error("--recompute " + spec + ": " + why + "; " + valid_forms());
-}
+// Errors name the plan and the reason, then list the valid forms.
+struct Bad {
+  const std::string& spec;
+  const std::vector<std::string>& sub_regions;
+  [[noreturn]] void operator()(const std::string& why) const {
+    throw Error("--recompute " + spec + ": " + why + "; " + valid_forms(sub_regions));
+  }
+};
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -32,16 +43,17 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-std::int64_t parse_int(const std::string& spec, const std::string& what, const std::string& s) {
+std::int64_t parse_int(const Bad& bad, const std::string& what, const std::string& s) {
   if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
-    bad(spec, what + " expects a non-negative integer, got '" + s + "'");
+    bad(what + " expects a non-negative integer, got '" + s + "'");
   std::int64_t v = 0;  // from_chars: no exception for a number past int64 (std::stoll throws one)
   if (std::from_chars(s.data(), s.data() + s.size(), v).ec != std::errc())
-    bad(spec, what + " value '" + s + "' is too large");
+    bad(what + " value '" + s + "' is too large");
   return v;
 }
 
-// Which sub-block parts each module region covers, for the overlap check.
+// Which sub-block parts each module region covers, for the overlap check:
+// the decoder's layout for its names, the name itself for any other.
 std::set<std::string> parts_of(const std::string& module) {
   if (module == "attention") return {"input_layernorm", "core_attn", "attn_proj"};
   if (module == "layernorm") return {"input_layernorm", "post_attention_layernorm"};
@@ -51,7 +63,7 @@ std::set<std::string> parts_of(const std::string& module) {
   if (module == "moe_expert") return {"moe_act", "moe_experts"};
   if (module == "moe_act") return {"moe_act"};
   if (module == "shared_experts") return {"shared_experts"};
-  return {};
+  return {module};
 }
 
 }  // namespace
@@ -62,10 +74,27 @@ bool RecomputePlan::block_in_region(std::int64_t i) const {
   return false;
 }
 
-RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layers) {
+const std::vector<std::string>& RecomputePlan::builtin_sub_regions() {
+  static const std::vector<std::string> names = {"attention", "moe_expert", "core_attn", "layernorm",
+                                                 "mlp",       "moe_act",    "moe",       "shared_experts"};
+  return names;
+}
+
+RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layers,
+                                   const std::vector<std::string>& sub_regions) {
+  for (const auto& n : sub_regions)
+    REMAT_CHECK(!n.empty() && n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") ==
+                                  std::string::npos && n.rfind("save_", 0) != 0,
+                Error, "recompute plans: sub-region name '", n,
+                "' is not usable in a plan (names are letters, digits and '_', and do not start with 'save_', "
+                "which names op policies)");
+  const Bad bad{spec, sub_regions};
+  auto offered = [&](const std::string& n) {
+    return std::find(sub_regions.begin(), sub_regions.end(), n) != sub_regions.end();
+  };
   RecomputePlan plan;
   plan.spec = spec;
-  if (spec.empty()) bad(spec, "empty plan");
+  if (spec.empty()) bad("empty plan");
   if (spec == "none") return plan;
   std::vector<std::int64_t> owner(std::size_t(n_layers), -1);  // block -> component index
   std::vector<std::string> components = split(spec, '+');
@@ -73,7 +102,7 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
     for (const auto& r : regions)
       for (auto b : r) {
         if (owner[std::size_t(b)] >= 0)
-          bad(spec, "'" + components[std::size_t(owner[std::size_t(b)])] + "' and '" + components[comp] +
+          bad("'" + components[std::size_t(owner[std::size_t(b)])] + "' and '" + components[comp] +
                         "' overlap at block " + std::to_string(b) + " (a block can be in only one region)");
         owner[std::size_t(b)] = std::int64_t(comp);
       }
@@ -89,7 +118,7 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
     for (const auto& p : parts_of(module)) {
       auto it = part_owner.find(p);
       if (it != part_owner.end())
-        bad(spec, "'" + it->second + "' and '" + components[comp] + "' overlap (both cover " + p + ")");
+        bad("'" + it->second + "' and '" + components[comp] + "' overlap (both cover " + p + ")");
       part_owner[p] = components[comp];
     }
     plan.modules.insert(module);
@@ -99,7 +128,7 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
   for (std::size_t c = 0; c < components.size(); ++c) {
     const std::string& comp = components[c];
     if (comp == "keep_last") {
-      if (keep_last) bad(spec, "'keep_last' given twice");
+      if (keep_last) bad("'keep_last' given twice");
       keep_last = true;
       continue;
     }
@@ -107,7 +136,7 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
     const std::string head = comp.substr(0, colon);
     const std::string arg = colon == std::string::npos ? "" : comp.substr(colon + 1);
     if (comp == "none") {
-      if (components.size() > 1) bad(spec, "'none' cannot be combined");
+      if (components.size() > 1) bad("'none' cannot be combined");
     } else if (comp == "per_block") {
       claim_blocks(c, all_blocks_each());
     } else if (comp == "chunk") {
@@ -117,14 +146,14 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
     } else if (head == "selected" && colon != std::string::npos) {
       std::vector<std::vector<std::int64_t>> r;
       for (const auto& s : split(arg, ',')) {
-        const std::int64_t i = parse_int(spec, "selected", s);
-        if (i >= n_layers) bad(spec, "block " + s + " does not exist (the model has " + std::to_string(n_layers) + " blocks)");
+        const std::int64_t i = parse_int(bad, "selected", s);
+        if (i >= n_layers) bad("block " + s + " does not exist (the model has " + std::to_string(n_layers) + " blocks)");
         r.push_back({i});
       }
       claim_blocks(c, r);
     } else if (head == "uniform" && colon != std::string::npos) {
-      const std::int64_t g = parse_int(spec, "uniform", arg);
-      if (g < 1 || g > n_layers) bad(spec, "uniform:N needs 1 <= N <= " + std::to_string(n_layers));
+      const std::int64_t g = parse_int(bad, "uniform", arg);
+      if (g < 1 || g > n_layers) bad("uniform:N needs 1 <= N <= " + std::to_string(n_layers));
       std::vector<std::vector<std::int64_t>> r;
       for (std::int64_t i = 0; i < n_layers; i += g) {
         std::vector<std::int64_t> grp;
@@ -133,41 +162,43 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
       }
       claim_blocks(c, r);
     } else if (head == "block" && colon != std::string::npos) {
-      const std::int64_t n = parse_int(spec, "block", arg);
-      if (n > n_layers) bad(spec, "block:N needs N <= " + std::to_string(n_layers));
+      const std::int64_t n = parse_int(bad, "block", arg);
+      if (n > n_layers) bad("block:N needs N <= " + std::to_string(n_layers));
       std::vector<std::vector<std::int64_t>> r;
       for (std::int64_t i = 0; i < n; ++i) r.push_back({i});
       claim_blocks(c, r);
-    } else if (comp == "attention" || comp == "moe_expert") {
+    } else if (standalone(comp) && offered(comp)) {
       claim_module(c, comp);
     } else if (head == "selective" && colon != std::string::npos) {
       for (const auto& name : split(arg, ',')) {
         if (name == "save_matmul" || name == "save_attention" || name.rfind("save_ops=", 0) == 0) {
-          if (plan.policy) bad(spec, "only one op policy per plan");
+          if (plan.policy) bad("only one op policy per plan");
           if (name == "save_matmul") plan.policy = save_matmul_outputs();
           else if (name == "save_attention") plan.policy = save_attention_outputs();
           else {
             auto ops = split(name.substr(9), '/');
             if (ops.empty() || ops[0].empty())
-              bad(spec, "save_ops= needs op names, e.g. save_ops=matmul/scaled_dot_product_attention");
+              bad("save_ops= needs op names, e.g. save_ops=matmul/scaled_dot_product_attention");
             for (const auto& op : ops)
               if (!replay_cacheable(op))
-                bad(spec, "save_ops=: op '" + op +
+                bad("save_ops=: op '" + op +
                               "' cannot hand back cached outputs (a replay would run its kernel anyway); "
                               "valid ops: " + replay_cacheable_list());
             plan.policy = save_ops(ops);
           }
           plan.policy_name = name;
           claim_blocks(c, all_blocks_each());
-        } else if (name == "core_attn" || name == "layernorm" || name == "mlp" || name == "moe_act" ||
-                   name == "moe" || name == "shared_experts") {
+        } else if (!standalone(name) && offered(name)) {
           claim_module(c, name);
         } else {
-          bad(spec, "unknown selective name '" + name + "'");
+          bad("unknown selective name '" + name + "' in '" + comp + "' (" +
+              (standalone(name) && offered(name) ? "'" + name + "' is a component of its own, without selective:"
+                                                 : "neither a sub-region the blocks offer nor an op policy") + ")");
         }
       }
     } else {
-      bad(spec, "unknown component '" + comp + "'");
+      bad("unknown component '" + comp + "'" +
+          (!standalone(comp) && offered(comp) ? " (a sub-region: write selective:" + comp + ")" : ""));
     }
   }
   // keep_last: the last block leaves its block-level region (its backward
@@ -177,7 +208,7 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
     std::int64_t last = -1;
     for (const auto& r : plan.block_regions)
       for (auto b : r) last = std::max(last, b);
-    if (last < 0) bad(spec, "'keep_last' needs block-level regions (per_block, chunk, uniform:N, ...) to take the last block from");
+    if (last < 0) bad("'keep_last' needs block-level regions (per_block, chunk, uniform:N, ...) to take the last block from");
     for (auto& r : plan.block_regions) r.erase(std::remove(r.begin(), r.end(), last), r.end());
     plan.block_regions.erase(std::remove_if(plan.block_regions.begin(), plan.block_regions.end(),
                                             [](const auto& r) { return r.empty(); }),
@@ -188,7 +219,7 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
   if (!plan.modules.empty())
     for (std::int64_t b = 0; b < n_layers; ++b)
       if (owner[std::size_t(b)] >= 0)
-        bad(spec, "'" + components[std::size_t(owner[std::size_t(b)])] + "' and the module regions (" +
+        bad("'" + components[std::size_t(owner[std::size_t(b)])] + "' and the module regions (" +
                       *plan.modules.begin() + ") overlap at block " + std::to_string(b) +
                       " (module regions would nest inside the block's region)");
   return plan;

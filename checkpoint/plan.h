@@ -1,5 +1,6 @@
 // Model-level recompute plans: the `--recompute` values of DESIGN.md §4,
-// parsed and checked here; models/ applies them to its blocks.
+// parsed and checked here; models/block_stack.h applies them to a stack of
+// blocks (the decoder's, or a user model's).
 //
 //   none                 no regions
 //   per_block            every block is a region (keeps each block's input)
@@ -10,7 +11,8 @@
 //   attention            the attention half of every block is a region
 //   moe_expert           routed-expert compute + unpermute of every MoE block
 //   selective:NAMES      module regions (core_attn, layernorm, mlp, moe_act,
-//                        moe, shared_experts) in every block, or per-block
+//                        moe, shared_experts, or the sub-regions a user's
+//                        blocks offer) in every block, or per-block
 //                        regions with an op policy (save_matmul,
 //                        save_attention, save_ops=op1/op2/... where each op
 //                        is one of replay_cacheable_ops(): matmul,
@@ -22,6 +24,13 @@
 //                        backward (free when the head is small next to a block).
 //
 // Components combine with '+' where they do not overlap.
+//
+// Sub-region names: parse() takes the names the blocks offer (default: the
+// decoder's, builtin_sub_regions()). "attention" and "moe_expert" are
+// components on their own; every other name is used as selective:NAME. The
+// decoder's names overlap as its layout nests them (attention covers the
+// input layernorm and core_attn, mlp covers the MoE parts, ...); any other
+// name covers only itself.
 #pragma once
 
 #include <cstdint>
@@ -37,8 +46,9 @@ struct RecomputePlan {
   std::string spec = "none";
   // Block-level regions: groups of consecutive block indices, each one region.
   std::vector<std::vector<std::int64_t>> block_regions;
-  // Sub-block module regions applied in every block ("attention", "core_attn",
-  // "layernorm", "mlp", "moe_act", "moe", "shared_experts", "moe_expert").
+  // Sub-block module regions applied in every block (names from the list
+  // parse() was given: by default "attention", "core_attn", "layernorm",
+  // "mlp", "moe_act", "moe", "shared_experts", "moe_expert").
   std::set<std::string> modules;
   // Op policy for the block-level regions (selective:save_*), or null.
   Policy policy;
@@ -48,10 +58,16 @@ struct RecomputePlan {
   // True if block `i` is inside a block-level region.
   bool block_in_region(std::int64_t i) const;
 
-  // Parses `spec` for a model of `n_layers` blocks. Throws Error naming the
-  // bad component and why (unknown name, out-of-range block, overlapping
-  // components), listing the valid forms.
-  static RecomputePlan parse(const std::string& spec, std::int64_t n_layers);
+  // The decoder's sub-region names, in the order error messages list them.
+  static const std::vector<std::string>& builtin_sub_regions();
+
+  // Parses `spec` for a model of `n_layers` blocks whose blocks offer the
+  // sub-regions `sub_regions` (each non-empty, letters, digits and '_', not
+  // starting with "save_"). Throws Error naming the bad component and why
+  // (unknown name, out-of-range block, overlapping components), listing the
+  // valid forms with these names.
+  static RecomputePlan parse(const std::string& spec, std::int64_t n_layers,
+                             const std::vector<std::string>& sub_regions = builtin_sub_regions());
 };
 
 }  // namespace remat

@@ -18,24 +18,37 @@ DecoderBlock::DecoderBlock(const ModelConfig& c, std::int64_t layer, Generator& 
     mlp = register_module("mlp", std::make_shared<MLP>(c.d_model, c.ffn, c.init_std, gen));
 }
 
+std::vector<std::string> DecoderBlock::sub_regions() const {
+  std::vector<std::string> names = {"attention", "core_attn", "layernorm", "mlp"};
+  if (moe) names.insert(names.end(), {"moe", "moe_act", "moe_expert", "shared_experts"});
+  return names;
+}
+
+void DecoderBlock::set_regions(const std::set<std::string>& names) {
+  Block::set_regions(names);
+  self_attn->wrap = region_wrap();
+  if (moe) {
+    moe->wrap = region_wrap();
+    for (auto& e : moe->experts) e->recompute_activation = names.count("moe_act") > 0;
+  }
+}
+
 namespace {
-Tensor norm_part(const RegionWrap& wrap, const RMSNorm& norm, const Tensor& x) {
-  return run_part(wrap, "layernorm", [&norm](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{norm.forward(in[0])};
-  }, {x})[0];
+RegionFn norm_fn(const RMSNorm& norm) {
+  return [&norm](const std::vector<Tensor>& in) { return std::vector<Tensor>{norm.forward(in[0])}; };
 }
 }  // namespace
 
 Tensor DecoderBlock::attention_part(const Tensor& x) const {
-  return run_part(wrap, "attention", [this](const std::vector<Tensor>& in) {
-    Tensor a = self_attn->forward(norm_part(wrap, *input_layernorm, in[0]));
+  return region("attention", [this](const std::vector<Tensor>& in) {
+    Tensor a = self_attn->forward(region("layernorm", norm_fn(*input_layernorm), {in[0]})[0]);
     return std::vector<Tensor>{add(in[0], remat::dropout(a, dropout, training()))};
   }, {x})[0];
 }
 
 Tensor DecoderBlock::mlp_part(const Tensor& h) const {
-  Tensor n = norm_part(wrap, *post_attention_layernorm, h);
-  Tensor m = run_part(wrap, "mlp", [this](const std::vector<Tensor>& in) {
+  Tensor n = region("layernorm", norm_fn(*post_attention_layernorm), {h})[0];
+  Tensor m = region("mlp", [this](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{moe ? moe->forward(in[0]) : mlp->forward(in[0])};
   }, {n})[0];
   return add(h, remat::dropout(m, dropout, training()));
@@ -45,8 +58,9 @@ Tensor DecoderBlock::forward(const Tensor& x) const { return mlp_part(attention_
 
 DecoderStack::DecoderStack(const ModelConfig& c, Generator& gen, ExpertPlacement placement) {
   embed_tokens = register_module("embed_tokens", std::make_shared<Embedding>(c.vocab, c.d_model, c.init_std, gen));
+  blocks = register_module("layers", std::make_shared<BlockStack>());
   for (std::int64_t i = 0; i < c.n_layers; ++i)
-    layers.push_back(register_module("layers." + std::to_string(i), std::make_shared<DecoderBlock>(c, i, gen, placement)));
+    layers.push_back(blocks->add_block(std::to_string(i), std::make_shared<DecoderBlock>(c, i, gen, placement)));
   norm = register_module("norm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
 }
 
@@ -82,12 +96,7 @@ Tensor DecoderModel::embed(const Tensor& input_ids) const {
   return h.dtype() == compute_dtype_ ? h : cast(h, compute_dtype_);
 }
 
-Tensor DecoderModel::run_blocks(const Tensor& x) const {
-  if (runner_) return runner_(*this, x);
-  Tensor h = x;
-  for (const auto& block : model->layers) h = block->forward(h);
-  return h;
-}
+Tensor DecoderModel::run_blocks(const Tensor& x) const { return model->blocks->forward(x); }
 
 Tensor DecoderModel::head(const Tensor& x) const {
   Tensor logits = lm_head->forward(model->norm->forward(x));

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "models/block_stack.h"
 #include "models/config.h"
 #include "models/layers.h"
 #include "models/module.h"
@@ -15,11 +16,18 @@
 
 namespace remat {
 
-class DecoderBlock : public Module {
+// A decoder block is a Block (models/block_stack.h): it offers the
+// sub-regions "attention", "core_attn" (in self_attn), "layernorm", "mlp",
+// and in MoE blocks "moe", "moe_expert", "shared_experts" (in the MoE layer)
+// and "moe_act" (the experts' activation, output-discarded).
+class DecoderBlock : public Block {
  public:
   DecoderBlock(const ModelConfig& c, std::int64_t layer, Generator& gen, ExpertPlacement placement = {});
   // x [B, S, d] -> [B, S, d].
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) const override;
+  std::vector<std::string> sub_regions() const override;
+  // Also hands the regions to self_attn and the MoE layer.
+  void set_regions(const std::set<std::string>& names) override;
   // The attention half and the MLP half (each includes its residual).
   Tensor attention_part(const Tensor& x) const;
   Tensor mlp_part(const Tensor& h) const;
@@ -29,7 +37,6 @@ class DecoderBlock : public Module {
   std::shared_ptr<MLP> mlp;      // dense blocks
   std::shared_ptr<MoELayer> moe; // MoE blocks (registered as "mlp" too)
   double dropout;
-  RegionWrap wrap;  // "attention", "layernorm", "mlp" regions (recompute plans)
 };
 
 // "model": the embedding, the blocks and the final norm.
@@ -37,7 +44,10 @@ class DecoderStack : public Module {
  public:
   DecoderStack(const ModelConfig& c, Generator& gen, ExpertPlacement placement = {});
   std::shared_ptr<Embedding> embed_tokens;
-  std::vector<std::shared_ptr<DecoderBlock>> layers;
+  // The blocks as a BlockStack registered as "layers" (blocks "0", "1", ...:
+  // "model.layers.N...."); recompute plans are set on it.
+  std::shared_ptr<BlockStack> blocks;
+  std::vector<std::shared_ptr<DecoderBlock>> layers;  // the same blocks, typed
   std::shared_ptr<RMSNorm> norm;
 };
 
@@ -51,11 +61,6 @@ class DecoderModel : public Module {
   // `placement` (with the same values one process would give them).
   DecoderModel(const ModelConfig& c, std::uint64_t seed, ExpertPlacement placement = {});
 
-  // Runs every block on x (the hidden states after the embedding) and returns
-  // the last block's output. Without one, run_blocks runs the blocks one after
-  // the other; recompute plans set one that wraps blocks in checkpoint regions.
-  using BlockRunner = std::function<Tensor(const DecoderModel&, const Tensor& x)>;
-
   struct Output {
     Tensor logits;  // [B, S, vocab]
     Tensor ce;      // mean cross-entropy (0-dim)
@@ -68,7 +73,7 @@ class DecoderModel : public Module {
   Tensor forward(const Tensor& input_ids) const;
   // The hidden states after the embedding: input_ids [B, S] -> [B, S, d].
   Tensor embed(const Tensor& input_ids) const;
-  // Runs every block (through the block runner, if set).
+  // Runs every block under the recompute plan set on model->blocks.
   Tensor run_blocks(const Tensor& x) const;
   // Final norm and LM head: [B, S, d] -> logits.
   Tensor head(const Tensor& x) const;
@@ -78,7 +83,6 @@ class DecoderModel : public Module {
   // the default), parameters and the loss in f32.
   void set_compute_dtype(DType dtype);
   DType compute_dtype() const { return compute_dtype_; }
-  void set_block_runner(BlockRunner r) { runner_ = std::move(r); }
   // Routing metrics of the MoE layers from the last forward_loss (original
   // pass only, one entry per MoE layer).
   const std::vector<MoELayerStats>& routing_stats() const { return stats_; }
@@ -89,7 +93,6 @@ class DecoderModel : public Module {
  private:
   ModelConfig config_;
   DType compute_dtype_ = DType::f32;
-  BlockRunner runner_;
   // Collected from the MoE layers during forward_loss.
   mutable std::vector<Tensor> aux_terms_, z_terms_;
   mutable std::vector<MoELayerStats> stats_;

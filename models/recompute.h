@@ -1,6 +1,5 @@
-// Applying a recompute plan (checkpoint/plan.h) to a decoder: block-level
-// regions through the model's block runner, module regions through each
-// block's region wrap.
+// Applying a recompute plan (checkpoint/plan.h) to a decoder: its blocks are
+// a BlockStack (models/block_stack.h), which runs the plan.
 #pragma once
 
 #include "checkpoint/plan.h"

@@ -66,6 +66,41 @@ TEST_CASE("overlapping or unknown plans are rejected with the reason", "[checkpo
                     Catch::Contains("'moe_expert' needs MoE blocks"));
 }
 
+TEST_CASE("plans parse against the sub-region names a model's blocks offer", "[checkpoint][plan]") {
+  // The default is the decoder's list; its error messages list it as before.
+  CHECK(RecomputePlan::builtin_sub_regions() ==
+        std::vector<std::string>{"attention", "moe_expert", "core_attn", "layernorm", "mlp", "moe_act", "moe",
+                                 "shared_experts"});
+  CHECK_THROWS_WITH(RecomputePlan::parse("selective:foo", 4),
+                    Catch::Contains("valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, "
+                                    "attention, moe_expert, keep_last (with block regions), selective:NAMES "
+                                    "(core_attn, layernorm, mlp, moe_act, moe, shared_experts, save_matmul, "
+                                    "save_attention, save_ops=OP/OP/... with OP one of "));
+  CHECK_THROWS_WITH(RecomputePlan::parse("selective:attention", 4),
+                    Catch::Contains("'attention' is a component of its own, without selective:"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("core_attn", 4),
+                    Catch::Contains("unknown component 'core_attn' (a sub-region: write selective:core_attn)"));
+
+  // A user's names: each under selective:, covering only itself.
+  const std::vector<std::string> mine = {"norm", "ffn", "act_2"};
+  CHECK(RecomputePlan::parse("selective:ffn,norm", 3, mine).modules == std::set<std::string>{"ffn", "norm"});
+  CHECK(RecomputePlan::parse("selective:act_2+selective:ffn", 3, mine).modules.size() == 2);
+  CHECK(RecomputePlan::parse("uniform:2+keep_last", 3, mine).block_regions == Groups{{0, 1}});
+  CHECK(RecomputePlan::parse("selective:save_matmul", 3, mine).policy != nullptr);
+  CHECK_THROWS_WITH(RecomputePlan::parse("selective:core_attn", 3, mine),
+                    Catch::Contains("unknown selective name 'core_attn' in 'selective:core_attn'") &&
+                        Catch::Contains("selective:NAMES (norm, ffn, act_2, save_matmul"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("attention", 3, mine), Catch::Contains("unknown component 'attention'") &&
+                                                                   Catch::Contains("block:N, keep_last"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("selective:ffn,ffn", 3, mine), Catch::Contains("overlap (both cover ffn)"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block+selective:ffn", 3, mine),
+                    Catch::Contains("module regions would nest inside the block's region"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("selective:foo", 3, {}), Catch::Contains("selective:NAMES (save_matmul"));
+  for (const std::string bad : {"", "a+b", "x,y", "a:b", "save_x", "a b"})
+    CHECK_THROWS_WITH(RecomputePlan::parse("none", 3, {bad}),
+                      Catch::Contains("sub-region name '" + bad + "' is not usable in a plan"));
+}
+
 namespace {
 
 // A model of L blocks small enough to run quickly; shapes chosen so a block's

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The installed package works without Bazel: `./remat install` into a fresh
 # prefix, then both examples are built out of tree with CMake and with a
-# plain Makefile (pkg-config), run, and checked: the custom model's loss
-# falls, and loading a model saved with HF names reproduces the in-tree
-# model's loss exactly. Also: no internal header is installed.
+# plain Makefile (pkg-config), run, and checked: the custom model (a user's
+# block stack) trains under several recompute plans, its loss falls and is the
+# same under every plan, and a bad plan is refused; loading a model saved with
+# HF names reproduces the in-tree model's loss exactly. Also: no internal
+# header is installed.
 set -u
 cd "$(dirname "$(readlink -f "$0")")/../.."
 passed=0
@@ -31,7 +33,16 @@ check "pkg-config build of the examples" \
 want=$(sed -E 's/.*loss.ce ([0-9.]+).*/\1/' "$tmp/dump.txt")
 for build in cmake make; do
   check "custom model ($build build): the loss falls" \
-    "'$tmp/$build/custom_model' | tee '$tmp/custom.txt' && grep -q 'peak allocated' '$tmp/custom.txt'"
+    "'$tmp/$build/custom_model' | tee '$tmp/custom.txt' && grep -qx 'plan none' '$tmp/custom.txt' &&
+     grep -q 'peak allocated' '$tmp/custom.txt'"
+  for plan in per_block uniform:2+keep_last selective:mlp; do
+    check "custom model ($build build) under plan $plan: the loss of none" \
+      "'$tmp/$build/custom_model' $plan | tee '$tmp/plan.txt' && grep -qx 'plan $plan' '$tmp/plan.txt' &&
+       diff <(grep '^loss' '$tmp/custom.txt') <(grep '^loss' '$tmp/plan.txt')"
+  done
+  check "custom model ($build build): a bad plan is refused naming the blocks' sub-regions" \
+    "! '$tmp/$build/custom_model' selective:attn 2> '$tmp/bad.txt' &&
+     grep -q \"unknown selective name 'attn'\" '$tmp/bad.txt' && grep -q 'selective:NAMES (norm, mlp' '$tmp/bad.txt'"
   check "load and forward ($build build) matches the in-tree model" \
     "'$tmp/$build/load_forward' '$tmp/model.safetensors' | grep -qx 'loss.ce $want'"
 done

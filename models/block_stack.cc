@@ -1,0 +1,121 @@
+#include "models/block_stack.h"
+
+#include <algorithm>
+
+#include "engine/error.h"
+
+namespace remat {
+
+void Block::set_regions(const std::set<std::string>& names) {
+  regions_ = names;
+  if (names.empty()) {
+    wrap_ = nullptr;
+    return;
+  }
+  wrap_ = [names](const std::string& part, const RegionFn& fn, const std::vector<Tensor>& in) {
+    if (!names.count(part)) return fn(in);
+    CheckpointOptions o;
+    o.name = part;
+    return checkpoint(fn, in, o);
+  };
+}
+
+std::vector<Tensor> Block::region(const std::string& name, const RegionFn& fn,
+                                  const std::vector<Tensor>& inputs) const {
+  return run_part(wrap_, name, fn, inputs);
+}
+
+Tensor Block::region(const std::string& name, const std::function<Tensor(const Tensor&)>& fn,
+                     const Tensor& x) const {
+  if (!regions_.count(name)) return fn(x);
+  return region(name, [fn](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in[0])}; }, {x})[0];
+}
+
+void BlockStack::check_new_block(const std::string& name, const Block* block) const {
+  REMAT_CHECK(block != nullptr, Error, "BlockStack::add_block: block '", name, "' is null");
+  REMAT_CHECK(!name.empty() && name.find('.') == std::string::npos, Error, "BlockStack::add_block: block name '",
+              name, "' must be non-empty and without '.' (it is one part of the parameter names)");
+  for (const auto& [n, b] : blocks_)
+    REMAT_CHECK(n != name, Error, "BlockStack::add_block: a block named '", name, "' is already in the stack");
+  REMAT_CHECK(plan_.is_none(), Error, "BlockStack::add_block: block '", name, "' added after plan '", plan_.spec,
+              "' was set; add every block first");
+}
+
+const Block& BlockStack::at(std::int64_t i) const {
+  REMAT_CHECK(i >= 0 && i < num_blocks(), Error, "BlockStack: block ", i, " does not exist (the stack has ",
+              num_blocks(), " blocks)");
+  return *blocks_[std::size_t(i)].second;
+}
+
+const Block& BlockStack::block(std::int64_t i) const { return at(i); }
+Block& BlockStack::block(std::int64_t i) {
+  at(i);
+  return *blocks_[std::size_t(i)].second;
+}
+
+const std::string& BlockStack::block_name(std::int64_t i) const {
+  at(i);
+  return blocks_[std::size_t(i)].first;
+}
+
+std::vector<std::string> BlockStack::sub_regions() const {
+  std::vector<std::string> names;
+  for (const auto& [n, b] : blocks_)
+    for (const auto& r : b->sub_regions())
+      if (std::find(names.begin(), names.end(), r) == names.end()) names.push_back(r);
+  return names;
+}
+
+void BlockStack::set_plan(const std::string& spec) { set_plan(RecomputePlan::parse(spec, num_blocks(), sub_regions())); }
+
+void BlockStack::set_plan(const RecomputePlan& plan) {
+  const std::vector<std::string> offered = sub_regions();
+  for (const auto& m : plan.modules)
+    if (std::find(offered.begin(), offered.end(), m) == offered.end()) {
+      // Parsed against another list of names (the decoder's, by default):
+      // parsing it for this stack's names names the component and the valid forms.
+      RecomputePlan::parse(plan.spec, num_blocks(), offered);
+      throw Error("--recompute " + plan.spec + ": sub-region '" + m + "' is offered by no block of this stack");
+    }
+  std::vector<std::int64_t> region_of(std::size_t(num_blocks()), -1);
+  for (std::size_t r = 0; r < plan.block_regions.size(); ++r)
+    for (auto b : plan.block_regions[r]) {
+      REMAT_CHECK(b >= 0 && b < num_blocks(), Error, "--recompute ", plan.spec, ": block ", b,
+                  " does not exist (the plan was parsed for more blocks than this stack's ", num_blocks(), ")");
+      region_of[std::size_t(b)] = std::int64_t(r);
+    }
+  for (auto& [n, b] : blocks_) b->set_regions(plan.modules);
+  plan_ = plan;
+  region_of_ = std::move(region_of);
+}
+
+Tensor BlockStack::forward(const Tensor& x) const {
+  Tensor h = x;
+  if (plan_.block_regions.empty()) {
+    for (const auto& [n, b] : blocks_) h = b->forward(h);
+    return h;
+  }
+  // Block-level regions, in block order; blocks outside any region run plainly.
+  for (std::int64_t i = 0; i < num_blocks();) {
+    const std::int64_t r = region_of_[std::size_t(i)];
+    if (r < 0) {
+      h = blocks_[std::size_t(i)].second->forward(h);
+      ++i;
+      continue;
+    }
+    const auto& group = plan_.block_regions[std::size_t(r)];
+    CheckpointOptions o;
+    o.name = group.size() == 1 ? "block " + std::to_string(group[0])
+                               : "blocks " + std::to_string(group.front()) + "-" + std::to_string(group.back());
+    o.policy = plan_.policy;
+    h = checkpoint([this, group](const Tensor& t) {
+      Tensor u = t;
+      for (auto b : group) u = blocks_[std::size_t(b)].second->forward(u);
+      return u;
+    }, h, o);
+    i = group.back() + 1;
+  }
+  return h;
+}
+
+}  // namespace remat

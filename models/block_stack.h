@@ -1,0 +1,111 @@
+// The block-stack interface: a model's repeated blocks, run in order under a
+// recompute plan (checkpoint/plan.h: every `--recompute` value of DESIGN.md
+// §4). The decoder's layers are one (models/decoder.h); a user's model built
+// from Blocks in a BlockStack takes every plan string the same way
+// (examples/custom_model.cpp).
+//
+//   class MyBlock : public Block {            // x -> x + mlp(norm(x))
+//     Tensor forward(const Tensor& x) const override {
+//       Tensor n = region("norm", [this](const Tensor& t) { return norm->forward(t); }, x);
+//       return add(x, region("mlp", [this](const Tensor& t) { return mlp->forward(t); }, n));
+//     }
+//     std::vector<std::string> sub_regions() const override { return {"norm", "mlp"}; }
+//     ...
+//   };
+//   stack->add_block("0", std::make_shared<MyBlock>(...));
+//   stack->set_plan("uniform:2");   // or per_block, selective:mlp, selective:save_matmul, ...
+//   Tensor h = stack->forward(x);
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/plan.h"
+#include "models/layers.h"
+#include "models/module.h"
+
+namespace remat {
+
+// One block of a stack: x -> y of the same shape. The block's forward must be
+// deterministic given its input and the RNG state (it may be replayed).
+class Block : public Module {
+ public:
+  virtual Tensor forward(const Tensor& x) const = 0;
+  // The sub-region names this block offers to plans (selective:NAME, and the
+  // decoder's own "attention", "moe_expert"). Default: none.
+  virtual std::vector<std::string> sub_regions() const { return {}; }
+  // Which sub-regions run as checkpoint regions from now on (BlockStack::
+  // set_plan calls it with the plan's module regions; empty: none). A block
+  // whose child modules run named regions of their own overrides it to hand
+  // them region_wrap(), calling Block::set_regions first.
+  virtual void set_regions(const std::set<std::string>& names);
+  const std::set<std::string>& regions() const { return regions_; }
+  // Runs a named part as a checkpoint region (named after the part) when it
+  // is in regions(), else directly; empty when no sub-region is set. For
+  // child modules that take a RegionWrap (models/layers.h).
+  const RegionWrap& region_wrap() const { return wrap_; }
+
+ protected:
+  // Runs fn(inputs) as checkpoint region `name` when the plan names it, else
+  // directly. `fn` may be replayed during backward: what it captures must
+  // outlive the backward (the block's `this` does).
+  std::vector<Tensor> region(const std::string& name, const RegionFn& fn, const std::vector<Tensor>& inputs) const;
+  // One input, one output.
+  Tensor region(const std::string& name, const std::function<Tensor(const Tensor&)>& fn, const Tensor& x) const;
+
+ private:
+  std::set<std::string> regions_;
+  RegionWrap wrap_;
+};
+
+// Blocks in order, each a named child module (parameter names
+// "<stack's name>.<block's name>.<parameter>"), run under a recompute plan.
+class BlockStack : public Module {
+ public:
+  // Appends `block` under `name` (unique, non-empty, no '.') and returns it.
+  // Add every block before setting a plan.
+  template <typename B>
+  std::shared_ptr<B> add_block(const std::string& name, std::shared_ptr<B> block) {
+    static_assert(std::is_base_of_v<Block, B>, "BlockStack::add_block: B must derive from remat::Block");
+    check_new_block(name, block.get());
+    blocks_.emplace_back(name, block);
+    return register_module(name, std::move(block));
+  }
+  std::int64_t num_blocks() const { return std::int64_t(blocks_.size()); }
+  // Block i (0 <= i < num_blocks(), else Error) and its name.
+  const Block& block(std::int64_t i) const;
+  Block& block(std::int64_t i);
+  const std::string& block_name(std::int64_t i) const;
+  // Every sub-region name some block offers, first-offered first, once each.
+  std::vector<std::string> sub_regions() const;
+
+  // Runs every block in order on x under the current plan: block-level
+  // regions ("block 3", "blocks 0-1") with the plan's op policy; blocks
+  // outside them run plainly (their sub-regions as the plan says).
+  Tensor forward(const Tensor& x) const;
+
+  // Makes the stack run with `plan` from now on (replacing any earlier one).
+  // Throws Error if the plan was parsed for more blocks than the stack has,
+  // or names a sub-region no block offers (naming it, the blocks' names and
+  // the valid forms).
+  void set_plan(const RecomputePlan& plan);
+  // Parses `spec` for this stack (num_blocks(), the blocks' sub_regions())
+  // and sets it; parse errors as RecomputePlan::parse.
+  void set_plan(const std::string& spec);
+  const RecomputePlan& plan() const { return plan_; }
+
+ private:
+  void check_new_block(const std::string& name, const Block* block) const;
+  const Block& at(std::int64_t i) const;
+  std::vector<std::pair<std::string, std::shared_ptr<Block>>> blocks_;
+  RecomputePlan plan_;
+  std::vector<std::int64_t> region_of_;  // block -> index into plan_.block_regions, or -1
+};
+
+}  // namespace remat

@@ -1,0 +1,237 @@
+// The block-stack interface (models/block_stack.h) on a user's model: every
+// plan string gives the gradients of `none` bit for bit, block-level plans
+// really checkpoint and save less, and bad plans are rejected saying why.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/plan.h"
+#include "engine/autograd.h"
+#include "models/block_stack.h"
+#include "models/decoder.h"
+#include "models/layers.h"
+#include "models/recompute.h"
+#include "ops/dropout.h"
+#include "ops/loss.h"
+#include "ops/ops.h"
+
+using namespace remat;
+
+namespace {
+
+// x -> x + dropout(mlp(norm(x))), offering the sub-regions "norm" and "mlp".
+class ResidualBlock : public Block {
+ public:
+  ResidualBlock(std::int64_t d, Generator& gen) {
+    norm = register_module("norm", std::make_shared<RMSNorm>(d, 1e-5));
+    mlp = register_module("mlp", std::make_shared<MLP>(d, 3 * d, 0.2, gen));
+  }
+  Tensor forward(const Tensor& x) const override {
+    Tensor n = region("norm", [this](const Tensor& t) { return norm->forward(t); }, x);
+    Tensor m = region("mlp", [this](const Tensor& t) { return dropout(mlp->forward(t), 0.2, training()); }, n);
+    return add(x, m);
+  }
+  std::vector<std::string> sub_regions() const override { return {"norm", "mlp"}; }
+  std::shared_ptr<RMSNorm> norm;
+  std::shared_ptr<MLP> mlp;
+};
+
+constexpr std::int64_t kVocab = 32, kDim = 24, kBatch = 2, kSeq = 16;
+
+class Net : public Module {
+ public:
+  explicit Net(std::int64_t blocks, std::uint64_t seed = 5) {
+    Generator gen(seed);
+    embed = register_module("embed", std::make_shared<Embedding>(kVocab, kDim, 0.5, gen));
+    stack = register_module("blocks", std::make_shared<BlockStack>());
+    for (std::int64_t i = 0; i < blocks; ++i)
+      stack->add_block(std::to_string(i), std::make_shared<ResidualBlock>(kDim, gen));
+    head = register_module("head", std::make_shared<Linear>(kDim, kVocab, 0.2, gen));
+  }
+  Tensor loss(const Tensor& ids, const Tensor& targets) const {
+    return cross_entropy(head->forward(stack->forward(embed->forward(ids))), targets);
+  }
+  std::shared_ptr<Embedding> embed;
+  std::shared_ptr<BlockStack> stack;
+  std::shared_ptr<Linear> head;
+};
+
+Tensor ids(std::uint64_t seed) {
+  Generator g(seed);
+  std::vector<std::int64_t> v;
+  for (float x : rand({kBatch, kSeq}, DType::f32, &g).to_vector<float>()) v.push_back(std::int64_t(x * kVocab));
+  return from_vector<std::int64_t>(v, {kBatch, kSeq});
+}
+
+struct Run {
+  float loss = 0;
+  std::vector<std::pair<std::string, std::vector<float>>> grads;
+  CheckpointCounters counters;
+  std::int64_t activation_peak = 0;
+};
+
+// One forward + backward of a fresh Net under `plan`, dropout from a fixed seed.
+Run run(const std::string& plan, std::int64_t blocks = 4) {
+  Net net(blocks);
+  net.stack->set_plan(plan);
+  REQUIRE(net.stack->plan().spec == plan);
+  const Tensor x = ids(1), y = ids(2);
+  reset_checkpoint_counters();
+  reset_saved_bytes_peak();
+  const std::int64_t base = saved_bytes_report().activation_live_bytes;
+  manual_seed(11);
+  Tensor loss = net.loss(x, y);
+  loss.backward();
+  Run r;
+  r.loss = loss.to_vector<float>().at(0);
+  r.counters = checkpoint_counters();
+  r.activation_peak = saved_bytes_report().activation_peak_bytes - base;
+  for (const auto& [name, p] : net.named_parameters()) {
+    REQUIRE(p.grad().defined());
+    r.grads.emplace_back(name, p.grad().to_vector<float>());
+  }
+  return r;
+}
+
+// What `f` throws (Error's message), or "no error".
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// The valid forms a stack of ResidualBlocks lists.
+bool lists_forms(const std::string& msg) {
+  return msg.find("valid plans: none, per_block, chunk") != std::string::npos &&
+         msg.find("selective:NAMES (norm, mlp, save_matmul, save_attention") != std::string::npos;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("a user's block stack names its parameters and lists its blocks' sub-regions", "[checkpoint][block_stack]") {
+  Net net(3);
+  CHECK(net.stack->num_blocks() == 3);
+  CHECK(net.stack->block_name(2) == "2");
+  CHECK(net.stack->sub_regions() == std::vector<std::string>{"norm", "mlp"});
+  CHECK(net.stack->plan().is_none());
+  std::vector<std::string> names;
+  for (const auto& [n, p] : net.named_parameters()) names.push_back(n);
+  REQUIRE(names.size() == 2 + 3 * 4);
+  CHECK(names[0] == "embed.weight");
+  CHECK(names[1] == "blocks.0.norm.weight");
+  CHECK(names[2] == "blocks.0.mlp.gate_proj.weight");
+  CHECK(names[4] == "blocks.0.mlp.down_proj.weight");
+  CHECK(names[13] == "head.weight");
+  CHECK_THROWS_WITH(net.stack->block(3), Catch::Contains("block 3 does not exist (the stack has 3 blocks)"));
+}
+
+TEST_CASE("every plan on a user's block stack gives the gradients of none bit for bit", "[checkpoint][block_stack]") {
+  const Run none = run("none");
+  CHECK(none.counters.regions == 0);
+  REQUIRE(none.grads.size() == 2 + 4 * 4);
+  const std::vector<std::string> block_plans = {
+      "per_block", "chunk", "selected:0,2", "uniform:2", "block:2", "selective:save_matmul",
+      "selective:save_attention", "selective:save_ops=matmul", "per_block+keep_last", "uniform:2+keep_last",
+      "chunk+keep_last", "selected:1,3+block:1", "selective:save_matmul+keep_last"};
+  const std::vector<std::string> module_plans = {"selective:norm", "selective:mlp", "selective:norm,mlp",
+                                                 "selective:mlp,norm"};
+  std::vector<std::string> plans = block_plans;
+  plans.insert(plans.end(), module_plans.begin(), module_plans.end());
+  for (const auto& plan : plans) {
+    INFO("plan " << plan);
+    const Run r = run(plan);
+    CHECK(std::memcmp(&r.loss, &none.loss, sizeof(float)) == 0);
+    REQUIRE(r.grads.size() == none.grads.size());
+    for (std::size_t i = 0; i < r.grads.size(); ++i) {
+      INFO("parameter " << r.grads[i].first);
+      CHECK(r.grads[i].first == none.grads[i].first);
+      CHECK(same_bits(r.grads[i].second, none.grads[i].second));
+    }
+    // Every plan really runs regions and replays them.
+    CHECK(r.counters.regions > 0);
+    CHECK(r.counters.replays > 0);
+  }
+}
+
+TEST_CASE("block-level plans on a user's stack region each block and save less", "[checkpoint][block_stack][memory]") {
+  const Run none = run("none", 6);
+  const Run per_block = run("per_block", 6);
+  const Run chunk = run("chunk", 6);
+  const Run mlp = run("selective:mlp", 6);
+  CHECK(per_block.counters.regions == 6);
+  CHECK(per_block.counters.replays == 6);
+  CHECK(chunk.counters.regions == 1);
+  CHECK(mlp.counters.regions == 6);
+  CHECK(run("uniform:2", 6).counters.regions == 3);
+  CHECK(run("per_block+keep_last", 6).counters.regions == 5);
+  CHECK(none.activation_peak > 0);
+  CHECK(per_block.activation_peak < none.activation_peak / 2);
+  CHECK(chunk.activation_peak < none.activation_peak);
+  CHECK(mlp.activation_peak < none.activation_peak);
+  WARN("activation peak bytes: none " << none.activation_peak << " per_block " << per_block.activation_peak
+                                      << " chunk " << chunk.activation_peak << " selective:mlp "
+                                      << mlp.activation_peak);
+}
+
+TEST_CASE("bad plans on a user's stack are rejected naming the component and the blocks' names",
+          "[checkpoint][block_stack]") {
+  Net net(4);
+  BlockStack& s = *net.stack;
+  std::string e = error_of([&] { s.set_plan("selective:foo"); });
+  CHECK_THAT(e, Catch::Contains("--recompute selective:foo: unknown selective name 'foo' in 'selective:foo' "
+                                "(neither a sub-region the blocks offer nor an op policy)"));
+  CHECK(lists_forms(e));
+  CHECK_THROWS_WITH(s.set_plan("uniform:2+selective:mlp,bar"), Catch::Contains("unknown selective name 'bar'"));
+  // The decoder's names are not this stack's.
+  e = error_of([&] { s.set_plan("attention"); });
+  CHECK_THAT(e, Catch::Contains("unknown component 'attention'"));
+  CHECK(lists_forms(e));
+  CHECK_THROWS_WITH(s.set_plan("selective:core_attn"), Catch::Contains("unknown selective name 'core_attn'"));
+  // A plan parsed with the decoder's names (as the CLI does) is checked against the blocks.
+  e = error_of([&] { s.set_plan(RecomputePlan::parse("selective:core_attn", 4)); });
+  CHECK_THAT(e, Catch::Contains("unknown selective name 'core_attn' in 'selective:core_attn'"));
+  CHECK(lists_forms(e));
+  CHECK_THROWS_WITH(s.set_plan(RecomputePlan::parse("per_block", 5)),
+                    Catch::Contains("block 4 does not exist (the plan was parsed for more blocks than this stack's 4)"));
+  CHECK_THROWS_WITH(s.set_plan("mlp"), Catch::Contains("unknown component 'mlp' (a sub-region: write selective:mlp)"));
+  CHECK_THROWS_WITH(s.set_plan("selected:4"), Catch::Contains("block 4 does not exist (the model has 4 blocks)"));
+  CHECK_THROWS_WITH(s.set_plan("uniform:2+selective:mlp"),
+                    Catch::Contains("module regions would nest inside the block's region"));
+  CHECK_THROWS_WITH(s.set_plan("selective:mlp,mlp"), Catch::Contains("overlap (both cover mlp)"));
+  CHECK(s.plan().is_none());  // a rejected plan leaves the old one
+  s.set_plan("per_block");
+  Generator gen(0);
+  CHECK_THROWS_WITH(s.add_block("4", std::make_shared<ResidualBlock>(kDim, gen)),
+                    Catch::Contains("added after plan 'per_block' was set"));
+  s.set_plan("none");
+  CHECK_THROWS_WITH(s.add_block("3", std::make_shared<ResidualBlock>(kDim, gen)),
+                    Catch::Contains("a block named '3' is already in the stack"));
+  CHECK_THROWS_WITH(s.add_block("a.b", std::make_shared<ResidualBlock>(kDim, gen)),
+                    Catch::Contains("must be non-empty and without '.'"));
+  CHECK_THROWS_WITH(s.add_block("x", std::shared_ptr<ResidualBlock>()), Catch::Contains("block 'x' is null"));
+}
+
+TEST_CASE("the decoder's layers are a block stack that apply_recompute_plan sets", "[checkpoint][block_stack]") {
+  ModelConfig c = ModelConfig::named("tiny");
+  c.n_layers = 2;
+  DecoderModel m(c, 0);
+  REQUIRE(m.model->blocks->num_blocks() == 2);
+  CHECK(&m.model->blocks->block(1) == m.model->layers[1].get());
+  CHECK(m.named_parameters()[1].first == "model.layers.0.input_layernorm.weight");
+  CHECK(m.model->blocks->sub_regions() == std::vector<std::string>{"attention", "core_attn", "layernorm", "mlp"});
+  apply_recompute_plan(m, RecomputePlan::parse("per_block+keep_last", 2));
+  CHECK(m.model->blocks->plan().block_regions == std::vector<std::vector<std::int64_t>>{{0}});
+  apply_recompute_plan(m, RecomputePlan::parse("selective:mlp", 2));
+  CHECK(m.model->layers[0]->regions() == std::set<std::string>{"mlp"});
+  m.model->blocks->set_plan("attention");  // the same plans through the stack itself
+  CHECK(m.model->layers[1]->regions() == std::set<std::string>{"attention"});
+  CHECK_THROWS_WITH(m.model->blocks->set_plan("moe_expert"), Catch::Contains("unknown component 'moe_expert'"));
+}
