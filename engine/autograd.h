@@ -86,7 +86,9 @@ class SavedTensorHooks {
   virtual std::string name() const;
   // Whether this hook packs `value` (default: every value).
   virtual bool accepts(const std::any& /*value*/, const SaveInfo& /*info*/) const { return true; }
-  // `value` holds a Tensor for the innermost hook, else the inner hook's result.
+  // `value` holds a Tensor for the innermost hook, else the inner hook's
+  // result. When that is a Tensor, info.meta describes it (not the original
+  // save), in pack and in unpack.
   virtual std::any pack(std::any value, const SaveInfo& info) = 0;
   // Returns what pack received. If that was a Tensor, it must be a Tensor of
   // the same shape and dtype, else unpack raises AutogradError naming the hook.
@@ -95,7 +97,8 @@ class SavedTensorHooks {
   // default counts a packed Tensor's bytes and nothing else.
   virtual std::size_t held_bytes(const std::any& packed) const;
   // The save is being dropped (its node ran backward, or its graph died)
-  // without another unpack.
+  // without another unpack. Called on the outermost hook that packed it only:
+  // what inner hooks packed lives inside that value and goes with it.
   virtual void on_release(const std::any& /*packed*/, const SaveInfo& /*info*/) {}
 };
 

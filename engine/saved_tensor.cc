@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -117,8 +118,13 @@ SavedTensor::SavedTensor(const Tensor& t, const char* op, bool is_output) {
       p.meta = TensorMeta{v->sizes(), v->dtype(), v->device()};
     }
     const std::type_info& given = value.type();
+    std::optional<SaveInfo> own;
+    if (p.got_tensor && (p.meta.sizes != info_.meta.sizes || p.meta.dtype != info_.meta.dtype)) {
+      own = info_;
+      own->meta = p.meta;
+    }
     try {
-      value = h->pack(std::move(value), info_);
+      value = h->pack(std::move(value), own ? *own : info_);
     } catch (const std::bad_any_cast&) {
       throw AutogradError("saved-tensor hook '" + h->name() + "' failed on " + describe_save(info_) +
                           ": its pack was given " +
@@ -157,7 +163,9 @@ void SavedTensor::release() {
   held_ = Tensor();
   held_bytes_ = 0;
   // Tell the hooks, outermost first (the order unpack would run in).
-  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) it->hooks->on_release(packed_, info_);
+  // Only the outermost packer holds packed_; inner ones' values live inside
+  // it and go with it.
+  if (!hooks_.empty()) hooks_.back().hooks->on_release(packed_, info_);
   packed_.reset();
 }
 
@@ -175,8 +183,15 @@ Tensor SavedTensor::unpack() const {
   std::any value = packed_;
   for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) {
     const auto& h = *it->hooks;
+    // A hook sees the shape and dtype of what it packed (an inner hook's
+    // tensor may differ from the original save's).
+    std::optional<SaveInfo> own;
+    if (it->got_tensor && (it->meta.sizes != info_.meta.sizes || it->meta.dtype != info_.meta.dtype)) {
+      own = info_;
+      own->meta = it->meta;
+    }
     try {
-      value = it->hooks->unpack(std::move(value), info_);
+      value = it->hooks->unpack(std::move(value), own ? *own : info_);
     } catch (const std::bad_any_cast&) {
       throw AutogradError("saved-tensor hook '" + h.name() + "' failed to unpack " + describe_save(info_) +
                           ": it cast its packed value to another type (std::bad_any_cast)");

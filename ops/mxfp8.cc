@@ -98,42 +98,37 @@ void with_float_type(DType t, Fn&& fn) {
 
 }  // namespace
 
-std::int64_t MxFp8::bytes() const {
-  return (codes.defined() ? std::int64_t(codes.nbytes()) : 0) + (scales.defined() ? std::int64_t(scales.nbytes()) : 0);
-}
+std::int64_t mxfp8_packed_numel(std::int64_t n) { return n + (n + kMxBlock - 1) / kMxBlock; }
 
-MxFp8 mxfp8_quantize(const Tensor& x) {
+Tensor mxfp8_quantize(const Tensor& x) {
   REMAT_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16, DTypeError,
               "mxfp8_quantize: expected an f32, bf16 or f16 tensor, got ", x.dtype(), " of shape ",
               shape_str(x.sizes()));
   REMAT_CHECK(x.device().is_cpu(), DeviceError, "mxfp8_quantize: the CPU codec got a tensor on ", x.device());
   const Tensor src = x.contiguous();
   const std::int64_t n = src.numel();
-  const std::int64_t blocks = (n + kMxBlock - 1) / kMxBlock;
-  MxFp8 q;
-  q.sizes = x.sizes();
-  q.dtype = x.dtype();
-  q.codes = empty({n}, DType::fp8_e4m3);
-  q.scales = zeros({(blocks + 3) / 4}, DType::i32);
-  auto* codes = static_cast<std::uint8_t*>(q.codes.raw_data());
-  auto* exps = static_cast<std::uint8_t*>(q.scales.raw_data());
+  Tensor packed = empty({mxfp8_packed_numel(n)}, DType::fp8_e4m3);
+  auto* codes = static_cast<std::uint8_t*>(packed.raw_data());
   with_float_type(src.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    quantize_rows(src.data<T>(), n, codes, exps);
+    quantize_rows(src.data<T>(), n, codes, codes + n);
   });
-  return q;
+  return packed;
 }
 
-Tensor mxfp8_dequantize(const MxFp8& q) {
-  const std::int64_t n = shape_numel(q.sizes);
-  REMAT_CHECK(q.codes.defined() && q.codes.numel() == n && q.codes.dtype() == DType::fp8_e4m3, Error,
-              "mxfp8_dequantize: codes do not match the shape ", shape_str(q.sizes));
-  Tensor out = empty(q.sizes, q.dtype);
-  const auto* codes = static_cast<const std::uint8_t*>(q.codes.raw_data());
-  const auto* exps = static_cast<const std::uint8_t*>(q.scales.raw_data());
-  with_float_type(q.dtype, [&](auto tag) {
+Tensor mxfp8_dequantize(const Tensor& packed, const Shape& sizes, DType dtype) {
+  const std::int64_t n = shape_numel(sizes);
+  REMAT_CHECK(packed.defined() && packed.dtype() == DType::fp8_e4m3 && packed.is_contiguous() &&
+                  packed.numel() == mxfp8_packed_numel(n),
+              Error, "mxfp8_dequantize: expected ", mxfp8_packed_numel(n), " packed fp8_e4m3 bytes for shape ",
+              shape_str(sizes), ", got ", packed.defined() ? packed.numel() : 0);
+  REMAT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, DTypeError,
+              "mxfp8_dequantize: expected f32, bf16 or f16 to decode into, got ", dtype);
+  Tensor out = empty(sizes, dtype);
+  const auto* codes = static_cast<const std::uint8_t*>(packed.raw_data());
+  with_float_type(dtype, [&](auto tag) {
     using T = decltype(tag);
-    dequantize_rows(codes, exps, n, out.data<T>());
+    dequantize_rows(codes, codes + n, n, out.data<T>());
   });
   return out;
 }

@@ -11,28 +11,24 @@ namespace remat {
 
 inline constexpr std::int64_t kMxBlock = 32;
 
-// A tensor in MXFP8: `codes` holds one e4m3 byte per element (dtype
-// fp8_e4m3, in the source's row-major order); `scales` the blocks' shared
-// exponents as biased E8M0 bytes (2^(b - 127)), four per i32 element.
-struct MxFp8 {
-  Tensor codes;
-  Tensor scales;
-  Shape sizes;        // the source's shape
-  DType dtype = DType::f32;  // the source's dtype (what dequantize returns)
-  std::int64_t bytes() const;  // what the two tensors hold
-};
+// A tensor in MXFP8 is one flat fp8_e4m3 tensor of mxfp8_packed_numel(n)
+// bytes: the n e4m3 codes in the source's row-major order, then one biased
+// E8M0 exponent byte per block (the block's scale is 2^(byte - 127)). One
+// tensor, so hooks further out (offload) can move it like any other.
+std::int64_t mxfp8_packed_numel(std::int64_t n);
 
 // Quantizes x (f32, bf16 or f16, any layout, on the CPU). Each block's
 // exponent is the smallest one that brings the block's largest magnitude to
 // <= 448 (e4m3's largest finite value), so nothing saturates; values round to
 // nearest even. NaN stays NaN; a block holding +-inf gets the largest
-// exponent, so the inf comes back as inf (and the block's finite values as 0). One pass over
-// x: each block is scanned for its maximum and then encoded while in cache.
-// Throws DTypeError for other dtypes, DeviceError off the CPU.
-MxFp8 mxfp8_quantize(const Tensor& x);
+// exponent, so the inf comes back as inf (and the block's finite values as 0).
+// One pass over x: each block is scanned for its maximum and then encoded
+// while in cache. Throws DTypeError for other dtypes, DeviceError off the CPU.
+Tensor mxfp8_quantize(const Tensor& x);
 
-// The values back, in the source's shape and dtype (contiguous).
-Tensor mxfp8_dequantize(const MxFp8& q);
+// The values back as a contiguous tensor of shape `sizes` and `dtype` (f32,
+// bf16 or f16). Throws Error if `packed` does not fit `sizes`.
+Tensor mxfp8_dequantize(const Tensor& packed, const Shape& sizes, DType dtype);
 
 namespace ops_detail {
 // One value to e4m3 bits, round to nearest even, saturating at 448

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The installed package works without Bazel: `./remat install` into a fresh
-# prefix, then both examples are built out of tree with CMake and with a
+# prefix, then the examples are built out of tree with CMake and with a
 # plain Makefile (pkg-config), run, and checked: the custom model (a user's
 # block stack) trains under several recompute plans, its loss falls and is the
 # same under every plan, and a bad plan is refused; loading a model saved with
@@ -43,6 +43,11 @@ for build in cmake make; do
   check "custom model ($build build): a bad plan is refused naming the blocks' sub-regions" \
     "! '$tmp/$build/custom_model' selective:attn 2> '$tmp/bad.txt' &&
      grep -q \"unknown selective name 'attn'\" '$tmp/bad.txt' && grep -q 'selective:NAMES (norm, mlp' '$tmp/bad.txt'"
+  check "custom op ($build build): gradcheck passes, bit-identical under a checkpoint region" \
+    "'$tmp/$build/custom_op' | tee '$tmp/op.txt' && grep -q 'all within tolerance' '$tmp/op.txt' &&
+     grep -q 'checkpoint replays 1, regenerated 3 saves; gradients bit-identical: yes' '$tmp/op.txt'"
+  check "typed hook ($build build) stacked with checkpoint(): fewer saved bytes, close gradients" \
+    "'$tmp/$build/typed_hook' | tee '$tmp/hook.txt' && grep -q 'hook packed' '$tmp/hook.txt'"
   check "load and forward ($build build) matches the in-tree model" \
     "'$tmp/$build/load_forward' '$tmp/model.safetensors' | grep -qx 'loss.ce $want'"
 done
