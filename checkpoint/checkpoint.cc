@@ -113,6 +113,10 @@ std::vector<bool> requires_grad_of(const std::vector<Tensor>& inputs) {
 
 struct StopReplay {};
 
+// The op name of a non-reentrant region's boundary saves.
+constexpr const char* kBoundaryOp = "checkpoint_boundary";
+bool is_boundary(const SaveInfo& info) { return std::strcmp(info.op, kBoundaryOp) == 0; }
+
 // ---------------------------------------------------------------------------
 // Non-reentrant regions
 
@@ -132,9 +136,13 @@ class Region : public std::enable_shared_from_this<Region> {
     Tensor value;         // regenerated, waiting for its consumer
   };
 
-  Region(RegionFn f, std::vector<Tensor> in, CheckpointOptions o)
-      : id(++g_region_id), opts(std::move(o)), fn(std::move(f)), inputs(std::move(in)) {
-    for (const auto& t : inputs) saved_bytes_hold(t, "checkpoint_boundary", id);
+  // The boundary inputs are saved tensors of op "checkpoint_boundary", made
+  // before the region's own hooks are pushed: hooks outside the region
+  // (offload, compression) pack them, enclosing regions let them by.
+  Region(RegionFn f, const std::vector<Tensor>& in, CheckpointOptions o)
+      : id(++g_region_id), opts(std::move(o)), fn(std::move(f)), input_requires_grad(requires_grad_of(in)) {
+    RegionScope scope(id);  // the registry counts a boundary under its own region
+    for (const auto& t : in) boundary.push_back(std::make_unique<SavedTensor>(t, kBoundaryOp, false));
     holding_boundary = true;
   }
 
@@ -177,9 +185,9 @@ class Region : public std::enable_shared_from_this<Region> {
   // needed any more.
   void free_boundary() {
     if (!holding_boundary) return;
-    for (const auto& t : inputs) saved_bytes_release(t, "checkpoint_boundary", id);
+    for (auto& b : boundary) b->release();
     holding_boundary = false;
-    inputs.clear();
+    boundary.clear();
     for (auto& c : cached) drop_cached(c);
     cached.clear();
   }
@@ -212,7 +220,8 @@ class Region : public std::enable_shared_from_this<Region> {
   std::int64_t id;
   CheckpointOptions opts;
   RegionFn fn;
-  std::vector<Tensor> inputs;
+  std::vector<std::unique_ptr<SavedTensor>> boundary;
+  std::vector<bool> input_requires_grad;
   bool holding_boundary = false;
   RngStash rng;
   MemoLog memos;  // replay_memo() values of the original forward
@@ -240,7 +249,10 @@ class RegionHooks final : public TypedSavedTensorHooks {
 
   std::string name() const override { return "checkpoint region '" + region_->opts.name + "'"; }
 
-  // Only tensors: an inner region's placeholder passes by.
+  // Only tensors (an inner region's placeholder passes by), and not an inner
+  // region's boundary: that region keeps it itself.
+  bool wants(const Tensor&, const SaveInfo& info) const override { return !is_boundary(info); }
+
   std::any pack_tensor(const Tensor& t, const SaveInfo& info) override {
     return Placeholder{region_, region_->add_slot(info, t)};
   }
@@ -268,6 +280,9 @@ class HarvestHooks final : public TypedSavedTensorHooks {
   HarvestHooks(Region& r, std::int64_t missing) : r_(r), missing_(missing) {}
 
   std::string name() const override { return "replay of checkpoint region '" + r_.opts.name + "'"; }
+
+  // As RegionHooks: inner regions' boundaries had no slot in the forward.
+  bool wants(const Tensor&, const SaveInfo& info) const override { return !is_boundary(info); }
 
   std::any pack_tensor(const Tensor& tensor, const SaveInfo& info) override {
     const Tensor* t = &tensor;
@@ -413,7 +428,9 @@ void Region::replay() {
     RngSwap rng_swap(rng);
     MemoReplayScope memo(memos);
     EnableGradGuard grad_on;
-    std::vector<Tensor> in = replay_inputs(inputs, requires_grad_of(inputs));
+    std::vector<Tensor> saved;
+    for (const auto& b : boundary) saved.push_back(b->unpack());  // version-checked
+    std::vector<Tensor> in = replay_inputs(saved, input_requires_grad);
     SavedTensorHooksScope hooks(harvest);
     RegionScope region(id);
     PolicyScope policy_scope(&opts.policy);

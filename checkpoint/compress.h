@@ -1,0 +1,66 @@
+// Compression of saved tensors: a saved-tensor hook that keeps what ops save
+// for backward in a smaller format and expands it on unpack (lossy, and
+// measured: see tests/checkpoint/compress_test.cc for the bounds).
+//
+//   bf16  f32 saves kept as bf16 (round to nearest even): half the bytes.
+//   fp8   MXFP8 (ops/mxfp8.h): e4m3 values with one power-of-two scale per 32
+//         values, about 0.26x of f32 (0.52x of bf16).
+//
+// The packed value is one Tensor, so a hook further out (offload) moves the
+// compressed bytes. Stacks with checkpoint regions: saves a region dropped
+// are placeholders and pass by.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/autograd.h"
+
+namespace remat {
+
+enum class CompressFormat { bf16, fp8 };
+
+// "bf16" or "fp8"; throws Error naming the valid formats otherwise.
+CompressFormat compress_format_from_name(const std::string& name);
+const char* compress_format_name(CompressFormat f);
+
+struct CompressOptions {
+  CompressFormat format = CompressFormat::fp8;
+  // Which saves: the inputs matmuls save and checkpoint regions' boundary
+  // inputs (the default: the activations the literature compresses), or
+  // every floating save.
+  bool all_saves = false;
+  // Saves smaller than this stay as they are (not worth a kernel).
+  std::size_t min_bytes = 4096;
+};
+
+class CompressHooks final : public TypedSavedTensorHooks {
+ public:
+  explicit CompressHooks(CompressOptions options = {});
+
+  std::string name() const override;
+  // Floating CPU tensors of activation memory (never parameters, gradients or
+  // optimizer state that ops save) of at least min_bytes, saved by a matmul
+  // as an input or kept as a region's boundary unless all_saves; bf16 takes
+  // f32 only.
+  bool wants(const Tensor& t, const SaveInfo& info) const override;
+  std::any pack_tensor(const Tensor& t, const SaveInfo& info) override;
+  Tensor unpack_tensor(std::any packed, const SaveInfo& info) override;
+
+  // What this hook packed since it was made (or reset_stats).
+  struct Stats {
+    std::int64_t saves = 0;
+    std::int64_t original_bytes = 0;
+    std::int64_t compressed_bytes = 0;
+  };
+  Stats stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+  const CompressOptions& options() const { return options_; }
+
+ private:
+  CompressOptions options_;
+  Stats stats_;
+};
+
+}  // namespace remat

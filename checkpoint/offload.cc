@@ -1,0 +1,343 @@
+#include "checkpoint/offload.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "engine/allocator.h"
+#include "engine/error.h"
+
+namespace remat {
+
+struct OffloadHooks::Entry {
+  using Key = OffloadHooks::Key;
+  enum class State {
+    queued,    // waiting for its write; data in memory
+    writing,   // the thread is writing it; data in memory
+    stored,    // in the file only
+    reading,   // the thread is reading it back into data
+    loaded,    // read back, waiting for its unpack
+    memory,    // kept in memory for good (unpacked before its write, or its write failed)
+    released,
+  };
+  std::uint64_t seq = 0;
+  std::uint64_t save_id = 0;
+  const char* op = "";
+  Shape sizes;
+  DType dtype = DType::f32;
+  std::size_t nbytes = 0;
+  std::int64_t offset = -1;  // in the file, once it has a place there
+  Tensor data;
+  State state = State::queued;
+  int users = 1;             // saves sharing this entry
+  Key key;
+  std::weak_ptr<Storage> storage;  // the saved view's, to tell a reused address from it
+  bool on_file = false;      // a complete copy is in the file
+};
+
+namespace {
+
+std::string describe(const OffloadHooks::Entry& e) {
+  return "save #" + std::to_string(e.save_id) + " of op '" + e.op + "' (" + std::to_string(e.nbytes) + " bytes)";
+}
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Writes / reads all n bytes at `offset`; returns 0 or an errno.
+int write_all(int fd, const char* p, std::size_t n, std::int64_t offset) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, off_t(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (w == 0) return ENOSPC;
+    p += w;
+    n -= std::size_t(w);
+    offset += w;
+  }
+  return 0;
+}
+
+int read_all(int fd, char* p, std::size_t n, std::int64_t offset) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, off_t(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (r == 0) return EIO;  // the file is shorter than what was written
+    p += r;
+    n -= std::size_t(r);
+    offset += r;
+  }
+  return 0;
+}
+
+}  // namespace
+
+OffloadHooks::OffloadHooks(OffloadOptions options) : options_(std::move(options)) {
+  std::string dir = options_.dir;
+  if (dir.empty()) {
+    const char* t = std::getenv("TMPDIR");
+    dir = t && *t ? t : "/tmp";
+  }
+  std::vector<char> templ(dir.begin(), dir.end());
+  const std::string leaf = "/remat-offload-XXXXXX";
+  templ.insert(templ.end(), leaf.begin(), leaf.end());
+  templ.push_back('\0');
+  fd_ = ::mkstemp(templ.data());
+  REMAT_CHECK(fd_ >= 0, IOError, "offload: cannot create a spill file in '", dir, "': ", std::strerror(errno),
+              " (set --offload-dir to a writable directory)");
+  path_ = templ.data();
+  ::unlink(path_.c_str());  // gone with the descriptor, however the process ends
+  thread_ = std::thread([this] { run(); });
+}
+
+OffloadHooks::~OffloadHooks() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool OffloadHooks::wants(const Tensor& t, const SaveInfo&) const {
+  if (!t.defined() || !t.device().is_cpu() || t.nbytes() < options_.min_bytes || failed_.load()) return false;
+  const MemoryCategory c = t.impl().storage->category();  // weights stay where they are anyway
+  return c != MemoryCategory::parameter && c != MemoryCategory::gradient && c != MemoryCategory::optimizer;
+}
+
+void OffloadHooks::throw_pending_error() {
+  if (pending_error_.empty()) return;
+  std::string msg;
+  msg.swap(pending_error_);
+  throw IOError(msg);
+}
+
+std::any OffloadHooks::pack_tensor(const Tensor& t, const SaveInfo& info) {
+  // The same view saved again (by two ops, or twice by one) shares its entry.
+  const Key key{t.impl().storage.get(), t.storage_offset(), t.sizes(), t.strides(), t.version()};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = by_view_.find(key);
+    // (Matched only while the first save's storage lives: a freed storage's
+    // address may come back for another tensor.)
+    if (it != by_view_.end() && it->second->state != Entry::State::released &&
+        it->second->storage.lock() == t.impl().storage) {
+      ++it->second->users;
+      return it->second;
+    }
+  }
+  auto e = std::make_shared<Entry>();
+  e->save_id = info.id;
+  e->op = info.op;
+  e->sizes = t.sizes();
+  e->dtype = t.dtype();
+  e->nbytes = t.nbytes();
+  e->data = t.contiguous();
+  std::unique_lock<std::mutex> lock(mu_);
+  // Bounded memory in flight: wait for the writer.
+  cv_.wait(lock, [&] { return queued_write_bytes_ == 0 || queued_write_bytes_ + e->nbytes <= options_.max_inflight_bytes; });
+  e->seq = next_seq_++;
+  e->offset = end_;
+  end_ += std::int64_t(e->nbytes);
+  queued_write_bytes_ += e->nbytes;
+  ++stats_.saves;
+  live_.emplace(e->seq, e);
+  e->key = key;
+  e->storage = t.impl().storage;
+  by_view_[key] = e;
+  jobs_.push_back(Job{e, false});
+  lock.unlock();
+  cv_.notify_all();
+  return e;
+}
+
+Tensor OffloadHooks::unpack_tensor(std::any packed, const SaveInfo&) {
+  const auto e = std::any_cast<std::shared_ptr<Entry>>(packed);
+  std::unique_lock<std::mutex> lock(mu_);
+  using S = Entry::State;
+  Tensor out;
+  switch (e->state) {
+    case S::queued:  // not written yet: keep it in memory, skip the write
+      e->state = S::memory;
+      queued_write_bytes_ -= e->nbytes;
+      ++stats_.memory_hits;
+      out = e->data;
+      cv_.notify_all();
+      break;
+    case S::writing:  // being written: the memory copy is as good
+    case S::memory:
+      ++stats_.memory_hits;
+      out = e->data;
+      break;
+    case S::reading:
+    case S::loaded: {
+      ++stats_.prefetch_hits;
+      const std::int64_t t0 = now_ns();
+      cv_.wait(lock, [&] { return e->state != S::reading; });
+      stats_.wait_ns += now_ns() - t0;
+      out = e->data;
+      prefetched_bytes_ -= e->nbytes;
+      e->data = Tensor();
+      e->state = S::stored;
+      break;
+    }
+    case S::stored: {  // nothing started: read it here
+      ++stats_.sync_reads;
+      out = empty(e->sizes, e->dtype);
+      const std::int64_t t0 = now_ns();
+      const int err = read_all(fd_, static_cast<char*>(out.raw_data()), e->nbytes, e->offset);
+      stats_.wait_ns += now_ns() - t0;
+      REMAT_CHECK(err == 0, IOError, "offload: reading ", describe(*e), " back from ", path_, " failed: ",
+                  std::strerror(err));
+      stats_.bytes_read += std::int64_t(e->nbytes);
+      break;
+    }
+    case S::released:
+      throw AutogradError("offload: " + describe(*e) + " was unpacked after its release");
+  }
+  prefetch_before(e->seq);
+  lock.unlock();
+  cv_.notify_all();
+  return out;
+}
+
+void OffloadHooks::prefetch_before(std::uint64_t seq) {
+  using S = Entry::State;
+  auto it = live_.lower_bound(seq);
+  while (it != live_.begin()) {
+    --it;
+    Entry& p = *it->second;
+    if (p.state != S::stored) continue;
+    if (prefetched_bytes_ > 0 && prefetched_bytes_ + p.nbytes > options_.prefetch_bytes) break;
+    p.data = empty(p.sizes, p.dtype);  // allocated here, on the calling thread
+    p.state = S::reading;
+    prefetched_bytes_ += p.nbytes;
+    jobs_.push_front(Job{it->second, true});  // reads before writes: backward waits on them
+  }
+}
+
+void OffloadHooks::on_release(const std::any& packed, const SaveInfo&) {
+  const auto* h = std::any_cast<std::shared_ptr<Entry>>(&packed);
+  if (!h) return;
+  const auto& e = *h;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--e->users > 0) return;  // another save of the same view still needs it
+  using S = Entry::State;
+  if (auto it = by_view_.find(e->key); it != by_view_.end() && it->second == e) by_view_.erase(it);
+  if (e->state == S::queued) queued_write_bytes_ -= e->nbytes;
+  if (e->state == S::loaded || e->state == S::reading) prefetched_bytes_ -= e->nbytes;
+  if (e->on_file) stats_.stored_bytes -= std::int64_t(e->nbytes);
+  // A job still queued for it sees `released` and skips it.
+  if (e->state != S::writing && e->state != S::reading) e->data = Tensor();
+  e->state = S::released;
+  live_.erase(e->seq);
+  if (live_.empty() && jobs_.empty() && !busy_) end_ = 0;  // the file is free again
+  cv_.notify_all();
+}
+
+void OffloadHooks::flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    if (busy_) return false;
+    for (const auto& j : jobs_)
+      if (!j.read) return false;
+    return true;
+  });
+  throw_pending_error();
+}
+
+void OffloadHooks::check() {
+  std::lock_guard<std::mutex> lock(mu_);
+  throw_pending_error();
+}
+
+OffloadStats OffloadHooks::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void OffloadHooks::run() {
+  using S = Entry::State;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+    if (stop_) return;
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    Entry& e = *job.entry;
+    if (!job.read) {
+      if (e.state != S::queued) continue;  // unpacked or released before its turn
+      e.state = S::writing;
+      queued_write_bytes_ -= e.nbytes;
+      const bool full = options_.capacity_bytes > 0 &&
+                        std::size_t(e.offset) + e.nbytes > options_.capacity_bytes;
+      Tensor src = e.data;  // keeps the bytes alive while unlocked
+      busy_ = true;
+      lock.unlock();
+      cv_.notify_all();  // pack may go on
+      const int err = full ? ENOSPC : write_all(fd_, static_cast<const char*>(src.raw_data()), e.nbytes, e.offset);
+      lock.lock();
+      busy_ = false;
+      if (err == 0) {
+        e.on_file = true;
+        stats_.bytes_written += std::int64_t(e.nbytes);
+        stats_.stored_bytes += std::int64_t(e.nbytes);
+        stats_.stored_peak = std::max(stats_.stored_peak, stats_.stored_bytes);
+        if (e.state == S::writing) {
+          e.state = S::stored;
+          e.data = Tensor();  // the memory is free now
+        }
+        if (e.state == S::released) e.data = Tensor();
+        if (e.state == S::released) stats_.stored_bytes -= std::int64_t(e.nbytes);
+      } else {
+        ++stats_.failed_writes;
+        failed_ = true;
+        if (e.state == S::writing) e.state = S::memory;  // nothing is lost
+        if (e.state == S::released) e.data = Tensor();
+        if (pending_error_.empty())
+          pending_error_ = "offload: writing " + describe(e) + " to the spill file " + path_ + " (deleted; in " +
+                           (options_.dir.empty() ? std::string("the temp folder") : options_.dir) + ") failed: " +
+                           std::strerror(err) + (full ? " (the store's capacity of " +
+                                                            std::to_string(options_.capacity_bytes) + " bytes)" : "") +
+                           "; the tensor stayed in memory, nothing is lost";
+      }
+    } else {
+      if (e.state != S::reading) continue;
+      Tensor dst = e.data;
+      busy_ = true;
+      lock.unlock();
+      const int err = read_all(fd_, static_cast<char*>(dst.raw_data()), e.nbytes, e.offset);
+      lock.lock();
+      busy_ = false;
+      if (err == 0) stats_.bytes_read += std::int64_t(e.nbytes);
+      if (e.state == S::reading) {
+        if (err == 0) {
+          e.state = S::loaded;
+        } else {  // let the unpack read it itself, and say why if that fails too
+          e.state = S::stored;
+          e.data = Tensor();
+          prefetched_bytes_ -= e.nbytes;
+        }
+      } else if (e.state == S::released) {
+        e.data = Tensor();
+      }
+    }
+    if (live_.empty() && jobs_.empty()) end_ = 0;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace remat

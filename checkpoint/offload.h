@@ -1,0 +1,132 @@
+// Offloading saved tensors: a saved-tensor hook that moves what ops save for
+// backward out of memory after the forward and brings it back before the
+// backward that needs it. Exact: the bytes come back as they left.
+//
+// CPU: a file-backed store. Each save is queued for writing to one spill
+// file (created in OffloadOptions::dir and unlinked at once, so it vanishes
+// when the process ends, however it ends) by a background thread; the
+// tensor's memory is freed when its write is done. At most
+// max_inflight_bytes wait to be written (the forward blocks beyond that).
+// When backward unpacks a save, the thread starts reading the next ones the
+// tape will need (earlier saves, newest first) up to prefetch_bytes ahead.
+// A save unpacked before its write finished comes straight from memory.
+//
+// A failed write (a full disk, an I/O error) keeps that tensor in memory, so
+// nothing is lost; from then on new saves stay in memory too, and the next
+// check() or flush() on the calling thread throws IOError naming the file,
+// the save and the cause (the trainer checks after every step).
+//
+// (CUDA tensors are not taken yet: they pass by to outer hooks unchanged.)
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "engine/autograd.h"
+
+namespace remat {
+
+struct OffloadOptions {
+  // Directory of the spill file; empty: $TMPDIR, else /tmp.
+  std::string dir;
+  // Saves smaller than this stay in memory (not worth a write).
+  std::size_t min_bytes = 64 * 1024;
+  // Bytes queued for writing, at most; pack waits for the writer beyond it.
+  std::size_t max_inflight_bytes = std::size_t(256) << 20;
+  // How far ahead of backward the reads run, in bytes.
+  std::size_t prefetch_bytes = std::size_t(64) << 20;
+  // 0: unlimited. Else the store holds at most this many bytes, and a write
+  // past it fails as on a full disk (ENOSPC) (tests use it).
+  std::size_t capacity_bytes = 0;
+};
+
+struct OffloadStats {
+  std::int64_t saves = 0;            // tensors taken
+  std::int64_t bytes_written = 0;
+  std::int64_t bytes_read = 0;
+  std::int64_t stored_bytes = 0;     // in the spill file now
+  std::int64_t stored_peak = 0;
+  std::int64_t memory_hits = 0;      // unpacked before their write was done
+  std::int64_t prefetch_hits = 0;    // unpacked after their read had started
+  std::int64_t sync_reads = 0;       // unpacked with no read started: read on the spot
+  std::int64_t wait_ns = 0;          // time unpack waited for reads (the critical path)
+  std::int64_t failed_writes = 0;
+};
+
+class OffloadHooks final : public TypedSavedTensorHooks {
+ public:
+  // Creates the spill file and starts the I/O thread. Throws IOError if the
+  // directory cannot take the file.
+  explicit OffloadHooks(OffloadOptions options = {});
+  // Stops the thread; the file goes with its descriptor.
+  ~OffloadHooks() override;
+  OffloadHooks(const OffloadHooks&) = delete;
+  OffloadHooks& operator=(const OffloadHooks&) = delete;
+
+  std::string name() const override { return "offload"; }
+  // CPU activation tensors (not parameters, gradients or optimizer state) of
+  // at least min_bytes, until a write has failed. A view saved again while
+  // its first save lives shares that one's copy.
+  bool wants(const Tensor& t, const SaveInfo& info) const override;
+  std::any pack_tensor(const Tensor& t, const SaveInfo& info) override;
+  Tensor unpack_tensor(std::any packed, const SaveInfo& info) override;
+  std::size_t held_bytes(const std::any&) const override { return 0; }
+  void on_release(const std::any& packed, const SaveInfo& info) override;
+
+  // Waits until every queued write is done; throws IOError for a write that
+  // failed since the last report.
+  void flush();
+  // Throws IOError for a write that failed since the last report (no wait).
+  void check();
+  OffloadStats stats() const;
+  // Where the (unlinked) spill file was created, for messages.
+  const std::string& path() const { return path_; }
+
+  struct Entry;
+
+ private:
+  // A saved view: storage, offset, shape, strides and version.
+  struct Key {
+    const void* storage = nullptr;
+    std::int64_t offset = 0;
+    Shape sizes, strides;
+    std::uint64_t version = 0;
+    auto operator<=>(const Key&) const = default;
+  };
+  struct Job {
+    std::shared_ptr<Entry> entry;
+    bool read = false;  // else a write
+  };
+
+  void run();
+  void throw_pending_error();  // with mu_ held
+  void prefetch_before(std::uint64_t seq);  // with mu_ held
+
+  OffloadOptions options_;
+  std::string path_;
+  int fd_ = -1;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  std::map<std::uint64_t, std::shared_ptr<Entry>> live_;  // by save order
+  std::map<Key, std::shared_ptr<Entry>> by_view_;         // live entries by view
+  std::uint64_t next_seq_ = 0;
+  std::int64_t end_ = 0;                 // bump allocator over the file
+  std::size_t queued_write_bytes_ = 0;
+  std::size_t prefetched_bytes_ = 0;     // read or being read, not yet unpacked
+  bool busy_ = false;                    // the thread is doing I/O
+  bool stop_ = false;
+  std::atomic<bool> failed_{false};  // a write failed: take no more saves
+  std::string pending_error_;
+  OffloadStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace remat
