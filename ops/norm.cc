@@ -1,8 +1,12 @@
 #include "ops/norm.h"
 
+#include <immintrin.h>
+
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "cuda/elementwise.h"
 #include "cuda/norm.h"
 #include "ops/kernel_util.h"
 
@@ -178,6 +182,322 @@ std::vector<Tensor> rms_backward(const Tensor& g, const Tensor& x, const Tensor&
 }
 
 // ---------------------------------------------------------------------------
+// Residual add + RMSNorm
+//
+// The CPU kernels read and write the tensors' own dtype T (f32, bf16, f16)
+// and compute in f32 with the expressions, roundings and summation orders of
+// add (ops/binary.cc) followed by rms_forward / rms_backward above: the bits
+// are theirs, only the memory passes are merged. f32 and bf16 rows go through
+// AVX2 (the build's baseline, .bazelrc): one 8-float vector is exactly the
+// eight lanes of lane_dot / lane_acc, and each vector operation rounds as the
+// scalar one does (no fma). f16 rows take the scalar loops.
+
+// T's rounding of f (the identity for f32).
+template <typename T>
+inline T round_to(float f) {
+  if constexpr (std::is_same_v<T, float>)
+    return f;
+  else
+    return T(f);
+}
+
+// fn(T{}) for the storage type T of floating dtype dt.
+template <typename Fn>
+void with_float_type(DType dt, Fn&& fn) {
+  switch (dt) {
+    case DType::bf16: fn(bf16{}); return;
+    case DType::f16: fn(f16{}); return;
+    default: fn(float{}); return;
+  }
+}
+
+// The lanes of lane_sum / lane_dot / lane_acc combined in their order.
+inline float lanes_total(const float* a) {
+  return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
+// Rows of T with an AVX2 path.
+template <typename T>
+inline constexpr bool kVec8 = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
+
+// Eight T values as f32.
+template <typename T>
+inline __m256 load8(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+  }
+}
+
+// v rounded to T, as f32 (bf16: bf16::from_float lane by lane: nearest even,
+// a NaN made quiet).
+template <typename T>
+inline __m256 round8(__m256 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+    const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16));
+  }
+}
+
+// Stores eight values already rounded to T (round8).
+template <typename T>
+inline void store8(T* p, __m256 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    _mm256_storeu_ps(p, v);
+  } else {
+    // The high halves, packed within 128-bit lanes, then quadwords 0 and 2.
+    const __m256i hi = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(hi, hi), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
+}
+
+// h = x + r rounded to T; returns the sum of the rounded values' squares in
+// lane_dot's lanes and order.
+template <typename T>
+float add_row(T* h, const T* x, const T* r, std::int64_t d) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t j = 0;
+  if constexpr (kVec8<T>) {
+    __m256 a = _mm256_setzero_ps();
+    for (; j + 8 <= d; j += 8) {
+      const __m256 hv = round8<T>(_mm256_add_ps(load8(x + j), load8(r + j)));
+      store8(h + j, hv);
+      a = _mm256_add_ps(a, _mm256_mul_ps(hv, hv));
+    }
+    _mm256_storeu_ps(acc, a);
+  } else {
+    for (; j + 8 <= d; j += 8)
+      for (int k = 0; k < 8; ++k) {
+        const T hv = round_to<T>(float(x[j + k]) + float(r[j + k]));
+        h[j + k] = hv;
+        acc[k] += float(hv) * float(hv);
+      }
+  }
+  for (int k = 0; j < d; ++j, ++k) {
+    const T hv = round_to<T>(float(x[j]) + float(r[j]));
+    h[j] = hv;
+    acc[k] += float(hv) * float(hv);
+  }
+  return lanes_total(acc);
+}
+
+// y = (h * rs) * w rounded to T (rms_forward's expression).
+template <typename T>
+void scale_row(T* y, const T* h, float rs, const float* w, std::int64_t d) {
+  std::int64_t j = 0;
+  if constexpr (kVec8<T>) {
+    const __m256 vrs = _mm256_set1_ps(rs);
+    for (; j + 8 <= d; j += 8)
+      store8(y + j, round8<T>(_mm256_mul_ps(_mm256_mul_ps(load8(h + j), vrs), _mm256_loadu_ps(w + j))));
+  }
+  for (; j < d; ++j) y[j] = round_to<T>((float(h[j]) * rs) * w[j]);
+}
+
+// sum over j of (gy * w) * h in lane_acc's lanes and order (rms_backward's dot).
+template <typename T>
+float grad_dot_row(const T* gy, const float* w, const T* h, std::int64_t d) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t j = 0;
+  if constexpr (kVec8<T>) {
+    __m256 a = _mm256_setzero_ps();
+    for (; j + 8 <= d; j += 8)
+      a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(load8(gy + j), _mm256_loadu_ps(w + j)), load8(h + j)));
+    _mm256_storeu_ps(acc, a);
+  } else {
+    for (; j + 8 <= d; j += 8)
+      for (int k = 0; k < 8; ++k) acc[k] += (float(gy[j + k]) * w[j + k]) * float(h[j + k]);
+  }
+  for (int k = 0; j < d; ++j, ++k) acc[k] += (float(gy[j]) * w[j]) * float(h[j]);
+  return lanes_total(acc);
+}
+
+// o = T(gh + T(rs * (gy * w - h * c))) (rms_backward's dx, rounded, plus
+// grad_h); with kPart also part += gy * (h * rs) (rms_backward's dw term).
+template <typename T, bool kPart>
+void dh_row(T* o, float* part, const T* gh, const T* gy, const T* h, const float* w, float rs, float c,
+            std::int64_t d) {
+  std::int64_t j = 0;
+  if constexpr (kVec8<T>) {
+    const __m256 vrs = _mm256_set1_ps(rs), vc = _mm256_set1_ps(c);
+    for (; j + 8 <= d; j += 8) {
+      const __m256 g = load8(gy + j), x = load8(h + j);
+      const __m256 dn = round8<T>(
+          _mm256_mul_ps(vrs, _mm256_sub_ps(_mm256_mul_ps(g, _mm256_loadu_ps(w + j)), _mm256_mul_ps(x, vc))));
+      store8(o + j, round8<T>(_mm256_add_ps(load8(gh + j), dn)));
+      if constexpr (kPart)
+        _mm256_storeu_ps(part + j, _mm256_add_ps(_mm256_loadu_ps(part + j), _mm256_mul_ps(g, _mm256_mul_ps(x, vrs))));
+    }
+  }
+  for (; j < d; ++j) {
+    const float g = float(gy[j]), x = float(h[j]);
+    const T dn = round_to<T>(rs * (g * w[j] - x * c));
+    o[j] = round_to<T>(float(gh[j]) + float(dn));
+    if constexpr (kPart) part[j] += g * (x * rs);
+  }
+}
+
+// part += gy * (h * rs) (rms_backward's dw term).
+template <typename T>
+void dw_row(float* part, const T* gy, const T* h, float rs, std::int64_t d) {
+  std::int64_t j = 0;
+  if constexpr (kVec8<T>) {
+    const __m256 vrs = _mm256_set1_ps(rs);
+    for (; j + 8 <= d; j += 8)
+      _mm256_storeu_ps(part + j, _mm256_add_ps(_mm256_loadu_ps(part + j),
+                                               _mm256_mul_ps(load8(gy + j), _mm256_mul_ps(load8(h + j), vrs))));
+  }
+  for (; j < d; ++j) part[j] += float(gy[j]) * (float(h[j]) * rs);
+}
+
+struct AddRmsForward {
+  Tensor h, y;  // x's shape and dtype
+  Tensor rstd;  // f32 [rows]
+};
+
+// Per row: h = x + r, written while the squares of its rounded values
+// accumulate; then rstd and y as rms_forward computes them from h.
+template <typename T>
+void add_rms_forward_rows(T* ph, T* py, float* pr, const T* px, const T* pres, const float* pw,
+                          std::int64_t rows, std::int64_t d, float eps) {
+  const float inv_d = d > 0 ? 1.0f / float(d) : 0.0f;
+  parallel_rows(rows, d, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float ss = add_row(ph + r * d, px + r * d, pres + r * d, d);
+      const float rs = 1.0f / std::sqrt(ss * inv_d + eps);
+      pr[r] = rs;
+      scale_row(py + r * d, ph + r * d, rs, pw, d);
+    }
+  });
+}
+
+AddRmsForward add_rms_forward(const Tensor& x, const Tensor& res, const Tensor& w, float eps) {
+  NoGradGuard ng;
+  const DType dt = x.dtype();
+  const std::int64_t d = x.size(-1), rows = num_rows(x);
+  if constexpr (kHaveCuda) {
+    if (on_cuda(x)) {
+      // Not fused on CUDA yet: add's kernel (operands read through their
+      // strides), then rms_norm's, so the bits are those of the two ops.
+      Tensor xd = x.detach(), rd = res.detach();
+      Tensor h = empty(x.sizes(), TensorOptions(dt, x.device()));
+      cuda::binary(cuda::BinaryOp::add, h.raw_data(), xd.raw_data(), layout_of("add_rms_norm", xd),
+                   rd.raw_data(), layout_of("add_rms_norm", rd), dt, cuda_stream());
+      RmsForward f = rms_forward(h, w, eps);
+      return {h, f.y, f.rstd};
+    }
+  }
+  Tensor xc = contiguous_detached(x), rc = contiguous_detached(res), wf = f32_contiguous(w);
+  AddRmsForward f{empty(x.sizes(), dt), empty(x.sizes(), dt), empty({rows}, DType::f32)};
+  with_float_type(dt, [&](auto tag) {
+    using T = decltype(tag);
+    add_rms_forward_rows<T>(f.h.data<T>(), f.y.data<T>(), f.rstd.data<float>(), xc.data<T>(),
+                            rc.data<T>(), wf.data<float>(), rows, d, eps);
+  });
+  return f;
+}
+
+// Per row of a block of block_rows(d) rows: dn = rms_backward's dx of
+// (grad_y, h) rounded to T, then dh = T(grad_h + dn) in f32, when pdh is
+// non-null; the weight gradient's partial sums (rms_backward's expression
+// and order) into partial + b * d when partial is non-null.
+//
+// dn is rounded to T before the add because the unfused graph does so:
+// rms_norm returns its dx in the dtype and the engine adds it to h's other
+// gradient in f32 (detail::add_into). So dh has the unfused bits when h has
+// one other consumer (a + b == b + a), as in a decoder block. With several,
+// the engine sums h's gradients in arrival order with dn at some place in
+// that chain, while here dn comes last: only the order of that final add
+// differs. When nothing else reaches h, grad_h is the engine's zeros and
+// 0 + dn turns a -0 of dn into +0 (equal values).
+template <typename T>
+void add_rms_backward_rows(T* pdh, float* partial, const T* pgh, const T* pgy, const T* ph,
+                           const float* pw, const float* pr, std::int64_t rows, std::int64_t d) {
+  const std::int64_t br = block_rows(d);
+  const std::int64_t blocks = (rows + br - 1) / br;
+  const float inv_d = d > 0 ? 1.0f / float(d) : 0.0f;
+  parallel_for(0, blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) {
+      float* part = partial ? partial + b * d : nullptr;
+      for (std::int64_t r = b * br; r < std::min(rows, (b + 1) * br); ++r) {
+        const T* gy = pgy + r * d;
+        const T* hr = ph + r * d;
+        const float rs = pr[r];
+        if (pdh) {
+          const float dot = grad_dot_row(gy, pw, hr, d);
+          const float c = rs * rs * dot * inv_d;
+          if (part)
+            dh_row<T, true>(pdh + r * d, part, pgh + r * d, gy, hr, pw, rs, c, d);
+          else
+            dh_row<T, false>(pdh + r * d, nullptr, pgh + r * d, gy, hr, pw, rs, c, d);
+        } else if (part) {
+          dw_row(part, gy, hr, rs, d);
+        }
+      }
+    }
+  });
+}
+
+// {dh, dw}: dh (the gradient of x and of residual) when need_dh, dw when
+// need_dw. w is needed (defined) only for dh. Gradients in a dtype other than
+// h's are staged in f32 and dh is rounded once at the end.
+std::vector<Tensor> add_rms_backward(const Tensor& gh, const Tensor& gy, const Tensor& h, const Tensor& w,
+                                     const Tensor& rstd, bool need_dh, bool need_dw) {
+  NoGradGuard ng;
+  const DType dt = h.dtype();
+  const std::int64_t d = h.size(-1), rows = num_rows(h);
+  if constexpr (kHaveCuda) {
+    if (on_cuda(h)) {
+      // rms_norm's backward kernel, then add's kernel for grad_h + dn: the
+      // unfused graph's kernels (not fused on CUDA yet).
+      std::vector<Tensor> g = rms_backward(gy, h, w, rstd, need_dh, need_dw);
+      Tensor dh;
+      if (need_dh) {
+        Tensor a = cuda_operand(gh, dt);
+        dh = empty(h.sizes(), TensorOptions(dt, h.device()));
+        cuda::binary(cuda::BinaryOp::add, dh.raw_data(), a.raw_data(), layout_of("add_rms_norm", a),
+                     g[0].raw_data(), layout_of("add_rms_norm", g[0]), dt, cuda_stream());
+      }
+      return {dh, g[1]};
+    }
+  }
+  const bool same = gy.dtype() == dt && (!need_dh || gh.dtype() == dt);
+  const DType kt = same ? dt : DType::f32;  // the kernel's storage type
+  auto stage = [&](const Tensor& t) { return same ? contiguous_detached(t) : f32_contiguous(t); };
+  Tensor gyc = stage(gy), hc = stage(h);
+  Tensor ghc = need_dh ? stage(gh) : Tensor();
+  Tensor wf = need_dh ? f32_contiguous(w) : Tensor();
+  Tensor rf = f32_contiguous(rstd);
+  Tensor dh = need_dh ? empty(h.sizes(), kt) : Tensor();
+  const std::int64_t blocks = (rows + block_rows(d) - 1) / block_rows(d);
+  std::vector<float> partial(need_dw ? std::size_t(blocks * d) : 0, 0.0f);
+  with_float_type(kt, [&](auto tag) {
+    using T = decltype(tag);
+    add_rms_backward_rows<T>(need_dh ? dh.data<T>() : nullptr, need_dw ? partial.data() : nullptr,
+                             need_dh ? ghc.data<T>() : nullptr, gyc.data<T>(), hc.data<T>(),
+                             need_dh ? wf.data<float>() : nullptr, rf.data<float>(), rows, d);
+  });
+  Tensor dw;
+  if (need_dw) {
+    dw = empty({d}, DType::f32);
+    sum_partials(partial, blocks, d, dw.data<float>());
+    dw = from_f32(dw, dt);
+  }
+  if (need_dh && kt != dt) dh = dh.to(dt);
+  return {dh, dw};
+}
+
+// ---------------------------------------------------------------------------
 // LayerNorm
 
 struct LnForward {
@@ -350,6 +670,43 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     }
     return out;
   });
+}
+
+AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps) {
+  constexpr const char* op = "add_rms_norm";
+  check_floating(op, x, "x");
+  check_kernel_device(op, x);
+  REMAT_CHECK(x.dim() >= 1, ShapeError, op, ": x must have at least 1 dim (normalised over the last), got ",
+              describe(x));
+  check_defined(op, residual, "residual");
+  REMAT_CHECK(residual.dtype() == x.dtype(), DTypeError, op, ": residual ", describe(residual),
+              " must have x's dtype (x ", describe(x), ")");
+  REMAT_CHECK(residual.device() == x.device(), DeviceError, op, ": residual ", describe(residual),
+              " and x ", describe(x), " are on different devices");
+  REMAT_CHECK(residual.sizes() == x.sizes(), ShapeError, op, ": residual ", describe(residual),
+              " must have x's shape (x ", describe(x), "; h = x + residual does not broadcast)");
+  check_param(op, x, weight, "weight");
+  std::vector<Tensor> out = dispatch(op, {x, residual, weight}, [&] {
+    AddRmsForward f = add_rms_forward(x, residual, weight, float(eps));
+    if (auto node = autograd::make_node(op, {&x, &residual, &weight})) {
+      // What rms_norm(h, weight) saves; add saves nothing.
+      const bool need_dh = node->needs_input_grad(0) || node->needs_input_grad(1);
+      node->save(f.h, /*is_output=*/true);
+      node->save(need_dh ? weight : Tensor());  // only dh needs it
+      node->save(f.rstd);
+      node->backward_fn = [](Node& n, std::vector<Tensor>& g) {
+        const bool need_dh = n.needs_input_grad(0) || n.needs_input_grad(1);
+        std::vector<Tensor> r = add_rms_backward(g[0], g[1], n.saved(0), n.saved(1), n.saved(2), need_dh,
+                                                 n.needs_input_grad(2));
+        // x and residual get the same tensor, as add's backward hands them.
+        return std::vector<Tensor>{n.needs_input_grad(0) ? r[0] : Tensor(),
+                                   n.needs_input_grad(1) ? r[0] : Tensor(), r[1]};
+      };
+      autograd::set_history({&f.h, &f.y}, node);
+    }
+    return std::vector<Tensor>{f.h, f.y};
+  });
+  return AddRmsNorm{out[0], out[1]};
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {

@@ -12,6 +12,24 @@ namespace remat {
 // x [..., d], weight [d]: x * rsqrt(mean(x^2, -1) + eps) * weight. Saves x,
 // weight and the per-row rstd (f32, one value per row) for backward.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-5);
+
+// The residual add and the RMSNorm after it as one fused op
+// ("add_rms_norm"), for pre-norm blocks: h = x + residual and
+// y = rms_norm(h, weight, eps).
+struct AddRmsNorm {
+  Tensor h;  // x + residual
+  Tensor y;  // rms_norm(h, weight, eps)
+};
+// x and residual: the same shape [..., d], dtype (floating) and device (no
+// broadcasting); weight [d] in x's dtype. On the CPU, h has the bits of
+// add(x, residual) and y those of rms_norm(add(x, residual), weight, eps),
+// computed in one pass over each row (CUDA runs the add and RMSNorm kernels
+// back to back, with the same bits as those two ops). Backward: x and
+// residual get the same gradient tensor, grad_h plus the RMSNorm part (one
+// pass per row); the weight gradient sums over rows in rms_norm's fixed
+// order. Saves h, weight and the per-row rstd, as the unfused pair does.
+AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                        double eps = 1e-5);
 // x [..., d]: (x - mean) * rsqrt(var + eps) * weight + bias over the last dim
 // (biased variance). weight and bias [d] may each be undefined (no scale / no
 // shift). Saves x, weight and the per-row mean and rstd (f32) for backward.

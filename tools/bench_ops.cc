@@ -120,6 +120,31 @@ int run_bench_ops(const std::vector<std::string>& args) {
   mem("sum rows       [1024x1376]", f * double(N), [&] { sum(x, {1}); });
   Tensor hs = rnd({T, d}, 7), w = ones({d});
   mem("rms_norm       [1024x512]", 2 * f * double(T * d), [&] { rms_norm(hs, w); });
+  // The residual add + RMSNorm of a decoder block, fused and as the two ops.
+  // Both rows count the fused op's traffic (x and residual read, h and y
+  // written; backward reads grad_h, grad_y and h, writes dx = dresidual), so
+  // their GB/s compare directly. fwd+bwd records the graph and runs grad()
+  // for x, residual and weight.
+  {
+    Tensor ar = rnd({T, d}, 14), ga = rnd({T, d}, 15), gb = rnd({T, d}, 16);
+    const double fwd_bytes = 4 * f * double(T * d), fb_bytes = 8 * f * double(T * d);
+    mem("add_rms_norm   [1024x512]", fwd_bytes, [&] { add_rms_norm(hs, ar, w); });
+    mem("add+rms_norm (unfused) [1024x512]", fwd_bytes, [&] { rms_norm(add(hs, ar), w); });
+    Tensor xl = hs.detach(), rl = ar.detach(), wl = w.detach();
+    xl.set_requires_grad(true);
+    rl.set_requires_grad(true);
+    wl.set_requires_grad(true);
+    mem("add_rms_norm fwd+bwd [1024x512]", fb_bytes, [&] {
+      EnableGradGuard eg;
+      const AddRmsNorm o = add_rms_norm(xl, rl, wl);
+      grad({o.h, o.y}, {xl, rl, wl}, {ga, gb});
+    });
+    mem("add+rms_norm fwd+bwd (unfused) [1024x512]", fb_bytes, [&] {
+      EnableGradGuard eg;
+      const Tensor h = add(xl, rl);
+      grad({h, rms_norm(h, wl)}, {xl, rl, wl}, {ga, gb});
+    });
+  }
   Tensor sc = rnd({B * H * S, S}, 8);
   mem("softmax        [8192x256]", 2 * f * double(B * H * S * S), [&] { softmax(sc); });
   Tensor logits = rnd({T, 8192}, 9);
