@@ -19,7 +19,7 @@ std::string valid_forms(const std::vector<std::string>& sub_regions) {
   std::string own, selective;
   for (const auto& n : sub_regions) (standalone(n) ? own : selective) += n + ", ";
   return "valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, " + own +
-         "keep_last (with block regions), "
+         "keep_last (with block regions), offload, offload:NAMES, compress:bf16|fp8, compress:bf16|fp8:NAMES, "
          "selective:NAMES (" + selective + "save_matmul, "
          "save_attention, save_ops=OP/OP/... with OP one of " +
          replay_cacheable_list() + "), combined with '+' where they do not overlap";
@@ -124,12 +124,43 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
     plan.modules.insert(module);
   };
 
+  // Sub-regions named by offload:/compress: (their saves get the hooks).
+  auto hook_modules = [&](const std::string& comp, const std::string& list) {
+    std::set<std::string> out;
+    for (const auto& name : split(list, ',')) {
+      if (!offered(name)) bad("'" + comp + "' names '" + name + "', which is not a sub-region the blocks offer");
+      if (name == "moe_act")
+        bad("'" + comp + "': moe_act is an output-discard of the expert activation and keeps no saves of its own");
+      out.insert(name);
+    }
+    return out;
+  };
+  std::string offload_comp, compress_comp;
   bool keep_last = false;
   for (std::size_t c = 0; c < components.size(); ++c) {
     const std::string& comp = components[c];
     if (comp == "keep_last") {
       if (keep_last) bad("'keep_last' given twice");
       keep_last = true;
+      continue;
+    }
+    if (comp == "offload" || comp.rfind("offload:", 0) == 0) {
+      if (plan.offload) bad("'" + offload_comp + "' and '" + comp + "': offload given twice");
+      plan.offload = true;
+      offload_comp = comp;
+      if (comp != "offload") plan.offload_modules = hook_modules(comp, comp.substr(8));
+      continue;
+    }
+    if (comp.rfind("compress:", 0) == 0) {
+      if (plan.compress) bad("'" + compress_comp + "' and '" + comp + "': compress given twice");
+      const std::string rest = comp.substr(9);
+      const auto colon2 = rest.find(':');
+      const std::string fmt = rest.substr(0, colon2);
+      if (fmt != "bf16" && fmt != "fp8") bad("'" + comp + "': unknown format '" + fmt + "' (bf16 or fp8)");
+      plan.compress = true;
+      plan.compress_format = compress_format_from_name(fmt);
+      compress_comp = comp;
+      if (colon2 != std::string::npos) plan.compress_modules = hook_modules(comp, rest.substr(colon2 + 1));
       continue;
     }
     const auto colon = comp.find(':');
@@ -215,6 +246,26 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
                              plan.block_regions.end());
     owner[std::size_t(last)] = -1;
   }
+  // Hooks on sub-regions that a region recomputes have nothing to pack.
+  auto check_hook_modules = [&](const std::string& comp, const std::set<std::string>& mods) {
+    if (mods.empty()) return;
+    for (const auto& m : mods)
+      for (const auto& r : plan.modules) {
+        const auto pm = parts_of(m), pr = parts_of(r);
+        for (const auto& p : pm)
+          if (pr.count(p))
+            bad("'" + comp + "' and the '" + r + "' regions: " + m + "'s saves are recomputed there, not kept, so " +
+                "there is nothing to " + (comp.rfind("offload", 0) == 0 ? "offload" : "compress"));
+      }
+    bool any_plain_block = false;
+    for (std::int64_t b = 0; b < n_layers; ++b) any_plain_block = any_plain_block || owner[std::size_t(b)] < 0;
+    if (!any_plain_block)
+      bad("'" + comp + "': every block is in a block-level region, so the saves inside its sub-regions are " +
+          "recomputed, not kept; use '" + comp.substr(0, comp.rfind(':')) + "' (without names) to act on the " +
+          "regions' boundaries");
+  };
+  check_hook_modules(offload_comp, plan.offload_modules);
+  check_hook_modules(compress_comp, plan.compress_modules);
   // Module regions live inside blocks: they cannot share a block with a block region.
   if (!plan.modules.empty())
     for (std::int64_t b = 0; b < n_layers; ++b)

@@ -17,6 +17,13 @@
 //                        save_attention, save_ops=op1/op2/... where each op
 //                        is one of replay_cacheable_ops(): matmul,
 //                        scaled_dot_product_attention)
+//   offload[:NAMES]      saved tensors go to a spill file after the forward and
+//                        come back before backward (exact); with block-level
+//                        regions, that is their boundaries; NAMES limits it to
+//                        those sub-regions (checkpoint/offload.h)
+//   compress:FMT[:NAMES] saved matmul inputs and region boundaries kept as FMT
+//                        (bf16 or fp8, MXFP8) and expanded on unpack (lossy;
+//                        checkpoint/compress.h)
 //   keep_last            (with block-level regions) the last block leaves its
 //                        region and keeps its saves: its backward starts right
 //                        after the forward, so its replay is redone work. Costs
@@ -38,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/compress.h"
 #include "checkpoint/policy.h"
 
 namespace remat {
@@ -54,7 +62,19 @@ struct RecomputePlan {
   Policy policy;
   std::string policy_name;
 
-  bool is_none() const { return block_regions.empty() && modules.empty(); }
+  // Offload and compression of saved tensors (checkpoint/offload.h,
+  // checkpoint/compress.h): around the whole model's forward when the module
+  // set is empty, else only around those sub-regions.
+  bool offload = false;
+  std::set<std::string> offload_modules;
+  bool compress = false;
+  CompressFormat compress_format = CompressFormat::fp8;
+  std::set<std::string> compress_modules;
+  // Where offload's spill file goes (empty: the temp folder); set by the
+  // caller (--offload-dir), not by the plan string.
+  std::string offload_dir;
+
+  bool is_none() const { return block_regions.empty() && modules.empty() && !offload && !compress; }
   // True if block `i` is inside a block-level region.
   bool block_in_region(std::int64_t i) const;
 

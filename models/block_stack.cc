@@ -8,11 +8,16 @@ namespace remat {
 
 void Block::set_regions(const std::set<std::string>& names) {
   regions_ = names;
-  if (names.empty()) {
+  if (names.empty() && part_hooks_.empty()) {
     wrap_ = nullptr;
     return;
   }
-  wrap_ = [names](const std::string& part, const RegionFn& fn, const std::vector<Tensor>& in) {
+  wrap_ = [names, hooks = part_hooks_](const std::string& part, const RegionFn& fn, const std::vector<Tensor>& in) {
+    if (auto h = hooks.find(part); h != hooks.end()) {  // (the plan never also makes it a region)
+      std::vector<std::unique_ptr<SavedTensorHooksScope>> scopes;
+      for (const auto& hook : h->second) scopes.push_back(std::make_unique<SavedTensorHooksScope>(hook));
+      return fn(in);
+    }
     if (!names.count(part)) return fn(in);
     CheckpointOptions o;
     o.name = part;
@@ -27,7 +32,7 @@ std::vector<Tensor> Block::region(const std::string& name, const RegionFn& fn,
 
 Tensor Block::region(const std::string& name, const std::function<Tensor(const Tensor&)>& fn,
                      const Tensor& x) const {
-  if (!regions_.count(name)) return fn(x);
+  if (!regions_.count(name) && !part_hooks_.count(name)) return fn(x);
   return region(name, [fn](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in[0])}; }, {x})[0];
 }
 
@@ -84,12 +89,57 @@ void BlockStack::set_plan(const RecomputePlan& plan) {
                   " does not exist (the plan was parsed for more blocks than this stack's ", num_blocks(), ")");
       region_of[std::size_t(b)] = std::int64_t(r);
     }
-  for (auto& [n, b] : blocks_) b->set_regions(plan.modules);
+  // Offload and compression: one set of hooks per stack, around the whole
+  // forward or handed to the blocks for the named parts (compression
+  // innermost, so offload moves the compressed bytes).
+  std::shared_ptr<OffloadHooks> offload;
+  std::shared_ptr<CompressHooks> compress;
+  if (plan.offload) {
+    OffloadOptions o;
+    o.dir = plan.offload_dir;
+    offload = std::make_shared<OffloadHooks>(o);
+  }
+  if (plan.compress) {
+    CompressOptions o;
+    o.format = plan.compress_format;
+    compress = std::make_shared<CompressHooks>(o);
+  }
+  std::map<std::string, std::vector<std::shared_ptr<SavedTensorHooks>>> part_hooks;
+  for (const auto& m : plan.offload_modules) part_hooks[m].push_back(offload);
+  for (const auto& m : plan.compress_modules) part_hooks[m].push_back(compress);
+  for (auto& [n, b] : blocks_) {
+    b->set_part_hooks(part_hooks);
+    b->set_regions(plan.modules);
+  }
   plan_ = plan;
+  offload_ = offload;
+  compress_ = compress;
+  offload_whole_ = plan.offload && plan.offload_modules.empty();
+  compress_whole_ = plan.compress && plan.compress_modules.empty();
   region_of_ = std::move(region_of);
 }
 
+namespace {
+thread_local std::vector<const BlockStack*> tls_open_stacks;  // stacks whose save hooks are active
+}  // namespace
+
+BlockStack::SaveHooksScope::SaveHooksScope(const BlockStack& stack) {
+  if (!stack.offload_whole_ && !stack.compress_whole_) return;
+  if (std::find(tls_open_stacks.begin(), tls_open_stacks.end(), &stack) != tls_open_stacks.end()) return;
+  stack_ = &stack;
+  tls_open_stacks.push_back(&stack);
+  if (stack.offload_whole_) scopes_.push_back(std::make_unique<SavedTensorHooksScope>(stack.offload_));
+  if (stack.compress_whole_) scopes_.push_back(std::make_unique<SavedTensorHooksScope>(stack.compress_));
+}
+
+BlockStack::SaveHooksScope::~SaveHooksScope() {
+  if (!stack_) return;
+  while (!scopes_.empty()) scopes_.pop_back();  // innermost first
+  tls_open_stacks.erase(std::find(tls_open_stacks.begin(), tls_open_stacks.end(), stack_));
+}
+
 Tensor BlockStack::forward(const Tensor& x) const {
+  SaveHooksScope save_hooks(*this);
   Tensor h = x;
   if (plan_.block_regions.empty()) {
     for (const auto& [n, b] : blocks_) h = b->forward(h);

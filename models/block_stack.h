@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -26,6 +27,8 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/compress.h"
+#include "checkpoint/offload.h"
 #include "checkpoint/plan.h"
 #include "models/layers.h"
 #include "models/module.h"
@@ -50,6 +53,12 @@ class Block : public Module {
   // is in regions(), else directly; empty when no sub-region is set. For
   // child modules that take a RegionWrap (models/layers.h).
   const RegionWrap& region_wrap() const { return wrap_; }
+  // Saved-tensor hooks (outermost first) to run named parts under (the
+  // plan's offload:NAMES / compress:FMT:NAMES); set before set_regions,
+  // which builds region_wrap() from both.
+  void set_part_hooks(std::map<std::string, std::vector<std::shared_ptr<SavedTensorHooks>>> hooks) {
+    part_hooks_ = std::move(hooks);
+  }
 
  protected:
   // Runs fn(inputs) as checkpoint region `name` when the plan names it, else
@@ -61,6 +70,7 @@ class Block : public Module {
 
  private:
   std::set<std::string> regions_;
+  std::map<std::string, std::vector<std::shared_ptr<SavedTensorHooks>>> part_hooks_;
   RegionWrap wrap_;
 };
 
@@ -100,11 +110,34 @@ class BlockStack : public Module {
   void set_plan(const std::string& spec);
   const RecomputePlan& plan() const { return plan_; }
 
+  // The plan's offload and compression hooks (null when the plan has none),
+  // for their statistics and checks.
+  const std::shared_ptr<OffloadHooks>& offload_hooks() const { return offload_; }
+  const std::shared_ptr<CompressHooks>& compress_hooks() const { return compress_; }
+
+  // RAII: the plan's whole-model save hooks active on this thread, so saves
+  // outside the blocks (an embedding, a head, a loss) get them too. forward()
+  // opens one itself; a nested one for the same stack does nothing.
+  class SaveHooksScope {
+   public:
+    explicit SaveHooksScope(const BlockStack& stack);
+    ~SaveHooksScope();
+    SaveHooksScope(const SaveHooksScope&) = delete;
+    SaveHooksScope& operator=(const SaveHooksScope&) = delete;
+
+   private:
+    const BlockStack* stack_ = nullptr;  // set when this scope opened the hooks
+    std::vector<std::unique_ptr<SavedTensorHooksScope>> scopes_;
+  };
+
  private:
   void check_new_block(const std::string& name, const Block* block) const;
   const Block& at(std::int64_t i) const;
   std::vector<std::pair<std::string, std::shared_ptr<Block>>> blocks_;
   RecomputePlan plan_;
+  std::shared_ptr<OffloadHooks> offload_;     // one spill file and I/O thread per stack
+  std::shared_ptr<CompressHooks> compress_;
+  bool offload_whole_ = false, compress_whole_ = false;  // around the whole forward (else per part)
   std::vector<std::int64_t> region_of_;  // block -> index into plan_.block_regions, or -1
 };
 

@@ -106,6 +106,7 @@ Tensor DecoderModel::head(const Tensor& x) const {
 Tensor DecoderModel::forward(const Tensor& input_ids) const {
   REMAT_CHECK(input_ids.dim() == 2, ShapeError, "DecoderModel: input_ids must be [batch, seq], got ",
               shape_str(input_ids.sizes()));
+  BlockStack::SaveHooksScope save_hooks(*model->blocks);  // the plan's offload/compression, head included
   return head(run_blocks(embed(input_ids)));
 }
 
@@ -119,6 +120,7 @@ DecoderModel::Output DecoderModel::forward_loss(const Tensor& tokens) const {
   z_terms_.clear();
   stats_.clear();
   Output out;
+  BlockStack::SaveHooksScope save_hooks(*model->blocks);  // the loss's saves too
   out.logits = forward(inputs);
   out.ce = cross_entropy(out.logits, targets);
   out.loss = out.ce;

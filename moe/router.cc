@@ -49,14 +49,14 @@ RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOpt
   }
   out.probs = softmax(logits, -1);
 
-  if (opts.random_routing) {
-    out.indices = random_indices(T, E, K, x.device());
-  } else {
+  auto choose = [&]() -> Tensor {
+    if (opts.random_routing) return random_indices(T, E, K, x.device());
     NoGradGuard ng;
     Tensor scores = out.probs.detach();
     if (opts.expert_bias.defined()) scores = add(scores, opts.expert_bias.to(DType::f32).to(scores.device()));
-    out.indices = topk(scores, K, -1, true).second;
-  }
+    return topk(scores, K, -1, true).second;
+  };
+  out.indices = opts.select_indices ? opts.select_indices(choose) : choose();
   Tensor picked = gather(out.probs, 1, out.indices);
   out.weights = div(picked, sum(picked, {1}, true));
 

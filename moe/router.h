@@ -27,6 +27,11 @@ struct RouterOptions {
   // Unset: this process's tokens only.
   std::function<std::vector<std::int64_t>(const std::vector<std::int64_t>&)> global_slots;
   std::function<Tensor(const Tensor&)> global_sum;
+  // Wraps the choice of experts: given the computation of the [T, K]
+  // indices, returns the ones to use (unset: compute them). MoE layers pass a
+  // replay memo, so a checkpoint replay routes every token as the forward did
+  // even when its input differs slightly (a compressed boundary).
+  std::function<Tensor(const std::function<Tensor()>&)> select_indices;
 };
 
 struct RouterOutput {

@@ -202,7 +202,7 @@ std::string run_capture(const std::string& cmd, const char* what, int* rc) {
 std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
                                          std::int64_t steps, int threads, const std::string& seed,
                                          std::int64_t ep = 1, const std::string& dtype = "f32",
-                                         const std::string& device = "cpu") {
+                                         const std::string& device = "cpu", const std::string& offload_dir = "") {
   std::string launcher;
   if (ep > 1) {
     launcher = "mpirun --oversubscribe " + std::string(::geteuid() == 0 ? "--allow-run-as-root " : "") + "-np " +
@@ -212,7 +212,8 @@ std::map<std::string, double> run_worker(const std::string& config, const std::s
   std::string cmd = launcher + "'/proc/" + std::to_string(::getpid()) + "/exe' bench-worker --config '" + config +
                     "' --recompute '" + plan + "' --warmup " + std::to_string(warmup) + " --steps " +
                     std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " + seed +
-                    " --ep " + std::to_string(ep) + " --dtype " + dtype + " --device " + device + " 2>&1";
+                    " --ep " + std::to_string(ep) + " --dtype " + dtype + " --device " + device +
+                    (offload_dir.empty() ? "" : " --offload-dir '" + offload_dir + "'") + " 2>&1";
   int rc = 0;
   const std::string out = run_capture(cmd, "a worker process", &rc);
   const auto pos = out.find("BENCH-RESULT ");
@@ -286,7 +287,8 @@ int run_bench_worker(const std::vector<std::string>& args) {
            int_flag("seed", "seed", 0, {.min = 0}),
            int_flag("ep", "expert parallel degree (the processes under mpirun)", 1, {.min = 1}),
            text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
-           text_flag("device", "cpu, cuda or cuda:N", "cpu")});
+           text_flag("device", "cpu, cuda or cuda:N", "cpu"),
+           text_flag("offload-dir", "directory for the offload plans' spill file")});
   apply_threads_flag(f);
   const ModelConfig c = ModelConfig::load(f.get("config"));
   const std::string plan = f.get("recompute");
@@ -303,9 +305,13 @@ int run_bench_worker(const std::vector<std::string>& args) {
   DecoderModel model(c, seed, layout.placement());
   model.set_compute_dtype(compute_dtype_from_name(f.get("dtype")));
   apply_parallel_layout(model, layout, /*reuse_routing_metadata=*/true);
-  apply_recompute_plan(model, RecomputePlan::parse(plan, c.n_layers));
+  RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
+  if (f.has("offload-dir")) parsed.offload_dir = f.get("offload-dir");
+  apply_recompute_plan(model, parsed);
   model.to(device);
   AdamW opt(model.named_parameters());
+  const auto& offload = model.model->blocks->offload_hooks();
+  const auto& compress = model.model->blocks->compress_hooks();
   std::unique_ptr<GradReducer> reducer = make_grad_reducer(layout, model.named_parameters(), 25ll << 20);
   CommCounters comm_step;
   Corpus corpus = generated_corpus(seed, std::int64_t(1) << 20, c.seq + 2);
@@ -314,7 +320,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
   DispatchHookScope hook(flops_hook);
   auto& alloc = allocator_for(device);
 
-  std::vector<double> step_ms, fwd_ms, bwd_ms, replay_flops, replay_wall;
+  std::vector<double> step_ms, fwd_ms, bwd_ms, replay_flops, replay_wall, offloaded, offload_wait, compressed;
   std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
   for (std::int64_t i = 0; i < warmup + steps; ++i) {
     Tensor batch = sampler.next();
@@ -327,6 +333,8 @@ int run_bench_worker(const std::vector<std::string>& args) {
     const auto replay_ns0 = checkpoint_counters().replay_ns;
     const auto moved0 = dispatch_counters().replay_bytes_moved;
     flops_hook->flops = 0;
+    const OffloadStats off0 = offload ? offload->stats() : OffloadStats{};
+    const CompressHooks::Stats comp0 = compress ? compress->stats() : CompressHooks::Stats{};
     const auto t0 = Clock::now();
     Tensor loss;
     RngShardScope shard(world->rank(), W);
@@ -351,7 +359,12 @@ int run_bench_worker(const std::vector<std::string>& args) {
     opt.step(1e-3);
     sync(device);
     const double s_ms = ms_since(t0);
+    if (offload) offload->check();
     if (i < warmup) continue;
+    const OffloadStats off1 = offload ? offload->stats() : OffloadStats{};
+    offloaded.push_back(double(off1.bytes_written - off0.bytes_written));
+    offload_wait.push_back(double(off1.wait_ns - off0.wait_ns) * 1e-6);
+    compressed.push_back(compress ? double(compress->stats().compressed_bytes - comp0.compressed_bytes) : 0.0);
     const auto st = alloc.stats();
     step_ms.push_back(s_ms);
     fwd_ms.push_back(f_ms);
@@ -373,6 +386,8 @@ int run_bench_worker(const std::vector<std::string>& args) {
   JsonObject j;
   j.set("step_ms", median(step_ms)).set("forward_ms", median(fwd_ms)).set("backward_ms", median(bwd_ms));
   j.set("replay_wall_ms", median(replay_wall));
+  j.set("offloaded_bytes", median(offloaded)).set("offload_ms", median(offload_wait));
+  j.set("compressed_saved_bytes", median(compressed));
   j.set("peak_allocated_bytes", peak_alloc).set("peak_reserved_bytes", peak_res);
   j.set("persistent_bytes", persistent).set("activation_bytes", activations);
   j.set("recomputed_ops", ops).set("replayed_comm_bytes", replayed);
@@ -486,6 +501,7 @@ int run_bench(const std::vector<std::string>& args) {
            text_flag("baseline", "'torch': PyTorch eager on the same model (tools/reference/bench_torch.py) as "
                      "another variant of the same interleaved run"),
            text_flag("json", "write the results to FILE"),
+           text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
            bool_flag("estimate", "predict activation bytes per plan from what the ops save, next to a measured step"),
            text_flag("html", "write a page plotting memory against step time per plan to FILE")});
   const std::string config = f.get("config");
@@ -546,7 +562,8 @@ int run_bench(const std::vector<std::string>& args) {
     const bool is_torch = torch && s.variant == V - 1;
     const auto r = is_torch ? run_torch_worker(torch_script, torch_config->path(), threads, dtype, device.str(),
                                                warmup, steps, &framework)
-                            : run_worker(config, name, warmup, steps, threads, f.get("seed"), ep, dtype, device.str());
+                            : run_worker(config, name, warmup, steps, threads, f.get("seed"), ep, dtype, device.str(),
+                                         f.has("offload-dir") ? f.get("offload-dir") : "");
     for (const auto& [k, val] : r) v[std::size_t(s.variant)][k].push_back(val);
     JsonObject run;
     run.set("variant", name).set("repeat", s.repeat).set("position", s.position).set("slot", s.slot);
@@ -606,6 +623,8 @@ int run_bench(const std::vector<std::string>& args) {
     j.set("replay_ms", replay_ms).set("replay_forwards", replay_fwd).set("replay_wall_ms", med("replay_wall_ms"));
     j.set("tokens_per_s", tps).set("recomputed_ops", med("recomputed_ops"));
     j.set("replayed_comm_bytes", med("replayed_comm_bytes")).set("mfu", mfu).set("hfu", hfu);
+    j.set("offloaded_bytes", med("offloaded_bytes")).set("offload_ms", med("offload_ms"));
+    j.set("compressed_saved_bytes", med("compressed_saved_bytes"));
     j.set("model_flops", med("model_flops")).set("recomputed_flops", med("replay_flops")).set("peak_flops", peak);
     j.set("time_ratio", step / base_ms).set("memory_ratio", mem_ratio);
     if (torch) j.set("torch_ratio", tps / torch_tps);

@@ -17,6 +17,7 @@ int run_dump(const std::vector<std::string>& args) {
            int_flag("seed", "seed for weights and the batch", 0, {.min = 0}),
            text_flag("load", "take weights from this safetensors file (Hugging Face names)"),
            text_flag("recompute", "recompute plan", "none"),
+           text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
            text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and the loss stay f32)", "f32"),
            text_flag("device", "cpu, cuda or cuda:N", "cpu"),
            text_flag("out", "output FILE.safetensors (required)"),
@@ -25,7 +26,8 @@ int run_dump(const std::vector<std::string>& args) {
   REMAT_CHECK(f.has("out"), Error, "dump: --out FILE.safetensors is required");
   const std::string plan = f.get("recompute");
   const ModelConfig c = ModelConfig::load(f.get("config"));
-  const RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
+  RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
+  if (f.has("offload-dir")) parsed.offload_dir = f.get("offload-dir");
   const auto seed = std::uint64_t(f.get_int("seed"));
   const Device device = device_flag(f);
 

@@ -80,6 +80,7 @@ int run_mem(const std::vector<std::string>& args) {
   Flags f("mem", "the allocator history over one training step as JSON and HTML", args,
           {text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
            text_flag("recompute", "recompute plan, as for train", "none"),
+           text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
            int_flag("seed", "seed for weights, data and dropout", 0, {.min = 0}),
            int_flag("steps-before", "training steps run before the recorded one, so optimizer state exists", 1,
                     {.min = 0}),
@@ -107,7 +108,8 @@ int run_mem(const std::vector<std::string>& args) {
   o.recompute = f.get("recompute");
   o.seed = seed;
   const ModelConfig& c = o.config;
-  const RecomputePlan plan = RecomputePlan::parse(o.recompute, c.n_layers);
+  RecomputePlan plan = RecomputePlan::parse(o.recompute, c.n_layers);
+  if (f.has("offload-dir")) plan.offload_dir = f.get("offload-dir");
 
   // Open the outputs first: a bad path should not cost a training step.
   const std::string json_path = stem + ".json", html_path = stem + ".html";
@@ -203,6 +205,14 @@ int run_mem(const std::vector<std::string>& args) {
               {"recomputed ops", std::to_string(cc.ops_recomputed)},
               {"saved-bytes peak", format_bytes(saved_bytes_report().peak_bytes)},
               {"threads", std::to_string(num_threads())}};
+  if (const auto& off = model.model->blocks->offload_hooks()) {
+    off->check();
+    rec.info.emplace_back("offloaded to the spill file (all steps)", format_bytes(off->stats().bytes_written));
+    rec.info.emplace_back("offload wait (all steps)", std::to_string(double(off->stats().wait_ns) * 1e-6) + " ms");
+  }
+  if (const auto& comp = model.model->blocks->compress_hooks())
+    rec.info.emplace_back("compressed saves (all steps)", format_bytes(comp->stats().compressed_bytes) + " (from " +
+                                                  format_bytes(comp->stats().original_bytes) + ")");
 
   const Timeline t = build_timeline(rec);
   const TimelinePoint& peak = t.points.at(t.peak_point);

@@ -69,7 +69,9 @@ int run_train(const std::vector<std::string>& args) {
            number_flag("lr", "peak learning rate", 3e-3, {.min = 0, .min_open = true}),
            int_flag("warmup", "warm-up steps", 20, {.min = 0}),
            text_flag("recompute", "recompute plan: none, per_block, chunk, selected:I,J, uniform:N, block:N, attention, "
-                     "selective:NAMES, or A+B", "none"),
+                     "selective:NAMES, offload[:NAMES], compress:bf16|fp8[:NAMES], or A+B", "none"),
+           text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp; the file "
+                     "is deleted at once and vanishes with the process)"),
            text_flag("save", "save state to DIR at the end (and every --save-every steps)"),
            int_flag("save-every", "save every N steps (0: only at the end)", 0, {.min = 0}),
            text_flag("resume", "resume from the state in DIR"),
@@ -107,6 +109,7 @@ int run_train(const std::vector<std::string>& args) {
   o.min_lr = o.lr / 10;
   o.warmup = f.get_int("warmup");
   o.recompute = f.get("recompute");
+  if (f.has("offload-dir")) o.offload_dir = f.get("offload-dir");
   o.save_dir = f.get("save");
   o.save_every = f.get_int("save-every");
   o.resume_dir = f.get("resume");
@@ -164,6 +167,8 @@ int run_train(const std::vector<std::string>& args) {
       j.set("peak_allocated_bytes", s.peak_allocated_bytes).set("peak_reserved_bytes", s.peak_reserved_bytes);
       j.set("persistent_bytes", s.persistent_bytes).set("activation_bytes", s.activation_bytes);
       j.set("recomputed_ops", s.recomputed_ops).set("saved_bytes_peak", s.saved_bytes_peak);
+      j.set("offloaded_bytes", s.offloaded_bytes).set("offload_ms", s.offload_wait_ms);
+      j.set("compressed_saved_bytes", s.compressed_saved_bytes);
       j.set("boundary_bytes", s.boundary_bytes);
       j.set("skipped", s.skipped).set("skipped_steps", s.skipped_steps);
       j.set("loss_scale", s.loss_scale).set("overflow_steps", s.overflow_steps);

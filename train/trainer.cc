@@ -97,7 +97,8 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   validate_options(opts_);
   opts_.config.validate();
   const auto& c = opts_.config;
-  const RecomputePlan plan = RecomputePlan::parse(opts_.recompute, c.n_layers);
+  RecomputePlan plan = RecomputePlan::parse(opts_.recompute, c.n_layers);
+  plan.offload_dir = opts_.offload_dir;
   auto world = opts_.group ? opts_.group : world_group();
   REMAT_CHECK(opts_.dp == 0 || opts_.dp == world->size(), Error, "--dp ", opts_.dp, ": this job has ", world->size(),
               " rank(s); start it with `mpirun -np ", opts_.dp, " ./remat train ...`");
@@ -180,6 +181,10 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     model_->zero_grad();
     reset_saved_bytes_peak();
     const std::int64_t ops0 = checkpoint_counters().ops_recomputed;
+    const OffloadStats off0 = model_->model->blocks->offload_hooks() ? model_->model->blocks->offload_hooks()->stats()
+                                                                      : OffloadStats{};
+    const CompressHooks::Stats comp0 =
+        model_->model->blocks->compress_hooks() ? model_->model->blocks->compress_hooks()->stats() : CompressHooks::Stats{};
     const DispatchCounters moved0 = dispatch_counters();
     const CommCounters comm0 = layout_.counters();
     const int W = world_size();
@@ -292,6 +297,15 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
         }
       }
     }
+    if (const auto& off = model_->model->blocks->offload_hooks()) {
+      off->check();  // a failed write: stop here, with the tensors it kept (nothing is lost)
+      const OffloadStats os = off->stats();
+      s.offloaded_bytes = os.bytes_written - off0.bytes_written;
+      s.offload_stored_peak = os.stored_peak;
+      s.offload_wait_ms = double(os.wait_ns - off0.wait_ns) * 1e-6;
+    }
+    if (const auto& comp = model_->model->blocks->compress_hooks())
+      s.compressed_saved_bytes = comp->stats().compressed_bytes - comp0.compressed_bytes;
     s.recomputed_ops = checkpoint_counters().ops_recomputed - ops0;
     s.moved_bytes = dispatch_counters().bytes_moved - moved0.bytes_moved;
     s.replayed_comm_bytes = dispatch_counters().replay_bytes_moved - moved0.replay_bytes_moved;

@@ -36,6 +36,7 @@ struct TrainOptions {
   std::int64_t save_every = 0;  // 0: only at the end
   std::string resume_dir;
   std::string recompute = "none";
+  std::string offload_dir;      // the offload plans' spill file (empty: the temp folder)
   std::string dtype = "f32";    // compute dtype: f32, or bf16 (mixed precision: f32 masters and loss)
   Device device = kCPU;         // where parameters, optimizer state and activations live
                                 // (a CUDA device becomes the constructing thread's current one)
@@ -112,6 +113,13 @@ struct StepStats {
   std::int64_t moved_bytes = 0;           // MoE dispatch/combine bytes in the original forward
   std::int64_t replayed_comm_bytes = 0;   // ... moved again by recompute replays
   std::int64_t routing_metadata_saved_bytes = 0;  // count exchanges replays skipped (reused the forward's)
+  // Offload and compression plans (0 without them): bytes written to the
+  // spill file this step, the most it held, the time backward waited for
+  // reads; bytes of compressed saves packed this step.
+  std::int64_t offloaded_bytes = 0;
+  std::int64_t offload_stored_peak = 0;
+  double offload_wait_ms = 0;
+  std::int64_t compressed_saved_bytes = 0;
   // Several processes: this rank's collectives this step (bytes sent).
   CommCounters comm;
   std::int64_t grad_buckets = 0;          // data-parallel buckets

@@ -73,7 +73,8 @@ TEST_CASE("plans parse against the sub-region names a model's blocks offer", "[c
                                  "shared_experts"});
   CHECK_THROWS_WITH(RecomputePlan::parse("selective:foo", 4),
                     Catch::Contains("valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, "
-                                    "attention, moe_expert, keep_last (with block regions), selective:NAMES "
+                                    "attention, moe_expert, keep_last (with block regions), offload, offload:NAMES, "
+                                     "compress:bf16|fp8, compress:bf16|fp8:NAMES, selective:NAMES "
                                     "(core_attn, layernorm, mlp, moe_act, moe, shared_experts, save_matmul, "
                                     "save_attention, save_ops=OP/OP/... with OP one of "));
   CHECK_THROWS_WITH(RecomputePlan::parse("selective:attention", 4),
@@ -182,4 +183,41 @@ TEST_CASE("peak saved bytes follow the arithmetic of each plan", "[checkpoint][p
   CHECK(sel < none);
   WARN("I " << I << " Sb " << Sb << " H " << H << " none " << none << " per_block " << per_block
             << " chunk " << chunk << " selective " << sel);
+}
+
+TEST_CASE("offload and compress components parse, combine and refuse nonsense", "[checkpoint][plan]") {
+  auto off = RecomputePlan::parse("offload", 4);
+  CHECK(off.offload);
+  CHECK(off.offload_modules.empty());
+  CHECK(!off.is_none());
+  CHECK(off.block_regions.empty());
+  auto pb = RecomputePlan::parse("per_block+offload", 4);
+  CHECK(pb.offload);
+  CHECK(pb.block_regions.size() == 4);
+  auto mod = RecomputePlan::parse("offload:mlp,core_attn+selective:layernorm", 4);
+  CHECK(mod.offload_modules == std::set<std::string>{"core_attn", "mlp"});
+  CHECK(mod.modules == std::set<std::string>{"layernorm"});
+  auto c = RecomputePlan::parse("per_block+compress:fp8", 4);
+  CHECK(c.compress);
+  CHECK(c.compress_format == CompressFormat::fp8);
+  auto cb = RecomputePlan::parse("compress:bf16:mlp+offload", 4);
+  CHECK(cb.compress_format == CompressFormat::bf16);
+  CHECK(cb.compress_modules == std::set<std::string>{"mlp"});
+  CHECK(cb.offload);
+  CHECK(RecomputePlan::parse("block:2+offload:mlp", 4).offload_modules.size() == 1);
+
+  using Catch::Contains;
+  CHECK_THROWS_WITH(RecomputePlan::parse("offload+offload:mlp", 4), Contains("offload given twice"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("compress:fp8+compress:bf16", 4), Contains("compress given twice"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("compress:int4", 4), Contains("'compress:int4': unknown format 'int4'"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("offload:attn", 4),
+                    Contains("'offload:attn' names 'attn', which is not a sub-region the blocks offer"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("selective:mlp+offload:mlp", 4),
+                    Contains("mlp's saves are recomputed there, not kept, so there is nothing to offload"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("attention+compress:fp8:core_attn", 4),
+                    Contains("nothing to compress"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block+offload:mlp", 4),
+                    Contains("every block is in a block-level region") && Contains("use 'offload' (without names)"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("compress:fp8:moe_act", 4, {"moe_act", "mlp"}),
+                    Contains("keeps no saves of its own"));
 }
