@@ -33,10 +33,23 @@ bool CompressHooks::wants(const Tensor& t, const SaveInfo& info) const {
 }
 
 std::any CompressHooks::pack_tensor(const Tensor& t, const SaveInfo&) {
+  const auto& storage = t.impl().storage;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Forget views whose storage or packed tensor is gone (a freed storage's
+    // address may come back for another tensor: the weak pointer tells).
+    std::erase_if(recent_, [](const Packed& p) { return p.source.expired() || p.packed.expired(); });
+    for (const auto& p : recent_)
+      if (p.source.lock() == storage && p.offset == t.storage_offset() && p.sizes == t.sizes() &&
+          p.strides == t.strides() && p.version == t.version())
+        if (auto impl = p.packed.lock()) return Tensor(impl);
+  }
   Tensor packed = options_.format == CompressFormat::bf16 ? cast(t, DType::bf16) : mxfp8_quantize(t);
+  std::lock_guard<std::mutex> lock(mu_);
   ++stats_.saves;
   stats_.original_bytes += std::int64_t(t.nbytes());
   stats_.compressed_bytes += std::int64_t(packed.nbytes());
+  recent_.push_back(Packed{storage, t.storage_offset(), t.sizes(), t.strides(), t.version(), packed.impl_ptr()});
   return packed;
 }
 

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <vector>
 #include <string>
 
 #include "engine/autograd.h"
@@ -48,19 +50,39 @@ class CompressHooks final : public TypedSavedTensorHooks {
   std::any pack_tensor(const Tensor& t, const SaveInfo& info) override;
   Tensor unpack_tensor(std::any packed, const SaveInfo& info) override;
 
-  // What this hook packed since it was made (or reset_stats).
+  // What this hook packed since it was made (or reset_stats); a save that
+  // shared an earlier save's packed tensor counts once.
   struct Stats {
     std::int64_t saves = 0;
     std::int64_t original_bytes = 0;
     std::int64_t compressed_bytes = 0;
   };
-  Stats stats() const { return stats_; }
-  void reset_stats() { stats_ = {}; }
+  Stats stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void reset_stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_ = {};
+  }
   const CompressOptions& options() const { return options_; }
 
  private:
+  // A view already packed while its storage lives: a second save of it (the
+  // q, k and v projections all save the same normed input) shares the packed
+  // tensor instead of compressing it again.
+  struct Packed {
+    std::weak_ptr<Storage> source;
+    std::int64_t offset = 0;
+    Shape sizes, strides;
+    std::uint64_t version = 0;
+    std::weak_ptr<TensorImpl> packed;
+  };
+
   CompressOptions options_;
   Stats stats_;
+  std::vector<Packed> recent_;
+  mutable std::mutex mu_;
 };
 
 }  // namespace remat

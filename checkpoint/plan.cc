@@ -19,7 +19,7 @@ std::string valid_forms(const std::vector<std::string>& sub_regions) {
   std::string own, selective;
   for (const auto& n : sub_regions) (standalone(n) ? own : selective) += n + ", ";
   return "valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, " + own +
-         "keep_last (with block regions), offload, offload:NAMES, compress:bf16|fp8, compress:bf16|fp8:NAMES, "
+         "keep_last (with block regions), offload, offload:NAMES, compress:bf16|fp8, compress:bf16|fp8:NAMES|all, "
          "selective:NAMES (" + selective + "save_matmul, "
          "save_attention, save_ops=OP/OP/... with OP one of " +
          replay_cacheable_list() + "), combined with '+' where they do not overlap";
@@ -84,10 +84,10 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
                                    const std::vector<std::string>& sub_regions) {
   for (const auto& n : sub_regions)
     REMAT_CHECK(!n.empty() && n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") ==
-                                  std::string::npos && n.rfind("save_", 0) != 0,
+                                  std::string::npos && n.rfind("save_", 0) != 0 && n != "all",
                 Error, "recompute plans: sub-region name '", n,
-                "' is not usable in a plan (names are letters, digits and '_', and do not start with 'save_', "
-                "which names op policies)");
+                "' is not usable in a plan (names are letters, digits and '_', do not start with 'save_', "
+                "which names op policies, and are not 'all', which compress:FMT:all means)");
   const Bad bad{spec, sub_regions};
   auto offered = [&](const std::string& n) {
     return std::find(sub_regions.begin(), sub_regions.end(), n) != sub_regions.end();
@@ -160,7 +160,12 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
       plan.compress = true;
       plan.compress_format = compress_format_from_name(fmt);
       compress_comp = comp;
-      if (colon2 != std::string::npos) plan.compress_modules = hook_modules(comp, rest.substr(colon2 + 1));
+      if (colon2 != std::string::npos) {
+        if (rest.substr(colon2 + 1) == "all")
+          plan.compress_all = true;  // every floating save, not only matmul inputs and boundaries
+        else
+          plan.compress_modules = hook_modules(comp, rest.substr(colon2 + 1));
+      }
       continue;
     }
     const auto colon = comp.find(':');

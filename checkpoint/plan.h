@@ -23,7 +23,8 @@
 //                        those sub-regions (checkpoint/offload.h)
 //   compress:FMT[:NAMES] saved matmul inputs and region boundaries kept as FMT
 //                        (bf16 or fp8, MXFP8) and expanded on unpack (lossy;
-//                        checkpoint/compress.h)
+//                        checkpoint/compress.h); compress:FMT:all takes every
+//                        floating save
 //   keep_last            (with block-level regions) the last block leaves its
 //                        region and keeps its saves: its backward starts right
 //                        after the forward, so its replay is redone work. Costs
@@ -70,6 +71,7 @@ struct RecomputePlan {
   bool compress = false;
   CompressFormat compress_format = CompressFormat::fp8;
   std::set<std::string> compress_modules;
+  bool compress_all = false;  // compress:FMT:all: every floating save, not only matmul inputs and boundaries
   // Where offload's spill file goes (empty: the temp folder); set by the
   // caller (--offload-dir), not by the plan string.
   std::string offload_dir;

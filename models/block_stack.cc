@@ -102,6 +102,7 @@ void BlockStack::set_plan(const RecomputePlan& plan) {
   if (plan.compress) {
     CompressOptions o;
     o.format = plan.compress_format;
+    o.all_saves = plan.compress_all;
     compress = std::make_shared<CompressHooks>(o);
   }
   std::map<std::string, std::vector<std::shared_ptr<SavedTensorHooks>>> part_hooks;

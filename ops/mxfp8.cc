@@ -5,6 +5,9 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+
+#include <immintrin.h>
 
 #include "engine/dtype.h"
 #include "engine/error.h"
@@ -15,20 +18,23 @@ namespace remat {
 namespace ops_detail {
 
 std::uint8_t e4m3_encode(float v) {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(v);
-  const std::uint8_t sign = std::uint8_t((u >> 24) & 0x80u);
-  u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return sign | 0x7fu;     // NaN
-  if (u >= 0x43e00000u) return sign | 0x7eu;    // >= 448 (and inf): the largest finite value
-  if (u < 0x3c800000u) {                        // below 2^-6: e4m3 subnormals, unit 2^-9
-    // a * 512 < 8, so adding 2^23 rounds it to an integer, to nearest even.
-    const float q = (std::bit_cast<float>(u) * 512.0f + 8388608.0f) - 8388608.0f;
-    return std::uint8_t(sign | std::uint8_t(q));
-  }
-  u += 0x7ffffu + ((u >> 20) & 1u);             // round the mantissa to 3 bits, ties to even
-  std::uint32_t bits = (u >> 20) - (120u << 3);  // exponent bias 127 -> 7
-  if (bits > 0x7eu) bits = 0x7eu;
-  return std::uint8_t(sign | bits);
+  // Branch-free, so the block loops vectorise: each candidate is computed
+  // and the right one selected.
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(v);
+  const std::uint32_t sign = (bits >> 24) & 0x80u;
+  const std::uint32_t u = bits & 0x7fffffffu;
+  // Below 2^-6: e4m3 subnormals, unit 2^-9; a * 512 < 8, so adding 2^23
+  // rounds it to an integer, to nearest even. (Zero for other inputs, so the
+  // conversion to an integer stays in range.)
+  const float a = std::bit_cast<float>(u < 0x3c800000u ? u : 0u);
+  const std::uint32_t sub = std::uint32_t((a * 512.0f + 8388608.0f) - 8388608.0f);
+  // Normal: round the mantissa to 3 bits, ties to even, rebias 127 -> 7,
+  // saturate at 448 (inf too).
+  std::uint32_t nrm = ((u + 0x7ffffu + ((u >> 20) & 1u)) >> 20) - (120u << 3);
+  nrm = nrm > 0x7eu ? 0x7eu : nrm;
+  std::uint32_t r = u < 0x3c800000u ? sub : nrm;
+  r = u > 0x7f800000u ? 0x7fu : r;  // NaN
+  return std::uint8_t(sign | r);
 }
 
 }  // namespace ops_detail
@@ -52,20 +58,78 @@ int block_exponent(float amax) {
   return std::clamp(e, -127, 127);
 }
 
+// One full block of 32 f32 values with AVX2 (the build's baseline): the
+// same bits as the scalar path (the maximum by bits, e4m3_encode's formulas
+// lane by lane).
+void quantize_block_avx2(const float* x, std::uint8_t* codes, std::uint8_t* exp_out) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  __m256i v[4], amax = _mm256_setzero_si256();
+  for (int k = 0; k < 4; ++k) {
+    v[k] = _mm256_castps_si256(_mm256_loadu_ps(x + 8 * k));
+    __m256i m = _mm256_and_si256(v[k], abs_mask);
+    m = _mm256_andnot_si256(_mm256_cmpgt_epi32(m, inf), m);  // NaN left out
+    amax = _mm256_max_epu32(amax, m);
+  }
+  alignas(32) std::uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), amax);
+  std::uint32_t amax_bits = 0;
+  for (std::uint32_t l : lanes) amax_bits = l > amax_bits ? l : amax_bits;
+  const int e = block_exponent(std::bit_cast<float>(amax_bits));
+  *exp_out = std::uint8_t(e + 127);
+  const __m256 inv = _mm256_set1_ps(std::ldexp(1.0f, -e));
+  const __m256i sub_limit = _mm256_set1_epi32(0x3c800000), magic_i = _mm256_set1_epi32(0x4b000000);
+  const __m256 magic = _mm256_castsi256_ps(magic_i), f512 = _mm256_set1_ps(512.0f);
+  __m256i r[4];
+  for (int k = 0; k < 4; ++k) {
+    const __m256i bits = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(v[k]), inv));
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
+    const __m256i u = _mm256_and_si256(bits, abs_mask);
+    const __m256i is_sub = _mm256_cmpgt_epi32(sub_limit, u);  // u < 2^-6
+    const __m256 a = _mm256_castsi256_ps(_mm256_and_si256(u, is_sub));
+    const __m256i sub = _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(a, f512), magic), magic));
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 20), _mm256_set1_epi32(1));
+    __m256i nrm = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7ffff)), odd), 20);
+    nrm = _mm256_sub_epi32(nrm, _mm256_set1_epi32(120 << 3));
+    nrm = _mm256_min_epu32(nrm, _mm256_set1_epi32(0x7e));
+    __m256i q = _mm256_blendv_epi8(nrm, sub, is_sub);
+    q = _mm256_blendv_epi8(q, _mm256_set1_epi32(0x7f), _mm256_cmpgt_epi32(u, inf));  // NaN
+    r[k] = _mm256_or_si256(q, sign);
+  }
+  // 32 int32 (each < 256) -> 32 bytes in order.
+  const __m256i p01 = _mm256_packus_epi32(r[0], r[1]), p23 = _mm256_packus_epi32(r[2], r[3]);
+  const __m256i b = _mm256_packus_epi16(p01, p23);
+  const __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), ordered);
+}
+
 template <typename T>
 void quantize_rows(const T* x, std::int64_t n, std::uint8_t* codes, std::uint8_t* exps) {
   const std::int64_t blocks = (n + kMxBlock - 1) / kMxBlock;
-  parallel_for(0, blocks, 2048, [&](std::int64_t b0, std::int64_t b1) {
+  parallel_for(0, blocks, 512, [&](std::int64_t b0, std::int64_t b1) {
     float buf[kMxBlock];
     for (std::int64_t b = b0; b < b1; ++b) {
       const std::int64_t i0 = b * kMxBlock, len = std::min(kMxBlock, n - i0);
-      float amax = 0.0f;
+      if (len == kMxBlock) {
+        const float* src = buf;
+        if constexpr (std::is_same_v<T, float>) {
+          src = x + i0;
+        } else {
+          for (std::int64_t i = 0; i < len; ++i) buf[i] = float(x[i0 + i]);
+        }
+        quantize_block_avx2(src, codes + i0, exps + b);
+        continue;
+      }
+      // The last, partial block. The block's largest magnitude, compared as
+      // bits (non-negative floats order as their bits); NaN is left out so
+      // its block keeps a scale.
+      std::uint32_t amax_bits = 0;
       for (std::int64_t i = 0; i < len; ++i) {
         buf[i] = float(x[i0 + i]);
-        const float a = std::fabs(buf[i]);
-        amax = a > amax ? a : amax;  // NaN never wins: its block keeps a finite scale
+        std::uint32_t m = std::bit_cast<std::uint32_t>(buf[i]) & 0x7fffffffu;
+        m = m > 0x7f800000u ? 0u : m;
+        amax_bits = m > amax_bits ? m : amax_bits;
       }
-      const int e = block_exponent(amax);
+      const int e = block_exponent(std::bit_cast<float>(amax_bits));
       exps[b] = std::uint8_t(e + 127);
       const float inv = std::ldexp(1.0f, -e);
       for (std::int64_t i = 0; i < len; ++i) codes[i0 + i] = ops_detail::e4m3_encode(buf[i] * inv);
@@ -77,7 +141,7 @@ template <typename T>
 void dequantize_rows(const std::uint8_t* codes, const std::uint8_t* exps, std::int64_t n, T* out) {
   const auto& table = e4m3_table();
   const std::int64_t blocks = (n + kMxBlock - 1) / kMxBlock;
-  parallel_for(0, blocks, 2048, [&](std::int64_t b0, std::int64_t b1) {
+  parallel_for(0, blocks, 512, [&](std::int64_t b0, std::int64_t b1) {
     for (std::int64_t b = b0; b < b1; ++b) {
       const std::int64_t i0 = b * kMxBlock, len = std::min(kMxBlock, n - i0);
       const float s = std::ldexp(1.0f, int(exps[b]) - 127);

@@ -133,8 +133,10 @@ void sync(Device device) {
 // Splits "none,selected:0,2,per_block" into plans: a piece that does not start
 // a plan continues the previous one.
 std::vector<std::string> split_plans(const std::string& s) {
-  static const char* heads[] = {"none", "per_block", "chunk", "selected:", "uniform:", "block:", "attention",
-                                "moe_expert", "selective:", "keep_last"};
+  // (A piece that starts with none of these continues the previous plan's
+  // list: selective:mlp,layernorm, offload:mlp,core_attn.)
+  static const char* heads[] = {"none",       "per_block",  "chunk",     "selected:", "uniform:", "block:",
+                                "attention",  "moe_expert", "selective:", "keep_last", "offload",  "compress:"};
   std::vector<std::string> out;
   std::stringstream in(s);
   std::string piece;

@@ -74,7 +74,7 @@ TEST_CASE("plans parse against the sub-region names a model's blocks offer", "[c
   CHECK_THROWS_WITH(RecomputePlan::parse("selective:foo", 4),
                     Catch::Contains("valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, "
                                     "attention, moe_expert, keep_last (with block regions), offload, offload:NAMES, "
-                                     "compress:bf16|fp8, compress:bf16|fp8:NAMES, selective:NAMES "
+                                     "compress:bf16|fp8, compress:bf16|fp8:NAMES|all, selective:NAMES "
                                     "(core_attn, layernorm, mlp, moe_act, moe, shared_experts, save_matmul, "
                                     "save_attention, save_ops=OP/OP/... with OP one of "));
   CHECK_THROWS_WITH(RecomputePlan::parse("selective:attention", 4),

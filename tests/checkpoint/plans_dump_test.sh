@@ -43,6 +43,8 @@ for seed in 0 1; do
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:fp8:mlp" 0.02
   check tests/checkpoint/data/tiny_dropout.json "$seed" "per_block+compress:fp8 per_block+compress:fp8+offload" 0.06
   check tests/checkpoint/data/tiny_moe_dropout.json "$seed" "compress:fp8 per_block+compress:bf16" 0.04
+  check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:bf16:all" 0.015
+  check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:fp8:all per_block+compress:fp8:all" 0.15
 done
 check tests/checkpoint/data/tiny_moe_random.json 0 "$moe"
 echo "remat-tests: $passed passed, $failed failed, 0 skipped"

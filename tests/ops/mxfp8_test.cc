@@ -106,3 +106,34 @@ TEST_CASE("mxfp8: special values, dtypes, layouts, thread counts", "[mxfp8]") {
   CHECK_THROWS_WITH(mxfp8_quantize(arange(0, 4, 1, DType::i64)),
                     Catch::Contains("mxfp8_quantize: expected an f32, bf16 or f16 tensor, got i64"));
 }
+
+TEST_CASE("mxfp8: the vector block path gives the reference codes and exponents", "[mxfp8]") {
+  // Full blocks (the AVX2 path) and a partial one, values of every scale,
+  // zeros, subnormal results, NaN and inf, and maxima right at 448 * 2^e.
+  const std::int64_t n = 32 * 64 + 9;
+  std::vector<float> v = normal({n}, 9).to_vector<float>();
+  for (std::int64_t i = 0; i < n; ++i) v[std::size_t(i)] *= std::ldexp(1.0f, int((i / 32) % 60) - 30);
+  for (std::int64_t i = 0; i < 32; ++i) v[std::size_t(64 + i)] = 0.0f;              // an all-zero block
+  v[200] = std::nanf("");
+  v[300] = std::numeric_limits<float>::infinity();
+  for (std::int64_t i = 0; i < 32; ++i) v[std::size_t(400 + i)] = i == 3 ? 448.0f * 4 : 1e-6f * float(i);
+  const Tensor q = mxfp8_quantize(from_vector<float>(v, {n}));
+  const auto* bytes = static_cast<const std::uint8_t*>(q.raw_data());
+  std::int64_t bad = 0;
+  for (std::int64_t b = 0; b * 32 < n; ++b) {
+    float amax = 0;
+    for (std::int64_t i = b * 32; i < std::min(n, b * 32 + 32); ++i)
+      if (!std::isnan(v[std::size_t(i)])) amax = std::max(amax, std::abs(v[std::size_t(i)]));
+    int e = -127;  // the smallest exponent that brings amax to <= 448
+    if (std::isinf(amax))
+      e = 127;
+    else
+      while (e < 127 && std::ldexp(amax, -e) > 448.0f) ++e;
+    if (int(bytes[n + b]) - 127 != e) ++bad;
+    for (std::int64_t i = b * 32; i < std::min(n, b * 32 + 32); ++i)
+      if (bytes[i] != fp8_e4m3(v[std::size_t(i)] * std::ldexp(1.0f, -e)).bits) {
+        if (bad++ < 5) UNSCOPED_INFO("element " << i << " value " << v[std::size_t(i)] << " exponent " << e);
+      }
+  }
+  CHECK(bad == 0);
+}
