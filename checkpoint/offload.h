@@ -39,9 +39,9 @@ struct OffloadOptions {
   // Saves smaller than this stay in memory (not worth a write).
   std::size_t min_bytes = 64 * 1024;
   // Bytes queued for writing, at most; pack waits for the writer beyond it.
-  std::size_t max_inflight_bytes = std::size_t(256) << 20;
+  std::size_t max_inflight_bytes = std::size_t(64) << 20;
   // How far ahead of backward the reads run, in bytes.
-  std::size_t prefetch_bytes = std::size_t(64) << 20;
+  std::size_t prefetch_bytes = std::size_t(16) << 20;
   // 0: unlimited. Else the store holds at most this many bytes, and a write
   // past it fails as on a full disk (ENOSPC) (tests use it).
   std::size_t capacity_bytes = 0;
