@@ -74,6 +74,92 @@ bool RecomputePlan::block_in_region(std::int64_t i) const {
   return false;
 }
 
+namespace {
+
+std::string range_str(std::int64_t lo, std::int64_t hi, std::int64_t n) {
+  if (lo == 0 && hi == n - 1) return "";
+  return "@" + std::to_string(lo) + (hi == lo ? "" : "-" + std::to_string(hi));
+}
+
+std::string join(const std::set<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ",") + n;
+  return out;
+}
+
+}  // namespace
+
+std::string RecomputePlan::str() const {
+  std::vector<std::string> parts;
+  // Block-level regions, in block order: runs of one-block regions with the
+  // same policy become per_block@A-B (or selective:POLICY@A-B); a longer
+  // region is chunk@A-B.
+  std::vector<std::size_t> order(block_regions.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return block_regions[a].front() < block_regions[b].front();
+  });
+  for (std::size_t k = 0; k < order.size();) {
+    const std::size_t r = order[k];
+    const auto& g = block_regions[r];
+    const std::string& pol = region_policy_names[r];
+    if (g.size() > 1) {
+      parts.push_back("chunk" + range_str(g.front(), g.back(), n_layers));
+      ++k;
+      continue;
+    }
+    std::size_t e = k + 1;
+    while (e < order.size() && block_regions[order[e]].size() == 1 &&
+           block_regions[order[e]][0] == block_regions[order[e - 1]][0] + 1 && region_policy_names[order[e]] == pol)
+      ++e;
+    const std::int64_t lo = g[0], hi = block_regions[order[e - 1]][0];
+    parts.push_back((pol.empty() ? std::string("per_block") : "selective:" + pol) + range_str(lo, hi, n_layers));
+    k = e;
+  }
+  // Module regions: runs of blocks with the same module.
+  std::set<std::string> all;
+  for (const auto& m : block_modules) all.insert(m.begin(), m.end());
+  for (const auto& m : all) {
+    for (std::int64_t b = 0; b < n_layers;) {
+      if (!block_modules[std::size_t(b)].count(m)) {
+        ++b;
+        continue;
+      }
+      std::int64_t e = b;
+      while (e + 1 < n_layers && block_modules[std::size_t(e + 1)].count(m)) ++e;
+      parts.push_back((standalone(m) ? m : "selective:" + m) + range_str(b, e, n_layers));
+      b = e + 1;
+    }
+  }
+  auto range_of = [&](const std::optional<std::pair<std::int64_t, std::int64_t>>& r) {
+    if (!r) return std::string();
+    return "@" + std::to_string(r->first) + (r->second == r->first ? "" : "-" + std::to_string(r->second));
+  };
+  if (offload)
+    parts.push_back("offload" + (offload_modules.empty() ? "" : ":" + join(offload_modules)) + range_of(offload_range));
+  if (compress)
+    parts.push_back(std::string("compress:") + compress_format_name(compress_format) +
+                    (compress_all ? ":all" : compress_modules.empty() ? "" : ":" + join(compress_modules)) +
+                    range_of(compress_range));
+  if (parts.empty()) return "none";
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : "+") + p;
+  return out;
+}
+
+bool RecomputePlan::operator==(const RecomputePlan& o) const {
+  auto normalised = [](const RecomputePlan& p) {
+    std::vector<std::pair<std::vector<std::int64_t>, std::string>> r;
+    for (std::size_t i = 0; i < p.block_regions.size(); ++i) r.emplace_back(p.block_regions[i], p.region_policy_names[i]);
+    std::sort(r.begin(), r.end());
+    return r;
+  };
+  return n_layers == o.n_layers && normalised(*this) == normalised(o) && block_modules == o.block_modules &&
+         offload == o.offload && offload_modules == o.offload_modules && offload_range == o.offload_range &&
+         compress == o.compress && (!compress || compress_format == o.compress_format) &&
+         compress_modules == o.compress_modules && compress_all == o.compress_all && compress_range == o.compress_range;
+}
+
 const std::vector<std::string>& RecomputePlan::builtin_sub_regions() {
   static const std::vector<std::string> names = {"attention", "moe_expert", "core_attn", "layernorm",
                                                  "mlp",       "moe_act",    "moe",       "shared_experts"};
@@ -95,10 +181,13 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
   RecomputePlan plan;
   plan.spec = spec;
   if (spec.empty()) bad("empty plan");
+  plan.n_layers = n_layers;
+  plan.block_modules.assign(std::size_t(n_layers), {});
   if (spec == "none") return plan;
   std::vector<std::int64_t> owner(std::size_t(n_layers), -1);  // block -> component index
   std::vector<std::string> components = split(spec, '+');
-  auto claim_blocks = [&](std::size_t comp, const std::vector<std::vector<std::int64_t>>& regions) {
+  auto claim_blocks = [&](std::size_t comp, const std::vector<std::vector<std::int64_t>>& regions,
+                          const Policy& policy = nullptr, const std::string& policy_name = "") {
     for (const auto& r : regions)
       for (auto b : r) {
         if (owner[std::size_t(b)] >= 0)
@@ -106,22 +195,39 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
                         "' overlap at block " + std::to_string(b) + " (a block can be in only one region)");
         owner[std::size_t(b)] = std::int64_t(comp);
       }
-    plan.block_regions.insert(plan.block_regions.end(), regions.begin(), regions.end());
+    for (const auto& r : regions) {
+      plan.block_regions.push_back(r);
+      plan.region_policies.push_back(policy);
+      plan.region_policy_names.push_back(policy_name);
+    }
   };
-  auto all_blocks_each = [&]() {
+  // One region per block of [lo, hi].
+  auto each = [&](std::int64_t lo, std::int64_t hi) {
     std::vector<std::vector<std::int64_t>> r;
-    for (std::int64_t i = 0; i < n_layers; ++i) r.push_back({i});
+    for (std::int64_t i = lo; i <= hi; ++i) r.push_back({i});
     return r;
   };
-  std::map<std::string, std::string> part_owner;  // sub-block part -> component
-  auto claim_module = [&](std::size_t comp, const std::string& module) {
-    for (const auto& p : parts_of(module)) {
-      auto it = part_owner.find(p);
-      if (it != part_owner.end())
-        bad("'" + it->second + "' and '" + components[comp] + "' overlap (both cover " + p + ")");
-      part_owner[p] = components[comp];
-    }
+  std::map<std::pair<std::int64_t, std::string>, std::string> part_owner;  // (block, sub-block part) -> component
+  auto claim_module = [&](std::size_t comp, const std::string& module, std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t b = lo; b <= hi; ++b)
+      for (const auto& p : parts_of(module)) {
+        auto it = part_owner.find({b, p});
+        if (it != part_owner.end())
+          bad("'" + it->second + "' and '" + components[comp] + "' overlap (both cover " + p +
+              (lo == 0 && hi == n_layers - 1 ? std::string() : " in block " + std::to_string(b)) + ")");
+        part_owner[{b, p}] = components[comp];
+      }
+    for (std::int64_t b = lo; b <= hi; ++b) plan.block_modules[std::size_t(b)].insert(module);
     plan.modules.insert(module);
+  };
+  // "@A-B" or "@A" after a component: the blocks it applies to.
+  auto parse_range = [&](const std::string& comp, const std::string& text, std::int64_t& lo, std::int64_t& hi) {
+    const auto dash = text.find('-');
+    lo = parse_int(bad, "'" + comp + "': @", text.substr(0, dash));
+    hi = dash == std::string::npos ? lo : parse_int(bad, "'" + comp + "': @A-", text.substr(dash + 1));
+    if (lo > hi || hi >= n_layers)
+      bad("'" + comp + "': block range @" + text + " needs A <= B < " + std::to_string(n_layers) + " (the model has " +
+          std::to_string(n_layers) + " blocks)");
   };
 
   // Sub-regions named by offload:/compress: (their saves get the hooks).
@@ -138,28 +244,38 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
   std::string offload_comp, compress_comp;
   bool keep_last = false;
   for (std::size_t c = 0; c < components.size(); ++c) {
-    const std::string& comp = components[c];
+    std::string comp = components[c];
+    std::int64_t lo = 0, hi = n_layers - 1;
+    bool ranged = false;
+    if (const auto at = comp.find('@'); at != std::string::npos) {
+      parse_range(components[c], comp.substr(at + 1), lo, hi);
+      ranged = true;
+      comp = comp.substr(0, at);
+    }
     if (comp == "keep_last") {
+      if (ranged) bad("'keep_last' takes no @range (it is about the last block)");
       if (keep_last) bad("'keep_last' given twice");
       keep_last = true;
       continue;
     }
     if (comp == "offload" || comp.rfind("offload:", 0) == 0) {
-      if (plan.offload) bad("'" + offload_comp + "' and '" + comp + "': offload given twice");
+      if (plan.offload) bad("'" + offload_comp + "' and '" + components[c] + "': offload given twice");
       plan.offload = true;
-      offload_comp = comp;
+      offload_comp = components[c];
+      if (ranged) plan.offload_range = std::make_pair(lo, hi);
       if (comp != "offload") plan.offload_modules = hook_modules(comp, comp.substr(8));
       continue;
     }
     if (comp.rfind("compress:", 0) == 0) {
-      if (plan.compress) bad("'" + compress_comp + "' and '" + comp + "': compress given twice");
+      if (plan.compress) bad("'" + compress_comp + "' and '" + components[c] + "': compress given twice");
       const std::string rest = comp.substr(9);
       const auto colon2 = rest.find(':');
       const std::string fmt = rest.substr(0, colon2);
       if (fmt != "bf16" && fmt != "fp8") bad("'" + comp + "': unknown format '" + fmt + "' (bf16 or fp8)");
       plan.compress = true;
       plan.compress_format = compress_format_from_name(fmt);
-      compress_comp = comp;
+      compress_comp = components[c];
+      if (ranged) plan.compress_range = std::make_pair(lo, hi);
       if (colon2 != std::string::npos) {
         if (rest.substr(colon2 + 1) == "all")
           plan.compress_all = true;  // every floating save, not only matmul inputs and boundaries
@@ -174,11 +290,13 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
     if (comp == "none") {
       if (components.size() > 1) bad("'none' cannot be combined");
     } else if (comp == "per_block") {
-      claim_blocks(c, all_blocks_each());
+      claim_blocks(c, each(lo, hi));
     } else if (comp == "chunk") {
       std::vector<std::int64_t> all;
-      for (std::int64_t i = 0; i < n_layers; ++i) all.push_back(i);
+      for (std::int64_t i = lo; i <= hi; ++i) all.push_back(i);
       claim_blocks(c, {all});
+    } else if ((head == "selected" || head == "block") && colon != std::string::npos && ranged) {
+      bad("'" + components[c] + "': " + head + ":... names its blocks itself and takes no @range");
     } else if (head == "selected" && colon != std::string::npos) {
       std::vector<std::vector<std::int64_t>> r;
       for (const auto& s : split(arg, ',')) {
@@ -189,11 +307,11 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
       claim_blocks(c, r);
     } else if (head == "uniform" && colon != std::string::npos) {
       const std::int64_t g = parse_int(bad, "uniform", arg);
-      if (g < 1 || g > n_layers) bad("uniform:N needs 1 <= N <= " + std::to_string(n_layers));
+      if (g < 1 || g > hi - lo + 1) bad("uniform:N needs 1 <= N <= " + std::to_string(hi - lo + 1));
       std::vector<std::vector<std::int64_t>> r;
-      for (std::int64_t i = 0; i < n_layers; i += g) {
+      for (std::int64_t i = lo; i <= hi; i += g) {
         std::vector<std::int64_t> grp;
-        for (std::int64_t j = i; j < std::min(n_layers, i + g); ++j) grp.push_back(j);
+        for (std::int64_t j = i; j < std::min(hi + 1, i + g); ++j) grp.push_back(j);
         r.push_back(grp);
       }
       claim_blocks(c, r);
@@ -204,11 +322,11 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
       for (std::int64_t i = 0; i < n; ++i) r.push_back({i});
       claim_blocks(c, r);
     } else if (standalone(comp) && offered(comp)) {
-      claim_module(c, comp);
+      claim_module(c, comp, lo, hi);
     } else if (head == "selective" && colon != std::string::npos) {
       for (const auto& name : split(arg, ',')) {
         if (name == "save_matmul" || name == "save_attention" || name.rfind("save_ops=", 0) == 0) {
-          if (plan.policy) bad("only one op policy per plan");
+          if (plan.policy && !ranged) bad("only one op policy per plan (or give each its @range)");
           if (name == "save_matmul") plan.policy = save_matmul_outputs();
           else if (name == "save_attention") plan.policy = save_attention_outputs();
           else {
@@ -223,9 +341,9 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
             plan.policy = save_ops(ops);
           }
           plan.policy_name = name;
-          claim_blocks(c, all_blocks_each());
+          claim_blocks(c, each(lo, hi), plan.policy, name);
         } else if (!standalone(name) && offered(name)) {
-          claim_module(c, name);
+          claim_module(c, name, lo, hi);
         } else {
           bad("unknown selective name '" + name + "' in '" + comp + "' (" +
               (standalone(name) && offered(name) ? "'" + name + "' is a component of its own, without selective:"
@@ -233,7 +351,7 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
         }
       }
     } else {
-      bad("unknown component '" + comp + "'" +
+      bad("unknown component '" + components[c] + "'" +
           (!standalone(comp) && offered(comp) ? " (a sub-region: write selective:" + comp + ")" : ""));
     }
   }
@@ -246,38 +364,44 @@ RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layer
       for (auto b : r) last = std::max(last, b);
     if (last < 0) bad("'keep_last' needs block-level regions (per_block, chunk, uniform:N, ...) to take the last block from");
     for (auto& r : plan.block_regions) r.erase(std::remove(r.begin(), r.end(), last), r.end());
-    plan.block_regions.erase(std::remove_if(plan.block_regions.begin(), plan.block_regions.end(),
-                                            [](const auto& r) { return r.empty(); }),
-                             plan.block_regions.end());
+    for (std::size_t i = plan.block_regions.size(); i-- > 0;)
+      if (plan.block_regions[i].empty()) {
+        plan.block_regions.erase(plan.block_regions.begin() + std::ptrdiff_t(i));
+        plan.region_policies.erase(plan.region_policies.begin() + std::ptrdiff_t(i));
+        plan.region_policy_names.erase(plan.region_policy_names.begin() + std::ptrdiff_t(i));
+      }
     owner[std::size_t(last)] = -1;
   }
   // Hooks on sub-regions that a region recomputes have nothing to pack.
-  auto check_hook_modules = [&](const std::string& comp, const std::set<std::string>& mods) {
+  auto check_hook_modules = [&](const std::string& comp, const std::set<std::string>& mods,
+                                const std::optional<std::pair<std::int64_t, std::int64_t>>& range) {
     if (mods.empty()) return;
+    const std::int64_t lo = range ? range->first : 0, hi = range ? range->second : n_layers - 1;
     for (const auto& m : mods)
-      for (const auto& r : plan.modules) {
-        const auto pm = parts_of(m), pr = parts_of(r);
-        for (const auto& p : pm)
-          if (pr.count(p))
-            bad("'" + comp + "' and the '" + r + "' regions: " + m + "'s saves are recomputed there, not kept, so " +
-                "there is nothing to " + (comp.rfind("offload", 0) == 0 ? "offload" : "compress"));
-      }
+      for (std::int64_t b = lo; b <= hi; ++b)
+        for (const auto& r : plan.block_modules[std::size_t(b)]) {
+          const auto pm = parts_of(m), pr = parts_of(r);
+          for (const auto& p : pm)
+            if (pr.count(p))
+              bad("'" + comp + "' and the '" + r + "' regions: " + m + "'s saves are recomputed there, not kept, so " +
+                  "there is nothing to " + (comp.rfind("offload", 0) == 0 ? "offload" : "compress"));
+        }
     bool any_plain_block = false;
-    for (std::int64_t b = 0; b < n_layers; ++b) any_plain_block = any_plain_block || owner[std::size_t(b)] < 0;
+    for (std::int64_t b = lo; b <= hi; ++b) any_plain_block = any_plain_block || owner[std::size_t(b)] < 0;
+    const std::string base = comp.substr(0, comp.find('@'));
     if (!any_plain_block)
-      bad("'" + comp + "': every block is in a block-level region, so the saves inside its sub-regions are " +
-          "recomputed, not kept; use '" + comp.substr(0, comp.rfind(':')) + "' (without names) to act on the " +
-          "regions' boundaries");
+      bad("'" + comp + "': every block " + (range ? "of its range " : "") + "is in a block-level region, so the " +
+          "saves inside its sub-regions are recomputed, not kept; use '" + base.substr(0, base.rfind(':')) +
+          "' (without names) to act on the regions' boundaries");
   };
-  check_hook_modules(offload_comp, plan.offload_modules);
-  check_hook_modules(compress_comp, plan.compress_modules);
+  check_hook_modules(offload_comp, plan.offload_modules, plan.offload_range);
+  check_hook_modules(compress_comp, plan.compress_modules, plan.compress_range);
   // Module regions live inside blocks: they cannot share a block with a block region.
-  if (!plan.modules.empty())
-    for (std::int64_t b = 0; b < n_layers; ++b)
-      if (owner[std::size_t(b)] >= 0)
-        bad("'" + components[std::size_t(owner[std::size_t(b)])] + "' and the module regions (" +
-                      *plan.modules.begin() + ") overlap at block " + std::to_string(b) +
-                      " (module regions would nest inside the block's region)");
+  for (std::int64_t b = 0; b < n_layers; ++b)
+    if (owner[std::size_t(b)] >= 0 && !plan.block_modules[std::size_t(b)].empty())
+      bad("'" + components[std::size_t(owner[std::size_t(b)])] + "' and the module regions (" +
+                    *plan.block_modules[std::size_t(b)].begin() + ") overlap at block " + std::to_string(b) +
+                    " (module regions would nest inside the block's region)");
   return plan;
 }
 

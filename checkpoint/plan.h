@@ -25,6 +25,9 @@
 //                        (bf16 or fp8, MXFP8) and expanded on unpack (lossy;
 //                        checkpoint/compress.h); compress:FMT:all takes every
 //                        floating save
+//   C@A-B                any component but selected:, block: and keep_last,
+//                        limited to blocks A..B (or @A: one block), e.g.
+//                        per_block@0-3+selective:save_matmul@4-7+offload@0-1
 //   keep_last            (with block-level regions) the last block leaves its
 //                        region and keeps its saves: its backward starts right
 //                        after the forward, so its replay is redone work. Costs
@@ -42,6 +45,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <set>
 #include <string>
 #include <vector>
@@ -53,13 +58,20 @@ namespace remat {
 
 struct RecomputePlan {
   std::string spec = "none";
-  // Block-level regions: groups of consecutive block indices, each one region.
+  std::int64_t n_layers = 0;  // the blocks it was parsed for
+  // Block-level regions: groups of consecutive block indices, each one region,
+  // with the op policy of each (null: recompute everything) and its name.
   std::vector<std::vector<std::int64_t>> block_regions;
+  std::vector<Policy> region_policies;
+  std::vector<std::string> region_policy_names;
+  // The module regions of each block (`modules` is their union).
+  std::vector<std::set<std::string>> block_modules;
   // Sub-block module regions applied in every block (names from the list
   // parse() was given: by default "attention", "core_attn", "layernorm",
   // "mlp", "moe_act", "moe", "shared_experts", "moe_expert").
   std::set<std::string> modules;
-  // Op policy for the block-level regions (selective:save_*), or null.
+  // The (last) op policy named (selective:save_*), or null; each region
+  // carries its own in region_policies.
   Policy policy;
   std::string policy_name;
 
@@ -72,6 +84,9 @@ struct RecomputePlan {
   CompressFormat compress_format = CompressFormat::fp8;
   std::set<std::string> compress_modules;
   bool compress_all = false;  // compress:FMT:all: every floating save, not only matmul inputs and boundaries
+  // Limited by @A-B to the blocks A..B (their forward, regions and the
+  // named parts in them); unset: the whole model (embedding, blocks, head).
+  std::optional<std::pair<std::int64_t, std::int64_t>> offload_range, compress_range;
   // Where offload's spill file goes (empty: the temp folder); set by the
   // caller (--offload-dir), not by the plan string.
   std::string offload_dir;
@@ -79,6 +94,18 @@ struct RecomputePlan {
   bool is_none() const { return block_regions.empty() && modules.empty() && !offload && !compress; }
   // True if block `i` is inside a block-level region.
   bool block_in_region(std::int64_t i) const;
+  // True if the hooks of a ranged (or whole-model) offload / compression
+  // apply to block i.
+  static bool in_range(const std::optional<std::pair<std::int64_t, std::int64_t>>& r, std::int64_t i) {
+    return !r || (i >= r->first && i <= r->second);
+  }
+
+  // The plan as a canonical string that parse() turns back into an equal
+  // plan (block ranges written as @A-B; keep_last already applied).
+  std::string str() const;
+  // Same regions, policies, module regions, offload and compression (the spec
+  // text and offload_dir aside).
+  bool operator==(const RecomputePlan& o) const;
 
   // The decoder's sub-region names, in the order error messages list them.
   static const std::vector<std::string>& builtin_sub_regions();

@@ -105,18 +105,22 @@ void BlockStack::set_plan(const RecomputePlan& plan) {
     o.all_saves = plan.compress_all;
     compress = std::make_shared<CompressHooks>(o);
   }
-  std::map<std::string, std::vector<std::shared_ptr<SavedTensorHooks>>> part_hooks;
-  for (const auto& m : plan.offload_modules) part_hooks[m].push_back(offload);
-  for (const auto& m : plan.compress_modules) part_hooks[m].push_back(compress);
-  for (auto& [n, b] : blocks_) {
-    b->set_part_hooks(part_hooks);
-    b->set_regions(plan.modules);
+  for (std::int64_t i = 0; i < num_blocks(); ++i) {
+    // Outermost first: offload, then compression (innermost).
+    std::map<std::string, std::vector<std::shared_ptr<SavedTensorHooks>>> part_hooks;
+    if (RecomputePlan::in_range(plan.offload_range, i))
+      for (const auto& m : plan.offload_modules) part_hooks[m].push_back(offload);
+    if (RecomputePlan::in_range(plan.compress_range, i))
+      for (const auto& m : plan.compress_modules) part_hooks[m].push_back(compress);
+    Block& b = *blocks_[std::size_t(i)].second;
+    b.set_part_hooks(std::move(part_hooks));
+    b.set_regions(std::size_t(i) < plan.block_modules.size() ? plan.block_modules[std::size_t(i)] : plan.modules);
   }
   plan_ = plan;
   offload_ = offload;
   compress_ = compress;
-  offload_whole_ = plan.offload && plan.offload_modules.empty();
-  compress_whole_ = plan.compress && plan.compress_modules.empty();
+  offload_whole_ = plan.offload && plan.offload_modules.empty() && !plan.offload_range;
+  compress_whole_ = plan.compress && plan.compress_modules.empty() && !plan.compress_range;
   region_of_ = std::move(region_of);
 }
 
@@ -141,13 +145,28 @@ BlockStack::SaveHooksScope::~SaveHooksScope() {
 
 Tensor BlockStack::forward(const Tensor& x) const {
   SaveHooksScope save_hooks(*this);
+  // A ranged offload / compression (offload@A-B): its hooks while block i
+  // runs (with the region it starts, whose boundary it packs).
+  auto ranged_hooks = [this](std::int64_t i) {
+    std::vector<std::unique_ptr<SavedTensorHooksScope>> scopes;
+    if (offload_ && plan_.offload_range && plan_.offload_modules.empty() && RecomputePlan::in_range(plan_.offload_range, i))
+      scopes.push_back(std::make_unique<SavedTensorHooksScope>(offload_));
+    if (compress_ && plan_.compress_range && plan_.compress_modules.empty() &&
+        RecomputePlan::in_range(plan_.compress_range, i))
+      scopes.push_back(std::make_unique<SavedTensorHooksScope>(compress_));
+    return scopes;
+  };
   Tensor h = x;
   if (plan_.block_regions.empty()) {
-    for (const auto& [n, b] : blocks_) h = b->forward(h);
+    for (std::int64_t i = 0; i < num_blocks(); ++i) {
+      const auto hooks = ranged_hooks(i);
+      h = blocks_[std::size_t(i)].second->forward(h);
+    }
     return h;
   }
   // Block-level regions, in block order; blocks outside any region run plainly.
   for (std::int64_t i = 0; i < num_blocks();) {
+    const auto hooks = ranged_hooks(i);
     const std::int64_t r = region_of_[std::size_t(i)];
     if (r < 0) {
       h = blocks_[std::size_t(i)].second->forward(h);
@@ -158,7 +177,7 @@ Tensor BlockStack::forward(const Tensor& x) const {
     CheckpointOptions o;
     o.name = group.size() == 1 ? "block " + std::to_string(group[0])
                                : "blocks " + std::to_string(group.front()) + "-" + std::to_string(group.back());
-    o.policy = plan_.policy;
+    o.policy = std::size_t(r) < plan_.region_policies.size() ? plan_.region_policies[std::size_t(r)] : plan_.policy;
     h = checkpoint([this, group](const Tensor& t) {
       Tensor u = t;
       for (auto b : group) u = blocks_[std::size_t(b)].second->forward(u);

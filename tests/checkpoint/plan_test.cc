@@ -221,3 +221,55 @@ TEST_CASE("offload and compress components parse, combine and refuse nonsense", 
   CHECK_THROWS_WITH(RecomputePlan::parse("compress:fp8:moe_act", 4, {"moe_act", "mlp"}),
                     Contains("keeps no saves of its own"));
 }
+
+TEST_CASE("block ranges limit components; plans print back to an equal plan", "[checkpoint][plan]") {
+  auto p = RecomputePlan::parse("per_block@0-3+selective:save_matmul@4-7+offload@0-1", 8);
+  CHECK(p.block_regions == Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}});
+  CHECK(p.region_policies[0] == nullptr);
+  CHECK(p.region_policies[4] != nullptr);
+  CHECK(p.region_policy_names[7] == "save_matmul");
+  CHECK(p.offload_range == std::make_pair(std::int64_t(0), std::int64_t(1)));
+  CHECK(RecomputePlan::in_range(p.offload_range, 1));
+  CHECK(!RecomputePlan::in_range(p.offload_range, 2));
+  auto m = RecomputePlan::parse("selective:mlp@2-3+attention@0", 4);
+  CHECK(m.block_modules[0] == std::set<std::string>{"attention"});
+  CHECK(m.block_modules[1].empty());
+  CHECK(m.block_modules[2] == std::set<std::string>{"mlp"});
+  CHECK(RecomputePlan::parse("uniform:2@2-5", 6).block_regions == Groups{{2, 3}, {4, 5}});
+  CHECK(RecomputePlan::parse("chunk@1-2+per_block@3", 4).block_regions == Groups{{1, 2}, {3}});
+  // Module regions and block regions may share a stack, not a block.
+  CHECK(RecomputePlan::parse("per_block@0-1+selective:mlp@2-3", 4).block_modules[3].count("mlp") == 1);
+
+  using Catch::Contains;
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block@2-9", 4), Contains("block range @2-9 needs A <= B < 4"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block@3-1", 4), Contains("needs A <= B < 4"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block@0-2+chunk@2-3", 4), Contains("overlap at block 2"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("selected:1@0-2", 4), Contains("names its blocks itself and takes no @range"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("keep_last@3+per_block", 4), Contains("'keep_last' takes no @range"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block@0-1+selective:mlp@1-2", 4),
+                    Contains("overlap at block 1 (module regions would nest"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("selective:mlp@0-2+selective:mlp@2-3", 4), Contains("in block 2"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block@0-1+offload:mlp@0-1", 4),
+                    Contains("every block of its range is in a block-level region"));
+
+  // Round trip: parse(str(p)) == p, for every plan form.
+  const std::vector<std::string> specs = {
+      "none", "per_block", "chunk", "selected:0,2", "uniform:2", "block:3", "attention", "selective:core_attn",
+      "selective:mlp,layernorm", "selective:save_matmul", "selective:save_ops=matmul/scaled_dot_product_attention",
+      "selected:1,3+block:1", "attention+selective:mlp", "per_block+keep_last", "uniform:2+keep_last", "offload",
+      "per_block+offload", "offload:mlp,core_attn", "compress:fp8", "compress:bf16:mlp+offload", "compress:fp8:all",
+      "per_block@0-3+selective:save_matmul@4-7+offload@0-1", "selective:mlp@2-3+attention@0", "uniform:3@1-7",
+      "chunk@1-2+per_block@3+compress:bf16@0-5", "per_block@0-1+selective:mlp@2-5+offload:mlp@6-7"};
+  for (const auto& spec : specs) {
+    INFO(spec);
+    const auto plan = RecomputePlan::parse(spec, 8);
+    const std::string printed = plan.str();
+    INFO("printed: " << printed);
+    CHECK(RecomputePlan::parse(printed, 8) == plan);
+    CHECK(RecomputePlan::parse(printed, 8).str() == printed);  // canonical
+  }
+  CHECK(RecomputePlan::parse("per_block", 8).str() == "per_block");
+  CHECK(RecomputePlan::parse("per_block+keep_last", 8).str() == "per_block@0-6");
+  CHECK(RecomputePlan::parse("uniform:4", 8).str() == "chunk@0-3+chunk@4-7");
+  CHECK(RecomputePlan::parse("none", 8).str() == "none");
+}

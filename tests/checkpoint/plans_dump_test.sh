@@ -31,9 +31,10 @@ dense="per_block chunk selected:0,2 uniform:2 block:3 attention selective:core_a
        selective:save_matmul selective:save_attention selective:save_ops=matmul/scaled_dot_product_attention
        selective:mlp,layernorm selected:1,3+block:1 attention+selective:mlp per_block+keep_last
        uniform:2+keep_last offload per_block+offload offload:mlp attention+offload:mlp uniform:2+keep_last+offload
-       block:2+offload:mlp"
+       block:2+offload:mlp per_block@0-1+selective:save_matmul@2-3 selective:mlp@1-2+attention@0
+       chunk@1-2+offload@0-1 per_block@2-3+offload:mlp@0-1 uniform:2@0-1+selective:save_attention@2-3"
 moe="per_block chunk per_block+keep_last attention moe_expert selective:moe_act selective:moe selective:shared_experts
-     attention+moe_expert offload per_block+offload offload:moe moe_expert+offload"
+     attention+moe_expert offload per_block+offload offload:moe moe_expert+offload per_block@0-1+moe_expert@2-3"
 for seed in 0 1; do
   check tests/checkpoint/data/tiny_dropout.json "$seed" "$dense"
   check tests/checkpoint/data/tiny_moe_dropout.json "$seed" "$moe"
