@@ -23,7 +23,7 @@ CompressHooks::CompressHooks(CompressOptions options) : options_(options) {}
 std::string CompressHooks::name() const { return std::string("compress:") + compress_format_name(options_.format); }
 
 bool CompressHooks::wants(const Tensor& t, const SaveInfo& info) const {
-  if (!t.defined() || !t.device().is_cpu() || t.nbytes() < options_.min_bytes) return false;
+  if (!t.defined() || t.nbytes() < options_.min_bytes) return false;  // CPU or CUDA: same bits
   if (options_.format == CompressFormat::bf16 ? t.dtype() != DType::f32 : !is_floating(t.dtype())) return false;
   const bool matmul_input = std::strcmp(info.op, "matmul") == 0 && !info.is_output;
   const bool boundary = std::strcmp(info.op, "checkpoint_boundary") == 0;  // a region's kept input

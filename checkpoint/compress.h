@@ -42,7 +42,8 @@ class CompressHooks final : public TypedSavedTensorHooks {
   explicit CompressHooks(CompressOptions options = {});
 
   std::string name() const override;
-  // Floating CPU tensors of activation memory (never parameters, gradients or
+  // Floating tensors (CPU or CUDA; packed and unpacked on their device, with
+  // the same bits) of activation memory (never parameters, gradients or
   // optimizer state that ops save) of at least min_bytes, saved by a matmul
   // as an input or kept as a region's boundary unless all_saves; bf16 takes
   // f32 only.

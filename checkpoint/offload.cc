@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "engine/allocator.h"
+#include "engine/device_runtime.h"
 #include "engine/error.h"
 
 namespace remat {
@@ -38,12 +40,48 @@ struct OffloadHooks::Entry {
   Key key;
   std::weak_ptr<Storage> storage;  // the saved view's, to tell a reused address from it
   bool on_file = false;      // a complete copy is in the file
+  // CUDA saves: `data` is the device tensor (while its copy to the host is
+  // in flight, or copied back), `host` the pinned copy. States used: queued
+  // (copy to the host in flight), stored, reading (copy back queued),
+  // memory, released.
+  bool cuda = false;
+  int device_index = 0;
+  PinnedBuffer host;
+  std::unique_ptr<Event> to_host, to_device;
+  bool to_host_done = false;
+  bool to_device_inflight = false;  // a copy back queued that no unpack has waited on
+};
+
+// The CUDA half: the side stream all copies run on (so every pinned buffer
+// is used in that stream's order), the pinned pool and the entries whose
+// copies are still watched.
+struct OffloadHooks::CudaSide {
+  Stream stream;  // first: destroyed last
+  Event ready;    // the current stream's work so far, for the side stream to wait on
+  std::multimap<std::size_t, PinnedBuffer> free_buffers;  // by size class
+  std::deque<std::shared_ptr<Entry>> watch;
+  std::size_t to_host_bytes = 0;  // copies to the host in flight
+
+  // Makes the side stream wait for the work queued so far on `current`.
+  void follow(StreamId current) {
+    ready.record(current);
+    ready.wait(stream.id());
+  }
 };
 
 namespace {
 
 std::string describe(const OffloadHooks::Entry& e) {
   return "save #" + std::to_string(e.save_id) + " of op '" + e.op + "' (" + std::to_string(e.nbytes) + " bytes)";
+}
+
+// Pinned buffers come in size classes, four per doubling above 64 KiB (at
+// most a quarter wasted), so buffers are reused across saves of nearby sizes.
+std::size_t size_class(std::size_t n) {
+  constexpr std::size_t kMin = 64 * 1024;
+  if (n <= kMin) return kMin;
+  const std::size_t step = std::bit_ceil(n) / 8;
+  return (n + step - 1) / step * step;
 }
 
 std::int64_t now_ns() {
@@ -103,6 +141,12 @@ OffloadHooks::OffloadHooks(OffloadOptions options) : options_(std::move(options)
 }
 
 OffloadHooks::~OffloadHooks() {
+  if (cuda_) {
+    try {
+      cuda_->stream.synchronize();  // no copy may outlive its buffers
+    } catch (const Error&) {  // a failing device: nothing more to do here
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -113,7 +157,13 @@ OffloadHooks::~OffloadHooks() {
 }
 
 bool OffloadHooks::wants(const Tensor& t, const SaveInfo&) const {
-  if (!t.defined() || !t.device().is_cpu() || t.nbytes() < options_.min_bytes || failed_.load()) return false;
+  if (!t.defined() || t.nbytes() < options_.min_bytes) return false;
+  if (t.device().is_cuda()) {
+    const int index = cuda_index_.load();
+    if (index >= 0 && index != t.device().index) return false;
+  } else if (!t.device().is_cpu() || failed_.load()) {
+    return false;
+  }
   const MemoryCategory c = t.impl().storage->category();  // weights stay where they are anyway
   return c != MemoryCategory::parameter && c != MemoryCategory::gradient && c != MemoryCategory::optimizer;
 }
@@ -139,6 +189,7 @@ std::any OffloadHooks::pack_tensor(const Tensor& t, const SaveInfo& info) {
       return it->second;
     }
   }
+  if (t.device().is_cuda()) return pack_cuda(t, info, key);
   auto e = std::make_shared<Entry>();
   e->save_id = info.id;
   e->op = info.op;
@@ -169,7 +220,10 @@ Tensor OffloadHooks::unpack_tensor(std::any packed, const SaveInfo&) {
   std::unique_lock<std::mutex> lock(mu_);
   using S = Entry::State;
   Tensor out;
-  switch (e->state) {
+  if (e->cuda) {
+    poll_cuda();
+    out = unpack_cuda(e);
+  } else switch (e->state) {
     case S::queued:  // not written yet: keep it in memory, skip the write
       e->state = S::memory;
       queued_write_bytes_ -= e->nbytes;
@@ -222,6 +276,11 @@ void OffloadHooks::prefetch_before(std::uint64_t seq) {
     Entry& p = *it->second;
     if (p.state != S::stored) continue;
     if (prefetched_bytes_ > 0 && prefetched_bytes_ + p.nbytes > options_.prefetch_bytes) break;
+    if (p.cuda) {
+      start_copy_back(p);
+      prefetched_bytes_ += p.nbytes;
+      continue;
+    }
     p.data = empty(p.sizes, p.dtype);  // allocated here, on the calling thread
     p.state = S::reading;
     prefetched_bytes_ += p.nbytes;
@@ -237,6 +296,26 @@ void OffloadHooks::on_release(const std::any& packed, const SaveInfo&) {
   if (--e->users > 0) return;  // another save of the same view still needs it
   using S = Entry::State;
   if (auto it = by_view_.find(e->key); it != by_view_.end() && it->second == e) by_view_.erase(it);
+  if (e->cuda) {
+    // The pinned buffer goes back to the pool at once: its copies and any
+    // later user's are all on the side stream, in order.
+    if (e->host.data()) {
+      stats_.host_bytes -= std::int64_t(e->nbytes);
+      const std::size_t size = e->host.size();
+      cuda_->free_buffers.emplace(size, std::move(e->host));
+    }
+    if (e->state == S::reading) prefetched_bytes_ -= e->nbytes;
+    e->state = S::released;
+    live_.erase(e->seq);
+    // The device memory waits for the copies that use it.
+    if (!e->to_host_done || e->to_device_inflight) {
+      if (e->to_host_done) cuda_->watch.push_back(e);  // (else it is watched already)
+    } else {
+      e->data = Tensor();
+    }
+    poll_cuda();
+    return;
+  }
   if (e->state == S::queued) queued_write_bytes_ -= e->nbytes;
   if (e->state == S::loaded || e->state == S::reading) prefetched_bytes_ -= e->nbytes;
   if (e->on_file) stats_.stored_bytes -= std::int64_t(e->nbytes);
@@ -256,6 +335,7 @@ void OffloadHooks::flush() {
       if (!j.read) return false;
     return true;
   });
+  poll_cuda(0);
   throw_pending_error();
 }
 
@@ -337,6 +417,130 @@ void OffloadHooks::run() {
     }
     if (live_.empty() && jobs_.empty()) end_ = 0;
     cv_.notify_all();
+  }
+}
+
+std::any OffloadHooks::pack_cuda(const Tensor& t, const SaveInfo& info, const Key& key) {
+  auto e = std::make_shared<Entry>();
+  e->save_id = info.id;
+  e->op = info.op;
+  e->sizes = t.sizes();
+  e->dtype = t.dtype();
+  e->nbytes = t.nbytes();
+  e->cuda = true;
+  e->device_index = t.device().index;
+  e->data = t.contiguous();  // (a copy on the current stream only for a strided view)
+  const StreamId current = current_stream();
+  std::lock_guard<std::mutex> lock(mu_);
+  int none = -1;
+  cuda_index_.compare_exchange_strong(none, t.device().index);
+  if (!cuda_) cuda_ = std::make_unique<CudaSide>();
+  // Bounded device memory in flight: wait for the oldest copies beyond it.
+  poll_cuda(options_.max_inflight_bytes > e->nbytes ? options_.max_inflight_bytes - e->nbytes : 0);
+  const std::size_t cls = size_class(e->nbytes);
+  if (auto it = cuda_->free_buffers.find(cls); it != cuda_->free_buffers.end()) {
+    e->host = std::move(it->second);
+    cuda_->free_buffers.erase(it);
+  } else {
+    e->host = PinnedBuffer(cls);
+    ++stats_.pinned_allocs;
+    stats_.pinned_bytes += std::int64_t(cls);
+  }
+  const StreamId side = cuda_->stream.id();
+  cuda_->follow(current);  // the copy reads what the forward produced
+  copy_async(e->host.data(), e->data.raw_data(), e->nbytes, side);
+  e->to_host = std::make_unique<Event>();
+  e->to_host->record(side);
+  cuda_->to_host_bytes += e->nbytes;
+  cuda_->watch.push_back(e);
+  e->seq = next_seq_++;
+  ++stats_.saves;
+  ++stats_.device_saves;
+  stats_.host_bytes += std::int64_t(e->nbytes);
+  stats_.host_peak = std::max(stats_.host_peak, stats_.host_bytes);
+  live_.emplace(e->seq, e);
+  e->key = key;
+  e->storage = t.impl().storage;
+  by_view_[key] = e;
+  return e;
+}
+
+void OffloadHooks::start_copy_back(Entry& e) {
+  using S = Entry::State;
+  // Allocated on the current stream: the side stream first waits for that
+  // stream's work so far, which may still use the block's previous contents.
+  e.data = empty(e.sizes, TensorOptions(e.dtype, cuda_device(e.device_index)));
+  const StreamId side = cuda_->stream.id();
+  cuda_->follow(current_stream());
+  copy_async(e.data.raw_data(), e.host.data(), e.nbytes, side);
+  if (!e.to_device) e.to_device = std::make_unique<Event>();
+  e.to_device->record(side);
+  e.to_device_inflight = true;
+  e.state = S::reading;
+  stats_.bytes_to_device += std::int64_t(e.nbytes);
+}
+
+Tensor OffloadHooks::unpack_cuda(const std::shared_ptr<Entry>& e) {
+  using S = Entry::State;
+  Tensor out;
+  switch (e->state) {
+    case S::queued:  // still being copied out: the device tensor is as good
+      e->state = S::memory;  // (kept referenced by the entry until the copy is done)
+      [[fallthrough]];
+    case S::memory:
+      ++stats_.memory_hits;
+      return e->data;
+    case S::stored:  // nothing started: copy it back now (no prefetch budget)
+      ++stats_.sync_reads;
+      start_copy_back(*e);
+      prefetched_bytes_ += e->nbytes;
+      break;
+    case S::reading:
+      ++stats_.prefetch_hits;
+      break;
+    case S::released:
+      throw AutogradError("offload: " + describe(*e) + " was unpacked after its release");
+    default:
+      throw AutogradError("offload: " + describe(*e) + " is in a state CUDA saves do not use");
+  }
+  // Copied back on the side stream: work on the current stream waits for it
+  // (the host does not).
+  e->to_device->wait(current_stream());
+  e->to_device_inflight = false;
+  out = std::move(e->data);
+  e->data = Tensor();
+  prefetched_bytes_ -= e->nbytes;
+  e->state = S::stored;  // the pinned copy stays until the release
+  return out;
+}
+
+void OffloadHooks::poll_cuda(std::size_t wait_for) {
+  if (!cuda_) return;
+  using S = Entry::State;
+  auto copied_out = [&](Entry& e) {
+    e.to_host_done = true;
+    cuda_->to_host_bytes -= e.nbytes;
+    stats_.bytes_to_host += std::int64_t(e.nbytes);
+    if (e.state == S::queued) e.state = S::stored;
+    if (e.state == S::stored || e.state == S::released) e.data = Tensor();  // the device memory is free now
+  };
+  for (const auto& p : cuda_->watch) {
+    if (cuda_->to_host_bytes <= wait_for) break;
+    if (!p->to_host_done) {
+      p->to_host->synchronize();
+      copied_out(*p);
+    }
+  }
+  auto& w = cuda_->watch;
+  for (auto it = w.begin(); it != w.end();) {
+    Entry& e = **it;
+    if (!e.to_host_done && e.to_host->query()) copied_out(e);
+    if (e.state == S::released && e.to_device_inflight && e.to_device->query()) {
+      e.to_device_inflight = false;
+      e.data = Tensor();
+    }
+    const bool keep = !e.to_host_done || (e.state == S::released && e.to_device_inflight);
+    it = keep ? std::next(it) : w.erase(it);
   }
 }
 

@@ -16,7 +16,20 @@
 // check() or flush() on the calling thread throws IOError naming the file,
 // the save and the cause (the trainer checks after every step).
 //
-// (CUDA tensors are not taken yet: they pass by to outer hooks unchanged.)
+// CUDA: device -> pinned host memory. Pack records an event on the current
+// stream, makes one side stream (the hook's) wait on it and queues the copy
+// there into a buffer of a pinned pool (kept by size class and reused, so a
+// second step allocates none; freed with the hook), then records the copy's
+// event. The device tensor stays referenced until that event has completed
+// (events are polled on pack and unpack; beyond max_inflight_bytes of copies
+// in flight, pack waits for the oldest), then its memory goes back to the
+// caching allocator. Unpack brings saves back on the side stream (the same
+// prefetch_before logic: earlier saves, newest first, up to prefetch_bytes)
+// into memory allocated on the current stream, and makes the current stream
+// wait on the copy's event before handing the tensor out; the host never
+// blocks on a copy there. Saves of one CUDA device are taken (the first one
+// seen); other devices' pass by. Every pinned buffer is used on the side
+// stream only, so reuse is ordered by the stream.
 #pragma once
 
 #include <atomic>
@@ -58,6 +71,14 @@ struct OffloadStats {
   std::int64_t sync_reads = 0;       // unpacked with no read started: read on the spot
   std::int64_t wait_ns = 0;          // time unpack waited for reads (the critical path)
   std::int64_t failed_writes = 0;
+  // CUDA saves (counted in `saves` too), held in pinned host memory.
+  std::int64_t device_saves = 0;
+  std::int64_t bytes_to_host = 0;    // copied device -> host (counted once seen done)
+  std::int64_t bytes_to_device = 0;  // copied host -> device
+  std::int64_t host_bytes = 0;       // device saves held in pinned memory now
+  std::int64_t host_peak = 0;
+  std::int64_t pinned_bytes = 0;     // the pinned pool: buffers in use and free
+  std::int64_t pinned_allocs = 0;    // pinned buffers allocated (each reused after)
 };
 
 class OffloadHooks final : public TypedSavedTensorHooks {
@@ -71,8 +92,9 @@ class OffloadHooks final : public TypedSavedTensorHooks {
   OffloadHooks& operator=(const OffloadHooks&) = delete;
 
   std::string name() const override { return "offload"; }
-  // CPU activation tensors (not parameters, gradients or optimizer state) of
-  // at least min_bytes, until a write has failed. A view saved again while
+  // CPU and CUDA activation tensors (not parameters, gradients or optimizer
+  // state) of at least min_bytes (CPU: until a write has failed; CUDA: on the
+  // device of the first CUDA save). A view saved again while
   // its first save lives shares that one's copy.
   bool wants(const Tensor& t, const SaveInfo& info) const override;
   std::any pack_tensor(const Tensor& t, const SaveInfo& info) override;
@@ -80,8 +102,8 @@ class OffloadHooks final : public TypedSavedTensorHooks {
   std::size_t held_bytes(const std::any&) const override { return 0; }
   void on_release(const std::any& packed, const SaveInfo& info) override;
 
-  // Waits until every queued write is done; throws IOError for a write that
-  // failed since the last report.
+  // Waits until every queued write (CPU) and device -> host copy (CUDA) is
+  // done; throws IOError for a write that failed since the last report.
   void flush();
   // Throws IOError for a write that failed since the last report (no wait).
   void check();
@@ -108,6 +130,14 @@ class OffloadHooks final : public TypedSavedTensorHooks {
   void run();
   void throw_pending_error();  // with mu_ held
   void prefetch_before(std::uint64_t seq);  // with mu_ held
+  // CUDA (with mu_ held): notes finished device -> host copies (freeing the
+  // device memory) and finished copies back of released saves; `wait_for`:
+  // first blocks until at most that many bytes are in flight to the host.
+  struct CudaSide;
+  void poll_cuda(std::size_t wait_for = SIZE_MAX);
+  std::any pack_cuda(const Tensor& t, const SaveInfo& info, const Key& key);
+  Tensor unpack_cuda(const std::shared_ptr<Entry>& e);
+  void start_copy_back(Entry& e);  // stored -> reading, on the side stream
 
   OffloadOptions options_;
   std::string path_;
@@ -126,6 +156,8 @@ class OffloadHooks final : public TypedSavedTensorHooks {
   std::atomic<bool> failed_{false};  // a write failed: take no more saves
   std::string pending_error_;
   OffloadStats stats_;
+  std::atomic<int> cuda_index_{-1};   // the device CUDA saves are taken from
+  std::unique_ptr<CudaSide> cuda_;    // made on the first CUDA save
   std::thread thread_;
 };
 

@@ -40,6 +40,20 @@ class CudaBackend final : public DeviceBackend {
   void copy_device_to_host(void* dst, const void* src, std::size_t bytes, StreamId stream) override {
     cuda::copy_device_to_host(dst, src, bytes, stream);
   }
+  void copy_async(void* dst, const void* src, std::size_t bytes, StreamId stream) override {
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(stream)), "cudaMemcpyAsync");
+  }
+  void* host_alloc_pinned(std::size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    check_cuda(err, "cudaHostAlloc");
+    return p;
+  }
+  void host_free_pinned(void* ptr) override { cudaFreeHost(ptr); }
   void memset(void* dst, int value, std::size_t bytes, StreamId stream) override {
     memset_async(dst, value, bytes, stream);
   }
@@ -95,6 +109,12 @@ class CudaBackend final : public DeviceBackend {
     check_cuda(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0), "cudaStreamWaitEvent");
   }
   void synchronize_event(EventId event) override { check_cuda(cudaEventSynchronize(as_event(event)), "cudaEventSynchronize"); }
+  bool query_event(EventId event) override {
+    const cudaError_t err = cudaEventQuery(as_event(event));
+    if (err == cudaErrorNotReady) return false;
+    check_cuda(err, "cudaEventQuery");
+    return true;
+  }
   float elapsed_ms(EventId start, EventId end) override {
     float ms = 0;
     check_cuda(cudaEventElapsedTime(&ms, as_event(start), as_event(end)), "cudaEventElapsedTime");

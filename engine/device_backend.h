@@ -42,6 +42,13 @@ class DeviceBackend {
   // `bytes` between pageable host memory and the device, complete on return.
   virtual void copy_host_to_device(void* dst, const void* src, std::size_t bytes, StreamId stream) = 0;
   virtual void copy_device_to_host(void* dst, const void* src, std::size_t bytes, StreamId stream) = 0;
+  // `bytes` between device memory and pinned host memory (either way, or
+  // device to device), queued on `stream`: returns without waiting.
+  virtual void copy_async(void* dst, const void* src, std::size_t bytes, StreamId stream) = 0;
+  // Page-locked host memory for copy_async (nullptr when none is left), and
+  // its release.
+  virtual void* host_alloc_pinned(std::size_t bytes) = 0;
+  virtual void host_free_pinned(void* ptr) = 0;
   // Sets `bytes` bytes at dst to `value`.
   virtual void memset(void* dst, int value, std::size_t bytes, StreamId stream) = 0;
   // dst[dst_l] = convert(src[src_l]) element by element (same sizes), with
@@ -90,6 +97,8 @@ class DeviceBackend {
   virtual void wait_event(EventId event, StreamId stream) = 0;
   // Blocks the host until `event` completes.
   virtual void synchronize_event(EventId event) = 0;
+  // True once `event` has completed (or was never recorded); never blocks.
+  virtual bool query_event(EventId event) = 0;
   // Milliseconds between two recorded, completed events.
   virtual float elapsed_ms(EventId start, EventId end) = 0;
 };

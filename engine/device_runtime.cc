@@ -3,6 +3,7 @@
 #include "engine/device_runtime.h"
 
 #include <atomic>
+#include <utility>
 
 #include "engine/device_backend.h"
 #include "engine/error.h"
@@ -88,8 +89,34 @@ Event::~Event() {
 void Event::record(StreamId stream) { detail::cuda_backend("Event", cuda_device()).record_event(id_, stream); }
 void Event::wait(StreamId stream) const { detail::cuda_backend("Event", cuda_device()).wait_event(id_, stream); }
 void Event::synchronize() const { detail::cuda_backend("Event", cuda_device()).synchronize_event(id_); }
+bool Event::query() const { return detail::cuda_backend("Event", cuda_device()).query_event(id_); }
 float Event::elapsed_ms(const Event& later) const {
   return detail::cuda_backend("Event", cuda_device()).elapsed_ms(id_, later.id_);
+}
+
+PinnedBuffer::PinnedBuffer(std::size_t bytes) {
+  if (bytes == 0) return;
+  data_ = detail::cuda_backend("PinnedBuffer", cuda_device()).host_alloc_pinned(bytes);
+  REMAT_CHECK(data_ != nullptr, DeviceError, "PinnedBuffer: cannot allocate ", bytes, " bytes of pinned host memory");
+  size_ = bytes;
+}
+PinnedBuffer::~PinnedBuffer() {
+  if (data_) detail::cuda_backend_or_null()->host_free_pinned(data_);
+}
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_) detail::cuda_backend_or_null()->host_free_pinned(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void copy_async(void* dst, const void* src, std::size_t bytes, StreamId stream) {
+  if (bytes == 0) return;
+  detail::cuda_backend("copy_async", cuda_device()).copy_async(dst, src, bytes, stream);
 }
 
 }  // namespace remat

@@ -89,11 +89,42 @@ class Event {
   void wait(StreamId stream) const;
   // Blocks the host until the event completes.
   void synchronize() const;
+  // True once the work the event captured is done (or it was never
+  // recorded); never blocks.
+  bool query() const;
   // Milliseconds between this and a later recorded, completed event.
   float elapsed_ms(const Event& later) const;
 
  private:
   EventId id_ = 0;
 };
+
+// Owned page-locked host memory on the current CUDA device's context, for
+// copy_async (empty when default-constructed). Throws DeviceError without a
+// CUDA device or when the allocation fails, naming the size.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(std::size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// Queues a copy of `bytes` between CUDA device memory and pinned host memory
+// (a PinnedBuffer; either way, or device to device) on `stream` and returns
+// without waiting: both sides must stay valid, and the destination unread,
+// until the work is done (record an Event on `stream` after it). Throws
+// DeviceError without a CUDA device.
+void copy_async(void* dst, const void* src, std::size_t bytes, StreamId stream);
 
 }  // namespace remat

@@ -9,9 +9,11 @@
 
 #include <immintrin.h>
 
+#include "cuda/mxfp8.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/parallel_for.h"
+#include "ops/kernel_util.h"
 
 namespace remat {
 
@@ -38,6 +40,10 @@ std::uint8_t e4m3_encode(float v) {
 }
 
 }  // namespace ops_detail
+
+using ops_detail::cuda_stream;
+using ops_detail::kHaveCuda;
+using ops_detail::on_cuda;
 
 namespace {
 
@@ -168,9 +174,17 @@ Tensor mxfp8_quantize(const Tensor& x) {
   REMAT_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16, DTypeError,
               "mxfp8_quantize: expected an f32, bf16 or f16 tensor, got ", x.dtype(), " of shape ",
               shape_str(x.sizes()));
-  REMAT_CHECK(x.device().is_cpu(), DeviceError, "mxfp8_quantize: the CPU codec got a tensor on ", x.device());
-  const Tensor src = x.contiguous();
+  const Tensor src = x.detach().contiguous();
   const std::int64_t n = src.numel();
+  if constexpr (kHaveCuda) {
+    if (on_cuda(src)) {
+      Tensor packed = empty({mxfp8_packed_numel(n)}, TensorOptions(DType::fp8_e4m3, src.device()));
+      cuda::mxfp8_quantize(static_cast<std::uint8_t*>(packed.raw_data()), src.raw_data(), src.dtype(), n,
+                           cuda_stream());
+      return packed;
+    }
+  }
+  REMAT_CHECK(src.device().is_cpu(), DeviceError, "mxfp8_quantize: no codec for a tensor on ", src.device());
   Tensor packed = empty({mxfp8_packed_numel(n)}, DType::fp8_e4m3);
   auto* codes = static_cast<std::uint8_t*>(packed.raw_data());
   with_float_type(src.dtype(), [&](auto tag) {
@@ -188,6 +202,14 @@ Tensor mxfp8_dequantize(const Tensor& packed, const Shape& sizes, DType dtype) {
               shape_str(sizes), ", got ", packed.defined() ? packed.numel() : 0);
   REMAT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, DTypeError,
               "mxfp8_dequantize: expected f32, bf16 or f16 to decode into, got ", dtype);
+  if constexpr (kHaveCuda) {
+    if (on_cuda(packed)) {
+      Tensor out = empty(sizes, TensorOptions(dtype, packed.device()));
+      cuda::mxfp8_dequantize(out.raw_data(), dtype, static_cast<const std::uint8_t*>(packed.raw_data()), n,
+                             cuda_stream());
+      return out;
+    }
+  }
   Tensor out = empty(sizes, dtype);
   const auto* codes = static_cast<const std::uint8_t*>(packed.raw_data());
   with_float_type(dtype, [&](auto tag) {

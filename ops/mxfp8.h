@@ -17,17 +17,20 @@ inline constexpr std::int64_t kMxBlock = 32;
 // tensor, so hooks further out (offload) can move it like any other.
 std::int64_t mxfp8_packed_numel(std::int64_t n);
 
-// Quantizes x (f32, bf16 or f16, any layout, on the CPU). Each block's
+// Quantizes x (f32, bf16 or f16, any layout, on the CPU or a CUDA device:
+// the packed tensor is on x's device, with the same bits either way). Each block's
 // exponent is the smallest one that brings the block's largest magnitude to
 // <= 448 (e4m3's largest finite value), so nothing saturates; values round to
 // nearest even. NaN stays NaN; a block holding +-inf gets the largest
 // exponent, so the inf comes back as inf (and the block's finite values as 0).
-// One pass over x: each block is scanned for its maximum and then encoded
-// while in cache. Throws DTypeError for other dtypes, DeviceError off the CPU.
+// CPU: one pass over x, each block scanned for its maximum and then encoded
+// while in cache; CUDA: one warp per block (cuda/mxfp8.h), queued on the
+// current stream. Throws DTypeError for other dtypes.
 Tensor mxfp8_quantize(const Tensor& x);
 
 // The values back as a contiguous tensor of shape `sizes` and `dtype` (f32,
-// bf16 or f16). Throws Error if `packed` does not fit `sizes`.
+// bf16 or f16) on packed's device (the same bits on the CPU and CUDA). Throws
+// Error if `packed` does not fit `sizes`.
 Tensor mxfp8_dequantize(const Tensor& packed, const Shape& sizes, DType dtype);
 
 namespace ops_detail {

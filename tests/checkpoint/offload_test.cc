@@ -230,3 +230,152 @@ TEST_CASE("compression: bf16 and fp8 within stated bounds, alone and stacked", "
   CHECK_THROWS_WITH(compress_format_from_name("int4"), Catch::Contains("unknown format 'int4'; valid formats are bf16 "
                                                                        "and fp8"));
 }
+
+// ---- CUDA (skipped without a device): pinned host memory, the side stream,
+// prefetch, the pool, the version check, compression on the device.
+namespace {
+
+// Net's tensors on the GPU (the weights still parameters).
+struct CudaNet : Net {
+  CudaNet() {
+    const Device gpu = cuda_device(0);
+    x = x.to(gpu);
+    for (Tensor* w : {&w1, &w2, &w3}) {
+      CategoryScope cat(MemoryCategory::parameter);
+      *w = w->detach().to(gpu);
+      w->set_requires_grad(true);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("offload on CUDA is exact and moves the saves to pinned host memory", "[cuda][offload]") {
+  CudaNet net;
+  for (bool region : {false, true}) {
+    INFO("region " << region);
+    const auto plain = net.grads(region, {});
+    auto off = std::make_shared<OffloadHooks>(small_offload());
+    const auto offloaded = net.grads(region, {off}, off.get());
+    CHECK(same_bits(plain, offloaded));
+    const OffloadStats s = off->stats();
+    CHECK(s.device_saves >= (region ? 5 : 6));
+    CHECK(s.device_saves == s.saves);
+    CHECK(s.bytes_written == 0);  // nothing went to the spill file
+    CHECK(s.bytes_to_host > 0);
+    CHECK(s.bytes_to_device > 0);
+    CHECK(s.host_peak >= s.bytes_to_host);
+    CHECK(s.host_bytes == 0);  // everything released after backward
+    CHECK(s.pinned_allocs >= 1);
+  }
+}
+
+TEST_CASE("offload on CUDA frees the device memory after the copies and prefetches in tape order",
+          "[cuda][offload]") {
+  CudaNet net;
+  auto& alloc = allocator_for(cuda_device(0));
+  auto held_after_forward = [&](std::shared_ptr<OffloadHooks> off, Tensor& loss) {
+    std::optional<SavedTensorHooksScope> scope;
+    if (off) scope.emplace(off);
+    CategoryScope cat(MemoryCategory::activation);
+    const std::int64_t before = alloc.stats().category(MemoryCategory::activation);
+    loss = net.forward(false);
+    if (off) off->flush();  // the copies are done: the device memory went
+    return alloc.stats().category(MemoryCategory::activation) - before;
+  };
+  Tensor plain_loss, loss;
+  const std::int64_t plain = held_after_forward(nullptr, plain_loss);
+  plain_loss = Tensor();
+  auto off = std::make_shared<OffloadHooks>(small_offload());
+  const std::int64_t offloaded = held_after_forward(off, loss);
+  const OffloadStats s = off->stats();
+  INFO("device activation bytes held after the forward: " << plain << " plain, " << offloaded
+                                                          << " offloaded; to host " << s.bytes_to_host);
+  CHECK(s.bytes_to_host == 6 * 64 * 128 * 4);  // each save once (mul(h, h)'s two share one)
+  CHECK(s.host_bytes == s.bytes_to_host);
+  CHECK(offloaded < plain / 20);
+  loss.backward();
+  const OffloadStats b = off->stats();
+  // Unpacks run newest first: the first finds nothing started, the earlier
+  // saves were already on their way back.
+  CHECK(b.sync_reads >= 1);
+  CHECK(b.prefetch_hits >= 3);
+  CHECK(b.memory_hits == 0);  // flushed: every save had left the device
+  CHECK(b.bytes_to_device >= b.bytes_to_host);
+  CHECK(b.host_bytes == 0);
+}
+
+TEST_CASE("offload on CUDA reuses its pinned buffers from step to step", "[cuda][offload]") {
+  CudaNet net;
+  auto off = std::make_shared<OffloadHooks>(small_offload());
+  const auto first = net.grads(false, {off}, off.get());
+  const OffloadStats s1 = off->stats();
+  CHECK(s1.pinned_allocs >= 1);
+  CHECK(s1.pinned_allocs <= s1.device_saves);
+  for (int step = 0; step < 2; ++step) {
+    const auto again = net.grads(false, {off}, off.get());
+    CHECK(same_bits(first, again));
+  }
+  const OffloadStats s3 = off->stats();
+  CHECK(s3.pinned_allocs == s1.pinned_allocs);  // later steps allocated none
+  CHECK(s3.pinned_bytes == s1.pinned_bytes);
+  CHECK(s3.device_saves == 3 * s1.device_saves);
+  // Without a flush the copies may still be in flight when backward starts:
+  // still exact.
+  const auto unflushed = net.grads(false, {off});
+  CHECK(same_bits(first, unflushed));
+}
+
+TEST_CASE("an in-place write to an offloaded or compressed CUDA tensor is still caught", "[cuda][offload]") {
+  const Device gpu = cuda_device(0);
+  for (int kind = 0; kind < 3; ++kind) {
+    INFO((kind == 0 ? "offload" : kind == 1 ? "compress fp8" : "compress bf16"));
+    Tensor w;
+    {
+      CategoryScope cat(MemoryCategory::parameter);
+      w = param({128, 128}, 4, 0.1).detach().to(gpu);
+    }
+    w.set_requires_grad(true);
+    Generator g(5);
+    Tensor x = randn({64, 128}, DType::f32, &g).to(gpu);
+    std::shared_ptr<SavedTensorHooks> hooks;
+    if (kind == 0)
+      hooks = std::make_shared<OffloadHooks>(small_offload());
+    else
+      hooks = std::make_shared<CompressHooks>(
+          CompressOptions{kind == 1 ? CompressFormat::fp8 : CompressFormat::bf16, false, 4096});
+    Tensor y;
+    {
+      SavedTensorHooksScope scope(hooks);
+      y = matmul(x, w);
+    }
+    if (kind == 0) CHECK(std::static_pointer_cast<OffloadHooks>(hooks)->stats().device_saves == 1);
+    if (kind > 0) CHECK(std::static_pointer_cast<CompressHooks>(hooks)->stats().saves == 1);
+    x.fill_(1.0);
+    CHECK_THROWS_WITH(sum(y).backward(), Catch::Contains("saved by op 'matmul'") &&
+                                             Catch::Contains("was modified in place afterwards"));
+  }
+}
+
+TEST_CASE("compression on CUDA: bf16 and fp8 within the CPU's bounds, stacked under offload", "[cuda][compress]") {
+  CudaNet net;
+  const auto plain = net.grads(false, {});
+  for (const auto& [fmt, bound] : std::vector<std::pair<CompressFormat, double>>{{CompressFormat::bf16, 0.01},
+                                                                                 {CompressFormat::fp8, 0.08}}) {
+    INFO(compress_format_name(fmt));
+    CompressOptions co;
+    co.format = fmt;
+    auto comp = std::make_shared<CompressHooks>(co);
+    const auto got = net.grads(false, {comp});
+    CHECK(comp->stats().saves == 3);  // taken on the device
+    const double err = rel_error(plain, got);
+    INFO("relative gradient error " << err);
+    CHECK(err > 0);
+    CHECK(err < bound);
+    auto comp2 = std::make_shared<CompressHooks>(co);
+    auto off = std::make_shared<OffloadHooks>(small_offload());
+    const auto stacked = net.grads(false, {off, comp2}, off.get());
+    CHECK(same_bits(got, stacked));
+    CHECK(off->stats().bytes_to_host >= comp2->stats().compressed_bytes);
+  }
+}

@@ -137,3 +137,50 @@ TEST_CASE("mxfp8: the vector block path gives the reference codes and exponents"
   }
   CHECK(bad == 0);
 }
+
+// ---- CUDA (skipped without a device): the kernel's codes, exponents and
+// decoded values are the CPU codec's, bit for bit.
+namespace {
+bool same_bytes(const Tensor& cpu, const Tensor& dev) {
+  const Tensor back = dev.to(kCPU);
+  return cpu.dtype() == back.dtype() && cpu.nbytes() == back.nbytes() &&
+         std::memcmp(cpu.raw_data(), back.raw_data(), cpu.nbytes()) == 0;
+}
+}  // namespace
+
+TEST_CASE("mxfp8 on CUDA: the CPU codec's bits, in and out, every dtype", "[cuda][mxfp8]") {
+  const Device gpu = cuda_device(0);
+  // Blocks of every scale, an all-zero block, subnormal results, NaN, inf,
+  // maxima right at 448 * 2^e, tiny (subnormal f32) maxima, a partial block.
+  const std::int64_t n = 32 * 200 + 9;
+  std::vector<float> v = normal({n}, 11).to_vector<float>();
+  for (std::int64_t i = 0; i < n; ++i) v[std::size_t(i)] *= std::ldexp(1.0f, int((i / 32) % 90) - 60);
+  for (std::int64_t i = 0; i < 32; ++i) v[std::size_t(64 + i)] = 0.0f;
+  v[200] = std::nanf("");
+  v[300] = std::numeric_limits<float>::infinity();
+  v[333] = -std::numeric_limits<float>::infinity();
+  for (std::int64_t i = 0; i < 32; ++i) v[std::size_t(400 + i)] = i == 3 ? 448.0f * 4 : 1e-6f * float(i);
+  for (std::int64_t i = 0; i < 32; ++i) v[std::size_t(480 + i)] = std::ldexp(float(i), -149);  // subnormal max
+  for (std::int64_t i = 0; i < 32; ++i) v[std::size_t(512 + i)] = i == 7 ? 448.0f * 0.5f * 1.0001f : 0.1f;
+  const Tensor x32 = from_vector<float>(v, {n});
+  for (DType in : {DType::f32, DType::bf16, DType::f16}) {
+    INFO("input " << in);
+    const Tensor x = cast(x32, in);
+    const Tensor q_cpu = mxfp8_quantize(x);
+    const Tensor q_gpu = mxfp8_quantize(x.to(gpu));
+    CHECK(q_gpu.device() == gpu);
+    CHECK(same_bytes(q_cpu, q_gpu));
+    for (DType out : {DType::f32, DType::bf16, DType::f16}) {
+      INFO("output " << out);
+      const Tensor y_gpu = mxfp8_dequantize(q_gpu, {n}, out);
+      CHECK(y_gpu.device() == gpu);
+      CHECK(same_bytes(mxfp8_dequantize(q_cpu, {n}, out), y_gpu));
+    }
+  }
+  // A strided view is read in its logical order, as on the CPU.
+  const Tensor a = normal({48, 20}, 12);
+  CHECK(same_bytes(mxfp8_quantize(a.transpose(0, 1)), mxfp8_quantize(a.to(gpu).transpose(0, 1))));
+  // Large: many warps per launch, a grid-stride loop.
+  const Tensor big = normal({(1 << 22) + 17}, 13);
+  CHECK(same_bytes(mxfp8_quantize(big), mxfp8_quantize(big.to(gpu))));
+}
