@@ -59,11 +59,16 @@ Tensor MoELayer::forward(const Tensor& x_in) const {
     ro.compute_z_loss = config_.z_coef > 0;
     ro.expert_bias = expert_bias;
     // A replay routes as the forward did (same routes, so the same dispatch
-    // and combine), whatever its boundary holds. (Random routing needs no
-    // memo: the replay restores the RNG, and skipping its draw would shift
-    // every later random op.)
+    // and combine), whatever its boundary holds. The choice still runs in the
+    // replay (a top-k over [T, E], cheap), so the replay dispatches the same
+    // ops as the forward (selective policies count them); its result is
+    // replaced by the forward's. (Random routing needs no memo: the replay
+    // restores the RNG.)
     if (!config_.random_routing)
-      ro.select_indices = [](const std::function<Tensor()>& choose) { return replay_memo<Tensor>("moe routes", choose); };
+      ro.select_indices = [](const std::function<Tensor()>& choose) {
+        Tensor fresh = choose();
+        return replay_memo<Tensor>("moe routes", [&] { return fresh; });
+      };
     REMAT_CHECK(dispatcher->first_expert(config_.experts) == first_expert_ &&
                     dispatcher->local_experts(config_.experts) == std::int64_t(experts.size()),
                 Error, "MoE layer ", layer_, " holds experts [", first_expert_, ", ",

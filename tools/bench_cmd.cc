@@ -364,7 +364,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
     if (offload) offload->check();
     if (i < warmup) continue;
     const OffloadStats off1 = offload ? offload->stats() : OffloadStats{};
-    offloaded.push_back(double(off1.bytes_written - off0.bytes_written));
+    offloaded.push_back(double((off1.bytes_written + off1.bytes_to_host) - (off0.bytes_written + off0.bytes_to_host)));
     offload_wait.push_back(double(off1.wait_ns - off0.wait_ns) * 1e-6);
     compressed.push_back(compress ? double(compress->stats().compressed_bytes - comp0.compressed_bytes) : 0.0);
     const auto st = alloc.stats();

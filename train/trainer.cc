@@ -300,7 +300,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     if (const auto& off = model_->model->blocks->offload_hooks()) {
       off->check();  // a failed write: stop here, with the tensors it kept (nothing is lost)
       const OffloadStats os = off->stats();
-      s.offloaded_bytes = os.bytes_written - off0.bytes_written;
+      s.offloaded_bytes = (os.bytes_written + os.bytes_to_host) - (off0.bytes_written + off0.bytes_to_host);
       s.offload_stored_peak = os.stored_peak;
       s.offload_wait_ms = double(os.wait_ns - off0.wait_ns) * 1e-6;
     }

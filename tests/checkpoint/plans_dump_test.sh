@@ -34,7 +34,8 @@ dense="per_block chunk selected:0,2 uniform:2 block:3 attention selective:core_a
        block:2+offload:mlp per_block@0-1+selective:save_matmul@2-3 selective:mlp@1-2+attention@0
        chunk@1-2+offload@0-1 per_block@2-3+offload:mlp@0-1 uniform:2@0-1+selective:save_attention@2-3"
 moe="per_block chunk per_block+keep_last attention moe_expert selective:moe_act selective:moe selective:shared_experts
-     attention+moe_expert offload per_block+offload offload:moe moe_expert+offload per_block@0-1+moe_expert@2-3"
+     attention+moe_expert offload per_block+offload offload:moe moe_expert+offload per_block@0-1+moe_expert@2-3
+     selective:save_matmul"
 for seed in 0 1; do
   check tests/checkpoint/data/tiny_dropout.json "$seed" "$dense"
   check tests/checkpoint/data/tiny_moe_dropout.json "$seed" "$moe"
@@ -43,7 +44,8 @@ for seed in 0 1; do
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:fp8 compress:fp8+offload" 0.04
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:fp8:mlp" 0.02
   check tests/checkpoint/data/tiny_dropout.json "$seed" "per_block+compress:fp8 per_block+compress:fp8+offload" 0.06
-  check tests/checkpoint/data/tiny_moe_dropout.json "$seed" "compress:fp8 per_block+compress:bf16" 0.04
+  check tests/checkpoint/data/tiny_moe_dropout.json "$seed" "compress:fp8 per_block+compress:bf16
+    selective:save_matmul+compress:fp8" 0.04
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:bf16:all" 0.015
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:fp8:all per_block+compress:fp8:all" 0.15
 done
