@@ -53,6 +53,9 @@ class Block : public Module {
   // is in regions(), else directly; empty when no sub-region is set. For
   // child modules that take a RegionWrap (models/layers.h).
   const RegionWrap& region_wrap() const { return wrap_; }
+  // True if the plan runs part `name` as a region or under save hooks (a
+  // block may fuse ops across parts only where neither is the case).
+  bool part_wrapped(const std::string& name) const { return regions_.count(name) || part_hooks_.count(name); }
   // Saved-tensor hooks (outermost first) to run named parts under (the
   // plan's offload:NAMES / compress:FMT:NAMES); set before set_regions,
   // which builds region_wrap() from both.

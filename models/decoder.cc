@@ -1,5 +1,7 @@
 #include "models/decoder.h"
 
+#include "ops/norm.h"
+
 #include "ops/dropout.h"
 #include "ops/loss.h"
 #include "ops/ops.h"
@@ -54,7 +56,19 @@ Tensor DecoderBlock::mlp_part(const Tensor& h) const {
   return add(h, remat::dropout(m, dropout, training()));
 }
 
-Tensor DecoderBlock::forward(const Tensor& x) const { return mlp_part(attention_part(x)); }
+Tensor DecoderBlock::forward(const Tensor& x) const {
+  if (part_wrapped("attention") || part_wrapped("layernorm")) return mlp_part(attention_part(x));
+  // The attention's residual add and the MLP's norm as one pass
+  // (add_rms_norm: the same bits as add then rms_norm, and the same
+  // gradients, h having one other consumer, the MLP's residual add).
+  Tensor a = remat::dropout(self_attn->forward(input_layernorm->forward(x)), dropout, training());
+  const RMSNorm& pn = *post_attention_layernorm;
+  auto [h, n] = add_rms_norm(x, a, weight_as(pn.weight, x), pn.eps);
+  Tensor m = region("mlp", [this](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{moe ? moe->forward(in[0]) : mlp->forward(in[0])};
+  }, {n})[0];
+  return add(h, remat::dropout(m, dropout, training()));
+}
 
 DecoderStack::DecoderStack(const ModelConfig& c, Generator& gen, ExpertPlacement placement) {
   embed_tokens = register_module("embed_tokens", std::make_shared<Embedding>(c.vocab, c.d_model, c.init_std, gen));
