@@ -84,6 +84,18 @@ std::size_t size_class(std::size_t n) {
   return (n + step - 1) / step * step;
 }
 
+// An entry for a save of `t`, holding its bytes (contiguous) until they move.
+std::shared_ptr<OffloadHooks::Entry> new_entry(const Tensor& t, const SaveInfo& info) {
+  auto e = std::make_shared<OffloadHooks::Entry>();
+  e->save_id = info.id;
+  e->op = info.op;
+  e->sizes = t.sizes();
+  e->dtype = t.dtype();
+  e->nbytes = t.nbytes();
+  e->data = t.contiguous();
+  return e;
+}
+
 std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -190,13 +202,7 @@ std::any OffloadHooks::pack_tensor(const Tensor& t, const SaveInfo& info) {
     }
   }
   if (t.device().is_cuda()) return pack_cuda(t, info, key);
-  auto e = std::make_shared<Entry>();
-  e->save_id = info.id;
-  e->op = info.op;
-  e->sizes = t.sizes();
-  e->dtype = t.dtype();
-  e->nbytes = t.nbytes();
-  e->data = t.contiguous();
+  auto e = new_entry(t, info);
   std::unique_lock<std::mutex> lock(mu_);
   // Bounded memory in flight: wait for the writer.
   cv_.wait(lock, [&] { return queued_write_bytes_ == 0 || queued_write_bytes_ + e->nbytes <= options_.max_inflight_bytes; });
@@ -421,15 +427,9 @@ void OffloadHooks::run() {
 }
 
 std::any OffloadHooks::pack_cuda(const Tensor& t, const SaveInfo& info, const Key& key) {
-  auto e = std::make_shared<Entry>();
-  e->save_id = info.id;
-  e->op = info.op;
-  e->sizes = t.sizes();
-  e->dtype = t.dtype();
-  e->nbytes = t.nbytes();
+  auto e = new_entry(t, info);  // (the contiguous copy is on the current stream, only for a strided view)
   e->cuda = true;
   e->device_index = t.device().index;
-  e->data = t.contiguous();  // (a copy on the current stream only for a strided view)
   const StreamId current = current_stream();
   std::lock_guard<std::mutex> lock(mu_);
   int none = -1;
