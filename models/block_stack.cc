@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/error.h"
+#include "engine/recompute_context.h"
 
 namespace remat {
 
@@ -143,6 +144,14 @@ BlockStack::SaveHooksScope::~SaveHooksScope() {
   tls_open_stacks.erase(std::find(tls_open_stacks.begin(), tls_open_stacks.end(), stack_));
 }
 
+Tensor BlockStack::run_block(std::int64_t i, const Tensor& x) const {
+  const bool watch = observer_ && !in_recompute();
+  if (watch) observer_->before_block(i, x);
+  Tensor y = blocks_[std::size_t(i)].second->forward(x);
+  if (watch) observer_->after_block(i, y);
+  return y;
+}
+
 Tensor BlockStack::forward(const Tensor& x) const {
   SaveHooksScope save_hooks(*this);
   // A ranged offload / compression (offload@A-B): its hooks while block i
@@ -160,7 +169,7 @@ Tensor BlockStack::forward(const Tensor& x) const {
   if (plan_.block_regions.empty()) {
     for (std::int64_t i = 0; i < num_blocks(); ++i) {
       const auto hooks = ranged_hooks(i);
-      h = blocks_[std::size_t(i)].second->forward(h);
+      h = run_block(i, h);
     }
     return h;
   }
@@ -169,7 +178,7 @@ Tensor BlockStack::forward(const Tensor& x) const {
     const auto hooks = ranged_hooks(i);
     const std::int64_t r = region_of_[std::size_t(i)];
     if (r < 0) {
-      h = blocks_[std::size_t(i)].second->forward(h);
+      h = run_block(i, h);
       ++i;
       continue;
     }
@@ -180,7 +189,7 @@ Tensor BlockStack::forward(const Tensor& x) const {
     o.policy = std::size_t(r) < plan_.region_policies.size() ? plan_.region_policies[std::size_t(r)] : plan_.policy;
     h = checkpoint([this, group](const Tensor& t) {
       Tensor u = t;
-      for (auto b : group) u = blocks_[std::size_t(b)].second->forward(u);
+      for (auto b : group) u = run_block(b, u);
       return u;
     }, h, o);
     i = group.back() + 1;

@@ -77,6 +77,17 @@ class Block : public Module {
   RegionWrap wrap_;
 };
 
+// Watches a stack's forward block by block (the planner's profile,
+// train/plan_profile.h). Not called inside recompute replays.
+class BlockObserver {
+ public:
+  virtual ~BlockObserver() = default;
+  // Block i is about to run on x (for a block-level region: inside it).
+  virtual void before_block(std::int64_t i, const Tensor& x) = 0;
+  // Block i returned y.
+  virtual void after_block(std::int64_t i, const Tensor& y) = 0;
+};
+
 // Blocks in order, each a named child module (parameter names
 // "<stack's name>.<block's name>.<parameter>"), run under a recompute plan.
 class BlockStack : public Module {
@@ -112,6 +123,8 @@ class BlockStack : public Module {
   // and sets it; parse errors as RecomputePlan::parse.
   void set_plan(const std::string& spec);
   const RecomputePlan& plan() const { return plan_; }
+  // Calls `observer` around every block's forward from now on (null: none).
+  void set_observer(std::shared_ptr<BlockObserver> observer) { observer_ = std::move(observer); }
 
   // The plan's offload and compression hooks (null when the plan has none),
   // for their statistics and checks.
@@ -142,6 +155,8 @@ class BlockStack : public Module {
   std::shared_ptr<CompressHooks> compress_;
   bool offload_whole_ = false, compress_whole_ = false;  // around the whole forward (else per part)
   std::vector<std::int64_t> region_of_;  // block -> index into plan_.block_regions, or -1
+  std::shared_ptr<BlockObserver> observer_;
+  Tensor run_block(std::int64_t i, const Tensor& x) const;  // block i's forward, observed
 };
 
 }  // namespace remat

@@ -30,7 +30,9 @@
 #include "ops/gemm.h"
 #include "parallel/grad_reducer.h"
 #include "tools/args.h"
+#include "tools/auto_plan_flags.h"
 #include "tools/bench_order.h"
+#include "tools/bench_worker.h"
 #include "tools/bench_plot.h"
 #include "tools/html.h"
 #include "tools/commands.h"
@@ -136,7 +138,8 @@ std::vector<std::string> split_plans(const std::string& s) {
   // (A piece that starts with none of these continues the previous plan's
   // list: selective:mlp,layernorm, offload:mlp,core_attn.)
   static const char* heads[] = {"none",       "per_block",  "chunk",     "selected:", "uniform:", "block:",
-                                "attention",  "moe_expert", "selective:", "keep_last", "offload",  "compress:"};
+                                "attention",  "moe_expert", "selective:", "keep_last", "offload",  "compress:",
+                                "auto"};
   std::vector<std::string> out;
   std::stringstream in(s);
   std::string piece;
@@ -186,8 +189,8 @@ Trace trace_step(const ModelConfig& c, const std::string& plan) {
   return t;
 }
 
-// Runs shell command `cmd` (`what` names it in errors) and returns its
-// output; its exit status goes to *rc.
+}  // namespace
+
 std::string run_capture(const std::string& cmd, const char* what, int* rc) {
   FILE* p = ::popen(cmd.c_str(), "r");
   REMAT_CHECK(p != nullptr, Error, "bench: cannot start ", what);
@@ -198,13 +201,10 @@ std::string run_capture(const std::string& cmd, const char* what, int* rc) {
   return out;
 }
 
-// Runs one worker process and returns its result fields.
-// With ep > 1 the worker is `ep` processes under mpirun (threads split
-// between them), and rank 0 reports.
 std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
                                          std::int64_t steps, int threads, const std::string& seed,
-                                         std::int64_t ep = 1, const std::string& dtype = "f32",
-                                         const std::string& device = "cpu", const std::string& offload_dir = "") {
+                                         std::int64_t ep, const std::string& dtype,
+                                         const std::string& device, const std::string& offload_dir) {
   std::string launcher;
   if (ep > 1) {
     launcher = "mpirun --oversubscribe " + std::string(::geteuid() == 0 ? "--allow-run-as-root " : "") + "-np " +
@@ -227,6 +227,8 @@ std::map<std::string, double> run_worker(const std::string& config, const std::s
   for (const auto& [k, val] : parsed.members()) r[k] = val.as_number();
   return r;
 }
+
+namespace {
 
 // ./remat bench --estimate: activation bytes predicted from a traced step at
 // batch 1 (what the ops save, plus backward's working set), scaled to the
@@ -482,12 +484,37 @@ std::map<std::string, double> run_torch_worker(const std::string& script, const 
 double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
+// bench --pareto's plans: the hand plans, each also with offload where the
+// pair is a plan, then auto.
+std::vector<std::string> pareto_plans(const ModelConfig& c) {
+  std::vector<std::string> hand = {"none", "per_block", "chunk", "uniform:2", "uniform:4"};
+  for (std::int64_t n = 1; n < c.n_layers; ++n) hand.push_back("block:" + std::to_string(n));
+  for (const char* p : {"attention", "selective:core_attn", "selective:mlp", "selective:save_matmul"}) hand.push_back(p);
+  std::vector<std::string> out;
+  for (const auto& p : hand) {
+    if ((p == "uniform:2" && c.n_layers <= 2) || (p == "uniform:4" && c.n_layers <= 4))
+      continue;  // (uniform:N over N or fewer blocks is chunk)
+    out.push_back(p);
+  }
+  const std::size_t n_hand = out.size();
+  for (std::size_t i = 0; i < n_hand; ++i) {
+    const std::string with = out[i] == "none" ? "offload" : out[i] + "+offload";
+    try {
+      RecomputePlan::parse(with, c.n_layers);
+      out.push_back(with);
+    } catch (const Error&) {
+    }
+  }
+  out.push_back("auto");
+  return out;
+}
+
 }  // namespace
 
 int run_bench(const std::vector<std::string>& args) {
   Flags f("bench", "memory and speed of recompute plans, each repeat in a fresh process, in a balanced interleaved "
           "order", args,
-          {text_flag("config", "model config name or FILE.json", "bench-dense"),
+          with_auto_plan_flags({text_flag("config", "model config name or FILE.json", "bench-dense"),
            text_flag("recompute", "comma-separated plans", "none,per_block"),
            int_flag("warmup", "untimed warm-up steps per process", 2, {.min = 0}),
            int_flag("steps", "timed steps per process", 5, {.min = 1}),
@@ -505,11 +532,29 @@ int run_bench(const std::vector<std::string>& args) {
            text_flag("json", "write the results to FILE"),
            text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
            bool_flag("estimate", "predict activation bytes per plan from what the ops save, next to a measured step"),
-           text_flag("html", "write a page plotting memory against step time per plan to FILE")});
+           text_flag("html", "write a page plotting memory against step time per plan to FILE"),
+           bool_flag("pareto", "the hand plans (none, per_block, chunk, uniform:2, uniform:4, block:N for every N, "
+                     "attention, selective:core_attn, selective:mlp, selective:save_matmul, and each with offload) and "
+                     "auto at every --memory-budget (default 25%,50%,75%; a comma list), with the planner's table and "
+                     "the frontier in --html")}));
   const std::string config = f.get("config");
   const ModelConfig c = ModelConfig::load(config);
-  const auto plans = split_plans(f.get("recompute"));
-  for (const auto& p : plans) RecomputePlan::parse(p, c.n_layers);  // reject bad plans before any run
+  const bool pareto = f.get_bool("pareto");
+  std::vector<std::string> plans =
+      pareto && !f.has("recompute") ? pareto_plans(c) : split_plans(f.get("recompute"));
+  for (const auto& p : plans)
+    if (p != "auto") RecomputePlan::parse(p, c.n_layers);  // reject bad plans before any run
+  // `auto` rows: one per budget ("auto" for one budget, "auto 50%" for several).
+  std::vector<std::string> budgets;
+  {
+    std::stringstream in(f.has("memory-budget") ? f.get("memory-budget") : pareto ? "25%,50%,75%" : "");
+    for (std::string b; std::getline(in, b, ',');)
+      if (!b.empty()) budgets.push_back(b);
+  }
+  const bool has_auto = std::find(plans.begin(), plans.end(), "auto") != plans.end();
+  REMAT_CHECK(!has_auto || !budgets.empty(), Error, "bench: plan auto needs --memory-budget B (one or a comma list)");
+  REMAT_CHECK(has_auto || !f.has("memory-budget"), Error, "bench: --memory-budget ", f.get("memory-budget"),
+              " needs auto among the --recompute plans");
   const std::int64_t repeats = f.get_int("repeats"), warmup = f.get_int("warmup"), steps = f.get_int("steps");
   apply_threads_flag(f);
   const int threads = num_threads();
@@ -544,6 +589,41 @@ int run_bench(const std::vector<std::string>& args) {
                 : device.is_cuda()   ? cuda_peak_flops(device, dtype)
                                      : measure_peak_flops();
 
+  // auto: one profile (in this process, before any worker), one choice per budget.
+  struct AutoRow {
+    std::string budget_text;
+    AutoPlan choice;
+  };
+  std::map<std::size_t, AutoRow> autos;  // plan index -> its choice
+  std::vector<std::string> run_plans;    // what each plan's workers run
+  if (has_auto) {
+    std::printf("remat bench: profiling %s for --recompute auto (%lld rounds of each plan component)\n", c.name.c_str(),
+                static_cast<long long>(f.get_int("profile-rounds")));
+    std::fflush(stdout);
+    const PlanProfile prof = profile_for_flags(f, c, dtype, device, std::uint64_t(f.get_int("seed")), false);
+    std::vector<std::string> named;
+    for (const auto& p : plans) {
+      if (p != "auto") {
+        named.push_back(p);
+        run_plans.push_back(p);
+        continue;
+      }
+      for (const auto& b : budgets) {
+        const AutoPlan a = choose_plan(prof, parse_memory_budget(b, prof), f.get_bool("allow-lossy"));
+        autos[named.size()] = {b, a};
+        named.push_back(budgets.size() == 1 ? "auto" : "auto " + b);
+        run_plans.push_back(a.best.plan);
+        std::printf("  %-10s budget %-6s = %s: %s (predicted peak %s, step %.0f ms)\n", named.back().c_str(),
+                    b.c_str(), format_mib(a.budget).c_str(), a.best.plan.c_str(), format_mib(a.best.peak).c_str(),
+                    a.predicted_step_ms);
+      }
+    }
+    std::printf("  (profile: %zu components in %.0f s)\n", prof.candidates.size(), prof.seconds);
+    plans = named;
+  } else {
+    run_plans = plans;
+  }
+
   // The variants: the plans, then the baseline; run in a balanced order.
   std::vector<std::string> variants = plans;
   if (torch) variants.push_back("torch");
@@ -564,7 +644,8 @@ int run_bench(const std::vector<std::string>& args) {
     const bool is_torch = torch && s.variant == V - 1;
     const auto r = is_torch ? run_torch_worker(torch_script, torch_config->path(), threads, dtype, device.str(),
                                                warmup, steps, &framework)
-                            : run_worker(config, name, warmup, steps, threads, f.get("seed"), ep, dtype, device.str(),
+                            : run_worker(config, run_plans[std::size_t(s.variant)], warmup, steps, threads,
+                                         f.get("seed"), ep, dtype, device.str(),
                                          f.has("offload-dir") ? f.get("offload-dir") : "");
     for (const auto& [k, val] : r) v[std::size_t(s.variant)][k].push_back(val);
     JsonObject run;
@@ -630,6 +711,11 @@ int run_bench(const std::vector<std::string>& args) {
     j.set("model_flops", med("model_flops")).set("recomputed_flops", med("replay_flops")).set("peak_flops", peak);
     j.set("time_ratio", step / base_ms).set("memory_ratio", mem_ratio);
     if (torch) j.set("torch_ratio", tps / torch_tps);
+    if (autos.count(i)) {
+      const AutoPlan& a = autos.at(i).choice;
+      j.set("chosen_plan", a.best.plan).set("memory_budget", autos.at(i).budget_text).set("budget_bytes", a.budget);
+      j.set("predicted_peak_bytes", a.best.peak).set("predicted_step_ms", a.predicted_step_ms);
+    }
     if (ep > 1) {
       j.set("ep", ep);
       for (const char* k : {"comm_bytes_forward", "comm_bytes_backward", "comm_bytes_replay", "all_to_all_bytes_forward",
@@ -648,6 +734,14 @@ int run_bench(const std::vector<std::string>& args) {
     bp.hfu = hfu;
     bp.time_ratio = step / base_ms;
     bp.memory_ratio = mem_ratio;
+    if (autos.count(i)) {
+      const AutoPlan& a = autos.at(i).choice;
+      bp.is_auto = true;
+      bp.chosen_plan = a.best.plan;
+      bp.budget_bytes = double(a.budget);
+      bp.predicted_peak_bytes = double(a.best.peak);
+      bp.predicted_step_ms = a.predicted_step_ms;
+    }
     points.push_back(bp);
     const std::string spread = fmt("%.0f [%.0f-%.0f]", step, min_of(sv), max_of(sv));
     std::printf("%-20s %9.1f %9.1f %22s %8.0f %8.0f %8.0f %7.2f %8.0f %5.1f%% %5.1f%% %8.0f %6.2fx %6.2fx%s\n",
@@ -673,6 +767,39 @@ int run_bench(const std::vector<std::string>& args) {
               "+ optimizer state); replay = backward - %s's backward, rep/fwd in %s forwards; ratios against %s%s)\n",
               plans[base].c_str(), plans[base].c_str(), plans[base].c_str(),
               torch ? fmt("; x torch: tokens/s over %s's", framework.c_str()).c_str() : "");
+  // The planner's rows: each against the fastest other (hand) plan whose
+  // measured peak fits the same budget.
+  std::vector<JsonObject> auto_rows;
+  if (!autos.empty()) {
+    std::printf("\n%-12s %10s %-40s %9s %9s %8s %8s %5s  %-26s %8s %7s\n", "planner", "budget MiB", "chosen plan",
+                "pred. MiB", "meas. MiB", "pred. ms", "meas. ms", "fits", "fastest hand plan that fits", "its ms",
+                "x time");
+    for (const auto& [i, ar] : autos) {
+      const AutoPlan& a = ar.choice;
+      const double mp = med_of(i, "peak_allocated_bytes"), ms = med_of(i, "step_ms");
+      std::size_t best = plans.size();
+      for (std::size_t k = 0; k < plans.size(); ++k)
+        if (!autos.count(k) && med_of(k, "peak_allocated_bytes") <= double(a.budget) &&
+            (best == plans.size() || med_of(k, "step_ms") < med_of(best, "step_ms")))
+          best = k;
+      const bool any = best < plans.size();
+      const double hand_ms = any ? med_of(best, "step_ms") : 0.0;
+      std::printf("%-12s %10.1f %-40s %9.1f %9.1f %8.0f %8.0f %5s  %-26s %8s %7s\n", plans[i].c_str(),
+                  double(a.budget) / 1048576.0, a.best.plan.c_str(), double(a.best.peak) / 1048576.0, mp / 1048576.0,
+                  a.predicted_step_ms, ms, mp <= double(a.budget) ? "yes" : "NO", any ? plans[best].c_str() : "-",
+                  any ? fmt("%.0f", hand_ms).c_str() : "-", any ? fmt("%.3fx", ms / hand_ms).c_str() : "-");
+      JsonObject j;
+      j.set("row", plans[i]).set("memory_budget", ar.budget_text).set("budget_bytes", a.budget);
+      j.set("chosen_plan", a.best.plan).set("predicted_peak_bytes", a.best.peak);
+      j.set("peak_allocated_bytes", mp).set("predicted_step_ms", a.predicted_step_ms).set("step_ms", ms);
+      j.set("peak_error", (double(a.best.peak) - mp) / mp).set("step_error", (a.predicted_step_ms - ms) / ms);
+      j.set("fits", mp <= double(a.budget));
+      if (any) j.set("best_hand_plan", plans[best]).set("best_hand_step_ms", hand_ms).set("time_vs_best_hand", ms / hand_ms);
+      auto_rows.push_back(j);
+    }
+    std::printf("(fits: measured peak <= budget; x time: the auto row's step over the fastest hand plan whose measured "
+                "peak fits the same budget, both medians of this run)\n");
+  }
   if (ep > 1) {
     std::printf("\n%d ranks (expert parallel %lld), rank 0's collectives per step, MiB sent:\n%-24s %10s %10s %10s %12s %12s\n",
                 int(ep), static_cast<long long>(ep), "plan", "forward", "backward", "replay", "a2a forward",
@@ -693,6 +820,7 @@ int run_bench(const std::vector<std::string>& args) {
     doc.set_raw("rows", json_array(rows));
     if (torch) doc.set_raw("torch", torch_row.str());
     doc.set_raw("runs", json_array(runs));
+    if (!auto_rows.empty()) doc.set_raw("auto", json_array(auto_rows));
     std::ofstream out(path);
     REMAT_CHECK(out.good(), IOError, "bench: cannot write ", path);
     out << doc.str() << "\n";

@@ -14,6 +14,8 @@ int run_dump(const std::vector<std::string>& args);
 int run_mem(const std::vector<std::string>& args);
 // ./remat bench: plans x repeats in fresh processes; table and --json.
 int run_bench(const std::vector<std::string>& args);
+// ./remat plan: the plan --recompute auto chooses for a memory budget.
+int run_plan(const std::vector<std::string>& args);
 // The per-process measurement ./remat bench starts (internal).
 int run_bench_worker(const std::vector<std::string>& args);
 

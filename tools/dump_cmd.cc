@@ -3,6 +3,7 @@
 #include "engine/autograd.h"
 #include "engine/parallel_for.h"
 #include "tools/args.h"
+#include "tools/auto_plan_flags.h"
 #include "tools/commands.h"
 #include "train/data.h"
 #include "train/safetensors.h"
@@ -13,7 +14,7 @@ namespace remat::tools {
 
 int run_dump(const std::vector<std::string>& args) {
   Flags f("dump", "one deterministic forward/backward written to safetensors", args,
-          {text_flag("config", "model config name or FILE.json", "tiny"),
+          with_auto_plan_flags({text_flag("config", "model config name or FILE.json", "tiny"),
            int_flag("seed", "seed for weights and the batch", 0, {.min = 0}),
            text_flag("load", "take weights from this safetensors file (Hugging Face names)"),
            text_flag("recompute", "recompute plan", "none"),
@@ -21,15 +22,15 @@ int run_dump(const std::vector<std::string>& args) {
            text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and the loss stay f32)", "f32"),
            text_flag("device", "cpu, cuda or cuda:N", "cpu"),
            text_flag("out", "output FILE.safetensors (required)"),
-           threads_flag_spec()});
+           threads_flag_spec()}));
   apply_threads_flag(f);
   REMAT_CHECK(f.has("out"), Error, "dump: --out FILE.safetensors is required");
-  const std::string plan = f.get("recompute");
   const ModelConfig c = ModelConfig::load(f.get("config"));
-  RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
-  if (f.has("offload-dir")) parsed.offload_dir = f.get("offload-dir");
   const auto seed = std::uint64_t(f.get_int("seed"));
   const Device device = device_flag(f);
+  const std::string plan = resolve_recompute(f, f.get("recompute"), c, f.get("dtype"), device, seed);
+  RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
+  if (f.has("offload-dir")) parsed.offload_dir = f.get("offload-dir");
 
   manual_seed(seed);
   DecoderModel model(c, seed);

@@ -55,6 +55,7 @@ const std::map<std::string, Command>& commands() {
       {"dump", {"one deterministic forward/backward written to safetensors", remat::tools::run_dump}},
       {"mem", {"memory timeline of one training step as JSON + HTML", remat::tools::run_mem}},
       {"bench", {"memory and speed of recompute plans, each repeat in a fresh process", remat::tools::run_bench}},
+      {"plan", {"the recompute plan for a memory budget (--recompute auto), with predictions", remat::tools::run_plan}},
       {"bench-worker", {"(internal) one measurement process of bench", remat::tools::run_bench_worker}},
   };
   return c;

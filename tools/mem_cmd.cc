@@ -13,6 +13,7 @@
 #include "models/decoder.h"
 #include "models/recompute.h"
 #include "tools/args.h"
+#include "tools/auto_plan_flags.h"
 #include "tools/commands.h"
 #include "tools/mem_timeline.h"
 #include "train/data.h"
@@ -78,7 +79,7 @@ class StepWatcher final : public DispatchHook {
 
 int run_mem(const std::vector<std::string>& args) {
   Flags f("mem", "the allocator history over one training step as JSON and HTML", args,
-          {text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
+          with_auto_plan_flags({text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
            text_flag("recompute", "recompute plan, as for train", "none"),
            text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
            int_flag("seed", "seed for weights, data and dropout", 0, {.min = 0}),
@@ -86,7 +87,7 @@ int run_mem(const std::vector<std::string>& args) {
                     {.min = 0}),
            text_flag("out", "write FILE.json and FILE.html (a trailing .json or .html is dropped) (required)"),
            int_flag("capacity", "allocator history capacity in events", std::int64_t(1) << 20, {.min = 1}),
-           threads_flag_spec()});
+           threads_flag_spec()}));
   REMAT_CHECK(f.has("out"), Error, "--out FILE is required (writes FILE.json and FILE.html)");
   std::string stem = f.get("out");
   if (ends_with(stem, ".html"))
@@ -105,8 +106,8 @@ int run_mem(const std::vector<std::string>& args) {
   TrainOptions o;
   o.config = ModelConfig::load(f.get("config"));
   o.config.validate();
-  o.recompute = f.get("recompute");
   o.seed = seed;
+  o.recompute = resolve_recompute(f, f.get("recompute"), o.config, "f32", kCPU, seed);
   const ModelConfig& c = o.config;
   RecomputePlan plan = RecomputePlan::parse(o.recompute, c.n_layers);
   if (f.has("offload-dir")) plan.offload_dir = f.get("offload-dir");

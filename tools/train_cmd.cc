@@ -10,6 +10,7 @@
 
 #include "engine/parallel_for.h"
 #include "tools/args.h"
+#include "tools/auto_plan_flags.h"
 #include "tools/commands.h"
 #include "tools/json.h"
 #include "tools/progress.h"
@@ -60,7 +61,7 @@ void install_save_fault_from_env() {
 
 int run_train(const std::vector<std::string>& args) {
   Flags f("train", "train a model, showing progress", args,
-          {text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
+          with_auto_plan_flags({text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
            text_flag("data", "train on this text file (byte level; last 10% held out) instead of the generated corpus"),
            int_flag("steps", "optimizer steps of the whole run", 600, {.min = 1}),
            int_flag("stop-after", "stop this invocation after N steps (resume later with --resume; 0: run to --steps)", 0,
@@ -96,7 +97,7 @@ int run_train(const std::vector<std::string>& args) {
                      "not started by a launcher such as mpirun or srun, else lines)", "auto"),
            number_flag("comm-timeout", "seconds a collective may take before this rank gives up on its peers "
                        "(default: $REMAT_COMM_TIMEOUT, else 300)", std::nullopt, {.min = 0, .min_open = true}),
-           threads_flag_spec()});
+           threads_flag_spec()}));
   apply_threads_flag(f);
   ProgressOutput progress(resolve_progress(f.get("progress"), ::isatty(STDOUT_FILENO) != 0, process_env()));
   TrainOptions o;
@@ -123,6 +124,7 @@ int run_train(const std::vector<std::string>& args) {
   o.bucket_bytes = std::int64_t(f.get_double("bucket-mb") * double(1 << 20));
   o.reuse_routing_metadata = f.get_int("reuse-routing") != 0;
   if (f.has("comm-timeout")) set_comm_timeout(f.get_double("comm-timeout"));
+  o.recompute = resolve_recompute(f, o.recompute, o.config, o.dtype, o.device, o.seed);
 
   install_save_fault_from_env();
   Trainer trainer(o);

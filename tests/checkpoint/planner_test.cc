@@ -13,8 +13,20 @@ using namespace remat;
 
 namespace {
 
+// True if the blocks whose choices use `hook` form one run (or none).
+bool contiguous(const PlannerInput& in, const std::vector<std::size_t>& c, unsigned hook) {
+  int runs = 0;
+  bool prev = false;
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    const bool on = (in.choices[i][c[i]].hooks & hook) != 0;
+    if (on && !prev) ++runs;
+    prev = on;
+  }
+  return runs <= 1;
+}
+
 // Every combination of choices: the least time within the budget (and the
-// least peak overall).
+// least peak overall), offload and compression each on one run of blocks.
 struct Brute {
   bool feasible = false;
   double time = 0;
@@ -30,6 +42,7 @@ Brute brute_force(const PlannerInput& in) {
       ok = ok && (in.allow_lossy || !in.choices[i][c[i]].lossy);
       t += in.choices[i][c[i]].time_ms;
     }
+    ok = ok && contiguous(in, c, kOffloadHook) && contiguous(in, c, kCompressHook);
     if (ok) {
       const std::int64_t p = predicted_peak(in, c);
       if (b.min_peak < 0 || p < b.min_peak) b.min_peak = p;
@@ -50,7 +63,7 @@ Brute brute_force(const PlannerInput& in) {
 TEST_CASE("planner: the dynamic program finds brute force's optimum", "[planner]") {
   std::mt19937_64 rng(12345);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  const char* comps[] = {"", "per_block", "selective:mlp", "attention", "compress:fp8"};
+  const char* comps[] = {"", "per_block", "offload", "compress:fp8", "attention"};
   int feasible_cases = 0;
   for (int trial = 0; trial < 400; ++trial) {
     PlannerInput in;
@@ -58,6 +71,13 @@ TEST_CASE("planner: the dynamic program finds brute force's optimum", "[planner]
     in.forward_base = uni(0, 300);
     in.backward_base = uni(0, 300);
     in.allow_lossy = trial % 2 == 0;
+    // Half the trials: per-block backward bases, forward peaks, a fixed term.
+    const bool rich = trial % 4 >= 2;
+    if (rich) {
+      for (int i = 0; i < L; ++i) in.backward_bases.push_back(uni(0, 300));
+      in.block_forward_base = uni(0, 300);
+      in.fixed_peak = uni(0, 400);
+    }
     for (int i = 0; i < L; ++i) {
       std::vector<PlanChoice> opts;
       const int k = uni(1, 4);
@@ -68,6 +88,8 @@ TEST_CASE("planner: the dynamic program finds brute force's optimum", "[planner]
         c.work = uni(0, 200);
         c.time_ms = j == 0 ? 0.0 : double(uni(1, 50)) / 4;
         c.lossy = j == 3 && trial % 3 == 0;
+        c.hooks = j == 2 ? kOffloadHook : j == 3 ? kCompressHook : 0u;
+        if (rich) c.forward_work = uni(0, 250);
         opts.push_back(c);
       }
       opts[0].lossy = false;  // keeping is always allowed
@@ -126,7 +148,11 @@ TEST_CASE("planner: a hand-checked stack, the last block kept, plan strings", "[
   CHECK(plan_string(ch, {1, 1, 1, 1, 1, 1}) == "per_block");
   CHECK(plan_string(ch, {0, 0, 0, 0, 0, 0}) == "none");
   const std::string s = plan_string(ch, {2, 2, 1, 3, 3, 0});
-  CHECK(s == "per_block@0-1+offload@0-1+per_block@2+selective:mlp@3-4");
+  CHECK(s == "per_block@0-2+offload@0-1+selective:mlp@3-4");
+  // A hook part keeps its range even over every block; parts split into runs.
+  CHECK(plan_string(ch, {2, 2, 2, 2, 2, 2}) == "per_block+offload@0-5");
+  CHECK(plan_string(ch, {1, 3, 1, 1, 0, 1}) == "per_block@0+per_block@2-3+per_block@5+selective:mlp@1");
+  CHECK(RecomputePlan::parse("per_block@0+per_block@2-3+per_block@5+selective:mlp@1", 6).block_regions.size() == 4);
   const RecomputePlan p = RecomputePlan::parse(s, 6);
   CHECK(p.block_regions.size() == 3);
   CHECK(p.block_modules[4].count("mlp") == 1);

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# --recompute auto --memory-budget B through the CLI: `plan` prints and writes
+# its choice, `dump` with auto is bit-identical to none (every lossless auto
+# plan is), `train`, `mem` and `bench` accept auto, and bad budgets get clear
+# errors.
+set -u
+cd "$(dirname "$(readlink -f "$0")")/../.."
+remat=./bazel-bin/tools/remat
+passed=0
+failed=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAILED: $*"; }
+fast="--profile-rounds 1"
+
+# plan --json: the chosen plan parses, fits the budget, and the profile is there.
+if $remat plan --config tiny --memory-budget 50% $fast --json "$tmp/plan.json" > "$tmp/plan.txt" 2>&1 &&
+   /usr/bin/python3 - "$tmp/plan.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["predicted_peak_bytes"] <= d["budget_bytes"], d
+assert d["budget_bytes"] == int(d["persistent_bytes"] + 0.5 * d["none_activation_bytes"]), d
+assert d["plans"][0]["role"] == "chosen" and d["plans"][0]["plan"] == d["chosen_plan"], d["plans"]
+assert d["candidates"][0]["component"] == "none" and len(d["candidates"]) >= 6, [c["component"] for c in d["candidates"]]
+assert all(len(c["blocks"]) == 4 for c in d["candidates"])
+assert len(d["saves"]) > 20 and {s["block"] for s in d["saves"]} >= {-1, 0, 1, 2, 3}
+PY
+then ok; else bad "plan --json"; cat "$tmp/plan.txt"; fi
+grep -q "^chosen " "$tmp/plan.txt" && ok || bad "plan prints no chosen row"
+
+# Lossless auto plans dump bit-identically to none (dropout on, dense and MoE).
+for run in "tiny_dropout 40% 55% 70% 85%" "tiny_moe_dropout 55% 70% 85%"; do
+  set -- $run
+  cfg=tests/checkpoint/data/$1.json
+  shift
+  $remat dump --config "$cfg" --seed 1 --out "$tmp/none.safetensors" > /dev/null || exit 1
+  for b in "$@"; do
+    if $remat dump --config "$cfg" --seed 1 --recompute auto --memory-budget "$b" $fast \
+         --out "$tmp/auto.safetensors" > "$tmp/dump.txt" 2>&1 &&
+       /usr/bin/python3 tools/reference/compare_dumps.py "$tmp/none.safetensors" "$tmp/auto.safetensors" > "$tmp/cmp.txt"; then
+      ok
+    else
+      bad "dump --recompute auto --memory-budget $b ($cfg) differs from none or failed:"; cat "$tmp/dump.txt" "$tmp/cmp.txt"
+    fi
+  done
+done
+grep -q "^recompute auto: .* for --memory-budget 85%" "$tmp/dump.txt" && ok || bad "dump names the chosen plan"
+
+# train and mem run the chosen plan.
+$remat train --config tiny --steps 2 --eval-every 0 --progress off --recompute auto --memory-budget 40% $fast \
+  > "$tmp/train.txt" 2>&1 && grep -q "^recompute auto: " "$tmp/train.txt" && ok || { bad "train auto"; cat "$tmp/train.txt"; }
+$remat mem --config tiny --recompute auto --memory-budget 40% $fast --out "$tmp/mem" > "$tmp/mem.txt" 2>&1 &&
+  [ -s "$tmp/mem.json" ] && ok || { bad "mem auto"; cat "$tmp/mem.txt"; }
+
+# bench: auto is one row among the plans, with the plan it chose.
+if $remat bench --config tiny --recompute none,auto --memory-budget 50% $fast --repeats 1 --warmup 0 --steps 1 \
+     --json "$tmp/bench.json" > "$tmp/bench.txt" 2>&1 &&
+   /usr/bin/python3 - "$tmp/bench.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = {r["plan"]: r for r in d["rows"]}
+assert set(rows) == {"none", "auto"}, rows.keys()
+a = rows["auto"]
+assert a["chosen_plan"] and a["chosen_plan"] != "auto" and a["budget_bytes"] > 0, a
+assert d["auto"][0]["row"] == "auto" and d["auto"][0]["fits"] is True, d["auto"]
+PY
+then ok; else bad "bench none,auto"; cat "$tmp/bench.txt"; fi
+
+# Errors: no budget, a budget without auto, a bad budget, a budget below every plan.
+expect_error() {
+  local what=$1 pattern=$2
+  shift 2
+  if "$@" > "$tmp/err.txt" 2>&1; then bad "$what: expected an error"; return; fi
+  grep -q -- "$pattern" "$tmp/err.txt" && ok || { bad "$what: error does not say '$pattern'"; cat "$tmp/err.txt"; }
+}
+expect_error "auto without a budget" "needs --memory-budget" $remat dump --config tiny --recompute auto --out "$tmp/x.safetensors"
+expect_error "budget without auto" "needs --recompute auto" $remat dump --config tiny --memory-budget 50% --out "$tmp/x.safetensors"
+expect_error "bad budget" "expected bytes with an optional unit" $remat plan --config tiny --memory-budget 12parsecs $fast
+expect_error "budget below every plan" "smallest predicted peak is .* reached by --recompute" \
+  $remat plan --config tiny --memory-budget 1MiB $fast
+echo "remat-tests: $passed passed, $failed failed, 0 skipped"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,64 @@
+#include "tools/auto_plan_flags.h"
+
+#include <cstdio>
+
+#include "engine/error.h"
+#include "parallel/process_group.h"
+
+namespace remat::tools {
+
+std::vector<FlagSpec> auto_plan_flag_specs() {
+  return {text_flag("memory-budget", "with --recompute auto: peak allocated bytes on the device, with a unit (1.5GiB, "
+                    "700MiB) or N% (persistent bytes plus N% of plan none's activation bytes)"),
+          bool_flag("allow-lossy", "with --recompute auto: the planner may also compress saved tensors (bf16, fp8)"),
+          int_flag("profile-rounds", "with --recompute auto: measured steps per plan component in the profile", 2,
+                   {.min = 1, .max = 100})};
+}
+
+std::vector<FlagSpec> with_auto_plan_flags(std::vector<FlagSpec> specs) {
+  for (auto& s : auto_plan_flag_specs()) specs.push_back(std::move(s));
+  return specs;
+}
+
+PlanProfile profile_for_flags(const Flags& f, const ModelConfig& c, const std::string& dtype, Device device,
+                              std::uint64_t seed, bool verbose) {
+  ProfileOptions o;
+  o.config = c;
+  o.dtype = dtype;
+  o.device = device;
+  o.seed = seed;
+  o.rounds = f.get_int("profile-rounds");
+  o.allow_lossy = f.get_bool("allow-lossy");
+  if (f.has("offload-dir")) o.offload_dir = f.get("offload-dir");
+  if (verbose)
+    o.progress = [](const std::string& line) {
+      std::fprintf(stderr, "  %s\n", line.c_str());
+      std::fflush(stderr);
+    };
+  return profile_plans(o);
+}
+
+std::string resolve_recompute(const Flags& f, const std::string& recompute, const ModelConfig& c,
+                              const std::string& dtype, Device device, std::uint64_t seed) {
+  if (recompute != "auto") {
+    REMAT_CHECK(!f.has("memory-budget"), Error, "--memory-budget ", f.get("memory-budget"),
+                " needs --recompute auto (got --recompute ", recompute, ")");
+    return recompute;
+  }
+  REMAT_CHECK(f.has("memory-budget"), Error,
+              "--recompute auto needs --memory-budget B (bytes with a unit, e.g. 1.5GiB, or N% of plan none's "
+              "activation bytes)");
+  REMAT_CHECK(world_group()->size() == 1, Error, "--recompute auto profiles one process; under mpirun (",
+              world_group()->size(), " ranks) choose the plan first with ./remat plan and pass it to --recompute");
+  const PlanProfile prof = profile_for_flags(f, c, dtype, device, seed, false);
+  const std::int64_t budget = parse_memory_budget(f.get("memory-budget"), prof);
+  const AutoPlan a = choose_plan(prof, budget, f.get_bool("allow-lossy"));
+  std::printf("recompute auto: %s for --memory-budget %s (%s): predicted peak %s, step %.0f ms (profile of %zu plans, "
+              "%.0f s)\n",
+              a.best.plan.c_str(), f.get("memory-budget").c_str(), format_mib(budget).c_str(),
+              format_mib(a.best.peak).c_str(), a.predicted_step_ms, prof.candidates.size(), prof.seconds);
+  std::fflush(stdout);
+  return a.best.plan;
+}
+
+}  // namespace remat::tools

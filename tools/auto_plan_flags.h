@@ -1,0 +1,35 @@
+// `--recompute auto` on the command line (train, dump, mem, bench, plan):
+// the flags it takes and the step that turns it into a plan string.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/device.h"
+#include "models/config.h"
+#include "tools/args.h"
+#include "train/auto_plan.h"
+
+namespace remat::tools {
+
+// --memory-budget B (bytes with a unit, or N%), --allow-lossy,
+// --profile-rounds N.
+std::vector<FlagSpec> auto_plan_flag_specs();
+// `specs` and the above.
+std::vector<FlagSpec> with_auto_plan_flags(std::vector<FlagSpec> specs);
+
+// The profile of `c` with the flags' --profile-rounds, --allow-lossy and
+// --offload-dir, a progress line on stderr per step when `verbose`.
+PlanProfile profile_for_flags(const Flags& f, const ModelConfig& c, const std::string& dtype, Device device,
+                              std::uint64_t seed, bool verbose);
+
+// The --recompute value to run: `recompute` itself, or for "auto" the plan
+// chosen for --memory-budget from a profile of `c` (one line about it on
+// stdout). Throws Error when auto has no --memory-budget, when a budget is
+// given to a plan that is not auto, and when no plan fits (naming the
+// smallest predicted peak and its plan).
+std::string resolve_recompute(const Flags& f, const std::string& recompute, const ModelConfig& c,
+                              const std::string& dtype, Device device, std::uint64_t seed);
+
+}  // namespace remat::tools

@@ -1,0 +1,26 @@
+// The fresh measurement processes of ./remat bench (`bench-worker`), for the
+// commands that measure plans the same way (bench, plan --measure).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace remat::tools {
+
+// Runs shell command `cmd` (`what` names it in errors) and returns its
+// output; its exit status goes to *rc.
+std::string run_capture(const std::string& cmd, const char* what, int* rc);
+
+// One worker process (this binary as `bench-worker`): `warmup` untimed and
+// `steps` timed training steps of `config` under `plan`; its result fields
+// (step_ms, forward_ms, backward_ms, peak_allocated_bytes, persistent_bytes,
+// activation_bytes, ...: DESIGN.md §9). With ep > 1, `ep` processes under
+// mpirun (threads split between them); rank 0 reports. Throws Error, with
+// the worker's output, if it fails.
+std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
+                                         std::int64_t steps, int threads, const std::string& seed,
+                                         std::int64_t ep = 1, const std::string& dtype = "f32",
+                                         const std::string& device = "cpu", const std::string& offload_dir = "");
+
+}  // namespace remat::tools

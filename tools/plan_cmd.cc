@@ -1,0 +1,182 @@
+// ./remat plan: the memory-budget planner on its own. Profiles the config
+// (train/auto_plan.h), prints the plan chosen for --memory-budget with its
+// predicted peak and step time, the best alternatives and the smallest
+// achievable peak; --measure runs them in fresh bench processes (interleaved)
+// and prints predicted next to measured.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include "engine/error.h"
+#include "engine/parallel_for.h"
+#include "models/decoder.h"
+#include "tools/args.h"
+#include "tools/auto_plan_flags.h"
+#include "tools/bench_order.h"
+#include "tools/bench_worker.h"
+#include "tools/commands.h"
+#include "tools/html.h"
+#include "tools/json.h"
+
+namespace remat::tools {
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+JsonObject candidate_json(const ProfiledCandidate& c) {
+  JsonObject j;
+  j.set("component", c.component.empty() ? std::string("none") : c.component).set("plan", c.plan);
+  j.set("lossy", c.lossy).set("step_ms", c.step_ms).set("peak_allocated_bytes", c.peak);
+  std::vector<JsonObject> blocks;
+  for (std::size_t i = 0; i < c.blocks.size(); ++i) {
+    const PlanChoice& b = c.blocks[i];
+    JsonObject o;
+    o.set("block", std::int64_t(i)).set("held_bytes", b.held).set("forward_work_bytes", b.forward_work);
+    o.set("backward_work_bytes", b.work).set("time_ms", b.time_ms);
+    blocks.push_back(o);
+  }
+  j.set_raw("blocks", json_array(blocks));
+  return j;
+}
+
+}  // namespace
+
+int run_plan(const std::vector<std::string>& args) {
+  std::vector<FlagSpec> specs = {
+      text_flag("config", "model config name or FILE.json", "bench-dense"),
+      text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
+      text_flag("device", "cpu, cuda or cuda:N", "cpu"),
+      int_flag("seed", "seed", 0, {.min = 0}),
+      text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
+      text_flag("json", "write the profile, the choice and (with --measure) the measurements to FILE"),
+      bool_flag("measure", "also run the chosen plan and the alternatives in fresh processes (bench workers, in an "
+                "interleaved order) and print predicted next to measured"),
+      int_flag("repeats", "with --measure: processes per plan", 2, {.min = 1}),
+      int_flag("warmup", "with --measure: untimed warm-up steps per process", 1, {.min = 0}),
+      int_flag("steps", "with --measure: timed steps per process", 3, {.min = 1}),
+      threads_flag_spec()};
+  for (auto& s : auto_plan_flag_specs()) specs.push_back(s);
+  Flags f("plan", "the plan --recompute auto would choose for --memory-budget, with predictions", args, specs);
+  apply_threads_flag(f);
+  REMAT_CHECK(f.has("memory-budget"), Error, "plan: --memory-budget B is required (bytes with a unit, e.g. 1.5GiB, "
+              "or N% of plan none's activation bytes)");
+  const std::string config = f.get("config");
+  const ModelConfig c = ModelConfig::load(config);
+  const std::string dtype = f.get("dtype");
+  compute_dtype_from_name(dtype);
+  const Device device = device_flag(f);
+  const auto seed = std::uint64_t(f.get_int("seed"));
+  const bool lossy = f.get_bool("allow-lossy");
+
+  std::printf("remat plan: config %s, %d threads; profiling %lld rounds of each plan component on every block\n",
+              c.name.c_str(), num_threads(), static_cast<long long>(f.get_int("profile-rounds")));
+  std::fflush(stdout);
+  const PlanProfile prof = profile_for_flags(f, c, dtype, device, seed, true);
+  const std::int64_t budget = parse_memory_budget(f.get("memory-budget"), prof);
+  std::printf("profile: %zu components in %.0f s; persistent %s, plan none: peak %s (activations %s), step %.0f ms\n",
+              prof.candidates.size(), prof.seconds, format_mib(prof.persistent).c_str(),
+              format_mib(prof.none_peak).c_str(), format_mib(prof.none_activation_bytes()).c_str(), prof.none_step_ms);
+  std::printf("budget %s = %s peak allocated\n\n", f.get("memory-budget").c_str(), format_mib(budget).c_str());
+
+  // The choice (an Error below the smallest peak, naming it).
+  const AutoPlan a = choose_plan(prof, budget, lossy);
+  struct Row {
+    std::string role, plan;
+    std::int64_t peak;
+    double step_ms;
+  };
+  std::vector<Row> rows = {{"chosen", a.best.plan, a.best.peak, a.predicted_step_ms}};
+  for (const auto& r : a.alternatives) rows.push_back({"alternative", r.plan, r.peak, prof.none_step_ms + r.time_ms});
+  if (a.smallest.plan != a.best.plan)
+    rows.push_back({"smallest peak", a.smallest.plan, a.smallest.peak, prof.none_step_ms + a.smallest.time_ms});
+  std::printf("%-14s %-44s %16s %16s\n", "", "plan", "pred. peak MiB", "pred. step ms");
+  for (const auto& r : rows)
+    std::printf("%-14s %-44s %16.1f %16.0f\n", r.role.c_str(), r.plan.c_str(), double(r.peak) / 1048576.0, r.step_ms);
+  std::printf("(predicted from the profile; every plan listed fits the budget but the smallest-peak one, which is the "
+              "least any plan reaches)\n");
+
+  // --measure: each listed plan in fresh processes, interleaved.
+  std::vector<JsonObject> measured_rows;
+  if (f.get_bool("measure")) {
+    const std::int64_t repeats = f.get_int("repeats");
+    const auto order = bench_order(std::int64_t(rows.size()), repeats);
+    std::vector<std::map<std::string, std::vector<double>>> v(rows.size());
+    std::printf("\nmeasuring %zu plans x %lld processes (%lld warm-up + %lld timed steps each), interleaved\n",
+                rows.size(), static_cast<long long>(repeats), static_cast<long long>(f.get_int("warmup")),
+                static_cast<long long>(f.get_int("steps")));
+    for (const BenchSlot& s : order) {
+      const Row& r = rows[std::size_t(s.variant)];
+      const auto m = run_worker(config, r.plan, f.get_int("warmup"), f.get_int("steps"), num_threads(), f.get("seed"),
+                                1, dtype, device.str(), f.has("offload-dir") ? f.get("offload-dir") : "");
+      for (const auto& [k, val] : m) v[std::size_t(s.variant)][k].push_back(val);
+      std::printf("  [%2lld/%zu] %-44s step %.0f ms, peak %.1f MiB\n", static_cast<long long>(s.position + 1),
+                  order.size(), r.plan.c_str(), m.at("step_ms"), m.at("peak_allocated_bytes") / 1048576.0);
+      std::fflush(stdout);
+    }
+    std::printf("\n%-14s %-44s %11s %11s %7s %9s %9s %7s %5s\n", "", "plan", "pred. MiB", "meas. MiB", "error",
+                "pred. ms", "meas. ms", "error", "fits");
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      const double mp = median(v[i].at("peak_allocated_bytes")), ms = median(v[i].at("step_ms"));
+      const double ep = (double(r.peak) - mp) / mp, et = (r.step_ms - ms) / ms;
+      std::printf("%-14s %-44s %11.1f %11.1f %6.1f%% %9.0f %9.0f %6.1f%% %5s\n", r.role.c_str(), r.plan.c_str(),
+                  double(r.peak) / 1048576.0, mp / 1048576.0, 100 * ep, r.step_ms, ms, 100 * et,
+                  mp <= double(budget) ? "yes" : "NO");
+      JsonObject j;
+      j.set("role", r.role).set("plan", r.plan).set("predicted_peak_bytes", r.peak).set("predicted_step_ms", r.step_ms);
+      j.set("peak_allocated_bytes", mp).set("step_ms", ms).set("peak_error", ep).set("step_error", et);
+      j.set("fits", mp <= double(budget));
+      measured_rows.push_back(j);
+    }
+    std::printf("(measured: medians over the processes; error = (predicted - measured) / measured)\n");
+  }
+
+  if (f.has("json")) {
+    JsonObject doc;
+    doc.set("config", c.name).set("memory_budget", f.get("memory-budget")).set("budget_bytes", budget);
+    doc.set("allow_lossy", lossy).set("persistent_bytes", prof.persistent).set("none_peak_bytes", prof.none_peak);
+    doc.set("none_activation_bytes", prof.none_activation_bytes()).set("none_step_ms", prof.none_step_ms);
+    doc.set("chosen_plan", a.best.plan).set("predicted_peak_bytes", a.best.peak);
+    doc.set("predicted_step_ms", a.predicted_step_ms);
+    std::vector<JsonObject> alts;
+    for (const auto& r : rows) {
+      JsonObject j;
+      j.set("role", r.role).set("plan", r.plan).set("predicted_peak_bytes", r.peak).set("predicted_step_ms", r.step_ms);
+      alts.push_back(j);
+    }
+    doc.set_raw("plans", json_array(alts));
+    if (!measured_rows.empty()) doc.set_raw("measured", json_array(measured_rows));
+    JsonObject bases;
+    bases.set("forward_base", prof.forward_base).set("block_forward_base", prof.block_forward_base);
+    bases.set("fixed_peak", prof.fixed_peak);
+    std::string bb = "[";
+    for (std::size_t i = 0; i < prof.backward_bases.size(); ++i)
+      bb += (i ? ", " : "") + std::to_string(prof.backward_bases[i]);
+    bases.set_raw("backward_bases", bb + "]");
+    doc.set_raw("bases", bases.str());
+    std::vector<JsonObject> cands;
+    for (const auto& cand : prof.candidates) cands.push_back(candidate_json(cand));
+    doc.set_raw("candidates", json_array(cands));
+    std::vector<JsonObject> saves;
+    for (const auto& s : prof.saves) {
+      JsonObject j;
+      j.set("block", s.block).set("op", s.op).set("bytes", s.bytes).set("is_output", s.is_output);
+      j.set("saved_at", s.saved_at).set("released_at", s.released_at);
+      saves.push_back(j);
+    }
+    doc.set_raw("saves", json_array(saves));
+    const std::string path = f.get("json");
+    std::ofstream out(path);
+    REMAT_CHECK(out.good(), IOError, "plan: cannot write ", path);
+    out << doc.str() << "\n";
+    std::printf("wrote %s\n", path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace remat::tools

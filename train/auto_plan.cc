@@ -1,0 +1,500 @@
+#include "train/auto_plan.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+
+#include "checkpoint/offload.h"
+#include "checkpoint/plan.h"
+#include "engine/allocator.h"
+#include "engine/autograd.h"
+#include "engine/device_runtime.h"
+#include "engine/error.h"
+#include "engine/rng.h"
+#include "models/block_stack.h"
+#include "models/decoder.h"
+#include "models/recompute.h"
+#include "train/data.h"
+#include "train/optimizer.h"
+
+namespace remat {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+template <typename T>
+T median_of(std::vector<T> v) {
+  if (v.empty()) return T{};
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : T((v[v.size() / 2 - 1] + v[v.size() / 2]) / 2);
+}
+
+// One step's measurements, per block.
+struct StepMeasure {
+  std::vector<std::int64_t> fwd_before, fwd_peak, fwd_after, bwd_start, bwd_peak;
+  std::vector<double> fwd_ms, bwd_ms;
+  std::int64_t pre_peak = 0, head_peak = 0, tail_peak = 0, peak = 0;
+  double step_ms = 0;
+};
+
+// Windows of the step: before the blocks (embedding), each block's forward,
+// the head (from the last block's end until its backward starts), each
+// block's backward, and the rest (embedding backward, clipping, AdamW). The
+// allocator's peak is reset at each window's start and read at its end.
+class Probe final : public BlockObserver {
+ public:
+  Probe(CachingAllocator& alloc, Device device, std::int64_t n) : alloc_(alloc), device_(device), n_(n) {}
+
+  void start_step() {
+    m_ = StepMeasure{};
+    for (auto* v : {&m_.fwd_before, &m_.fwd_peak, &m_.fwd_after, &m_.bwd_start, &m_.bwd_peak})
+      v->assign(std::size_t(n_), 0);
+    m_.fwd_ms.assign(std::size_t(n_), 0);
+    m_.bwd_ms.assign(std::size_t(n_), 0);
+    open();
+    step_t0_ = t_;
+  }
+  void before_block(std::int64_t i, const Tensor& x) override {
+    const std::int64_t p = close();
+    if (i == 0) {
+      m_.pre_peak = p;
+      if (x.requires_grad())  // block 0's backward ends when x's gradient is complete
+        x.register_hook([this](const Tensor&) {
+          m_.bwd_peak[0] = close();
+          m_.bwd_ms[0] = last_ms_;
+          open();
+          return Tensor();
+        });
+    }
+    m_.fwd_before[std::size_t(i)] = alloc_.stats().allocated_bytes;
+    open();
+  }
+  void after_block(std::int64_t i, const Tensor& y) override {
+    m_.fwd_peak[std::size_t(i)] = close();
+    m_.fwd_ms[std::size_t(i)] = last_ms_;
+    m_.fwd_after[std::size_t(i)] = alloc_.stats().allocated_bytes;
+    // y's gradient is complete when block i+1's backward (or the head's)
+    // has run: block i's backward starts.
+    if (y.requires_grad())
+      y.register_hook([this, i](const Tensor&) {
+        const std::int64_t p = close();
+        if (i == n_ - 1) {
+          m_.head_peak = p;
+        } else {
+          m_.bwd_peak[std::size_t(i + 1)] = p;
+          m_.bwd_ms[std::size_t(i + 1)] = last_ms_;
+        }
+        m_.bwd_start[std::size_t(i)] = alloc_.stats().allocated_bytes;
+        open();
+        return Tensor();
+      });
+    open();
+  }
+  StepMeasure end_step() {
+    m_.tail_peak = close();
+    m_.step_ms = ms_between(step_t0_, t_);  // (close() set t_ to now)
+    return m_;
+  }
+  std::int64_t max_peak() const { return max_; }
+
+ private:
+  Clock::time_point now() {
+    if (!device_.is_cpu()) synchronize(device_);
+    return Clock::now();
+  }
+  void open() {
+    alloc_.reset_peak();
+    t_ = now();
+  }
+  // Ends the window opened last: returns its peak, last_ms_ its duration.
+  std::int64_t close() {
+    const std::int64_t p = alloc_.stats().allocated_peak;
+    m_.peak = std::max(m_.peak, p);
+    max_ = std::max(max_, p);
+    const auto t = now();
+    last_ms_ = ms_between(t_, t);
+    t_ = t;
+    return p;
+  }
+
+  CachingAllocator& alloc_;
+  Device device_;
+  std::int64_t n_;
+  StepMeasure m_;
+  Clock::time_point t_, step_t0_;
+  double last_ms_ = 0;
+  std::int64_t max_ = 0;
+};
+
+// Records every save of a step (an identity hook: it keeps the tensor as is).
+class SaveTrace final : public TypedSavedTensorHooks {
+ public:
+  std::string name() const override { return "profile trace"; }
+  std::any pack_tensor(const Tensor& t, const SaveInfo& info) override {
+    ProfiledSave s;
+    s.block = block;
+    s.op = info.op;
+    s.bytes = std::int64_t(info.bytes);
+    s.is_output = info.is_output;
+    s.saved_at = events_++;
+    index_[info.id] = saves.size();
+    saves.push_back(s);
+    return t;
+  }
+  Tensor unpack_tensor(std::any packed, const SaveInfo& info) override {
+    release(info);
+    return std::any_cast<Tensor>(packed);
+  }
+  void on_release(const std::any&, const SaveInfo& info) override { release(info); }
+
+  std::int64_t block = -1;
+  std::vector<ProfiledSave> saves;
+
+ private:
+  void release(const SaveInfo& info) {
+    auto it = index_.find(info.id);
+    if (it != index_.end() && saves[it->second].released_at == 0) saves[it->second].released_at = events_++;
+  }
+  std::int64_t events_ = 1;
+  std::map<std::uint64_t, std::size_t> index_;
+};
+
+// Tells the trace which block runs.
+class TraceBlocks final : public BlockObserver {
+ public:
+  TraceBlocks(std::shared_ptr<BlockObserver> inner, SaveTrace* trace) : inner_(std::move(inner)), trace_(trace) {}
+  void before_block(std::int64_t i, const Tensor& x) override {
+    inner_->before_block(i, x);
+    trace_->block = i;
+  }
+  void after_block(std::int64_t i, const Tensor& y) override {
+    trace_->block = -1;
+    inner_->after_block(i, y);
+  }
+
+ private:
+  std::shared_ptr<BlockObserver> inner_;
+  SaveTrace* trace_;
+};
+
+bool is_moe_component(const std::string& c) {
+  return c == "moe_expert" || c.rfind("selective:moe", 0) == 0 || c == "selective:shared_experts";
+}
+
+// The component's plan string on every block of n.
+std::string whole_plan(const std::string& component, std::int64_t n) {
+  std::vector<std::vector<PlanChoice>> choices(std::size_t(n), std::vector<PlanChoice>{PlanChoice{component}});
+  return plan_string(choices, std::vector<std::size_t>(std::size_t(n), 0));
+}
+
+}  // namespace
+
+std::vector<std::string> default_candidates(const ModelConfig& c, bool allow_lossy) {
+  std::vector<std::string> v = {"per_block", "attention", "selective:core_attn", "selective:mlp",
+                                "selective:save_matmul", "offload", "per_block+offload"};
+  if (c.experts > 0) {
+    v.push_back("moe_expert");
+    v.push_back("selective:moe_act");
+  }
+  if (allow_lossy) {
+    v.push_back("compress:fp8");
+    v.push_back("compress:bf16");
+    v.push_back("per_block+compress:fp8");
+  }
+  return v;
+}
+
+PlanProfile profile_plans(const ProfileOptions& opts) {
+  const auto wall0 = Clock::now();
+  const ModelConfig& c = opts.config;
+  const std::int64_t n = c.n_layers;
+  REMAT_CHECK(opts.rounds >= 1, Error, "plan profile: rounds must be >= 1, got ", opts.rounds);
+  std::vector<std::string> comps{""};
+  for (const auto& s : opts.candidates.empty() ? default_candidates(c, opts.allow_lossy) : opts.candidates)
+    if (!s.empty() && s != "none") comps.push_back(s);
+  std::vector<RecomputePlan> plans;
+  std::vector<std::string> specs;
+  for (const auto& comp : comps) {
+    specs.push_back(comp.empty() ? "none" : whole_plan(comp, n));
+    RecomputePlan p = RecomputePlan::parse(specs.back(), n);
+    p.offload_dir = opts.offload_dir;
+    plans.push_back(std::move(p));
+  }
+
+  manual_seed(opts.seed);
+  DecoderModel model(c, opts.seed);
+  model.set_compute_dtype(compute_dtype_from_name(opts.dtype));
+  model.to(opts.device);
+  AdamW opt(model.named_parameters());
+  Corpus corpus = generated_corpus(opts.seed, std::int64_t(1) << 20, c.seq + 2);
+  BatchSampler sampler(corpus.train, c.batch, c.seq, opts.seed + 1);
+  CachingAllocator& alloc = allocator_for(opts.device);
+  auto probe = std::make_shared<Probe>(alloc, opts.device, n);
+  BlockStack& stack = *model.model->blocks;
+
+  std::vector<std::vector<StepMeasure>> measured(comps.size());
+  PlanProfile prof;
+  prof.config = c.name;
+  prof.n_blocks = n;
+  for (std::int64_t i = 0; i < n; ++i) prof.moe_blocks.push_back(c.is_moe_layer(i));
+  const std::size_t K = comps.size();
+  for (std::int64_t round = 0; round <= opts.rounds; ++round) {
+    for (std::size_t j = 0; j < K; ++j) {
+      const std::size_t k = (j + std::size_t(round)) % K;  // rotate the order each round
+      if (opts.progress)
+        opts.progress("profile round " + std::to_string(round) + "/" + std::to_string(opts.rounds) + " " + specs[k]);
+      apply_recompute_plan(model, plans[k]);
+      // The warm-up step of none also traces every save.
+      std::shared_ptr<SaveTrace> trace;
+      if (round == 0 && k == 0) {
+        trace = std::make_shared<SaveTrace>();
+        stack.set_observer(std::make_shared<TraceBlocks>(probe, trace.get()));
+      } else {
+        stack.set_observer(probe);
+      }
+      Tensor batch = sampler.next().to(opts.device);
+      model.zero_grad();
+      synchronize(opts.device);
+      probe->start_step();
+      {
+        std::unique_ptr<SavedTensorHooksScope> tracing;
+        if (trace) tracing = std::make_unique<SavedTensorHooksScope>(trace);
+        Tensor loss = model.forward_loss(batch).loss;
+        (void)loss.item();
+        tracing.reset();
+        loss.backward();
+      }
+      clip_grad_norm(model.parameters(), 1.0);
+      opt.step(1e-3);
+      const StepMeasure m = probe->end_step();
+      if (const auto& off = stack.offload_hooks()) off->check();
+      stack.set_observer(nullptr);
+      if (trace) prof.saves = trace->saves;
+      if (round > 0) measured[k].push_back(m);
+    }
+  }
+  apply_recompute_plan(model, RecomputePlan::parse("none", n));
+  prof.persistent = persistent_bytes(model.named_parameters(), opt);
+
+  // Memory from each candidate's round with the highest step peak (MoE
+  // routing makes the bytes depend on the batch: plan for the worst one
+  // seen), as one consistent set; times are medians over the rounds.
+  auto med_vec = [](const std::vector<StepMeasure>& ms, std::vector<double> StepMeasure::*field) {
+    std::vector<double> out((ms[0].*field).size());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      std::vector<double> v;
+      for (const auto& m : ms) v.push_back((m.*field)[i]);
+      out[i] = median_of(v);
+    }
+    return out;
+  };
+  struct Derived {
+    std::vector<std::int64_t> held, fwd_before, fwd_peak, bwd_start, bwd_peak;
+    std::vector<double> ms;  // forward + backward per block
+    std::int64_t head_peak, pre_peak, tail_peak, peak;
+    double step_ms;
+  };
+  std::vector<Derived> d(K);
+  for (std::size_t k = 0; k < K; ++k) {
+    const auto& ms = measured[k];
+    Derived& x = d[k];
+    std::size_t worst = 0;
+    std::int64_t lo = ms[0].peak;
+    for (std::size_t r = 0; r < ms.size(); ++r) {
+      if (ms[r].peak > ms[worst].peak) worst = r;
+      lo = std::min(lo, ms[r].peak);
+    }
+    const StepMeasure& w = ms[worst];
+    prof.peak_spread = std::max(prof.peak_spread, double(w.peak - lo) / double(std::max<std::int64_t>(1, w.peak)));
+    x.fwd_before = w.fwd_before;
+    x.fwd_peak = w.fwd_peak;
+    x.bwd_start = w.bwd_start;
+    x.bwd_peak = w.bwd_peak;
+    const auto f = med_vec(ms, &StepMeasure::fwd_ms), b = med_vec(ms, &StepMeasure::bwd_ms);
+    for (std::int64_t i = 0; i < n; ++i) {
+      x.held.push_back(std::max<std::int64_t>(0, w.fwd_after[std::size_t(i)] - w.fwd_before[std::size_t(i)]));
+      x.ms.push_back(f[std::size_t(i)] + b[std::size_t(i)]);
+    }
+    x.head_peak = w.head_peak;
+    x.pre_peak = w.pre_peak;
+    x.tail_peak = w.tail_peak;
+    x.peak = w.peak;
+    std::vector<double> steps;
+    for (const auto& m : ms) steps.push_back(m.step_ms);
+    x.step_ms = median_of(steps);
+  }
+  const Derived& none = d[0];
+  auto sum_held = [&](const Derived& x, std::int64_t upto) {  // held of blocks 0..upto-1
+    std::int64_t s = 0;
+    for (std::int64_t j = 0; j < upto; ++j) s += x.held[std::size_t(j)];
+    return s;
+  };
+  prof.none_peak = none.peak;
+  prof.none_step_ms = none.step_ms;
+  prof.block_forward_base = none.fwd_before[0];
+  prof.forward_base = none.head_peak - sum_held(none, n);
+  prof.fixed_peak = std::max(none.pre_peak, none.tail_peak);
+  for (std::int64_t i = 0; i < n; ++i)
+    prof.backward_bases.push_back(none.bwd_start[std::size_t(i)] - sum_held(none, i + 1));
+  for (std::size_t k = 0; k < K; ++k) {
+    const Derived& x = d[k];
+    ProfiledCandidate pc;
+    pc.component = comps[k];
+    pc.plan = specs[k];
+    pc.lossy = plans[k].compress;
+    pc.hooks = (plans[k].offload ? kOffloadHook : 0u) | (plans[k].compress ? kCompressHook : 0u);
+    pc.step_ms = x.step_ms;
+    pc.peak = x.peak;
+    // Blocks of one kind (dense, MoE) run the same code: differences between
+    // their windows are noise, so each takes its kind's mean change; the
+    // step's change outside the windows is shared between all blocks.
+    double window_delta = 0;
+    std::map<bool, std::pair<double, int>> kind;  // moe -> (sum of changes, blocks)
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double dlt = x.ms[std::size_t(i)] - none.ms[std::size_t(i)];
+      window_delta += dlt;
+      auto& [sum, cnt] = kind[prof.moe_blocks[std::size_t(i)]];
+      sum += dlt;
+      ++cnt;
+    }
+    const double rest = (x.step_ms - none.step_ms - window_delta) / double(n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::size_t u = std::size_t(i);
+      PlanChoice ch;
+      ch.component = comps[k];
+      ch.lossy = pc.lossy;
+      ch.hooks = pc.hooks;
+      ch.held = x.held[u];
+      ch.forward_work = std::max<std::int64_t>(0, x.fwd_peak[u] - prof.block_forward_base - sum_held(x, i));
+      ch.work = std::max<std::int64_t>(0, x.bwd_peak[u] - prof.backward_bases[u] - sum_held(x, i + 1));
+      // (Never below keeping everything: a plan that measures faster than
+      // none does so by noise.)
+      const auto& [sum, cnt] = kind[prof.moe_blocks[u]];
+      ch.time_ms = k == 0 ? 0.0 : std::max(0.0, sum / cnt + rest);
+      pc.blocks.push_back(ch);
+    }
+    prof.candidates.push_back(std::move(pc));
+  }
+  prof.seconds = ms_between(wall0, Clock::now()) * 1e-3;
+  return prof;
+}
+
+PlannerInput PlanProfile::planner_input(std::int64_t budget, bool allow_lossy) const {
+  PlannerInput in;
+  in.forward_base = forward_base;
+  in.backward_bases = backward_bases;
+  in.block_forward_base = block_forward_base;
+  in.fixed_peak = fixed_peak;
+  in.budget = budget;
+  in.allow_lossy = allow_lossy;
+  in.choices.assign(std::size_t(n_blocks), {});
+  for (const auto& c : candidates)
+    for (std::int64_t i = 0; i < n_blocks; ++i) {
+      // MoE parts only on MoE blocks (a dense block has none to wrap).
+      if (is_moe_component(c.component) && !moe_blocks.at(std::size_t(i))) continue;
+      in.choices[std::size_t(i)].push_back(c.blocks[std::size_t(i)]);
+    }
+  return in;
+}
+
+std::int64_t parse_memory_budget(const std::string& text, const PlanProfile& profile) {
+  auto bad = [&]() {
+    return Error("--memory-budget '" + text +
+                 "': expected bytes with an optional unit (B, KB, MB, GB, KiB, MiB, GiB; e.g. 1.5GiB), meaning peak "
+                 "allocated on the device, or N% (persistent bytes plus N% of plan none's activation bytes)");
+  };
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  std::string unit = text.substr(used);
+  if (!(v >= 0) || !std::isfinite(v)) throw bad();
+  if (unit == "%") {
+    const double act = double(profile.none_activation_bytes());
+    return std::int64_t(double(profile.persistent) + v / 100.0 * act);
+  }
+  static const std::map<std::string, double> units = {{"", 1},          {"B", 1},           {"KB", 1e3},
+                                                      {"MB", 1e6},        {"GB", 1e9},          {"KiB", 1024.0},
+                                                      {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+  auto it = units.find(unit);
+  if (it == units.end()) throw bad();
+  return std::int64_t(v * it->second);
+}
+
+std::string format_mib(std::int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / 1048576.0);
+  return buf;
+}
+
+AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow_lossy, std::size_t max_alternatives) {
+  AutoPlan a;
+  a.budget = budget;
+  a.margin = std::max(0.01, profile.peak_spread);
+  a.planned_budget = budget - std::int64_t(double(budget) * a.margin);
+  const PlannerInput in = profile.planner_input(a.planned_budget, allow_lossy);
+  a.smallest = smallest_peak_plan(in);
+  a.best = solve_plan(in);
+  REMAT_CHECK(a.best.feasible, Error, "--memory-budget ", format_mib(budget), " (", budget,
+              " bytes): no plan fits (planning for ", format_mib(a.planned_budget),
+              ", the budget less a ", 100 * a.margin,
+              "% margin for prediction error and batch-to-batch variation); the smallest predicted peak is ",
+              format_mib(a.smallest.peak), " (", a.smallest.peak, " bytes), reached by --recompute ", a.smallest.plan,
+              allow_lossy ? "" : " (lossless plans only; --allow-lossy adds compression)");
+  a.predicted_step_ms = profile.none_step_ms + a.best.time_ms;
+  // Alternatives: each candidate on every block, and the best without offload.
+  std::vector<PlannerResult> alts;
+  for (std::size_t k = 0; k < profile.candidates.size(); ++k) {
+    const auto& c = profile.candidates[k];
+    if (c.lossy && !allow_lossy) continue;
+    std::vector<std::size_t> pick;
+    bool ok = true;
+    for (std::int64_t i = 0; i < profile.n_blocks && ok; ++i) {
+      const auto& cs = in.choices[std::size_t(i)];
+      std::size_t idx = cs.size();
+      for (std::size_t q = 0; q < cs.size(); ++q)
+        if (cs[q].component == c.component) idx = q;
+      if (idx == cs.size())  // not offered on this block (MoE parts on a dense block): keep
+        for (std::size_t q = 0; q < cs.size(); ++q)
+          if (cs[q].component.empty()) idx = q;
+      ok = idx < cs.size();
+      pick.push_back(idx);
+    }
+    if (!ok) continue;
+    PlannerResult r;
+    r.feasible = true;
+    r.choice = pick;
+    r.peak = predicted_peak(in, pick);
+    for (std::size_t i = 0; i < pick.size(); ++i) r.time_ms += in.choices[i][pick[i]].time_ms;
+    r.plan = plan_string(in.choices, pick);
+    if (r.peak <= a.planned_budget) alts.push_back(r);
+  }
+  PlannerInput no_hooks = in;
+  for (auto& cs : no_hooks.choices)
+    cs.erase(std::remove_if(cs.begin(), cs.end(), [](const PlanChoice& c) { return c.hooks != 0; }), cs.end());
+  bool all = true;
+  for (const auto& cs : no_hooks.choices) all = all && !cs.empty();
+  if (all)
+    if (PlannerResult r = solve_plan(no_hooks); r.feasible) alts.push_back(r);
+  std::sort(alts.begin(), alts.end(), [](const PlannerResult& x, const PlannerResult& y) { return x.time_ms < y.time_ms; });
+  for (const auto& r : alts) {
+    if (a.alternatives.size() >= max_alternatives) break;
+    if (r.plan == a.best.plan) continue;
+    bool dup = false;
+    for (const auto& q : a.alternatives) dup = dup || q.plan == r.plan;
+    if (!dup) a.alternatives.push_back(r);
+  }
+  return a;
+}
+
+}  // namespace remat

@@ -1,0 +1,127 @@
+// `--recompute auto --memory-budget B` (issue #19): a measured profile of
+// the model's training step under each plan component, the cost tables the
+// solver (checkpoint/planner.h) takes from it, and the plan it chooses.
+//
+// Profile. One process, one model, the bench worker's step (forward, loss,
+// backward, gradient clipping, AdamW). Each candidate component runs on every
+// block in turn (rounds in a rotating order, the first a warm-up, which for
+// `none` also traces every saved tensor); a BlockObserver and gradient hooks
+// on the block boundaries record, per block, the allocated bytes before and
+// after its forward and the peak inside it, the bytes at the start of its
+// backward and the peak inside it, and the time of both. From these (medians
+// over the rounds), per block and candidate: held = what the forward leaves
+// allocated, forward_work / work = its forward / backward peak above the
+// model's base (planner.h), time = its extra forward + backward time against
+// `none`, plus its share of the rest of the step's change. Measured, not
+// counted from FLOPs: a memory-bound op's replay is cheap, a GEMM's is not,
+// and offload's I/O shows where it costs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/planner.h"
+#include "engine/device.h"
+#include "models/config.h"
+
+namespace remat {
+
+// One saved tensor of the traced `none` step.
+struct ProfiledSave {
+  std::int64_t block = -1;  // -1: outside the blocks (embedding, head, loss)
+  std::string op;
+  std::int64_t bytes = 0;
+  bool is_output = false;   // the op saved its own output
+  std::int64_t saved_at = 0, released_at = 0;  // event indices: saves and releases of the step, in order
+};
+
+// A candidate measured on every block.
+struct ProfiledCandidate {
+  std::string component;          // as in PlanChoice ("" keeps everything)
+  std::string plan;               // the plan string measured (the component on every block)
+  bool lossy = false;
+  unsigned hooks = 0;
+  std::vector<PlanChoice> blocks; // per block: its costs (component, held, work, forward_work, time_ms)
+  double step_ms = 0;             // measured step time (median)
+  std::int64_t peak = 0;          // measured peak allocated (median)
+};
+
+struct PlanProfile {
+  std::string config;
+  std::int64_t n_blocks = 0;
+  std::vector<bool> moe_blocks;   // per block: an MoE block (MoE components apply only there)
+  std::int64_t persistent = 0;    // parameters + gradients + optimizer state
+  std::int64_t none_peak = 0;     // plan none's measured peak allocated
+  double none_step_ms = 0;
+  // The planner's bases (planner.h), absolute bytes.
+  std::int64_t forward_base = 0, block_forward_base = 0, fixed_peak = 0;
+  std::vector<std::int64_t> backward_bases;
+  std::vector<ProfiledCandidate> candidates;  // [0]: keeping everything (`none`)
+  std::vector<ProfiledSave> saves;            // the traced none step
+  double seconds = 0;                         // the profile's wall time
+  // The largest (max - min) / max of one candidate's step peak over the
+  // rounds: how much the batch moves the peak (MoE routing), 0 for one round.
+  double peak_spread = 0;
+
+  std::int64_t none_activation_bytes() const { return none_peak - persistent; }
+  // The solver's input for `budget` (absolute peak allocated bytes).
+  PlannerInput planner_input(std::int64_t budget, bool allow_lossy) const;
+};
+
+struct ProfileOptions {
+  ModelConfig config;
+  std::string dtype = "f32";
+  Device device = kCPU;
+  std::uint64_t seed = 0;
+  std::int64_t rounds = 2;        // measured rounds (after one warm-up round)
+  bool allow_lossy = false;       // also measure compression candidates
+  std::string offload_dir;        // offload's spill file (empty: the temp folder)
+  // Components to measure (empty: default_candidates(config, allow_lossy)).
+  std::vector<std::string> candidates;
+  // Called before each step with a line saying what runs (null: silent).
+  std::function<void(const std::string&)> progress;
+};
+
+// The components the profile measures by default: the block region, the
+// attention / core_attn / mlp module regions, save_matmul, offload and the
+// block region with offloaded boundaries; for MoE models moe_expert and
+// moe_act; with allow_lossy compress:fp8, compress:bf16 and the block region
+// with fp8 boundaries.
+std::vector<std::string> default_candidates(const ModelConfig& config, bool allow_lossy);
+
+// Runs the profile (Error for an unknown component, as --recompute would say).
+PlanProfile profile_plans(const ProfileOptions& opts);
+
+// `--memory-budget` text: bytes with an optional unit (B, KB, MB, GB, KiB,
+// MiB, GiB; "1.5GiB"), meaning peak allocated on the device, or "N%":
+// persistent bytes plus N% of plan none's activation bytes. Error naming the
+// text and the accepted forms otherwise.
+std::int64_t parse_memory_budget(const std::string& text, const PlanProfile& profile);
+
+struct AutoPlan {
+  std::int64_t budget = 0;
+  // What the solver plans for: the budget less `margin` of it, the larger of
+  // 1% (the profile's predictions of a given batch are within about 1% of
+  // measured) and the profile's peak_spread (MoE: the batch moves the peak).
+  double margin = 0.01;
+  std::int64_t planned_budget = 0;
+  PlannerResult best;              // .plan: the plan string; .peak: predicted peak allocated
+  double predicted_step_ms = 0;    // none's step + best.time_ms
+  // Other plans with their predictions: each candidate on every block, and
+  // the solver's answer without offload, that fit the budget, fastest first
+  // (at most `max_alternatives`).
+  std::vector<PlannerResult> alternatives;
+  PlannerResult smallest;          // the least predicted peak
+};
+
+// The least predicted step time within `budget` less the margin. Throws Error if no
+// plan fits, naming the budget, the smallest predicted peak and the plan
+// that reaches it.
+AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow_lossy, std::size_t max_alternatives = 4);
+
+// Bytes as "123.4 MiB".
+std::string format_mib(std::int64_t bytes);
+
+}  // namespace remat
