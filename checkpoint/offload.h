@@ -88,6 +88,7 @@ class OffloadHooks final : public TypedSavedTensorHooks {
   explicit OffloadHooks(OffloadOptions options = {});
   // Stops the thread; the file goes with its descriptor.
   ~OffloadHooks() override;
+  const OffloadOptions& options() const { return options_; }
   OffloadHooks(const OffloadHooks&) = delete;
   OffloadHooks& operator=(const OffloadHooks&) = delete;
 

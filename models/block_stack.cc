@@ -96,9 +96,16 @@ void BlockStack::set_plan(const RecomputePlan& plan) {
   std::shared_ptr<OffloadHooks> offload;
   std::shared_ptr<CompressHooks> compress;
   if (plan.offload) {
-    OffloadOptions o;
-    o.dir = plan.offload_dir;
-    offload = std::make_shared<OffloadHooks>(o);
+    // A later plan with offload reuses the stack's spill file and I/O thread
+    // (the file is already grown, the thread running) when the folder is the same.
+    if (spare_offload_ && spare_offload_->options().dir == plan.offload_dir) {
+      offload = spare_offload_;
+    } else {
+      OffloadOptions o;
+      o.dir = plan.offload_dir;
+      offload = std::make_shared<OffloadHooks>(o);
+    }
+    spare_offload_ = offload;
   }
   if (plan.compress) {
     CompressOptions o;

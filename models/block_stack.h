@@ -127,7 +127,9 @@ class BlockStack : public Module {
   void set_observer(std::shared_ptr<BlockObserver> observer) { observer_ = std::move(observer); }
 
   // The plan's offload and compression hooks (null when the plan has none),
-  // for their statistics and checks.
+  // for their statistics and checks. Setting plans one after another keeps
+  // one spill file and I/O thread for all that offload into the same folder
+  // (their statistics add up).
   const std::shared_ptr<OffloadHooks>& offload_hooks() const { return offload_; }
   const std::shared_ptr<CompressHooks>& compress_hooks() const { return compress_; }
 
@@ -152,6 +154,7 @@ class BlockStack : public Module {
   std::vector<std::pair<std::string, std::shared_ptr<Block>>> blocks_;
   RecomputePlan plan_;
   std::shared_ptr<OffloadHooks> offload_;     // one spill file and I/O thread per stack
+  std::shared_ptr<OffloadHooks> spare_offload_;  // the last one made, kept for later plans
   std::shared_ptr<CompressHooks> compress_;
   bool offload_whole_ = false, compress_whole_ = false;  // around the whole forward (else per part)
   std::vector<std::int64_t> region_of_;  // block -> index into plan_.block_regions, or -1

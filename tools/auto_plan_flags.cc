@@ -20,8 +20,8 @@ std::vector<FlagSpec> with_auto_plan_flags(std::vector<FlagSpec> specs) {
   return specs;
 }
 
-PlanProfile profile_for_flags(const Flags& f, const ModelConfig& c, const std::string& dtype, Device device,
-                              std::uint64_t seed, bool verbose) {
+ProfileOptions profile_options_for_flags(const Flags& f, const ModelConfig& c, const std::string& dtype, Device device,
+                                         std::uint64_t seed, bool verbose) {
   ProfileOptions o;
   o.config = c;
   o.dtype = dtype;
@@ -35,7 +35,19 @@ PlanProfile profile_for_flags(const Flags& f, const ModelConfig& c, const std::s
       std::fprintf(stderr, "  %s\n", line.c_str());
       std::fflush(stderr);
     };
-  return profile_plans(o);
+  return o;
+}
+
+CheckedPlan checked_choice(const Flags& f, const PlanProfile& prof, const ProfileOptions& opts,
+                           const std::string& budget_text) {
+  const std::int64_t budget = parse_memory_budget(budget_text, prof);
+  CheckedPlan r = choose_checked_plan(prof, opts, budget, f.get_bool("allow-lossy"));
+  REMAT_CHECK(r.checked || r.measured_peak <= budget, Error, "--memory-budget ", budget_text, " (",
+              format_mib(budget), "): the planner's choice ", r.plan.best.plan, " (predicted peak ",
+              format_mib(r.plan.best.peak), ") measured ", format_mib(r.measured_peak),
+              " when run, and no tighter plan fits; the smallest predicted peak is ", format_mib(r.plan.smallest.peak),
+              " (--recompute ", r.plan.smallest.plan, ")");
+  return r;
 }
 
 std::string resolve_recompute(const Flags& f, const std::string& recompute, const ModelConfig& c,
@@ -50,13 +62,15 @@ std::string resolve_recompute(const Flags& f, const std::string& recompute, cons
               "activation bytes)");
   REMAT_CHECK(world_group()->size() == 1, Error, "--recompute auto profiles one process; under mpirun (",
               world_group()->size(), " ranks) choose the plan first with ./remat plan and pass it to --recompute");
-  const PlanProfile prof = profile_for_flags(f, c, dtype, device, seed, false);
-  const std::int64_t budget = parse_memory_budget(f.get("memory-budget"), prof);
-  const AutoPlan a = choose_plan(prof, budget, f.get_bool("allow-lossy"));
-  std::printf("recompute auto: %s for --memory-budget %s (%s): predicted peak %s, step %.0f ms (profile of %zu plans, "
-              "%.0f s)\n",
-              a.best.plan.c_str(), f.get("memory-budget").c_str(), format_mib(budget).c_str(),
-              format_mib(a.best.peak).c_str(), a.predicted_step_ms, prof.candidates.size(), prof.seconds);
+  const ProfileOptions opts = profile_options_for_flags(f, c, dtype, device, seed, false);
+  const PlanProfile prof = profile_plans(opts);
+  const CheckedPlan r = checked_choice(f, prof, opts, f.get("memory-budget"));
+  const AutoPlan& a = r.plan;
+  std::printf("recompute auto: %s for --memory-budget %s (%s): predicted peak %s (a checking run: %s), step %.0f ms "
+              "(profile of %zu plans, %.0f s)\n",
+              a.best.plan.c_str(), f.get("memory-budget").c_str(), format_mib(a.budget).c_str(),
+              format_mib(a.best.peak).c_str(), format_mib(r.measured_peak).c_str(), a.predicted_step_ms,
+              prof.candidates.size(), prof.seconds);
   std::fflush(stdout);
   return a.best.plan;
 }

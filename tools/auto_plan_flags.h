@@ -19,10 +19,17 @@ std::vector<FlagSpec> auto_plan_flag_specs();
 // `specs` and the above.
 std::vector<FlagSpec> with_auto_plan_flags(std::vector<FlagSpec> specs);
 
-// The profile of `c` with the flags' --profile-rounds, --allow-lossy and
-// --offload-dir, a progress line on stderr per step when `verbose`.
-PlanProfile profile_for_flags(const Flags& f, const ModelConfig& c, const std::string& dtype, Device device,
-                              std::uint64_t seed, bool verbose);
+// The profile options for `c` from the flags' --profile-rounds,
+// --allow-lossy and --offload-dir, a progress line on stderr per step when
+// `verbose`.
+ProfileOptions profile_options_for_flags(const Flags& f, const ModelConfig& c, const std::string& dtype, Device device,
+                                         std::uint64_t seed, bool verbose);
+
+// choose_checked_plan for --memory-budget `budget_text` (--allow-lossy from
+// the flags). Throws Error when no plan fits, or when the plan run measured
+// above the budget and no tighter plan exists (naming both).
+CheckedPlan checked_choice(const Flags& f, const PlanProfile& prof, const ProfileOptions& opts,
+                           const std::string& budget_text);
 
 // The --recompute value to run: `recompute` itself, or for "auto" the plan
 // chosen for --memory-budget from a profile of `c` (one line about it on

@@ -600,7 +600,9 @@ int run_bench(const std::vector<std::string>& args) {
     std::printf("remat bench: profiling %s for --recompute auto (%lld rounds of each plan component)\n", c.name.c_str(),
                 static_cast<long long>(f.get_int("profile-rounds")));
     std::fflush(stdout);
-    const PlanProfile prof = profile_for_flags(f, c, dtype, device, std::uint64_t(f.get_int("seed")), false);
+    const ProfileOptions popts =
+        profile_options_for_flags(f, c, dtype, device, std::uint64_t(f.get_int("seed")), false);
+    const PlanProfile prof = profile_plans(popts);
     std::vector<std::string> named;
     for (const auto& p : plans) {
       if (p != "auto") {
@@ -609,13 +611,14 @@ int run_bench(const std::vector<std::string>& args) {
         continue;
       }
       for (const auto& b : budgets) {
-        const AutoPlan a = choose_plan(prof, parse_memory_budget(b, prof), f.get_bool("allow-lossy"));
+        const CheckedPlan checked = checked_choice(f, prof, popts, b);
+        const AutoPlan& a = checked.plan;
         autos[named.size()] = {b, a};
         named.push_back(budgets.size() == 1 ? "auto" : "auto " + b);
         run_plans.push_back(a.best.plan);
-        std::printf("  %-10s budget %-6s = %s: %s (predicted peak %s, step %.0f ms)\n", named.back().c_str(),
-                    b.c_str(), format_mib(a.budget).c_str(), a.best.plan.c_str(), format_mib(a.best.peak).c_str(),
-                    a.predicted_step_ms);
+        std::printf("  %-10s budget %-6s = %s: %s (predicted peak %s, a checking run %s; step %.0f ms)\n",
+                    named.back().c_str(), b.c_str(), format_mib(a.budget).c_str(), a.best.plan.c_str(),
+                    format_mib(a.best.peak).c_str(), format_mib(checked.measured_peak).c_str(), a.predicted_step_ms);
       }
     }
     std::printf("  (profile: %zu components in %.0f s)\n", prof.candidates.size(), prof.seconds);

@@ -76,15 +76,17 @@ int run_plan(const std::vector<std::string>& args) {
   std::printf("remat plan: config %s, %d threads; profiling %lld rounds of each plan component on every block\n",
               c.name.c_str(), num_threads(), static_cast<long long>(f.get_int("profile-rounds")));
   std::fflush(stdout);
-  const PlanProfile prof = profile_for_flags(f, c, dtype, device, seed, true);
+  const ProfileOptions popts = profile_options_for_flags(f, c, dtype, device, seed, true);
+  const PlanProfile prof = profile_plans(popts);
   const std::int64_t budget = parse_memory_budget(f.get("memory-budget"), prof);
   std::printf("profile: %zu components in %.0f s; persistent %s, plan none: peak %s (activations %s), step %.0f ms\n",
               prof.candidates.size(), prof.seconds, format_mib(prof.persistent).c_str(),
               format_mib(prof.none_peak).c_str(), format_mib(prof.none_activation_bytes()).c_str(), prof.none_step_ms);
   std::printf("budget %s = %s peak allocated\n\n", f.get("memory-budget").c_str(), format_mib(budget).c_str());
 
-  // The choice (an Error below the smallest peak, naming it).
-  const AutoPlan a = choose_plan(prof, budget, lossy);
+  // The choice (an Error below the smallest peak, naming it), checked by a run.
+  const CheckedPlan checked = checked_choice(f, prof, popts, f.get("memory-budget"));
+  const AutoPlan& a = checked.plan;
   struct Row {
     std::string role, plan;
     std::int64_t peak;
@@ -99,6 +101,10 @@ int run_plan(const std::vector<std::string>& args) {
     std::printf("%-14s %-44s %16.1f %16.0f\n", r.role.c_str(), r.plan.c_str(), double(r.peak) / 1048576.0, r.step_ms);
   std::printf("(predicted from the profile; every plan listed fits the budget but the smallest-peak one, which is the "
               "least any plan reaches)\n");
+  std::printf("checked: the chosen plan's run in a fresh model peaked at %s (%s the budget less the %.1f%% margin; %d "
+              "choice%s)\n",
+              format_mib(checked.measured_peak).c_str(), checked.checked ? "within" : "above", 100 * a.margin,
+              checked.tries, checked.tries == 1 ? "" : "s");
 
   // --measure: each listed plan in fresh processes, interleaved.
   std::vector<JsonObject> measured_rows;
@@ -142,7 +148,8 @@ int run_plan(const std::vector<std::string>& args) {
     doc.set("allow_lossy", lossy).set("persistent_bytes", prof.persistent).set("none_peak_bytes", prof.none_peak);
     doc.set("none_activation_bytes", prof.none_activation_bytes()).set("none_step_ms", prof.none_step_ms);
     doc.set("chosen_plan", a.best.plan).set("predicted_peak_bytes", a.best.peak);
-    doc.set("predicted_step_ms", a.predicted_step_ms);
+    doc.set("predicted_step_ms", a.predicted_step_ms).set("checked_peak_bytes", checked.measured_peak);
+    doc.set("margin", a.margin).set("planned_budget_bytes", a.planned_budget);
     std::vector<JsonObject> alts;
     for (const auto& r : rows) {
       JsonObject j;

@@ -437,18 +437,23 @@ std::string format_mib(std::int64_t bytes) {
   return buf;
 }
 
-AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow_lossy, std::size_t max_alternatives) {
+AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow_lossy, std::size_t max_alternatives,
+                     std::int64_t reserve, bool hooks) {
   AutoPlan a;
   a.budget = budget;
   a.margin = std::max(0.01, profile.peak_spread);
-  a.planned_budget = budget - std::int64_t(double(budget) * a.margin);
-  const PlannerInput in = profile.planner_input(a.planned_budget, allow_lossy);
+  a.planned_budget = budget - std::int64_t(double(budget) * a.margin) - reserve;
+  PlannerInput in = profile.planner_input(a.planned_budget, allow_lossy);
+  if (!hooks)
+    for (auto& cs : in.choices)
+      cs.erase(std::remove_if(cs.begin(), cs.end(), [](const PlanChoice& c) { return c.hooks != 0; }), cs.end());
   a.smallest = smallest_peak_plan(in);
   a.best = solve_plan(in);
   REMAT_CHECK(a.best.feasible, Error, "--memory-budget ", format_mib(budget), " (", budget,
               " bytes): no plan fits (planning for ", format_mib(a.planned_budget),
-              ", the budget less a ", 100 * a.margin,
-              "% margin for prediction error and batch-to-batch variation); the smallest predicted peak is ",
+              ", the budget less a ", 100 * a.margin, "% margin for prediction error and batch-to-batch variation",
+              reserve ? " and " + format_mib(reserve) + " a checked run overshot by" : std::string(),
+              "); the smallest predicted peak is ",
               format_mib(a.smallest.peak), " (", a.smallest.peak, " bytes), reached by --recompute ", a.smallest.plan,
               allow_lossy ? "" : " (lossless plans only; --allow-lossy adds compression)");
   a.predicted_step_ms = profile.none_step_ms + a.best.time_ms;
@@ -495,6 +500,67 @@ AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow
     if (!dup) a.alternatives.push_back(r);
   }
   return a;
+}
+
+std::int64_t measure_plan_peak(const ProfileOptions& opts, const std::string& plan, std::int64_t steps) {
+  const ModelConfig& c = opts.config;
+  RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
+  parsed.offload_dir = opts.offload_dir;
+  manual_seed(opts.seed);
+  DecoderModel model(c, opts.seed);
+  model.set_compute_dtype(compute_dtype_from_name(opts.dtype));
+  apply_recompute_plan(model, parsed);
+  model.to(opts.device);
+  AdamW opt(model.named_parameters());
+  Corpus corpus = generated_corpus(opts.seed, std::int64_t(1) << 20, c.seq + 2);
+  BatchSampler sampler(corpus.train, c.batch, c.seq, opts.seed + 1);
+  CachingAllocator& alloc = allocator_for(opts.device);
+  std::int64_t peak = 0;
+  for (std::int64_t step = 0; step < std::max<std::int64_t>(2, steps); ++step) {
+    Tensor batch = sampler.next().to(opts.device);
+    model.zero_grad();
+    synchronize(opts.device);
+    alloc.reset_peak();
+    {
+      Tensor loss = model.forward_loss(batch).loss;
+      (void)loss.item();
+      loss.backward();
+    }
+    clip_grad_norm(model.parameters(), 1.0);
+    opt.step(1e-3);
+    synchronize(opts.device);
+    if (const auto& off = model.model->blocks->offload_hooks()) off->check();
+    if (step > 0) peak = std::max(peak, alloc.stats().allocated_peak);
+  }
+  return peak;
+}
+
+CheckedPlan choose_checked_plan(const PlanProfile& profile, const ProfileOptions& opts, std::int64_t budget,
+                                bool allow_lossy) {
+  CheckedPlan r;
+  std::int64_t reserve = 0;
+  bool hooks = true;
+  for (r.tries = 1; r.tries <= 3; ++r.tries) {
+    AutoPlan a;
+    try {
+      a = choose_plan(profile, budget, allow_lossy, 4, reserve, hooks);
+    } catch (const Error&) {
+      if (r.tries == 1) throw;
+      break;  // nothing tighter fits: keep the last plan (checked = false)
+    }
+    if (r.tries > 1 && a.best.plan == r.plan.best.plan) break;  // planning tighter changed nothing
+    r.plan = std::move(a);
+    r.measured_peak = measure_plan_peak(opts, r.plan.best.plan);
+    const std::int64_t limit = r.plan.planned_budget + reserve;  // the budget less the margin
+    r.checked = r.measured_peak <= limit;
+    if (r.checked) break;
+    const RecomputePlan chosen = RecomputePlan::parse(r.plan.best.plan, opts.config.n_layers);
+    if (hooks && (chosen.offload || chosen.compress))
+      hooks = false;  // offload's resident bytes follow its I/O timing: plan without the hooks
+    else
+      reserve += r.measured_peak - limit;
+  }
+  return r;
 }
 
 }  // namespace remat

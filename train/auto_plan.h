@@ -119,7 +119,32 @@ struct AutoPlan {
 // The least predicted step time within `budget` less the margin. Throws Error if no
 // plan fits, naming the budget, the smallest predicted peak and the plan
 // that reaches it.
-AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow_lossy, std::size_t max_alternatives = 4);
+// `reserve`: bytes planned away on top of the margin; `hooks` false leaves
+// offload and compression out (choose_checked_plan).
+AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow_lossy, std::size_t max_alternatives = 4,
+                     std::int64_t reserve = 0, bool hooks = true);
+
+// The peak allocated bytes of `plan` in a fresh model of opts.config: the
+// most of training steps 2 .. steps (step 1 creates the optimizer state), the
+// batches the bench worker and the trainer start with.
+std::int64_t measure_plan_peak(const ProfileOptions& opts, const std::string& plan, std::int64_t steps = 3);
+
+// choose_plan, then the chosen plan run (measure_plan_peak): if its measured
+// peak exceeds the budget less the margin, the choice is made again (at most
+// three runs): without offload and compression if it used them (what offload
+// keeps resident follows its I/O thread's timing, which the profile sees only
+// for offload on every block), else with the overshoot planned away. The plan
+// returned has been seen to fit unless no tighter plan exists (then the last
+// one, checked = false). Throws as choose_plan when the first choice finds
+// no plan.
+struct CheckedPlan {
+  AutoPlan plan;
+  std::int64_t measured_peak = 0;
+  bool checked = false;  // measured_peak <= the budget less the margin
+  int tries = 0;
+};
+CheckedPlan choose_checked_plan(const PlanProfile& profile, const ProfileOptions& opts, std::int64_t budget,
+                                bool allow_lossy);
 
 // Bytes as "123.4 MiB".
 std::string format_mib(std::int64_t bytes);

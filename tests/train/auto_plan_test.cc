@@ -151,3 +151,22 @@ TEST_CASE("auto plan: budget texts and the error below the smallest peak", "[aut
     CHECK(m.find("--recompute ") != std::string::npos);
   }
 }
+
+TEST_CASE("auto plan: a checked choice fits when run, offload among the candidates", "[auto_plan]") {
+  for (const char* config : {"tiny", "tiny-moe"}) {
+    ProfileOptions o;
+    o.config = ModelConfig::load(config);
+    o.rounds = 1;  // default candidates: offload and per_block+offload too
+    const PlanProfile p = profile_plans(o);
+    for (const char* b : {"60%", "80%"}) {
+      const std::int64_t budget = parse_memory_budget(b, p);
+      const CheckedPlan r = choose_checked_plan(p, o, budget, false);
+      INFO(config << " " << b << ": " << r.plan.best.plan << " predicted " << r.plan.best.peak << " measured "
+                  << r.measured_peak << " budget " << budget << " tries " << r.tries);
+      CHECK(r.tries >= 1);
+      CHECK(r.tries <= 3);
+      CHECK(r.measured_peak <= budget);
+      CHECK(r.checked == (r.measured_peak <= r.plan.budget - std::int64_t(double(r.plan.budget) * r.plan.margin)));
+    }
+  }
+}
