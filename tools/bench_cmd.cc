@@ -552,6 +552,8 @@ int run_bench(const std::vector<std::string>& args) {
       if (!b.empty()) budgets.push_back(b);
   }
   const bool has_auto = std::find(plans.begin(), plans.end(), "auto") != plans.end();
+  REMAT_CHECK(!has_auto || f.get_int("ep") == 1, Error, "bench: plan auto profiles one process; with --ep ",
+              f.get_int("ep"), " choose the plan with ./remat plan first and bench it by name");
   REMAT_CHECK(!has_auto || !budgets.empty(), Error, "bench: plan auto needs --memory-budget B (one or a comma list)");
   REMAT_CHECK(has_auto || !f.has("memory-budget"), Error, "bench: --memory-budget ", f.get("memory-budget"),
               " needs auto among the --recompute plans");

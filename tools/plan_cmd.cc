@@ -32,6 +32,7 @@ JsonObject candidate_json(const ProfiledCandidate& c) {
   JsonObject j;
   j.set("component", c.component.empty() ? std::string("none") : c.component).set("plan", c.plan);
   j.set("lossy", c.lossy).set("step_ms", c.step_ms).set("peak_allocated_bytes", c.peak);
+  j.set("dispatch_bytes", c.dispatch_bytes).set("replay_dispatch_bytes", c.replay_dispatch_bytes);
   std::vector<JsonObject> blocks;
   for (std::size_t i = 0; i < c.blocks.size(); ++i) {
     const PlanChoice& b = c.blocks[i];

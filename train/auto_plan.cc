@@ -17,6 +17,7 @@
 #include "models/block_stack.h"
 #include "models/decoder.h"
 #include "models/recompute.h"
+#include "moe/dispatch.h"
 #include "train/data.h"
 #include "train/optimizer.h"
 
@@ -42,6 +43,7 @@ struct StepMeasure {
   std::vector<double> fwd_ms, bwd_ms;
   std::int64_t pre_peak = 0, head_peak = 0, tail_peak = 0, peak = 0;
   double step_ms = 0;
+  std::int64_t dispatch_bytes = 0, replay_dispatch_bytes = 0;  // MoE tokens moved in the forward / again in replays
 };
 
 // Windows of the step: before the blocks (embedding), each block's forward,
@@ -197,11 +199,13 @@ std::string whole_plan(const std::string& component, std::int64_t n) {
 }  // namespace
 
 std::vector<std::string> default_candidates(const ModelConfig& c, bool allow_lossy) {
-  std::vector<std::string> v = {"per_block", "attention", "selective:core_attn", "selective:mlp",
-                                "selective:save_matmul", "offload", "per_block+offload"};
+  std::vector<std::string> v = {"per_block",     "attention",         "selective:core_attn",
+                                "selective:mlp", "selective:save_matmul", "offload",
+                                "per_block+offload", "attention+offload", "selective:mlp+offload"};
   if (c.experts > 0) {
     v.push_back("moe_expert");
     v.push_back("selective:moe_act");
+    v.push_back("moe_expert+offload");
   }
   if (allow_lossy) {
     v.push_back("compress:fp8");
@@ -262,6 +266,7 @@ PlanProfile profile_plans(const ProfileOptions& opts) {
       Tensor batch = sampler.next().to(opts.device);
       model.zero_grad();
       synchronize(opts.device);
+      const DispatchCounters moved0 = dispatch_counters();
       probe->start_step();
       {
         std::unique_ptr<SavedTensorHooksScope> tracing;
@@ -273,7 +278,9 @@ PlanProfile profile_plans(const ProfileOptions& opts) {
       }
       clip_grad_norm(model.parameters(), 1.0);
       opt.step(1e-3);
-      const StepMeasure m = probe->end_step();
+      StepMeasure m = probe->end_step();
+      m.dispatch_bytes = dispatch_counters().bytes_moved - moved0.bytes_moved;
+      m.replay_dispatch_bytes = dispatch_counters().replay_bytes_moved - moved0.replay_bytes_moved;
       if (const auto& off = stack.offload_hooks()) off->check();
       stack.set_observer(nullptr);
       if (trace) prof.saves = trace->saves;
@@ -300,6 +307,7 @@ PlanProfile profile_plans(const ProfileOptions& opts) {
     std::vector<double> ms;  // forward + backward per block
     std::int64_t head_peak, pre_peak, tail_peak, peak;
     double step_ms;
+    std::int64_t dispatch_bytes = 0, replay_dispatch_bytes = 0;
   };
   std::vector<Derived> d(K);
   for (std::size_t k = 0; k < K; ++k) {
@@ -329,6 +337,8 @@ PlanProfile profile_plans(const ProfileOptions& opts) {
     std::vector<double> steps;
     for (const auto& m : ms) steps.push_back(m.step_ms);
     x.step_ms = median_of(steps);
+    x.dispatch_bytes = w.dispatch_bytes;
+    x.replay_dispatch_bytes = w.replay_dispatch_bytes;
   }
   const Derived& none = d[0];
   auto sum_held = [&](const Derived& x, std::int64_t upto) {  // held of blocks 0..upto-1
@@ -352,6 +362,8 @@ PlanProfile profile_plans(const ProfileOptions& opts) {
     pc.hooks = (plans[k].offload ? kOffloadHook : 0u) | (plans[k].compress ? kCompressHook : 0u);
     pc.step_ms = x.step_ms;
     pc.peak = x.peak;
+    pc.dispatch_bytes = x.dispatch_bytes;
+    pc.replay_dispatch_bytes = x.replay_dispatch_bytes;
     // Blocks of one kind (dense, MoE) run the same code: differences between
     // their windows are noise, so each takes its kind's mean change; the
     // step's change outside the windows is shared between all blocks.

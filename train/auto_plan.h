@@ -45,7 +45,10 @@ struct ProfiledCandidate {
   unsigned hooks = 0;
   std::vector<PlanChoice> blocks; // per block: its costs (component, held, work, forward_work, time_ms)
   double step_ms = 0;             // measured step time (median)
-  std::int64_t peak = 0;          // measured peak allocated (median)
+  std::int64_t peak = 0;          // measured peak allocated (the highest round)
+  // MoE: bytes the dispatch/combine moved in the forward, and again in
+  // recompute replays (what a replay repeats), in the highest round.
+  std::int64_t dispatch_bytes = 0, replay_dispatch_bytes = 0;
 };
 
 struct PlanProfile {
@@ -85,10 +88,11 @@ struct ProfileOptions {
 };
 
 // The components the profile measures by default: the block region, the
-// attention / core_attn / mlp module regions, save_matmul, offload and the
-// block region with offloaded boundaries; for MoE models moe_expert and
-// moe_act; with allow_lossy compress:fp8, compress:bf16 and the block region
-// with fp8 boundaries.
+// attention / core_attn / mlp module regions, save_matmul, offload, and the
+// block, attention and mlp regions with offload (boundaries and what stays
+// saved); for MoE models moe_expert, moe_act and moe_expert with offload;
+// with allow_lossy compress:fp8, compress:bf16 and the block region with fp8
+// boundaries.
 std::vector<std::string> default_candidates(const ModelConfig& config, bool allow_lossy);
 
 // Runs the profile (Error for an unknown component, as --recompute would say).
