@@ -613,7 +613,16 @@ int run_bench(const std::vector<std::string>& args) {
         continue;
       }
       for (const auto& b : budgets) {
-        const CheckedPlan checked = checked_choice(f, prof, popts, b);
+        std::optional<CheckedPlan> maybe;
+        try {
+          maybe = checked_choice(f, prof, popts, b);
+        } catch (const Error& e) {
+          if (!pareto) throw;
+          // --pareto: a budget no plan reaches is a finding, not a failure.
+          std::printf("  auto %-6s skipped: %s\n", b.c_str(), e.what());
+          continue;
+        }
+        const CheckedPlan& checked = *maybe;
         const AutoPlan& a = checked.plan;
         autos[named.size()] = {b, a};
         named.push_back(budgets.size() == 1 ? "auto" : "auto " + b);
