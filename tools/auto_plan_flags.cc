@@ -11,7 +11,7 @@ std::vector<FlagSpec> auto_plan_flag_specs() {
   return {text_flag("memory-budget", "with --recompute auto: peak allocated bytes on the device, with a unit (1.5GiB, "
                     "700MiB) or N% (persistent bytes plus N% of plan none's activation bytes)"),
           bool_flag("allow-lossy", "with --recompute auto: the planner may also compress saved tensors (bf16, fp8)"),
-          int_flag("profile-rounds", "with --recompute auto: measured steps per plan component in the profile", 2,
+          int_flag("profile-rounds", "with --recompute auto: measured steps per plan component in the profile", 3,
                    {.min = 1, .max = 100})};
 }
 

@@ -106,6 +106,9 @@ int run_plan(const std::vector<std::string>& args) {
               "choice%s)\n",
               format_mib(checked.measured_peak).c_str(), checked.checked ? "within" : "above", 100 * a.margin,
               checked.tries, checked.tries == 1 ? "" : "s");
+  if (checked.history.size() > 1)
+    for (const auto& [plan, peak] : checked.history)
+      std::printf("  run: %-44s peaked at %s\n", plan.c_str(), format_mib(peak).c_str());
 
   // --measure: each listed plan in fresh processes, interleaved.
   std::vector<JsonObject> measured_rows;

@@ -186,8 +186,17 @@ class TraceBlocks final : public BlockObserver {
   SaveTrace* trace_;
 };
 
+// True if any '+' part of the component is an MoE part (moe_expert+offload too).
 bool is_moe_component(const std::string& c) {
-  return c == "moe_expert" || c.rfind("selective:moe", 0) == 0 || c == "selective:shared_experts";
+  std::size_t start = 0;
+  while (start <= c.size()) {
+    const std::size_t plus = c.find('+', start);
+    const std::string p = c.substr(start, plus == std::string::npos ? std::string::npos : plus - start);
+    if (p == "moe_expert" || p.rfind("selective:moe", 0) == 0 || p == "selective:shared_experts") return true;
+    if (plus == std::string::npos) break;
+    start = plus + 1;
+  }
+  return false;
 }
 
 // The component's plan string on every block of n.
@@ -550,6 +559,8 @@ std::int64_t measure_plan_peak(const ProfileOptions& opts, const std::string& pl
 CheckedPlan choose_checked_plan(const PlanProfile& profile, const ProfileOptions& opts, std::int64_t budget,
                                 bool allow_lossy) {
   CheckedPlan r;
+  // The tries: the whole space; then with the overshoot planned away; then
+  // without offload and compression (their resident bytes follow I/O timing).
   std::int64_t reserve = 0;
   bool hooks = true;
   for (r.tries = 1; r.tries <= 3; ++r.tries) {
@@ -558,19 +569,30 @@ CheckedPlan choose_checked_plan(const PlanProfile& profile, const ProfileOptions
       a = choose_plan(profile, budget, allow_lossy, 4, reserve, hooks);
     } catch (const Error&) {
       if (r.tries == 1) throw;
-      break;  // nothing tighter fits: keep the last plan (checked = false)
+      if (hooks) {  // nothing tighter with the hooks: try without them
+        hooks = false;
+        reserve = 0;
+        continue;
+      }
+      break;  // keep the last plan (checked = false)
     }
-    if (r.tries > 1 && a.best.plan == r.plan.best.plan) break;  // planning tighter changed nothing
-    r.plan = std::move(a);
-    r.measured_peak = measure_plan_peak(opts, r.plan.best.plan);
-    const std::int64_t limit = r.plan.planned_budget + reserve;  // the budget less the margin
-    r.checked = r.measured_peak <= limit;
-    if (r.checked) break;
-    const RecomputePlan chosen = RecomputePlan::parse(r.plan.best.plan, opts.config.n_layers);
-    if (hooks && (chosen.offload || chosen.compress))
-      hooks = false;  // offload's resident bytes follow its I/O timing: plan without the hooks
-    else
-      reserve += r.measured_peak - limit;
+    const bool seen = std::any_of(r.history.begin(), r.history.end(), [&](const auto& h) { return h.first == a.best.plan; });
+    if (!seen) {
+      const std::int64_t measured = measure_plan_peak(opts, a.best.plan);
+      r.history.emplace_back(a.best.plan, measured);
+      r.plan = std::move(a);
+      r.measured_peak = measured;
+      const std::int64_t limit = r.plan.planned_budget + reserve;  // the budget less the margin
+      r.checked = measured <= limit;
+      if (r.checked) break;
+      if (r.tries == 1) {
+        reserve += measured - limit;
+        continue;
+      }
+    }
+    if (!hooks) break;
+    hooks = false;
+    reserve = 0;
   }
   return r;
 }

@@ -78,7 +78,7 @@ struct ProfileOptions {
   std::string dtype = "f32";
   Device device = kCPU;
   std::uint64_t seed = 0;
-  std::int64_t rounds = 2;        // measured rounds (after one warm-up round)
+  std::int64_t rounds = 3;        // measured rounds (after one warm-up round)
   bool allow_lossy = false;       // also measure compression candidates
   std::string offload_dir;        // offload's spill file (empty: the temp folder)
   // Components to measure (empty: default_candidates(config, allow_lossy)).
@@ -134,18 +134,19 @@ AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow
 std::int64_t measure_plan_peak(const ProfileOptions& opts, const std::string& plan, std::int64_t steps = 3);
 
 // choose_plan, then the chosen plan run (measure_plan_peak): if its measured
-// peak exceeds the budget less the margin, the choice is made again (at most
-// three runs): without offload and compression if it used them (what offload
-// keeps resident follows its I/O thread's timing, which the profile sees only
-// for offload on every block), else with the overshoot planned away. The plan
+// peak exceeds the budget less the margin, the choice is made again with the
+// overshoot planned away, and if that does not fit either, without offload
+// and compression (what offload keeps resident follows its I/O thread's
+// timing, which the profile sees only for offload on every block). The plan
 // returned has been seen to fit unless no tighter plan exists (then the last
-// one, checked = false). Throws as choose_plan when the first choice finds
-// no plan.
+// one run, checked = false). Throws as choose_plan when the first choice
+// finds no plan.
 struct CheckedPlan {
   AutoPlan plan;
   std::int64_t measured_peak = 0;
   bool checked = false;  // measured_peak <= the budget less the margin
   int tries = 0;
+  std::vector<std::pair<std::string, std::int64_t>> history;  // each plan run and its measured peak
 };
 CheckedPlan choose_checked_plan(const PlanProfile& profile, const ProfileOptions& opts, std::int64_t budget,
                                 bool allow_lossy);
