@@ -4,10 +4,11 @@
 Every top-level folder is a layer; a file may include headers of its own
 folder and of folders in lower layers only:
 
-    engine < cuda < ops < checkpoint, parallel < moe < models < train
+    engine < cuda < ops < checkpoint, parallel < moe < models < train, tokenizer
            < tools < api < examples
 
-checkpoint and parallel share a layer and may not include each other;
+checkpoint and parallel share a layer and may not include each other, and
+so do train and tokenizer;
 tests/ may include anything and is not checked. Every `#include "..."` (and
 `#include <remat/...>`, the installed API) of every .h .cc .cu .cuh .cpp
 file under a layer folder is read. An include that points up (or sideways)
@@ -32,7 +33,7 @@ LAYERS = [
     ["checkpoint", "parallel"],
     ["moe"],
     ["models"],
-    ["train"],
+    ["train", "tokenizer"],
     ["tools"],
     ["api"],
     ["examples"],
