@@ -70,6 +70,12 @@ Tensor DecoderBlock::forward(const Tensor& x) const {
   return add(h, remat::dropout(m, dropout, training()));
 }
 
+Tensor DecoderBlock::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const {
+  Tensor h = add(x, self_attn->forward_cached(input_layernorm->forward(x), k_cache, v_cache));
+  Tensor n = post_attention_layernorm->forward(h);
+  return add(h, moe ? moe->forward(n) : mlp->forward(n));
+}
+
 DecoderStack::DecoderStack(const ModelConfig& c, Generator& gen, ExpertPlacement placement) {
   embed_tokens = register_module("embed_tokens", std::make_shared<Embedding>(c.vocab, c.d_model, c.init_std, gen));
   blocks = register_module("layers", std::make_shared<BlockStack>());
@@ -122,6 +128,26 @@ Tensor DecoderModel::forward(const Tensor& input_ids) const {
               shape_str(input_ids.sizes()));
   BlockStack::SaveHooksScope save_hooks(*model->blocks);  // the plan's offload/compression, head included
   return head(run_blocks(embed(input_ids)));
+}
+
+Tensor DecoderModel::forward_cached(const Tensor& input_ids, KVCache& cache) const {
+  REMAT_CHECK(input_ids.dim() == 2, ShapeError, "DecoderModel::forward_cached: input_ids must be [batch, seq], got ",
+              shape_str(input_ids.sizes()));
+  NoGradGuard no_grad;
+  const std::size_t L = model->layers.size();
+  if (cache.k.empty()) {
+    cache.k.resize(L);
+    cache.v.resize(L);
+  }
+  REMAT_CHECK(cache.k.size() == L, Error, "DecoderModel::forward_cached: the cache has ", cache.k.size(),
+              " layers, the model ", L);
+  Tensor x = embed(input_ids);
+  for (std::size_t i = 0; i < L; ++i) x = model->layers[i]->forward_cached(x, cache.k[i], cache.v[i]);
+  Tensor logits = head(x);
+  aux_terms_.clear();  // (MoE layers report their routing; generation keeps none of it)
+  z_terms_.clear();
+  stats_.clear();
+  return logits;
 }
 
 DecoderModel::Output DecoderModel::forward_loss(const Tensor& tokens) const {

@@ -28,6 +28,10 @@ class DecoderBlock : public Block {
   std::vector<std::string> sub_regions() const override;
   // Also hands the regions to self_attn and the MoE layer.
   void set_regions(const std::set<std::string>& names) override;
+  // Incremental decoding (no grad, no dropout, no recompute plan): the
+  // block on the positions after those cached in k_cache / v_cache, which it
+  // extends (SelfAttention::forward_cached).
+  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
   // The attention half and the MLP half (each includes its residual).
   Tensor attention_part(const Tensor& x) const;
   Tensor mlp_part(const Tensor& h) const;
@@ -54,6 +58,12 @@ class DecoderStack : public Module {
 // "f32", "bf16" or "f16" -> the dtype (for --dtype); throws Error otherwise.
 DType compute_dtype_from_name(const std::string& name);
 
+// The keys and values of every layer for the positions decoded so far.
+struct KVCache {
+  std::vector<Tensor> k, v;  // per layer [B, H, T, Dh] (undefined before the first call)
+  std::int64_t length() const { return k.empty() || !k[0].defined() ? 0 : k[0].size(2); }
+};
+
 class DecoderModel : public Module {
  public:
   // Parameters initialised from a Generator seeded with `seed`, in name order.
@@ -77,6 +87,10 @@ class DecoderModel : public Module {
   Tensor run_blocks(const Tensor& x) const;
   // Final norm and LM head: [B, S, d] -> logits.
   Tensor head(const Tensor& x) const;
+  // Generation: logits [B, S, vocab] of input_ids [B, S] at the positions
+  // after the cache's, extending the cache (runs without grad). Prefill with
+  // the prompt, then feed one token at a time.
+  Tensor forward_cached(const Tensor& input_ids, KVCache& cache) const;
 
   const ModelConfig& config() const { return config_; }
   // Mixed precision: activations and compute in `dtype` (bf16, f16 or f32,

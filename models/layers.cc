@@ -84,6 +84,36 @@ Tensor SelfAttention::forward(const Tensor& x) const {
   return o_proj->forward(o);
 }
 
+Tensor SelfAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const {
+  REMAT_CHECK(x.dim() == 3, ShapeError, "SelfAttention::forward_cached: x must be [batch, seq, d], got ",
+              shape_str(x.sizes()));
+  const std::int64_t B = x.size(0), S = x.size(1);
+  const std::int64_t past = k_cache.defined() ? k_cache.size(2) : 0;
+  auto heads = [&](const Tensor& t) { return t.view({B, S, n_heads, head_dim}).transpose(1, 2).contiguous(); };
+  Tensor q = rotary_embedding(heads(q_proj->forward(x)), rope_theta, past);
+  Tensor k = rotary_embedding(heads(k_proj->forward(x)), rope_theta, past);
+  Tensor v = heads(v_proj->forward(x));
+  k_cache = past ? cat({k_cache, k}, 2) : k;
+  v_cache = past ? cat({v_cache, v}, 2) : v;
+  Tensor o;
+  if (past == 0) {
+    o = scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  } else {
+    // The new rows against every cached key: [B, H, S, T].
+    const std::int64_t T = k_cache.size(2);
+    Tensor scores = mul(matmul(q, k_cache.transpose(2, 3).contiguous()), 1.0 / std::sqrt(double(head_dim)));
+    if (S > 1) {  // row s sits at position past + s: keys after it are masked
+      std::vector<float> mask(std::size_t(S * T), 0.0f);
+      for (std::int64_t r = 0; r < S; ++r)
+        for (std::int64_t j = past + r + 1; j < T; ++j) mask[std::size_t(r * T + j)] = -1e30f;
+      Tensor m = from_vector<float>(mask, {S, T}, scores.device());
+      scores = add(scores, m.dtype() == scores.dtype() ? m : cast(m, scores.dtype()));
+    }
+    o = matmul(softmax(scores, -1), v_cache);
+  }
+  return o_proj->forward(o.transpose(1, 2).reshape({B, S, n_heads * head_dim}));
+}
+
 MLP::MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& gen) {
   gate_proj = register_module("gate_proj", std::make_shared<Linear>(d_model, hidden, init_std, gen));
   up_proj = register_module("up_proj", std::make_shared<Linear>(d_model, hidden, init_std, gen));

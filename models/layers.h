@@ -65,6 +65,13 @@ class SelfAttention : public Module {
   Tensor forward(const Tensor& x) const;
   // The core: q, k, v [B, H, S, Dh] -> [B, S, d] (rotary, fused attention, merge heads).
   Tensor core(const Tensor& q, const Tensor& k, const Tensor& v) const;
+  // Incremental decoding (call under NoGradGuard): x [B, S, d] holds the
+  // positions that follow the k_cache.size(2) cached ones (0 when the caches
+  // are undefined). Appends the new rotated keys and the values to the caches
+  // ([B, H, T, Dh]) and attends over all of them, causally among the new
+  // positions. The same function as forward() on the whole sequence, up to
+  // rounding (the cached path is a matmul / softmax, not the fused kernel).
+  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   std::int64_t n_heads, head_dim;
   double rope_theta;

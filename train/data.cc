@@ -1,6 +1,8 @@
 #include "train/data.h"
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -91,23 +93,89 @@ Corpus text_corpus(const std::string& path, std::int64_t window, double val_frac
   return c;
 }
 
-BatchSampler::BatchSampler(const std::vector<std::uint8_t>& data, std::int64_t batch,
-                           std::int64_t seq, std::uint64_t seed)
-    : data_(data), batch_(batch), seq_(seq), gen_(seed) {
-  REMAT_CHECK(std::int64_t(data.size()) > seq + 1, Error, "BatchSampler: ", data.size(),
-              " bytes of data are too few for windows of ", seq + 1);
+TokenSource Corpus::train_source() const {
+  if (shards) return train_tokens;
+  return {TokenSpan{train.data(), std::int64_t(train.size()), 1}};
+}
+
+TokenSource Corpus::val_source() const {
+  if (shards) return val_tokens;
+  return {TokenSpan{val.data(), std::int64_t(val.size()), 1}};
+}
+
+bool is_shard_data(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const auto& e : fs::directory_iterator(path, ec))
+      if (e.path().extension() == ".tok") return true;
+    return false;
+  }
+  return fs::path(path).extension() == ".tok";
+}
+
+Corpus shard_corpus(const std::string& path, std::int64_t window, double val_fraction) {
+  Corpus c;
+  c.shards = MappedShards::open(path);
+  c.name = path + " (" + std::to_string(c.shards->tokens()) + " tokens in " + std::to_string(c.shards->shards().size()) +
+           " shard" + (c.shards->shards().size() == 1 ? "" : "s") + ", tokenizer " + c.shards->tokenizer_hash() + ")";
+  c.vocab = c.shards->vocab();
+  c.train_tokens = c.shards->train(val_fraction);
+  c.val_tokens = c.shards->val(val_fraction);
+  auto longest = [](const TokenSource& s) {
+    std::int64_t m = 0;
+    for (const auto& t : s) m = std::max(m, t.count);
+    return m;
+  };
+  REMAT_CHECK(longest(c.train_tokens) > window && longest(c.val_tokens) > window, IOError, "--data: ", path,
+              " has ", c.shards->tokens(), " tokens; a shard needs more than ", window, " for training and for the held-out ",
+              int(val_fraction * 100), "% (windows of ", window, " tokens)");
+  return c;
+}
+
+BatchSampler::BatchSampler(const std::vector<std::uint8_t>& data, std::int64_t batch, std::int64_t seq,
+                           std::uint64_t seed)
+    : BatchSampler(TokenSource{TokenSpan{data.data(), std::int64_t(data.size()), 1}}, batch, seq, seed) {}
+
+BatchSampler::BatchSampler(TokenSource source, std::int64_t batch, std::int64_t seq, std::uint64_t seed)
+    : source_(std::move(source)), batch_(batch), seq_(seq), gen_(seed) {
+  std::int64_t total = 0;
+  for (const auto& t : source_) {
+    windows_.push_back(total);
+    total += std::max<std::int64_t>(0, t.count - seq - 1 + 1);  // starts 0 .. count - seq - 1
+  }
+  windows_.push_back(total);
+  std::int64_t all = 0;
+  for (const auto& t : source_) all += t.count;
+  REMAT_CHECK(total > 0 && (source_.size() > 1 || source_[0].count > seq + 1), Error, "BatchSampler: ", all,
+              " tokens of data are too few for windows of ", seq + 1);
 }
 
 Tensor BatchSampler::next() {
-  const RngState s = gen_.reserve(std::uint64_t(batch_));
-  std::vector<std::uint32_t> w(static_cast<std::size_t>(batch_));
-  philox_fill_words(w.data(), batch_, s);
-  const auto range = std::uint64_t(data_.size()) - std::uint64_t(seq_ + 1);
   std::vector<std::int64_t> tokens(std::size_t(batch_ * (seq_ + 1)));
+  // One span whose starts fit 32 bits: one word per window (the original
+  // sampler, whose batches existing runs and states depend on); else two
+  // words (a 64-bit draw) over every span's starts.
+  const bool narrow = source_.size() == 1 && std::uint64_t(source_[0].count) - std::uint64_t(seq_ + 1) < (1ull << 32);
+  const std::int64_t words = narrow ? batch_ : 2 * batch_;
+  const RngState s = gen_.reserve(std::uint64_t(words));
+  std::vector<std::uint32_t> w(static_cast<std::size_t>(words));
+  philox_fill_words(w.data(), words, s);
   for (std::int64_t b = 0; b < batch_; ++b) {
-    const std::uint64_t start = std::uint64_t(w[std::size_t(b)]) % (range + 1);
+    std::size_t span = 0;
+    std::uint64_t start = 0;
+    if (narrow) {
+      const auto range = std::uint64_t(source_[0].count) - std::uint64_t(seq_ + 1);
+      start = std::uint64_t(w[std::size_t(b)]) % (range + 1);
+    } else {
+      const std::uint64_t r = std::uint64_t(w[std::size_t(2 * b)]) << 32 | w[std::size_t(2 * b + 1)];
+      const std::uint64_t pick = r % std::uint64_t(windows_.back());
+      span = std::size_t(std::upper_bound(windows_.begin(), windows_.end(), std::int64_t(pick)) - windows_.begin() - 1);
+      start = pick - std::uint64_t(windows_[span]);
+    }
+    const TokenSpan& t = source_[span];
     for (std::int64_t i = 0; i <= seq_; ++i)
-      tokens[std::size_t(b * (seq_ + 1) + i)] = data_[std::size_t(start) + std::size_t(i)];
+      tokens[std::size_t(b * (seq_ + 1) + i)] = t.at(std::int64_t(start) + i);
   }
   return from_vector<std::int64_t>(tokens, {batch_, seq_ + 1});
 }

@@ -1,6 +1,7 @@
-// Training data, byte level (vocab 256): a built-in generated corpus with a
-// known entropy floor, or any text file; and a seeded batch sampler whose
-// state is a Philox (seed, offset), so a resumed run draws the same batches.
+// Training data: byte level (vocab 256), a built-in generated corpus with a
+// known entropy floor or any text file; or token shards (train/
+// token_shards.h) memory-mapped; and a seeded batch sampler whose state is a
+// Philox (seed, offset), so a resumed run draws the same batches.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "engine/rng.h"
 #include "engine/tensor.h"
+#include "train/token_shards.h"
 
 namespace remat {
 
@@ -20,6 +22,16 @@ struct Corpus {
   // Entropy rate of the source in nats per byte (the best loss any model can
   // reach); negative when unknown (text files).
   double entropy_floor = -1;
+  // Token shards (shard_corpus): the mapped files and their split; the byte
+  // vectors above stay empty.
+  std::shared_ptr<MappedShards> shards;
+  TokenSource train_tokens, val_tokens;
+  std::int64_t vocab = 256;  // token ids are < vocab
+
+  // What samplers draw from: the shards' split, or the bytes above (which
+  // must outlive the sampler).
+  TokenSource train_source() const;
+  TokenSource val_source() const;
 };
 
 // The generated corpus: an order-2 Markov chain over a 20-letter alphabet in
@@ -33,18 +45,31 @@ Corpus generated_corpus(std::uint64_t seed, std::int64_t train_bytes = 1 << 21,
 // IOError if the file cannot be read or is too short for one window.
 Corpus text_corpus(const std::string& path, std::int64_t window, double val_fraction = 0.1);
 
-// Draws batches of `batch` windows of `seq + 1` bytes at Philox-random offsets.
+// True if `path` is token shards (a *.tok file, or a folder holding any),
+// not a text file.
+bool is_shard_data(const std::string& path);
+
+// Token shards at `path` (a shard or a folder of them): every shard's last
+// `val_fraction` held out. Throws IOError (naming the file) for a bad shard
+// or a split with no room for one window of `window` tokens.
+Corpus shard_corpus(const std::string& path, std::int64_t window, double val_fraction = 0.1);
+
+// Draws batches of `batch` windows of `seq + 1` tokens at Philox-random
+// offsets; a window never crosses from one span (shard) into the next.
 class BatchSampler {
  public:
   BatchSampler(const std::vector<std::uint8_t>& data, std::int64_t batch, std::int64_t seq,
                std::uint64_t seed);
+  // The spans must outlive the sampler. Throws Error if no span holds a window.
+  BatchSampler(TokenSource source, std::int64_t batch, std::int64_t seq, std::uint64_t seed);
   // The next batch as an i64 tensor [batch, seq + 1].
   Tensor next();
   RngState state() const { return gen_.state(); }
   void set_state(RngState s) { gen_.set_state(s); }
 
  private:
-  const std::vector<std::uint8_t>& data_;
+  TokenSource source_;
+  std::vector<std::int64_t> windows_;  // cumulative window starts per span
   std::int64_t batch_, seq_;
   Generator gen_;
 };

@@ -75,5 +75,10 @@ void scale_grads(const std::vector<Tensor>& params, float factor);
 // Linear warm-up from 0 to max_lr over `warmup` steps, then cosine decay to
 // min_lr at `total` steps (constant after). `step` counts from 0.
 double cosine_lr(std::int64_t step, std::int64_t warmup, std::int64_t total, double max_lr, double min_lr);
+// The schedule named `schedule`: "cosine" (cosine_lr), "linear" (the same
+// warm-up, then a straight line from max_lr to min_lr at `total`) or
+// "constant" (the warm-up, then max_lr). Throws Error for another name.
+double schedule_lr(const std::string& schedule, std::int64_t step, std::int64_t warmup, std::int64_t total,
+                   double max_lr, double min_lr);
 
 }  // namespace remat

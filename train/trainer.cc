@@ -71,6 +71,9 @@ void validate_options(const TrainOptions& o) {
   integer("steps (--steps)", o.steps, 1);
   integer("stop_after (--stop-after)", o.stop_after, 0);
   integer("warmup (--warmup)", o.warmup, 0);
+  integer("grad_accum (--grad-accum)", o.grad_accum, 1);
+  REMAT_CHECK(o.schedule == "cosine" || o.schedule == "linear" || o.schedule == "constant", Error,
+              "TrainOptions.schedule (--schedule) must be cosine, linear or constant, got '", o.schedule, "'");
   real("lr (--lr)", o.lr, 0, true, "a finite number > 0");
   real("min_lr", o.min_lr, 0, false, "a finite number >= 0");
   REMAT_CHECK(o.min_lr <= o.lr, Error, "TrainOptions.min_lr must be <= lr (", o.lr, "), got ", o.min_lr);
@@ -102,9 +105,15 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   auto world = opts_.group ? opts_.group : world_group();
   REMAT_CHECK(opts_.dp == 0 || opts_.dp == world->size(), Error, "--dp ", opts_.dp, ": this job has ", world->size(),
               " rank(s); start it with `mpirun -np ", opts_.dp, " ./remat train ...`");
+  REMAT_CHECK(c.batch % (world->size() * opts_.grad_accum) == 0, Error, "--grad-accum ", opts_.grad_accum,
+              ": the batch of ", c.batch, " sequences must divide into ", world->size(), " rank(s) x ",
+              opts_.grad_accum, " micro-batches");
   layout_ = make_parallel_layout(world, opts_.ep, c);
-  corpus_ = opts_.data_file.empty() ? generated_corpus(opts_.seed)
-                                    : text_corpus(opts_.data_file, c.seq + 1);
+  corpus_ = opts_.data_file.empty()        ? generated_corpus(opts_.seed)
+            : is_shard_data(opts_.data_file) ? shard_corpus(opts_.data_file, c.seq + 1)
+                                             : text_corpus(opts_.data_file, c.seq + 1);
+  REMAT_CHECK(corpus_.vocab <= c.vocab, Error, "--data ", opts_.data_file, ": token ids go up to ", corpus_.vocab - 1,
+              " but config ", c.name, " has a vocabulary of ", c.vocab, " (./remat train sets it from the shards)");
   manual_seed(opts_.seed);
   model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
   apply_parallel_layout(*model_, layout_, opts_.reuse_routing_metadata);
@@ -123,7 +132,7 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   AdamWOptions ao;
   ao.weight_decay = opts_.weight_decay;
   optimizer_ = std::make_unique<AdamW>(model_->named_parameters(), ao);
-  sampler_ = std::make_unique<BatchSampler>(corpus_.train, c.batch, c.seq, opts_.seed + 1);
+  sampler_ = std::make_unique<BatchSampler>(corpus_.train_source(), c.batch, c.seq, opts_.seed + 1);
   if (!opts_.resume_dir.empty()) resume(opts_.resume_dir);
 }
 
@@ -144,7 +153,7 @@ double Trainer::global_mean(double local) const {
 double Trainer::evaluate() {
   NoGradGuard ng;
   model_->train(false);
-  BatchSampler val(corpus_.val, opts_.config.batch, opts_.config.seq, 0xe7a1ull);
+  BatchSampler val(corpus_.val_source(), opts_.config.batch, opts_.config.seq, 0xe7a1ull);
   double total = 0;
   RngShardScope shard(rank(), world_size());  // random routes: this rank's share of the batch's
   Generator& gen = default_generator(opts_.device);
@@ -175,7 +184,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     const auto t0 = std::chrono::steady_clock::now();
     alloc.reset_peak();
     const std::int64_t attempt = step_ + 1;  // the 1-based step this iteration tries
-    const double lr = cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
+    const double lr = schedule_lr(opts_.schedule, step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
     // Every rank draws the same global batch and takes its own sequences.
     Tensor batch = batch_shard(sampler_->next(), *layout_.world).to(opts_.device);
     model_->zero_grad();
@@ -194,27 +203,41 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     {
       CategoryScope cat(MemoryCategory::activation);
       RngShardScope shard(rank(), W);  // dropout masks and random routes: this rank's share of the batch's
-      auto out = model_->forward_loss(batch);
-      double local = out.loss.item();
-      if (opts_.fault_loss) opts_.fault_loss(attempt, local);
-      // The same bits on every rank (added in rank order), so every rank
-      // takes the same decision on a non-finite loss.
-      loss = global_mean(local);
-      s.aux_loss = out.aux.item();  // global-batch statistics already
-      s.routing = model_->routing_stats();
-      const auto report = saved_bytes_report();
-      auto it = report.bytes_by_op.find("checkpoint_boundary");
-      s.boundary_bytes = it == report.bytes_by_op.end() ? 0 : it->second;
-      if (std::isfinite(loss)) {
-        if (reducer_) reducer_->prepare();
+      // Micro-batches: forward then backward of each in turn, gradients
+      // summed; each loss weighted 1/M, so the step's loss and gradient are
+      // the whole batch's. A non-finite micro-batch loss ends the step there.
+      const std::int64_t M = opts_.grad_accum, rows = batch.size(0) / M;
+      loss = 0;
+      s.aux_loss = 0;
+      for (std::int64_t m = 0; m < M; ++m) {
+        Tensor mb = M == 1 ? batch : batch.narrow(0, m * rows, rows);
+        auto out = model_->forward_loss(mb);
+        double local = out.loss.item();
+        if (opts_.fault_loss && m == 0) opts_.fault_loss(attempt, local);
+        // The same bits on every rank (added in rank order), so every rank
+        // takes the same decision on a non-finite loss.
+        const double micro = global_mean(local);
+        loss += micro / double(M);
+        s.aux_loss += out.aux.item() / double(M);  // global-batch statistics already
+        if (m == M - 1) s.routing = model_->routing_stats();  // (the last micro-batch's)
+        const auto report = saved_bytes_report();
+        auto it = report.bytes_by_op.find("checkpoint_boundary");
+        s.boundary_bytes = std::max(s.boundary_bytes, it == report.bytes_by_op.end() ? 0 : it->second);
+        if (!std::isfinite(micro)) {
+          loss = micro;
+          break;
+        }
         // The global loss is the mean of the ranks' losses: each rank seeds
-        // 1/W (times the f16 loss scale), and gradients are summed over ranks.
-        double seed = loss_scale_ / double(W);
+        // 1/(W M) (times the f16 loss scale), and gradients are summed over
+        // ranks: the reducer is armed for the last micro-batch only, whose
+        // backward completes each gradient's sum.
+        if (reducer_ && m == M - 1) reducer_->prepare();
+        double seed = loss_scale_ / double(W) / double(M);
         if (opts_.fault_seed) opts_.fault_seed(attempt, seed);
         const TensorOptions seed_opts(out.loss.dtype(), out.loss.device());
         out.loss.backward(seed != 1.0 ? full({}, seed, seed_opts) : Tensor());
-        if (reducer_) reducer_->finish();
       }
+      if (reducer_) reducer_->finish();  // (nothing to do unless the last micro-batch ran)
     }
     // A non-finite value: stop (before any update or save), or skip the
     // update and try this step again on the next batch.
@@ -325,6 +348,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     s.overflow_steps = overflows;
     s.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
     s.tokens_per_s = double(c.batch * c.seq) / (s.step_ms * 1e-3);
+    s.grad_accum = opts_.grad_accum;
     s.elapsed_s = std::chrono::duration<double>(t1 - t_start).count();
     s.eta_s = step_ > first ? s.elapsed_s / double(step_ - first) * double(opts_.steps - step_) : 0.0;
     s.peak_allocated_bytes = stats.allocated_peak;
@@ -374,6 +398,7 @@ void Trainer::save(const std::string& dir) const {
         {"seed", std::to_string(opts_.seed)},
         {"config", opts_.config.to_json().dump()},
         {"data", opts_.data_file.empty() ? "generated" : opts_.data_file},
+        {"tokenizer", opts_.tokenizer},
         {"data_rng_seed", std::to_string(data.seed)},
         {"data_rng_offset", std::to_string(data.offset)},
         {"rng_seed", std::to_string(dropout.seed)},
@@ -476,6 +501,32 @@ void Trainer::resume(const std::string& dir) {
   if (scaling_) set_loss_scale(scale, good_steps);
   step_ = step;
   resume_notes_ = std::move(choice.notes);
+}
+
+std::unique_ptr<DecoderModel> load_trained_model(const std::string& dir, std::map<std::string, std::string>* metadata) {
+  const StateChoice choice = choose_state_file(dir);
+  const SafetensorsFile f = load_safetensors(choice.path);  // checksums verified
+  auto it = f.metadata.find("format");
+  REMAT_CHECK(it != f.metadata.end() && it->second == kFormat, IOError, choice.path,
+              " is not a remat training state (metadata format '", it == f.metadata.end() ? "" : it->second,
+              "', expected ", kFormat, ")");
+  auto cfg = f.metadata.find("config");
+  REMAT_CHECK(cfg != f.metadata.end(), IOError, choice.path, " has no metadata 'config'");
+  const ModelConfig c = ModelConfig::from_json(Json::parse(cfg->second, choice.path + " config"));
+  auto model = std::make_unique<DecoderModel>(c, 0);
+  NoGradGuard ng;
+  for (auto& [name, p] : model->named_parameters()) {
+    auto t = f.tensors.find(name);
+    REMAT_CHECK(t != f.tensors.end(), IOError, choice.path, " is missing parameter '", name, "'");
+    REMAT_CHECK(t->second.sizes() == p.sizes() && t->second.dtype() == p.dtype(), IOError, "parameter '", name,
+                "' in ", choice.path, " is ", shape_str(t->second.sizes()), " ", t->second.dtype(), ", expected ",
+                shape_str(p.sizes()), " ", p.dtype());
+    Tensor dst = p;
+    dst.copy_(t->second);
+  }
+  model->train(false);
+  if (metadata) *metadata = f.metadata;
+  return model;
 }
 
 }  // namespace remat

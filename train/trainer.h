@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,13 +22,24 @@ namespace remat {
 
 struct TrainOptions {
   ModelConfig config = ModelConfig::named("tiny");
-  std::string data_file;        // empty: the generated corpus
+  std::string data_file;        // empty: the generated corpus; token shards (a *.tok file or a folder of them) or text
+  std::string tokenizer;        // the tokenizer the shards were made with (recorded in saves, for generate)
   std::int64_t steps = 600;     // total steps of the run (the schedule spans them)
   std::int64_t stop_after = 0;  // stop this invocation after N steps (0: run to `steps`)
   std::uint64_t seed = 0;
   double lr = 3e-3;
   double min_lr = 3e-4;
   std::int64_t warmup = 20;
+  // The learning-rate schedule after the warm-up: "cosine" (to min_lr at
+  // `steps`), "linear" (the same, a straight line) or "constant" (lr).
+  std::string schedule = "cosine";
+  // Micro-batches per optimizer step: each rank's share of config.batch
+  // sequences runs as grad_accum micro-batches, each forward followed by its
+  // backward (activations of one micro-batch at a time), gradients summed
+  // (each micro-batch's loss weighted 1/grad_accum, so the gradient is the
+  // whole batch's up to summation order). config.batch must divide by ranks x
+  // grad_accum.
+  std::int64_t grad_accum = 1;
   double clip = 1.0;            // global gradient-norm clip (0: off)
   double weight_decay = 0.1;
   std::int64_t eval_every = 100; // 0: only at the end
@@ -101,6 +113,7 @@ struct StepStats {
   double grad_norm = 0;
   double step_ms = 0;
   double tokens_per_s = 0;
+  std::int64_t grad_accum = 1;  // micro-batches in this step
   double elapsed_s = 0;
   double eta_s = 0;
   std::int64_t peak_allocated_bytes = 0;  // this step's peak (the device's allocator)
@@ -137,6 +150,14 @@ struct StepStats {
   std::int64_t overflow_steps = 0;   // f16 overflow steps skipped so far in this run()
   double loss_scale = 1;             // the scale this step's backward used (f16; 1 otherwise)
 };
+
+// The model of the training state in DIR (state.safetensors, or the previous
+// state as --resume would choose): built from the state's config and loaded
+// with its parameters, every checksum verified (IOError naming the problem).
+// `metadata`, if given, receives the state's metadata (step, config, data,
+// tokenizer, ...).
+std::unique_ptr<DecoderModel> load_trained_model(const std::string& dir,
+                                                 std::map<std::string, std::string>* metadata = nullptr);
 
 class Trainer {
  public:
