@@ -11,6 +11,8 @@ std::vector<FlagSpec> auto_plan_flag_specs() {
   return {text_flag("memory-budget", "with --recompute auto: peak allocated bytes on the device, with a unit (1.5GiB, "
                     "700MiB) or N% (persistent bytes plus N% of plan none's activation bytes)"),
           bool_flag("allow-lossy", "with --recompute auto: the planner may also compress saved tensors (bf16, fp8)"),
+          bool_flag("tune-microbatch", "train with --recompute auto: also choose the micro-batches per step "
+                    "(--grad-accum) at the same global batch, for the least predicted step time"),
           int_flag("profile-rounds", "with --recompute auto: measured steps per plan component in the profile", 3,
                    {.min = 1, .max = 100})};
 }
@@ -73,6 +75,49 @@ std::string resolve_recompute(const Flags& f, const std::string& recompute, cons
               prof.candidates.size(), prof.seconds);
   std::fflush(stdout);
   return a.best.plan;
+}
+
+std::string resolve_recompute_and_microbatch(const Flags& f, const ModelConfig& c, const std::string& dtype,
+                                             Device device, std::uint64_t seed, std::int64_t* grad_accum) {
+  REMAT_CHECK(f.has("memory-budget"), Error, "--tune-microbatch needs --recompute auto --memory-budget B");
+  REMAT_CHECK(world_group()->size() == 1, Error, "--tune-microbatch profiles one process; under mpirun choose with "
+              "./remat plan and pass --recompute and --grad-accum");
+  // The budget is read against the whole batch's plan-none profile (N% means
+  // the same bytes for every M).
+  std::string best_plan;
+  double best_ms = 0;
+  std::int64_t best_m = 0, budget = -1;
+  for (std::int64_t m = 1; m <= c.batch; m *= 2) {
+    if (c.batch % m) continue;
+    ModelConfig mc = c;
+    mc.batch = c.batch / m;
+    const ProfileOptions opts = profile_options_for_flags(f, mc, dtype, device, seed, false);
+    const PlanProfile prof = profile_plans(opts);
+    if (budget < 0) budget = parse_memory_budget(f.get("memory-budget"), prof);
+    try {
+      const CheckedPlan r = choose_checked_plan(prof, opts, budget, f.get_bool("allow-lossy"));
+      const double ms = double(m) * r.plan.predicted_step_ms;
+      std::printf("recompute auto: %lld micro-batch%s of %lld: %s, predicted peak %s (checked %s), step %.0f ms%s\n",
+                  static_cast<long long>(m), m == 1 ? "" : "es", static_cast<long long>(mc.batch),
+                  r.plan.best.plan.c_str(), format_mib(r.plan.best.peak).c_str(),
+                  format_mib(r.measured_peak).c_str(), ms, r.checked || r.measured_peak <= budget ? "" : " (over)");
+      if ((r.checked || r.measured_peak <= budget) && (best_m == 0 || ms < best_ms)) {
+        best_plan = r.plan.best.plan;
+        best_ms = ms;
+        best_m = m;
+      }
+    } catch (const Error& e) {
+      std::printf("recompute auto: %lld micro-batch%s of %lld: no plan fits (%s)\n", static_cast<long long>(m),
+                  m == 1 ? "" : "es", static_cast<long long>(mc.batch), e.what());
+    }
+  }
+  REMAT_CHECK(best_m > 0, Error, "--memory-budget ", f.get("memory-budget"), " (", format_mib(budget),
+              "): no plan fits at any micro-batch size (see the lines above)");
+  std::printf("recompute auto: %s with --grad-accum %lld (predicted step %.0f ms)\n", best_plan.c_str(),
+              static_cast<long long>(best_m), best_ms);
+  std::fflush(stdout);
+  *grad_accum = best_m;
+  return best_plan;
 }
 
 }  // namespace remat::tools

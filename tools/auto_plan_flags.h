@@ -39,4 +39,13 @@ CheckedPlan checked_choice(const Flags& f, const PlanProfile& prof, const Profil
 std::string resolve_recompute(const Flags& f, const std::string& recompute, const ModelConfig& c,
                               const std::string& dtype, Device device, std::uint64_t seed);
 
+// train --recompute auto --tune-microbatch: the plan and the micro-batches per
+// step together. For every micro-batch count M that divides the batch (1, 2,
+// 4, ...: powers of two) the config at batch / M is profiled and a plan
+// chosen and checked for the budget; the pair with the least predicted step
+// time (M micro-steps) wins. Prints one line per M and the choice; sets
+// *grad_accum. Errors as resolve_recompute, and when no M fits.
+std::string resolve_recompute_and_microbatch(const Flags& f, const ModelConfig& c, const std::string& dtype,
+                                             Device device, std::uint64_t seed, std::int64_t* grad_accum);
+
 }  // namespace remat::tools

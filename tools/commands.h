@@ -16,6 +16,12 @@ int run_mem(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
 // ./remat plan: the plan --recompute auto chooses for a memory budget.
 int run_plan(const std::vector<std::string>& args);
+// ./remat tokenize: text to token shards, ids as JSON, or ids to text.
+int run_tokenize(const std::vector<std::string>& args);
+// ./remat eval: validation loss and perplexity of a training state.
+int run_eval(const std::vector<std::string>& args);
+// ./remat generate: sampled text from a training state (KV cache).
+int run_generate(const std::vector<std::string>& args);
 // The per-process measurement ./remat bench starts (internal).
 int run_bench_worker(const std::vector<std::string>& args);
 

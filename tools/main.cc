@@ -56,6 +56,9 @@ const std::map<std::string, Command>& commands() {
       {"mem", {"memory timeline of one training step as JSON + HTML", remat::tools::run_mem}},
       {"bench", {"memory and speed of recompute plans, each repeat in a fresh process", remat::tools::run_bench}},
       {"plan", {"the recompute plan for a memory budget (--recompute auto), with predictions", remat::tools::run_plan}},
+      {"tokenize", {"text to token shards for train --data, ids as JSON, or ids back to text", remat::tools::run_tokenize}},
+      {"eval", {"validation loss and perplexity of a training state", remat::tools::run_eval}},
+      {"generate", {"sample text from a training state (KV cache)", remat::tools::run_generate}},
       {"bench-worker", {"(internal) one measurement process of bench", remat::tools::run_bench_worker}},
   };
   return c;

@@ -10,7 +10,9 @@
 
 #include "engine/parallel_for.h"
 #include "tools/args.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/auto_plan_flags.h"
+#include "tools/html.h"
 #include "tools/commands.h"
 #include "tools/json.h"
 #include "tools/progress.h"
@@ -62,13 +64,27 @@ void install_save_fault_from_env() {
 int run_train(const std::vector<std::string>& args) {
   Flags f("train", "train a model, showing progress", args,
           with_auto_plan_flags({text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
-           text_flag("data", "train on this text file (byte level; last 10% held out) instead of the generated corpus"),
+           text_flag("data", "train on token shards (a folder or *.tok file from ./remat tokenize; the model's vocabulary "
+                     "becomes theirs) or a text file (byte level); the last 10% held out (of every shard). Default: "
+                     "the generated corpus"),
+           text_flag("tokenizer", "the tokenizer the shards were made with (checked against them; recorded in saves "
+                     "for generate)"),
            int_flag("steps", "optimizer steps of the whole run", 600, {.min = 1}),
            int_flag("stop-after", "stop this invocation after N steps (resume later with --resume; 0: run to --steps)", 0,
                     {.min = 0}),
            int_flag("seed", "seed for weights, data and dropout", 0, {.min = 0}),
            number_flag("lr", "peak learning rate", 3e-3, {.min = 0, .min_open = true}),
            int_flag("warmup", "warm-up steps", 20, {.min = 0}),
+           number_flag("min-lr", "the schedule's floor (default: --lr / 10)", std::nullopt, {.min = 0}),
+           text_flag("schedule", "learning rate after the warm-up: cosine or linear (to --min-lr at --steps), or "
+                     "constant", "cosine"),
+           number_flag("weight-decay", "AdamW's decoupled weight decay", 0.1, {.min = 0}),
+           number_flag("clip", "global gradient-norm clip (0: none)", 1.0, {.min = 0}),
+           int_flag("batch", "sequences per optimizer step (default: the config's)", std::nullopt, {.min = 1}),
+           int_flag("seq", "tokens per sequence (default: the config's)", std::nullopt, {.min = 1}),
+           int_flag("grad-accum", "micro-batches per step (gradients summed; the batch divides by ranks x N)", 1,
+                    {.min = 1}),
+           int_flag("eval-batches", "held-out batches per evaluation", 8, {.min = 1}),
            text_flag("recompute", "recompute plan: none, per_block, chunk, selected:I,J, uniform:N, block:N, attention, "
                      "selective:NAMES, offload[:NAMES], compress:bf16|fp8[:NAMES], or A+B", "none"),
            text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp; the file "
@@ -107,7 +123,32 @@ int run_train(const std::vector<std::string>& args) {
   o.stop_after = f.get_int("stop-after");
   o.seed = std::uint64_t(f.get_int("seed"));
   o.lr = f.get_double("lr");
-  o.min_lr = o.lr / 10;
+  o.min_lr = f.has("min-lr") ? f.get_double("min-lr") : o.lr / 10;
+  o.schedule = f.get("schedule");
+  o.weight_decay = f.get_double("weight-decay");
+  o.clip = f.get_double("clip");
+  o.grad_accum = f.get_int("grad-accum");
+  o.eval_batches = f.get_int("eval-batches");
+  o.tokenizer = f.get("tokenizer");
+  if (!o.data_file.empty() && is_shard_data(o.data_file)) {
+    const auto shards = MappedShards::open(o.data_file);
+    if (o.config.vocab != shards->vocab()) {
+      std::printf("  note: vocabulary %lld of config %s set to the shards' %lld\n",
+                  static_cast<long long>(o.config.vocab), o.config.name.c_str(),
+                  static_cast<long long>(shards->vocab()));
+      o.config.vocab = shards->vocab();
+    }
+    if (!o.tokenizer.empty()) {
+      const auto tok = load_tokenizer(o.tokenizer);
+      REMAT_CHECK(tok->hash() == shards->tokenizer_hash(), Error, "--tokenizer ", o.tokenizer, " (hash ", tok->hash(),
+                  ") is not the tokenizer --data ", o.data_file, " was made with (hash ", shards->tokenizer_hash(), ")");
+    }
+  } else {
+    REMAT_CHECK(o.tokenizer.empty(), Error, "--tokenizer goes with --data SHARDS (token shards made by ./remat "
+                "tokenize); byte-level data needs none");
+  }
+  if (f.has("batch")) o.config.batch = f.get_int("batch");
+  if (f.has("seq")) o.config.seq = f.get_int("seq");
   o.warmup = f.get_int("warmup");
   o.recompute = f.get("recompute");
   if (f.has("offload-dir")) o.offload_dir = f.get("offload-dir");
@@ -124,7 +165,14 @@ int run_train(const std::vector<std::string>& args) {
   o.bucket_bytes = std::int64_t(f.get_double("bucket-mb") * double(1 << 20));
   o.reuse_routing_metadata = f.get_int("reuse-routing") != 0;
   if (f.has("comm-timeout")) set_comm_timeout(f.get_double("comm-timeout"));
-  o.recompute = resolve_recompute(f, o.recompute, o.config, o.dtype, o.device, o.seed);
+  if (f.get_bool("tune-microbatch")) {
+    REMAT_CHECK(o.recompute == "auto", Error, "--tune-microbatch needs --recompute auto (got --recompute ",
+                o.recompute, ")");
+    REMAT_CHECK(!f.has("grad-accum"), Error, "--tune-microbatch chooses --grad-accum itself; drop one of them");
+    o.recompute = resolve_recompute_and_microbatch(f, o.config, o.dtype, o.device, o.seed, &o.grad_accum);
+  } else {
+    o.recompute = resolve_recompute(f, o.recompute, o.config, o.dtype, o.device, o.seed);
+  }
 
   install_save_fault_from_env();
   Trainer trainer(o);
@@ -151,9 +199,13 @@ int run_train(const std::vector<std::string>& args) {
   std::printf("  data: %s", trainer.corpus().name.c_str());
   if (trainer.corpus().entropy_floor >= 0)
     std::printf(", entropy floor %.3f nats/byte", trainer.corpus().entropy_floor);
-  std::printf("\n  %lld steps of %lld x %lld tokens, lr %.2g (warm-up %lld, cosine), start loss ~ ln %lld = %.3f\n",
-              static_cast<long long>(o.steps), static_cast<long long>(c.batch), static_cast<long long>(c.seq), o.lr,
-              static_cast<long long>(o.warmup), static_cast<long long>(c.vocab), trainer.initial_loss_estimate());
+  std::printf("\n  %lld steps of %lld x %lld tokens%s, lr %.2g (warm-up %lld, %s to %.2g), start loss ~ ln %lld = %.3f\n",
+              static_cast<long long>(o.steps), static_cast<long long>(c.batch), static_cast<long long>(c.seq),
+              o.grad_accum > 1 ? fmt(" (%lld micro-batches of %lld)", static_cast<long long>(o.grad_accum),
+                                     static_cast<long long>(c.batch / o.grad_accum / trainer.world_size())).c_str()
+                               : "",
+              o.lr, static_cast<long long>(o.warmup), o.schedule.c_str(), o.min_lr, static_cast<long long>(c.vocab),
+              trainer.initial_loss_estimate());
   if (trainer.step() > 0) std::printf("  resumed at step %lld from %s\n", static_cast<long long>(trainer.step()), o.resume_dir.c_str());
   for (const std::string& note : trainer.resume_notes()) std::printf("  note: %s\n", note.c_str());
   std::fflush(stdout);
@@ -251,6 +303,10 @@ int run_train(const std::vector<std::string>& args) {
       last_val = *s.val_loss;
       const std::size_t len = std::strlen(line);
       std::snprintf(line + len, sizeof line - len, "  val %.4f", *s.val_loss);
+      if (trainer.corpus().shards) {  // tokens: perplexity per token
+        const std::size_t l2 = std::strlen(line);
+        std::snprintf(line + l2, sizeof line - l2, " (ppl %.2f)", std::exp(*s.val_loss));
+      }
     }
     const std::string text = progress.step(s.step, line, s.val_loss.has_value());
     if (!text.empty()) {

@@ -50,6 +50,9 @@ grep -q "^recompute auto: .* for --memory-budget 85%" "$tmp/dump.txt" && ok || b
 # train and mem run the chosen plan.
 $remat train --config tiny --steps 2 --eval-every 0 --progress off --recompute auto --memory-budget 40% $fast \
   > "$tmp/train.txt" 2>&1 && grep -q "^recompute auto: " "$tmp/train.txt" && ok || { bad "train auto"; cat "$tmp/train.txt"; }
+$remat train --config tiny --steps 2 --eval-every 0 --progress off --recompute auto --memory-budget 40% $fast \
+  --tune-microbatch > "$tmp/tune.txt" 2>&1 && grep -q "^recompute auto: .* with --grad-accum [1-8] " "$tmp/tune.txt" &&
+  [ "$(grep -c "^recompute auto: [1-8] micro-batch" "$tmp/tune.txt")" = 4 ] && ok || { bad "train --tune-microbatch"; cat "$tmp/tune.txt"; }
 $remat mem --config tiny --recompute auto --memory-budget 40% $fast --out "$tmp/mem" > "$tmp/mem.txt" 2>&1 &&
   [ -s "$tmp/mem.json" ] && ok || { bad "mem auto"; cat "$tmp/mem.txt"; }
 
