@@ -1,11 +1,9 @@
-// Helpers the tokenizer tests share: scratch folders, whole-file reads and
-// writes, the test data folder, base64, and loading a reference tokenizer
+// Helpers the tokenizer tests share (scratch folders and file reads/writes
+// are tests/files.h): the test data folder, base64, and loading a reference tokenizer
 // once per binary.
 #pragma once
 
 #include <catch2/catch.hpp>
-
-#include <stdlib.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -16,37 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "tests/files.h"
 #include "tokenizer/tokenizer.h"
 
 namespace remat::test {
-
-// A fresh folder /tmp/remat-<tag>-XXXXXX, removed when the test binary exits.
-inline std::string temp_dir(const std::string& tag) {
-  static struct Cleanup {
-    std::vector<std::string> dirs;
-    ~Cleanup() {
-      for (const auto& d : dirs) std::filesystem::remove_all(d);
-    }
-  } cleanup;
-  std::string tmpl = "/tmp/remat-" + tag + "-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-  cleanup.dirs.push_back(tmpl);
-  return tmpl;
-}
-
-inline std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-inline void write_all(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  REQUIRE(out.good());
-}
 
 // tests/tokenizer/data: in Bazel's runfiles under `bazel test`, else from the
 // repository root (where tools/run_tests.sh runs the binaries).

@@ -4,12 +4,9 @@
 # plan is), `train`, `mem` and `bench` accept auto, and bad budgets get clear
 # errors.
 set -u
-cd "$(dirname "$(readlink -f "$0")")/../.."
+# shellcheck source=../script_checks.sh
+source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"  # cd to the root, $tmp, counters, finish
 remat=./bazel-bin/tools/remat
-passed=0
-failed=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 ok() { passed=$((passed + 1)); }
 bad() { failed=$((failed + 1)); echo "FAILED: $*"; }
 fast="--profile-rounds 1"
@@ -82,5 +79,4 @@ expect_error "budget without auto" "needs --recompute auto" $remat dump --config
 expect_error "bad budget" "expected bytes with an optional unit" $remat plan --config tiny --memory-budget 12parsecs $fast
 expect_error "budget below every plan" "smallest predicted peak is .* reached by --recompute" \
   $remat plan --config tiny --memory-budget 1MiB $fast
-echo "remat-tests: $passed passed, $failed failed, 0 skipped"
-[ "$failed" -eq 0 ]
+finish

@@ -1,10 +1,8 @@
-// Helpers the train/ tests share: scratch folders, whole-file reads and
-// writes, and a small model whose runs take well under a second a step.
+// Helpers the train/ tests share (scratch folders and file reads/writes are
+// tests/files.h): a small model whose runs take well under a second a step.
 #pragma once
 
 #include <catch2/catch.hpp>
-
-#include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,39 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "tests/files.h"
 #include "train/trainer.h"
 
 namespace remat::test {
-
-// A fresh folder /tmp/remat-<tag>-XXXXXX, removed when the test binary exits.
-inline std::string temp_dir(const std::string& tag) {
-  static struct Cleanup {
-    std::vector<std::string> dirs;
-    ~Cleanup() {
-      for (const auto& d : dirs) std::filesystem::remove_all(d);
-    }
-  } cleanup;
-  std::string tmpl = "/tmp/remat-" + tag + "-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-  cleanup.dirs.push_back(tmpl);
-  return tmpl;
-}
-
-// The whole file at `path` (which must exist).
-inline std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-// Replaces the file at `path` with `bytes`.
-inline void write_all(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  REQUIRE(out.good());
-}
 
 // A 2-layer, d=32 model on 4 x 16 tokens for `steps` steps, with dropout on
 // (so a resume must restore the RNG state exactly too), no evaluation until
