@@ -3,6 +3,7 @@
 // bad shard folder gets.
 #include "train_test_util.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <set>
 
@@ -120,4 +121,44 @@ TEST_CASE("token shards: errors name the file and the problem", "[train][shards]
   CHECK_THROWS_WITH(MappedShards::open(root + "/empty"), Catch::Contains("holds no token shards"));
   CHECK(is_shard_data(dir));
   CHECK_FALSE(is_shard_data(root + "/empty"));
+}
+
+TEST_CASE("token shards: a shard above 4 GiB maps and reads at offsets past 2^31 tokens", "[train][shards]") {
+  // A sparse file: the header, then 2^31 + 2^30 uint16 tokens (6 GiB of
+  // holes) whose last few tokens are written; nothing else takes disk space.
+  const std::string dir = temp_dir("shardbig");
+  const std::string path = dir + "/shard-00000.tok";
+  const std::int64_t count = (std::int64_t(1) << 31) + (std::int64_t(1) << 30);
+  {
+    ShardWriter w(dir + "/w", 1000, kHash, 7);
+    w.add_document({1, 2, 3});
+    w.close();
+    std::string header = read_all(w.files().at(0)).substr(0, 64);
+    for (int i = 0; i < 8; ++i) header[16 + i] = char(std::uint64_t(count) >> (8 * i));  // the token count
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    REQUIRE(std::fwrite(header.data(), 1, 64, f) == 64);
+    REQUIRE(std::fclose(f) == 0);
+    std::filesystem::resize_file(path, 64 + std::uintmax_t(count) * 2);
+    std::FILE* g = std::fopen(path.c_str(), "r+b");
+    REQUIRE(g != nullptr);
+    const unsigned char tail[6] = {11, 0, 22, 0, 0xe7, 0x03};  // 11, 22, 999
+    REQUIRE(std::fseek(g, long(64 + (count - 3) * 2), SEEK_SET) == 0);
+    REQUIRE(std::fwrite(tail, 1, 6, g) == 6);
+    REQUIRE(std::fclose(g) == 0);
+  }
+  const auto m = MappedShards::open(path);
+  REQUIRE(m->tokens() == count);
+  const TokenSpan t = m->span(0);
+  CHECK(t.at(count - 3) == 11);
+  CHECK(t.at(count - 2) == 22);
+  CHECK(t.at(count - 1) == 999);
+  CHECK(t.at(std::int64_t(1) << 31) == 0);
+  // Windows anywhere in it (one span whose starts fit 32 bits).
+  BatchSampler s({t}, 4, 16, 1);
+  const auto x = s.next().to_vector<std::int64_t>();
+  CHECK(x.size() == 4 * 17);
+  // The val split of the big shard ends at the file's end.
+  const TokenSource val = m->val(0.1);
+  CHECK(val[0].at(val[0].count - 1) == 999);
 }
