@@ -104,7 +104,6 @@ class Probe final : public BlockObserver {
     m_.step_ms = ms_between(step_t0_, t_);  // (close() set t_ to now)
     return m_;
   }
-  std::int64_t max_peak() const { return max_; }
 
  private:
   Clock::time_point now() {
@@ -119,7 +118,6 @@ class Probe final : public BlockObserver {
   std::int64_t close() {
     const std::int64_t p = alloc_.stats().allocated_peak;
     m_.peak = std::max(m_.peak, p);
-    max_ = std::max(max_, p);
     const auto t = now();
     last_ms_ = ms_between(t_, t);
     t_ = t;
@@ -132,7 +130,6 @@ class Probe final : public BlockObserver {
   StepMeasure m_;
   Clock::time_point t_, step_t0_;
   double last_ms_ = 0;
-  std::int64_t max_ = 0;
 };
 
 // Records every save of a step (an identity hook: it keeps the tensor as is).
