@@ -474,6 +474,33 @@ AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow
               "); the smallest predicted peak is ",
               format_mib(a.smallest.peak), " (", a.smallest.peak, " bytes), reached by --recompute ", a.smallest.plan,
               allow_lossy ? "" : " (lossless plans only; --allow-lossy adds compression)");
+  // A simpler plan (keep or one component per block) whose predicted step is
+  // within 2% of the optimum's wins: fewer parts behave more like the
+  // profile's runs (each component on every block), so their predictions hold
+  // better than those of an intricate mix whose gain is within the noise.
+  {
+    const PlannerResult optimum = a.best;
+    const double slack = 0.02 * (profile.none_step_ms + optimum.time_ms);
+    for (const auto& cand : profile.candidates) {
+      if (cand.component.empty()) continue;
+      PlannerInput one = in;
+      bool ok = true;
+      for (auto& cs : one.choices) {
+        cs.erase(std::remove_if(cs.begin(), cs.end(),
+                                [&](const PlanChoice& c) { return !c.component.empty() && c.component != cand.component; }),
+                 cs.end());
+        ok = ok && !cs.empty();
+      }
+      if (!ok) continue;
+      PlannerResult r = solve_plan(one);
+      if (!r.feasible || r.time_ms > optimum.time_ms + slack) continue;
+      const auto parts = [](const std::string& p) { return p == "none" ? 0 : 1 + std::count(p.begin(), p.end(), '+'); };
+      if (parts(r.plan) < parts(a.best.plan) || (parts(r.plan) == parts(a.best.plan) && r.time_ms < a.best.time_ms &&
+                                                 a.best.plan != optimum.plan))
+        a.best = r;
+    }
+    a.optimum = optimum;
+  }
   a.predicted_step_ms = profile.none_step_ms + a.best.time_ms;
   // Alternatives: each candidate on every block, and the best without offload.
   std::vector<PlannerResult> alts;
@@ -509,6 +536,7 @@ AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow
   for (const auto& cs : no_hooks.choices) all = all && !cs.empty();
   if (all)
     if (PlannerResult r = solve_plan(no_hooks); r.feasible) alts.push_back(r);
+  if (a.optimum.plan != a.best.plan) alts.push_back(a.optimum);
   std::sort(alts.begin(), alts.end(), [](const PlannerResult& x, const PlannerResult& y) { return x.time_ms < y.time_ms; });
   for (const auto& r : alts) {
     if (a.alternatives.size() >= max_alternatives) break;

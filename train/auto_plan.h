@@ -111,7 +111,11 @@ struct AutoPlan {
   // measured) and the profile's peak_spread (MoE: the batch moves the peak).
   double margin = 0.01;
   std::int64_t planned_budget = 0;
-  PlannerResult best;              // .plan: the plan string; .peak: predicted peak allocated
+  // .plan: the plan string; .peak: predicted peak allocated. The solver's
+  // optimum, or a plan with fewer parts (keep or one component per block)
+  // predicted within 2% of its step time.
+  PlannerResult best;
+  PlannerResult optimum;           // the solver's least predicted time
   double predicted_step_ms = 0;    // none's step + best.time_ms
   // Other plans with their predictions: each candidate on every block, and
   // the solver's answer without offload, that fit the budget, fastest first
