@@ -202,6 +202,60 @@ std::string whole_plan(const std::string& component, std::int64_t n) {
   return plan_string(choices, std::vector<std::size_t>(std::size_t(n), 0));
 }
 
+// The bench worker's training step on a fresh model of opts.config (seeded
+// weights, AdamW, the generated corpus and its sampler): one setup for the
+// profile and the checking run.
+class StepRig {
+ public:
+  explicit StepRig(const ProfileOptions& o)
+      : seed_(o.seed), device(o.device), model(o.config, o.seed), opt(init_model(o)),
+        corpus(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
+        sampler(corpus.train, o.config.batch, o.config.seq, o.seed + 1) {}
+  StepRig(const StepRig&) = delete;
+  StepRig& operator=(const StepRig&) = delete;
+
+  // One step: zero the gradients, `before` (the start of what is measured),
+  // forward with `trace` on (if set), backward, clip, AdamW; then the
+  // offload check.
+  void step(const std::function<void()>& before, const std::shared_ptr<SavedTensorHooks>& trace = nullptr) {
+    Tensor batch = sampler.next().to(device);
+    model.zero_grad();
+    synchronize(device);
+    before();
+    {
+      std::unique_ptr<SavedTensorHooksScope> tracing;
+      if (trace) tracing = std::make_unique<SavedTensorHooksScope>(trace);
+      Tensor loss = model.forward_loss(batch).loss;
+      (void)loss.item();
+      tracing.reset();
+      loss.backward();
+    }
+    clip_grad_norm(model.parameters(), 1.0);
+    opt.step(1e-3);
+    synchronize(device);
+    if (const auto& off = model.model->blocks->offload_hooks()) off->check();
+  }
+
+ private:
+  struct Seed {
+    explicit Seed(std::uint64_t s) { manual_seed(s); }  // before the model draws its weights
+  } seed_;
+
+ public:
+  Device device;
+  DecoderModel model;
+  AdamW opt;
+  Corpus corpus;
+  BatchSampler sampler;
+
+ private:
+  std::vector<std::pair<std::string, Tensor>> init_model(const ProfileOptions& o) {
+    model.set_compute_dtype(compute_dtype_from_name(o.dtype));
+    model.to(o.device);
+    return model.named_parameters();
+  }
+};
+
 }  // namespace
 
 std::vector<std::string> default_candidates(const ModelConfig& c, bool allow_lossy) {
@@ -238,13 +292,8 @@ PlanProfile profile_plans(const ProfileOptions& opts) {
     plans.push_back(std::move(p));
   }
 
-  manual_seed(opts.seed);
-  DecoderModel model(c, opts.seed);
-  model.set_compute_dtype(compute_dtype_from_name(opts.dtype));
-  model.to(opts.device);
-  AdamW opt(model.named_parameters());
-  Corpus corpus = generated_corpus(opts.seed, std::int64_t(1) << 20, c.seq + 2);
-  BatchSampler sampler(corpus.train, c.batch, c.seq, opts.seed + 1);
+  StepRig rig(opts);
+  DecoderModel& model = rig.model;
   CachingAllocator& alloc = allocator_for(opts.device);
   auto probe = std::make_shared<Probe>(alloc, opts.device, n);
   BlockStack& stack = *model.model->blocks;
@@ -269,32 +318,21 @@ PlanProfile profile_plans(const ProfileOptions& opts) {
       } else {
         stack.set_observer(probe);
       }
-      Tensor batch = sampler.next().to(opts.device);
-      model.zero_grad();
-      synchronize(opts.device);
-      const DispatchCounters moved0 = dispatch_counters();
-      probe->start_step();
-      {
-        std::unique_ptr<SavedTensorHooksScope> tracing;
-        if (trace) tracing = std::make_unique<SavedTensorHooksScope>(trace);
-        Tensor loss = model.forward_loss(batch).loss;
-        (void)loss.item();
-        tracing.reset();
-        loss.backward();
-      }
-      clip_grad_norm(model.parameters(), 1.0);
-      opt.step(1e-3);
+      DispatchCounters moved0;
+      rig.step([&] {
+        moved0 = dispatch_counters();
+        probe->start_step();
+      }, trace);
       StepMeasure m = probe->end_step();
       m.dispatch_bytes = dispatch_counters().bytes_moved - moved0.bytes_moved;
       m.replay_dispatch_bytes = dispatch_counters().replay_bytes_moved - moved0.replay_bytes_moved;
-      if (const auto& off = stack.offload_hooks()) off->check();
       stack.set_observer(nullptr);
       if (trace) prof.saves = trace->saves;
       if (round > 0) measured[k].push_back(m);
     }
   }
   apply_recompute_plan(model, RecomputePlan::parse("none", n));
-  prof.persistent = persistent_bytes(model.named_parameters(), opt);
+  prof.persistent = persistent_bytes(model.named_parameters(), rig.opt);
 
   // Memory from each candidate's round with the highest step peak (MoE
   // routing makes the bytes depend on the batch: plan for the worst one
@@ -549,33 +587,14 @@ AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow
 }
 
 std::int64_t measure_plan_peak(const ProfileOptions& opts, const std::string& plan, std::int64_t steps) {
-  const ModelConfig& c = opts.config;
-  RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
+  RecomputePlan parsed = RecomputePlan::parse(plan, opts.config.n_layers);
   parsed.offload_dir = opts.offload_dir;
-  manual_seed(opts.seed);
-  DecoderModel model(c, opts.seed);
-  model.set_compute_dtype(compute_dtype_from_name(opts.dtype));
-  apply_recompute_plan(model, parsed);
-  model.to(opts.device);
-  AdamW opt(model.named_parameters());
-  Corpus corpus = generated_corpus(opts.seed, std::int64_t(1) << 20, c.seq + 2);
-  BatchSampler sampler(corpus.train, c.batch, c.seq, opts.seed + 1);
+  StepRig rig(opts);
+  apply_recompute_plan(rig.model, parsed);
   CachingAllocator& alloc = allocator_for(opts.device);
   std::int64_t peak = 0;
   for (std::int64_t step = 0; step < std::max<std::int64_t>(2, steps); ++step) {
-    Tensor batch = sampler.next().to(opts.device);
-    model.zero_grad();
-    synchronize(opts.device);
-    alloc.reset_peak();
-    {
-      Tensor loss = model.forward_loss(batch).loss;
-      (void)loss.item();
-      loss.backward();
-    }
-    clip_grad_norm(model.parameters(), 1.0);
-    opt.step(1e-3);
-    synchronize(opts.device);
-    if (const auto& off = model.model->blocks->offload_hooks()) off->check();
+    rig.step([&] { alloc.reset_peak(); });
     if (step > 0) peak = std::max(peak, alloc.stats().allocated_peak);
   }
   return peak;
