@@ -1,5 +1,6 @@
 #include "models/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -44,8 +45,19 @@ const std::vector<ModelConfig>& registry() {
 const char* kKeys[] = {"name",   "vocab",   "d_model",  "n_layers",    "n_heads",  "ffn",
                        "seq",    "batch",   "experts",  "top_k",       "moe_ffn",  "shared",
                        "dense_first", "dropout", "rope_theta", "norm_eps", "init_std", "aux_coef",
-                       "z_coef", "capacity_factor", "random_routing"};
+                       "z_coef", "capacity_factor", "random_routing",
+                       // Hugging Face architectures (left out of to_json at their defaults)
+                       "arch", "kv_heads", "head_size", "tie_embeddings", "qkv_bias", "o_bias", "shared_ffn",
+                       "shared_gate", "norm_topk", "sparse_step", "dense_layers", "hf_extra"};
+
+const char* kArchs[] = {"", "llama", "qwen2", "qwen2_moe", "mixtral"};
 }  // namespace
+
+bool ModelConfig::is_moe_layer(std::int64_t i) const {
+  if (experts <= 0 || i < dense_first) return false;
+  if (sparse_step > 1 && (i + 1) % sparse_step != 0) return false;
+  return std::find(dense_layers.begin(), dense_layers.end(), i) == dense_layers.end();
+}
 
 std::vector<std::string> ModelConfig::names() {
   std::vector<std::string> n;
@@ -70,9 +82,15 @@ void ModelConfig::validate() const {
   need(vocab > 0, "vocab must be > 0");
   need(d_model > 0, "d_model must be > 0");
   need(n_layers > 0, "n_layers must be > 0");
-  need(n_heads > 0 && d_model % n_heads == 0, "n_heads must divide d_model");
-  need(n_heads > 0 && (d_model / std::max<std::int64_t>(n_heads, 1)) % 2 == 0,
-       "head dim (d_model / n_heads) must be even for rotary embeddings");
+  need(head_size >= 0, "head_size must be >= 0 (0: d_model / n_heads)");
+  need(n_heads > 0 && (head_size > 0 || d_model % n_heads == 0),
+       "n_heads must divide d_model (or head_size must be given)");
+  need(n_heads > 0 && (head_size > 0 ? head_size : d_model / std::max<std::int64_t>(n_heads, 1)) % 2 == 0,
+       "head dim (head_size, or d_model / n_heads) must be even for rotary embeddings");
+  need(kv_heads >= 0 && (kv_heads == 0 || (n_heads > 0 && n_heads % kv_heads == 0)),
+       "kv_heads must divide n_heads (0: n_heads)");
+  need(std::find(std::begin(kArchs), std::end(kArchs), arch) != std::end(kArchs),
+       "arch must be one of \"\" (remat), llama, qwen2, qwen2_moe, mixtral; got \"" + arch + "\"");
   need(ffn > 0, "ffn must be > 0");
   need(seq > 0 && batch > 0, "seq and batch must be > 0");
   need(dropout >= 0 && dropout < 1, "dropout must be in [0, 1)");
@@ -93,6 +111,11 @@ void ModelConfig::validate() const {
     need(top_k >= 1 && top_k <= experts, "top_k must be in [1, experts]");
     need(moe_ffn > 0, "moe_ffn must be > 0");
     need(shared >= 0, "shared must be >= 0");
+    need(shared_ffn >= 0, "shared_ffn must be >= 0");
+    need(!shared_gate || shared_hidden() > 0, "shared_gate needs a shared expert (shared or shared_ffn)");
+    need(sparse_step >= 1, "sparse_step must be >= 1");
+    for (std::int64_t l : dense_layers)
+      need(l >= 0 && l < n_layers, "dense_layers entries must be in [0, n_layers), got " + std::to_string(l));
     need(dense_first >= 0 && dense_first <= n_layers, "dense_first must be in [0, n_layers]");
     need(std::isfinite(capacity_factor) && capacity_factor >= 0,
          "capacity_factor must be finite and >= 0 (0: dropless)");
@@ -127,6 +150,25 @@ Json ModelConfig::to_json() const {
   j.set("z_coef", Json::number(z_coef));
   j.set("capacity_factor", Json::number(capacity_factor));
   j.set("random_routing", Json::boolean(random_routing));
+  // The architecture keys only where they differ from remat's decoder, so
+  // its configs (and the states and dumps that record them) read as before.
+  const ModelConfig d;
+  if (arch != d.arch) j.set("arch", Json::string(arch));
+  if (kv_heads != d.kv_heads) j.set("kv_heads", Json::number(double(kv_heads)));
+  if (head_size != d.head_size) j.set("head_size", Json::number(double(head_size)));
+  if (tie_embeddings != d.tie_embeddings) j.set("tie_embeddings", Json::boolean(tie_embeddings));
+  if (qkv_bias != d.qkv_bias) j.set("qkv_bias", Json::boolean(qkv_bias));
+  if (o_bias != d.o_bias) j.set("o_bias", Json::boolean(o_bias));
+  if (shared_ffn != d.shared_ffn) j.set("shared_ffn", Json::number(double(shared_ffn)));
+  if (shared_gate != d.shared_gate) j.set("shared_gate", Json::boolean(shared_gate));
+  if (norm_topk != d.norm_topk) j.set("norm_topk", Json::boolean(norm_topk));
+  if (sparse_step != d.sparse_step) j.set("sparse_step", Json::number(double(sparse_step)));
+  if (dense_layers != d.dense_layers) {
+    Json a = Json::array();
+    for (std::int64_t l : dense_layers) a.push(Json::number(double(l)));
+    j.set("dense_layers", a);
+  }
+  if (hf_extra != d.hf_extra) j.set("hf_extra", Json::string(hf_extra));
   return j;
 }
 
@@ -174,6 +216,24 @@ ModelConfig ModelConfig::from_json(const Json& j) {
   getd("z_coef", c.z_coef);
   getd("capacity_factor", c.capacity_factor);
   if (j.has("random_routing")) c.random_routing = j.at("random_routing").as_bool();
+  auto getb = [&](const char* k, bool& v) {
+    if (j.has(k)) v = j.at(k).as_bool();
+  };
+  if (j.has("arch")) c.arch = j.at("arch").as_string();
+  geti("kv_heads", c.kv_heads);
+  geti("head_size", c.head_size);
+  getb("tie_embeddings", c.tie_embeddings);
+  getb("qkv_bias", c.qkv_bias);
+  getb("o_bias", c.o_bias);
+  geti("shared_ffn", c.shared_ffn);
+  getb("shared_gate", c.shared_gate);
+  getb("norm_topk", c.norm_topk);
+  geti("sparse_step", c.sparse_step);
+  if (j.has("dense_layers")) {
+    c.dense_layers.clear();
+    for (const Json& l : j.at("dense_layers").items()) c.dense_layers.push_back(l.as_int());
+  }
+  if (j.has("hf_extra")) c.hf_extra = j.at("hf_extra").as_string();
   c.validate();
   return c;
 }

@@ -34,8 +34,25 @@ struct ModelConfig {
   double capacity_factor = 0.0;  // 0: dropless; else each expert keeps ceil(cf * T * K / E) rows
   bool random_routing = false;   // uniform random routes (seeded; for benchmarks)
 
-  std::int64_t head_dim() const { return d_model / n_heads; }
-  bool is_moe_layer(std::int64_t i) const { return experts > 0 && i >= dense_first; }
+  // Hugging Face architectures (DESIGN.md §7). Every default below is remat's
+  // own decoder; JSON keys at their defaults are left out of to_json().
+  std::string arch;               // "" (remat), "llama", "qwen2", "qwen2_moe" or "mixtral": names and export
+  std::int64_t kv_heads = 0;      // key/value heads, dividing n_heads (0: n_heads; fewer: grouped-query)
+  std::int64_t head_size = 0;     // per-head dim (0: d_model / n_heads)
+  bool tie_embeddings = false;    // the LM head is model.embed_tokens.weight
+  bool qkv_bias = false;          // biases on q_proj, k_proj, v_proj
+  bool o_bias = false;            // bias on o_proj
+  std::int64_t shared_ffn = 0;    // shared expert hidden size (0: moe_ffn * shared)
+  bool shared_gate = false;       // the shared expert's output times sigmoid(x . shared_expert_gate)
+  bool norm_topk = true;          // renormalise the top-K routing weights to sum to 1
+  std::int64_t sparse_step = 1;   // MoE blocks where (i + 1) % sparse_step == 0
+  std::vector<std::int64_t> dense_layers;  // blocks that keep the dense MLP (HF mlp_only_layers)
+  std::string hf_extra;           // a JSON object: a loaded config.json's other keys, written back on export
+
+  std::int64_t head_dim() const { return head_size > 0 ? head_size : d_model / n_heads; }
+  std::int64_t num_kv_heads() const { return kv_heads > 0 ? kv_heads : n_heads; }
+  std::int64_t shared_hidden() const { return shared_ffn > 0 ? shared_ffn : moe_ffn * shared; }
+  bool is_moe_layer(std::int64_t i) const;
 
   // Checks the values are consistent; throws Error listing what is wrong.
   void validate() const;

@@ -15,7 +15,8 @@ DecoderBlock::DecoderBlock(const ModelConfig& c, std::int64_t layer, Generator& 
   post_attention_layernorm =
       register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
   if (c.is_moe_layer(layer))
-    moe = register_module("mlp", std::make_shared<MoELayer>(c, layer, gen, placement));
+    moe = register_module(c.arch == "mixtral" ? "block_sparse_moe" : "mlp",
+                          std::make_shared<MoELayer>(c, layer, gen, placement));
   else
     mlp = register_module("mlp", std::make_shared<MLP>(c.d_model, c.ffn, c.init_std, gen));
 }
@@ -88,7 +89,8 @@ DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, ExpertPlace
   c.validate();
   Generator gen(seed);
   model = register_module("model", std::make_shared<DecoderStack>(c, gen, placement));
-  lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab, c.init_std, gen));
+  if (!c.tie_embeddings)
+    lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab, c.init_std, gen));
   for (auto& block : model->layers)
     if (block->moe)
       block->moe->sink = [this](const Tensor& aux, const Tensor& z, const MoELayerStats& st) {
@@ -118,8 +120,13 @@ Tensor DecoderModel::embed(const Tensor& input_ids) const {
 
 Tensor DecoderModel::run_blocks(const Tensor& x) const { return model->blocks->forward(x); }
 
+const Tensor& DecoderModel::output_weight() const {
+  return lm_head ? lm_head->weight : model->embed_tokens->weight;
+}
+
 Tensor DecoderModel::head(const Tensor& x) const {
-  Tensor logits = lm_head->forward(model->norm->forward(x));
+  const Tensor n = model->norm->forward(x);
+  Tensor logits = lm_head ? lm_head->forward(n) : linear(n, weight_as(model->embed_tokens->weight, n));
   return logits.dtype() == DType::f32 ? logits : cast(logits, DType::f32);  // the loss in f32
 }
 

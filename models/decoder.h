@@ -1,7 +1,9 @@
 // The Llama-style decoder of DESIGN.md §7: token embedding, pre-norm blocks
-// (RMSNorm, rotary causal attention, residual, RMSNorm, SwiGLU MLP,
-// residual), final RMSNorm and an untied LM head; loss = mean cross-entropy
-// over all positions. Parameter names follow Hugging Face Llama.
+// (RMSNorm, rotary causal attention, residual, RMSNorm, SwiGLU MLP or MoE,
+// residual), final RMSNorm and an LM head (untied, or the embedding's weight
+// with ModelConfig::tie_embeddings); loss = mean cross-entropy over all
+// positions. Parameter names follow Hugging Face Llama / Qwen2(-MoE) /
+// Mixtral (ModelConfig::arch).
 #pragma once
 
 #include <functional>
@@ -87,6 +89,8 @@ class DecoderModel : public Module {
   Tensor run_blocks(const Tensor& x) const;
   // Final norm and LM head: [B, S, d] -> logits.
   Tensor head(const Tensor& x) const;
+  // The LM head's weight [vocab, d]: lm_head's, or the embedding's when tied.
+  const Tensor& output_weight() const;
   // Generation: logits [B, S, vocab] of input_ids [B, S] at the positions
   // after the cache's, extending the cache (runs without grad). Prefill with
   // the prompt, then feed one token at a time.
@@ -102,7 +106,7 @@ class DecoderModel : public Module {
   const std::vector<MoELayerStats>& routing_stats() const { return stats_; }
 
   std::shared_ptr<DecoderStack> model;
-  std::shared_ptr<Linear> lm_head;
+  std::shared_ptr<Linear> lm_head;  // null when the embeddings are tied
 
  private:
   ModelConfig config_;

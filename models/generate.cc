@@ -77,7 +77,7 @@ std::vector<std::int32_t> generate(const DecoderModel& model, const std::vector<
                                    const GenerateOptions& opts, const std::function<void(std::int32_t)>& on_token) {
   check(model, prompt, opts);
   NoGradGuard no_grad;
-  const Device device = model.lm_head->weight.device();
+  const Device device = model.output_weight().device();
   Generator gen(opts.seed);
   KVCache cache;
   std::vector<std::int32_t> out;
@@ -101,7 +101,7 @@ std::vector<std::int32_t> generate_greedy_uncached(const DecoderModel& model, co
   o.max_new = max_new;
   check(model, prompt, o);
   NoGradGuard no_grad;
-  const Device device = model.lm_head->weight.device();
+  const Device device = model.output_weight().device();
   std::vector<std::int32_t> seq = prompt, out;
   for (std::int64_t i = 0; i < max_new; ++i) {
     const std::int32_t t = sample_token(last_row(model.forward(ids_tensor(seq, device))), o, 0.0f);

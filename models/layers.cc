@@ -31,15 +31,21 @@ std::vector<Tensor> run_part(const RegionWrap& wrap, const std::string& part,
   return wrap ? wrap(part, fn, inputs) : fn(inputs);
 }
 
-Linear::Linear(std::int64_t in, std::int64_t out, double init_std, Generator& gen) {
+Linear::Linear(std::int64_t in, std::int64_t out, double init_std, Generator& gen, bool with_bias) {
   weight = register_parameter("weight", init_normal({out, in}, init_std, gen));
+  if (with_bias) {
+    CategoryScope cat(MemoryCategory::parameter);
+    bias = register_parameter("bias", zeros({out}));
+  }
 }
 
 Tensor weight_as(const Tensor& weight, const Tensor& input) {
   return weight.dtype() == input.dtype() ? weight : cast(weight, input.dtype());
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, weight_as(weight, x)); }
+Tensor Linear::forward(const Tensor& x) const {
+  return bias.defined() ? linear(x, weight_as(weight, x), weight_as(bias, x)) : linear(x, weight_as(weight, x));
+}
 
 Embedding::Embedding(std::int64_t vocab, std::int64_t dim, double init_std, Generator& gen) {
   weight = register_parameter("weight", init_normal({vocab, dim}, init_std, gen));
@@ -55,11 +61,12 @@ RMSNorm::RMSNorm(std::int64_t dim, double eps_) : eps(eps_) {
 Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight_as(weight, x), eps); }
 
 SelfAttention::SelfAttention(const ModelConfig& c, Generator& gen)
-    : n_heads(c.n_heads), head_dim(c.head_dim()), rope_theta(c.rope_theta) {
-  q_proj = register_module("q_proj", std::make_shared<Linear>(c.d_model, c.d_model, c.init_std, gen));
-  k_proj = register_module("k_proj", std::make_shared<Linear>(c.d_model, c.d_model, c.init_std, gen));
-  v_proj = register_module("v_proj", std::make_shared<Linear>(c.d_model, c.d_model, c.init_std, gen));
-  o_proj = register_module("o_proj", std::make_shared<Linear>(c.d_model, c.d_model, c.init_std, gen));
+    : n_heads(c.n_heads), n_kv_heads(c.num_kv_heads()), head_dim(c.head_dim()), rope_theta(c.rope_theta) {
+  const std::int64_t q_out = n_heads * head_dim, kv_out = n_kv_heads * head_dim;
+  q_proj = register_module("q_proj", std::make_shared<Linear>(c.d_model, q_out, c.init_std, gen, c.qkv_bias));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(c.d_model, kv_out, c.init_std, gen, c.qkv_bias));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(c.d_model, kv_out, c.init_std, gen, c.qkv_bias));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(q_out, c.d_model, c.init_std, gen, c.o_bias));
 }
 
 Tensor SelfAttention::core(const Tensor& q, const Tensor& k, const Tensor& v) const {
@@ -72,12 +79,12 @@ Tensor SelfAttention::core(const Tensor& q, const Tensor& k, const Tensor& v) co
 
 Tensor SelfAttention::forward(const Tensor& x) const {
   const std::int64_t B = x.size(0), S = x.size(1);
-  auto heads = [&](const Tensor& t) {
-    return t.view({B, S, n_heads, head_dim}).transpose(1, 2).contiguous();  // [B, H, S, Dh]
+  auto heads = [&](const Tensor& t, std::int64_t h) {
+    return t.view({B, S, h, head_dim}).transpose(1, 2).contiguous();  // [B, h, S, Dh]
   };
-  Tensor q = heads(q_proj->forward(x));
-  Tensor k = heads(k_proj->forward(x));
-  Tensor v = heads(v_proj->forward(x));
+  Tensor q = heads(q_proj->forward(x), n_heads);
+  Tensor k = heads(k_proj->forward(x), n_kv_heads);
+  Tensor v = heads(v_proj->forward(x), n_kv_heads);
   Tensor o = run_part(wrap, "core_attn", [this](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{core(in[0], in[1], in[2])};
   }, {q, k, v})[0];
@@ -89,19 +96,28 @@ Tensor SelfAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v
               shape_str(x.sizes()));
   const std::int64_t B = x.size(0), S = x.size(1);
   const std::int64_t past = k_cache.defined() ? k_cache.size(2) : 0;
-  auto heads = [&](const Tensor& t) { return t.view({B, S, n_heads, head_dim}).transpose(1, 2).contiguous(); };
-  Tensor q = rotary_embedding(heads(q_proj->forward(x)), rope_theta, past);
-  Tensor k = rotary_embedding(heads(k_proj->forward(x)), rope_theta, past);
-  Tensor v = heads(v_proj->forward(x));
+  auto heads = [&](const Tensor& t, std::int64_t h) {
+    return t.view({B, S, h, head_dim}).transpose(1, 2).contiguous();
+  };
+  Tensor q = rotary_embedding(heads(q_proj->forward(x), n_heads), rope_theta, past);
+  Tensor k = rotary_embedding(heads(k_proj->forward(x), n_kv_heads), rope_theta, past);
+  Tensor v = heads(v_proj->forward(x), n_kv_heads);
   k_cache = past ? cat({k_cache, k}, 2) : k;
   v_cache = past ? cat({v_cache, v}, 2) : v;
   Tensor o;
   if (past == 0) {
     o = scaled_dot_product_attention(q, k, v, /*causal=*/true);
   } else {
-    // The new rows against every cached key: [B, H, S, T].
-    const std::int64_t T = k_cache.size(2);
-    Tensor scores = mul(matmul(q, k_cache.transpose(2, 3).contiguous()), 1.0 / std::sqrt(double(head_dim)));
+    // The new rows against every cached key: [B, H, S, T] (grouped-query:
+    // each key/value head repeated for the query heads it serves).
+    const std::int64_t T = k_cache.size(2), group = n_heads / n_kv_heads;
+    auto per_query_head = [&](const Tensor& t) {
+      if (group == 1) return t;
+      return t.view({B, n_kv_heads, 1, T, head_dim}).expand({B, n_kv_heads, group, T, head_dim})
+          .reshape({B, n_heads, T, head_dim});
+    };
+    const Tensor kq = per_query_head(k_cache), vq = per_query_head(v_cache);
+    Tensor scores = mul(matmul(q, kq.transpose(2, 3).contiguous()), 1.0 / std::sqrt(double(head_dim)));
     if (S > 1) {  // row s sits at position past + s: keys after it are masked
       std::vector<float> mask(std::size_t(S * T), 0.0f);
       for (std::int64_t r = 0; r < S; ++r)
@@ -109,15 +125,15 @@ Tensor SelfAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v
       Tensor m = from_vector<float>(mask, {S, T}, scores.device());
       scores = add(scores, m.dtype() == scores.dtype() ? m : cast(m, scores.dtype()));
     }
-    o = matmul(softmax(scores, -1), v_cache);
+    o = matmul(softmax(scores, -1), vq);
   }
   return o_proj->forward(o.transpose(1, 2).reshape({B, S, n_heads * head_dim}));
 }
 
-MLP::MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& gen) {
-  gate_proj = register_module("gate_proj", std::make_shared<Linear>(d_model, hidden, init_std, gen));
-  up_proj = register_module("up_proj", std::make_shared<Linear>(d_model, hidden, init_std, gen));
-  down_proj = register_module("down_proj", std::make_shared<Linear>(hidden, d_model, init_std, gen));
+MLP::MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& gen, const MLPNames& names) {
+  gate_proj = register_module(names.gate, std::make_shared<Linear>(d_model, hidden, init_std, gen));
+  up_proj = register_module(names.up, std::make_shared<Linear>(d_model, hidden, init_std, gen));
+  down_proj = register_module(names.down, std::make_shared<Linear>(hidden, d_model, init_std, gen));
 }
 
 Tensor MLP::forward(const Tensor& x) const {

@@ -30,14 +30,16 @@ std::vector<Tensor> run_part(const RegionWrap& wrap, const std::string& part,
 // its weight, so gradients reach the f32 parameter.
 Tensor weight_as(const Tensor& weight, const Tensor& input);
 
-// Parameters start as normal(0, std) from `gen` (weights) or ones (norms), in
-// allocation category `parameter`.
+// Parameters start as normal(0, std) from `gen` (weights), zeros (biases) or
+// ones (norms), in allocation category `parameter`.
 class Linear : public Module {
  public:
-  Linear(std::int64_t in, std::int64_t out, double init_std, Generator& gen);
-  // x [..., in] -> [..., out].
+  // With `bias`, a parameter "bias" [out] (zeros; draws nothing from `gen`).
+  Linear(std::int64_t in, std::int64_t out, double init_std, Generator& gen, bool bias = false);
+  // x [..., in] -> [..., out] (x W^T + b).
   Tensor forward(const Tensor& x) const;
   Tensor weight;
+  Tensor bias;  // undefined without a bias
 };
 
 class Embedding : public Module {
@@ -57,13 +59,17 @@ class RMSNorm : public Module {
   double eps;
 };
 
-// Multi-head causal self-attention with rotary position embeddings.
+// Multi-head causal self-attention with rotary position embeddings:
+// q_proj [H * Dh, d], k_proj / v_proj [Hkv * Dh, d] (grouped-query when Hkv <
+// H: each key/value head serves H / Hkv consecutive query heads), o_proj
+// [d, H * Dh]; optional q/k/v and o biases (ModelConfig).
 class SelfAttention : public Module {
  public:
   SelfAttention(const ModelConfig& c, Generator& gen);
   // x [B, S, d] -> [B, S, d] (before dropout and the residual).
   Tensor forward(const Tensor& x) const;
-  // The core: q, k, v [B, H, S, Dh] -> [B, S, d] (rotary, fused attention, merge heads).
+  // The core: q [B, H, S, Dh], k, v [B, Hkv, S, Dh] -> [B, S, H * Dh]
+  // (rotary, fused attention, merge heads).
   Tensor core(const Tensor& q, const Tensor& k, const Tensor& v) const;
   // Incremental decoding (call under NoGradGuard): x [B, S, d] holds the
   // positions that follow the k_cache.size(2) cached ones (0 when the caches
@@ -73,15 +79,22 @@ class SelfAttention : public Module {
   // rounding (the cached path is a matmul / softmax, not the fused kernel).
   Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
-  std::int64_t n_heads, head_dim;
+  std::int64_t n_heads, n_kv_heads, head_dim;
   double rope_theta;
   RegionWrap wrap;  // "core_attn" regions
+};
+
+// The parameter names of an MLP's three projections: {gate, up, down}.
+struct MLPNames {
+  std::string gate = "gate_proj", up = "up_proj", down = "down_proj";
+  static MLPNames mixtral() { return {"w1", "w3", "w2"}; }  // Mixtral's block_sparse_moe experts
 };
 
 // SwiGLU MLP: down(silu(gate(x)) * up(x)).
 class MLP : public Module {
  public:
-  MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& gen);
+  // Weights drawn gate, up, down from `gen`, registered under `names`.
+  MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& gen, const MLPNames& names = {});
   Tensor forward(const Tensor& x) const;
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
   // Drop the activation output after the forward and regenerate it (from the

@@ -18,17 +18,21 @@ MoELayer::MoELayer(const ModelConfig& c, std::int64_t layer, Generator& gen, Exp
   const std::int64_t per_rank = c.experts / placement.ranks;
   first_expert_ = placement.rank * per_rank;
   gate = register_module("gate", std::make_shared<Linear>(c.d_model, c.experts, c.init_std, gen));
+  const MLPNames names = c.arch == "mixtral" ? MLPNames::mixtral() : MLPNames{};
   for (std::int64_t e = 0; e < c.experts; ++e) {
     if (e >= first_expert_ && e < first_expert_ + per_rank) {
-      experts.push_back(register_module("experts." + std::to_string(e), std::make_shared<MLP>(c.d_model, c.moe_ffn, c.init_std, gen)));
+      experts.push_back(register_module("experts." + std::to_string(e),
+                                        std::make_shared<MLP>(c.d_model, c.moe_ffn, c.init_std, gen, names)));
     } else {
       // Held by another rank: draw nothing, but advance the generator as
       // gate_proj, up_proj and down_proj would.
       for (int w = 0; w < 3; ++w) gen.reserve(std::uint64_t(c.d_model * c.moe_ffn));
     }
   }
-  if (c.shared > 0)
-    shared_expert = register_module("shared_expert", std::make_shared<MLP>(c.d_model, c.moe_ffn * c.shared, c.init_std, gen));
+  if (c.shared_hidden() > 0)
+    shared_expert = register_module("shared_expert", std::make_shared<MLP>(c.d_model, c.shared_hidden(), c.init_std, gen));
+  if (c.shared_gate)
+    shared_expert_gate = register_module("shared_expert_gate", std::make_shared<Linear>(c.d_model, 1, c.init_std, gen));
   dispatcher = std::make_shared<LocalDispatcher>();
   batch = std::make_shared<BatchGroup>();
 }
@@ -57,6 +61,7 @@ Tensor MoELayer::forward(const Tensor& x_in) const {
     ro.top_k = config_.top_k;
     ro.random_routing = config_.random_routing;
     ro.compute_z_loss = config_.z_coef > 0;
+    ro.normalize_topk = config_.norm_topk;
     ro.expert_bias = expert_bias;
     // A replay routes as the forward did (same routes, so the same dispatch
     // and combine), whatever its boundary holds. The choice still runs in the
@@ -108,7 +113,9 @@ Tensor MoELayer::forward(const Tensor& x_in) const {
     Tensor y = dispatcher->combine(yp, row_w.to(yp.dtype()), routing);
     if (shared_expert)
       y = add(y, run_part(wrap, "shared_experts", [this](const std::vector<Tensor>& v) {
-        return std::vector<Tensor>{shared_expert->forward(v[0])};
+        Tensor s = shared_expert->forward(v[0]);
+        if (shared_expert_gate) s = mul(s, sigmoid(shared_expert_gate->forward(v[0])));  // [T, 1] broadcast
+        return std::vector<Tensor>{s};
       }, {t})[0]);
 
     once([&] {

@@ -1,7 +1,10 @@
 // The routed MoE layer of a block (Qwen2-MoE parameter names under
 // "model.layers.{i}.mlp"): router "gate" [E, d], routed experts
 // "experts.{e}.{gate,up,down}_proj" (hidden moe_ffn), an optional shared
-// expert "shared_expert.*" (hidden moe_ffn * shared) added unweighted.
+// expert "shared_expert.*" (hidden ModelConfig::shared_hidden()) added
+// unweighted, or with shared_gate times sigmoid(x . "shared_expert_gate"
+// [1, d]). Mixtral (arch "mixtral"): the layer is "block_sparse_moe" and
+// the experts' projections are w1 (gate), w3 (up), w2 (down).
 #pragma once
 
 #include <functional>
@@ -46,7 +49,8 @@ class MoELayer : public Module {
 
   std::shared_ptr<Linear> gate;
   std::vector<std::shared_ptr<MLP>> experts;  // the held experts, first_expert() first
-  std::shared_ptr<MLP> shared_expert;  // null when shared == 0
+  std::shared_ptr<MLP> shared_expert;  // null without a shared expert
+  std::shared_ptr<Linear> shared_expert_gate;  // null unless ModelConfig::shared_gate
   std::shared_ptr<TokenDispatcher> dispatcher;
   std::shared_ptr<BatchGroup> batch;  // the ranks sharing the global batch (router statistics)
   // Replays reuse the per-expert counts the forward exchanged instead of

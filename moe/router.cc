@@ -58,7 +58,7 @@ RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOpt
   };
   out.indices = opts.select_indices ? opts.select_indices(choose) : choose();
   Tensor picked = gather(out.probs, 1, out.indices);
-  out.weights = div(picked, sum(picked, {1}, true));
+  out.weights = opts.normalize_topk ? div(picked, sum(picked, {1}, true)) : picked;
 
   // Load balance: f_e (a count, no gradient) and P_e (mean probability),
   // over the global batch when ranks share it.

@@ -20,6 +20,9 @@ struct RouterOptions {
   bool random_routing = false;
   Tensor expert_bias;  // [E] added to the scores for selection only (optional)
   bool compute_z_loss = false;
+  // Renormalise the top-K weights to sum to 1 (Mixtral, remat); false keeps
+  // the chosen softmax probabilities as they are (Qwen2-MoE norm_topk_prob false).
+  bool normalize_topk = true;
   // Data / expert parallel: the ranks that share the global batch.
   // `global_slots` maps this rank's slots per expert to the sums over them;
   // `global_sum` sums a f32 tensor over them (differentiably). With both set,
@@ -36,7 +39,7 @@ struct RouterOptions {
 
 struct RouterOutput {
   Tensor indices;  // [T, K] i64, best first
-  Tensor weights;  // [T, K] renormalised (differentiable w.r.t. x and the router weight)
+  Tensor weights;  // [T, K] chosen probabilities, renormalised unless asked not to (differentiable)
   Tensor probs;    // [T, E] f32
   Tensor aux;      // 0-dim: E * sum_e f_e * P_e
   Tensor z;        // 0-dim: mean over tokens of logsumexp(logits)^2 (undefined unless asked)

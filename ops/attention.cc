@@ -11,6 +11,7 @@
 #include "ops/binary.h"
 #include "ops/kernel_util.h"
 #include "ops/matmul.h"
+#include "ops/reduce.h"
 #include "ops/simd.h"
 #include "ops/softmax.h"
 
@@ -33,9 +34,11 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   check_same(op, q, v);
   check_kernel_device(op, q);
   REMAT_CHECK(q.dim() == 4, ShapeError, op, ": q must be [B, H, S, D], got ", describe(q));
-  REMAT_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), ShapeError, op,
-              ": q, k and v must have the same shape [B, H, S, D], got q ", describe(q), ", k ",
-              describe(k), ", v ", describe(v));
+  const bool kv_ok = k.dim() == 4 && k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
+                     k.size(3) == q.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0;
+  REMAT_CHECK(kv_ok, ShapeError, op,
+              ": q must be [B, H, S, D] and k, v one shape [B, Hkv, S, D] with Hkv dividing H "
+              "(grouped-query attention), got q ", describe(q), ", k ", describe(k), ", v ", describe(v));
   REMAT_CHECK(q.size(3) > 0, ShapeError, op, ": head dim D must be positive, got q ", describe(q));
 }
 
@@ -46,11 +49,14 @@ double resolve_scale(const char* op, double scale, std::int64_t d) {
   return scale == 0.0 ? 1.0 / std::sqrt(double(d)) : scale;
 }
 
-// Problem geometry shared by forward and backward: bh = B * H heads of S rows of D.
+// Problem geometry shared by forward and backward: bh = B * H query heads of
+// S rows of D; query head i reads key/value head i / group (group = H / Hkv:
+// the query heads of one key/value head are consecutive, as in HF's repeat_kv).
 struct Geometry {
   std::int64_t bh = 0, s = 0, d = 0;
   bool causal = true;
   float scale = 1.0f;
+  std::int64_t group = 1;
 };
 
 // The CPU tiles (ops/attention_simd.h, compiled once per instruction set).
@@ -159,9 +165,9 @@ void transpose_rows(const float* x, std::int64_t n, std::int64_t D, std::int64_t
 }
 
 // out = softmax(q k^T * scale) v and lse = log-sum-exp of each score row, one
-// task per (head, query block), streaming over key tiles with a running max and
-// sum per row. Each task writes only its own rows; a chunk of tasks keeps the
-// K^T of the head it is on.
+// task per (query head, query block), streaming over key tiles with a running
+// max and sum per row. Each task writes only its own rows; a chunk of tasks
+// keeps the K^T of the key/value head it is on.
 void forward_kernel(const float* q, const float* k, const float* v, float* out, float* lse,
                     const Geometry& g) {
   const std::int64_t S = g.s, D = g.d;
@@ -172,15 +178,15 @@ void forward_kernel(const float* q, const float* k, const float* v, float* out, 
     std::vector<float> p(kTileQ * kTileK);
     std::int64_t head = -1;
     for (std::int64_t t = t0; t < t1; ++t) {
-      const std::int64_t bh = t / nq;
+      const std::int64_t bh = t / nq, kvh = bh / g.group;
       const std::int64_t i0 = zigzag(t % nq, nq) * kTileQ, i1 = std::min(S, i0 + kTileQ);
-      if (bh != head) {
+      if (kvh != head) {
         for (std::int64_t j0 = 0; j0 < S; j0 += kTileK)
-          transpose_rows(k + (bh * S + j0) * D, std::min(kTileK, S - j0), D, kTileK,
+          transpose_rows(k + (kvh * S + j0) * D, std::min(kTileK, S - j0), D, kTileK,
                          kt.data() + j0 * D);
-        head = bh;
+        head = kvh;
       }
-      kern.forward(ForwardBlock{q + bh * S * D, kt.data(), v + bh * S * D, out + bh * S * D,
+      kern.forward(ForwardBlock{q + bh * S * D, kt.data(), v + kvh * S * D, out + bh * S * D,
                                 lse + bh * S, S, D, i0, i1, g.causal, g.scale, acc.data(), p.data()});
     }
   });
@@ -218,12 +224,13 @@ void backward_block(const Kernels& kern, const Head& h, std::int64_t i0, std::in
                               first_q, first_kv});
 }
 
-// Fills dq, dk, dv ([bh, S, D] buffers, null when not needed): every row is
-// written by its first block (backward_block) and accumulated after.
+// Fills dq, dk, dv ([bh, S, D] buffers, per query head, null when not
+// needed; k and v are [bh / group, S, D]): every row is written by its first
+// block (backward_block) and accumulated after.
 void backward_kernel(const float* q, const float* k, const float* v, const float* out,
                      const float* dout, const float* lse, float* dq, float* dk, float* dv,
                      const Geometry& g) {
-  const std::int64_t S = g.s, D = g.d, HS = S * D;
+  const std::int64_t S = g.s, D = g.d, HS = S * D, G = g.group;
   const Kernels& kern = kernels();
   // Delta_i = rowsum(dO_i * O_i).
   std::vector<float> delta(std::size_t(g.bh * S));
@@ -231,7 +238,7 @@ void backward_kernel(const float* q, const float* k, const float* v, const float
     for (std::int64_t r = r0; r < r1; ++r) delta[std::size_t(r)] = lane_dot(dout + r * D, out + r * D, D);
   });
   auto head = [&](std::int64_t bh) {
-    return Head{q + bh * HS, k + bh * HS, v + bh * HS, dout + bh * HS, lse + bh * S,
+    return Head{q + bh * HS, k + (bh / G) * HS, v + (bh / G) * HS, dout + bh * HS, lse + bh * S,
                 delta.data() + bh * S};
   };
   auto at = [&](float* base, std::int64_t bh) { return base ? base + bh * HS : nullptr; };
@@ -281,6 +288,39 @@ void backward_kernel(const float* q, const float* k, const float* v, const float
   }
 }
 
+// Grouped-query attention: a key/value gradient per query head [B, H, S, D]
+// summed over the `group` query heads of each key/value head, in increasing
+// head order (one fixed order on every path), into [B, Hkv, S, D].
+Tensor sum_query_groups(const Tensor& per_query_head, const Geometry& g, const Shape& kv_sizes) {
+  if (!per_query_head.defined() || g.group == 1) return per_query_head;
+  const std::int64_t rows = g.s * g.d, kv_heads = g.bh / g.group;
+  if (per_query_head.device().is_cuda())
+    return sum(per_query_head.view({kv_heads, g.group, rows}), {1}).view(kv_sizes);
+  Tensor out = empty(kv_sizes, DType::f32);
+  const float* src = per_query_head.data<float>();
+  float* dst = out.data<float>();
+  parallel_rows(kv_heads, g.group * rows, [&](std::int64_t h0, std::int64_t h1) {
+    for (std::int64_t h = h0; h < h1; ++h) {
+      float* o = dst + h * rows;
+      const float* first = src + h * g.group * rows;
+      std::copy(first, first + rows, o);
+      for (std::int64_t j = 1; j < g.group; ++j) {
+        const float* x = first + j * rows;
+        for (std::int64_t i = 0; i < rows; ++i) o[i] += x[i];
+      }
+    }
+  });
+  return out;
+}
+
+// k or v [B, Hkv, S, D] repeated for the query heads of each group:
+// [B, H, S, D], contiguous (the CUDA kernels take one head count).
+Tensor repeat_kv(const Tensor& t, const Geometry& g) {
+  if (g.group == 1) return contiguous_detached(t);
+  const std::int64_t B = t.size(0), Hkv = t.size(1), S = t.size(2), D = t.size(3);
+  return t.detach().view({B, Hkv, 1, S, D}).expand({B, Hkv, g.group, S, D}).reshape({B, Hkv * g.group, S, D});
+}
+
 // The CUDA backward: the fused kernels of cuda/attention.h on contiguous
 // operands in their own dtype; gradients come back in q's dtype like the CPU's.
 std::vector<Tensor> attention_backward_cuda(Node& n, const Tensor& grad, const Geometry& g,
@@ -288,7 +328,7 @@ std::vector<Tensor> attention_backward_cuda(Node& n, const Tensor& grad, const G
                                             const Tensor& out, const Tensor& lse) {
   if constexpr (kHaveCuda) {
     const TensorOptions opts(q.dtype(), q.device());
-    const Tensor qc = contiguous_detached(q), kc = contiguous_detached(k), vc = contiguous_detached(v);
+    const Tensor qc = contiguous_detached(q), kc = repeat_kv(k, g), vc = repeat_kv(v, g);
     const Tensor oc = contiguous_detached(out), lc = contiguous_detached(lse);
     const Tensor gc = contiguous_detached(grad.dtype() == q.dtype() ? grad : grad.to(q.dtype()));
     Tensor dq, dk, dv;
@@ -301,7 +341,7 @@ std::vector<Tensor> attention_backward_cuda(Node& n, const Tensor& grad, const G
                              gc.raw_data(), lc.data<float>(), ptr(dq), ptr(dk), ptr(dv),
                              delta.data<float>(), g.bh, g.s, g.d, g.causal, g.scale, q.dtype(),
                              cuda_stream());
-    return std::vector<Tensor>{dq, dk, dv};
+    return std::vector<Tensor>{dq, sum_query_groups(dk, g, k.sizes()), sum_query_groups(dv, g, k.sizes())};
   } else {
     no_cuda_kernel(kOp);
   }
@@ -315,6 +355,7 @@ std::vector<Tensor> attention_backward(Node& n, const Tensor& grad, const Geomet
   }
   const Tensor qf = f32_contiguous(q), kf = f32_contiguous(k), vf = f32_contiguous(v);
   const Tensor of = f32_contiguous(out), gf = f32_contiguous(grad), lf = f32_contiguous(lse);
+  // dk / dv per query head ([B, H, S, D]); grouped-query sums them below.
   Tensor dq, dk, dv;
   if (n.needs_input_grad(0)) dq = empty(q.sizes(), DType::f32);
   if (n.needs_input_grad(1)) dk = empty(q.sizes(), DType::f32);
@@ -323,7 +364,8 @@ std::vector<Tensor> attention_backward(Node& n, const Tensor& grad, const Geomet
   backward_kernel(qf.data<float>(), kf.data<float>(), vf.data<float>(), of.data<float>(),
                   gf.data<float>(), lf.data<float>(), ptr(dq), ptr(dk), ptr(dv), g);
   auto back = [&](const Tensor& t) { return t.defined() ? from_f32(t, q.dtype()) : Tensor(); };
-  return std::vector<Tensor>{back(dq), back(dk), back(dv)};
+  return std::vector<Tensor>{back(dq), back(sum_query_groups(dk, g, k.sizes())),
+                             back(sum_query_groups(dv, g, k.sizes()))};
 }
 
 }  // namespace
@@ -338,13 +380,14 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   // Dispatched with two outputs (out and the row log-sum-exp) so a selective
   // checkpoint can cache both and skip the kernel on replay.
   return dispatch(kOp, {q, k, v}, [&] {
-    const Geometry geo{q.size(0) * q.size(1), q.size(2), q.size(3), causal, sc};
+    const Geometry geo{q.size(0) * q.size(1), q.size(2), q.size(3), causal, sc, q.size(1) / k.size(1)};
     std::vector<Tensor> res = kernel_or_cached([&] {
       NoGradGuard ng;
       if constexpr (kHaveCuda) {
         if (on_cuda(q)) {
-          const Tensor qc = contiguous_detached(q), kc = contiguous_detached(k),
-                       vc = contiguous_detached(v);
+          // Grouped-query: the kernels take one head count, so k and v are
+          // repeated here (only the unrepeated ones are saved).
+          const Tensor qc = contiguous_detached(q), kc = repeat_kv(k, geo), vc = repeat_kv(v, geo);
           Tensor o = empty(q.sizes(), TensorOptions(q.dtype(), q.device()));
           Tensor l = empty({q.size(0), q.size(1), q.size(2)}, TensorOptions(DType::f32, q.device()));
           cuda::attention_forward(qc.raw_data(), kc.raw_data(), vc.raw_data(), o.raw_data(),
@@ -382,7 +425,14 @@ Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bo
                            double scale) {
   check_attention("attention_reference", q, k, v);
   const double sc = resolve_scale("attention_reference", scale, q.size(3));
-  Tensor scores = mul(matmul(q, k.transpose(-1, -2)), sc);
+  const std::int64_t group = q.size(1) / k.size(1);
+  auto per_query_head = [&](const Tensor& t) {  // differentiable repeat of the kv heads
+    if (group == 1) return t;
+    const std::int64_t B = t.size(0), Hkv = t.size(1), S = t.size(2), D = t.size(3);
+    return t.reshape({B, Hkv, 1, S, D}).expand({B, Hkv, group, S, D}).reshape({B, Hkv * group, S, D});
+  };
+  const Tensor kq = per_query_head(k), vq = per_query_head(v);
+  Tensor scores = mul(matmul(q, kq.transpose(-1, -2)), sc);
   if (causal) {
     const std::int64_t S = q.size(2);
     std::vector<float> mask(std::size_t(S * S), 0.0f);
@@ -390,7 +440,7 @@ Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bo
       for (std::int64_t j = i + 1; j < S; ++j) mask[std::size_t(i * S + j)] = -1e30f;
     scores = add(scores, from_vector<float>(mask, {S, S}, q.device()).to(q.dtype()));
   }
-  return matmul(softmax(scores, -1), v);
+  return matmul(softmax(scores, -1), vq);
 }
 
 void ops_detail::attention_exp(const float* x, float* y, std::int64_t n) { kernels().exp(x, y, n); }

@@ -8,9 +8,12 @@
 
 namespace remat {
 
-// softmax(q k^T * scale [+ causal mask]) v for q, k, v [B, H, S, D] of one
-// shape, dtype and device; scale 0 means 1/sqrt(D). Causal masks key j for
-// query i when j > i. Saves q, k, v, the output and a [B, H, S] f32 log-sum-exp.
+// softmax(q k^T * scale [+ causal mask]) v for q [B, H, S, D] and k, v
+// [B, Hkv, S, D] of one dtype and device, Hkv dividing H (grouped-query
+// attention: query head h reads key/value head h / (H / Hkv)); scale 0 means
+// 1/sqrt(D). Causal masks key j for query i when j > i. Saves q, k, v (not
+// repeated), the output and a [B, H, S] f32 log-sum-exp. The key/value
+// gradients sum their query heads' terms in increasing head order.
 // On the CPU: f32 tiles of 64 queries x 64 keys, compiled for AVX2 and for
 // AVX-512 and chosen at run time (ops/simd.h); every path and thread count
 // gives the same bits.

@@ -325,13 +325,77 @@ TEST_CASE("attention rejects bad operands with clear messages", "[ops][attention
   CHECK_THROWS_WITH(scaled_dot_product_attention(zeros({2, 3, 4}), zeros({2, 3, 4}), zeros({2, 3, 4})),
                     Catch::Contains("scaled_dot_product_attention: q must be [B, H, S, D], got [2, 3, 4] f32 cpu"));
   CHECK_THROWS_WITH(scaled_dot_product_attention(x, zeros({1, 2, 5, 4}), x),
-                    Catch::Contains("q, k and v must have the same shape [B, H, S, D], got q [1, 2, 3, 4] "
-                                    "f32 cpu, k [1, 2, 5, 4] f32 cpu, v [1, 2, 3, 4] f32 cpu"));
+                    Catch::Contains("k, v one shape [B, Hkv, S, D] with Hkv dividing H (grouped-query attention), "
+                                    "got q [1, 2, 3, 4] f32 cpu, k [1, 2, 5, 4] f32 cpu, v [1, 2, 3, 4] f32 cpu"));
+  // Grouped-query: 3 key/value heads do not divide 2 query heads; k and v must agree.
+  CHECK_THROWS_WITH(scaled_dot_product_attention(x, zeros({1, 3, 3, 4}), zeros({1, 3, 3, 4})),
+                    Catch::Contains("with Hkv dividing H"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(x, zeros({1, 1, 3, 4}), x), Catch::Contains("with Hkv dividing H"));
   CHECK_THROWS_WITH(scaled_dot_product_attention(x, x, x.to(DType::bf16)),
                     Catch::Contains("scaled_dot_product_attention: operands have different dtypes"));
   CHECK_THROWS_AS(scaled_dot_product_attention(zeros({1, 2, 3, 4}, DType::i64), x, x), DTypeError);
   CHECK_THROWS_WITH(scaled_dot_product_attention(x, x, x, true, std::nan("")),
                     Catch::Contains("scale must be finite"));
   CHECK_THROWS_WITH(attention_reference(x, zeros({1, 2, 3, 5}), x),
-                    Catch::Contains("attention_reference: q, k and v must have the same shape"));
+                    Catch::Contains("attention_reference: q must be [B, H, S, D] and k, v one shape"));
+}
+
+namespace {
+// k or v [B, Hkv, S, D] repeated for every query head of its group: [B, H, S, D].
+Tensor repeat_heads(const Tensor& t, std::int64_t group) {
+  const std::int64_t B = t.size(0), Hkv = t.size(1), S = t.size(2), D = t.size(3);
+  return t.view({B, Hkv, 1, S, D}).expand({B, Hkv, group, S, D}).reshape({B, Hkv * group, S, D});
+}
+// The sum over each group of query heads, in head order: [B, H, S, D] -> [B, Hkv, S, D].
+Tensor sum_heads(const Tensor& t, std::int64_t group) {
+  const std::int64_t B = t.size(0), H = t.size(1), S = t.size(2), D = t.size(3);
+  const auto x = t.contiguous().to_vector<float>();
+  std::vector<float> out(std::size_t(B * (H / group) * S * D), 0.0f);
+  const std::int64_t rows = S * D;
+  for (std::int64_t h = 0; h < B * H; ++h)
+    for (std::int64_t i = 0; i < rows; ++i) out[std::size_t((h / group) * rows + i)] += x[std::size_t(h * rows + i)];
+  return from_vector<float>(out, {B, H / group, S, D});
+}
+}  // namespace
+
+TEST_CASE("grouped-query attention equals attention over repeated key/value heads, bit for bit",
+          "[ops][attention]") {
+  for (auto [H, Hkv] : {std::pair<std::int64_t, std::int64_t>{4, 2}, {4, 1}, {6, 3}, {8, 2}}) {
+    for (std::int64_t S : {5, 64, 131}) {
+      for (bool causal : {true, false}) {
+        INFO("H " << H << " Hkv " << Hkv << " S " << S << " causal " << causal);
+        const std::int64_t group = H / Hkv, D = 16;
+        const Tensor q = normal({2, H, S, D}, 11), k = normal({2, Hkv, S, D}, 12), v = normal({2, Hkv, S, D}, 13);
+        const Tensor dout = normal({2, H, S, D}, 14);
+        const Result g = fused(q, k, v, dout, causal);
+        const Result full = fused(q, repeat_heads(k, group).contiguous(), repeat_heads(v, group).contiguous(), dout, causal);
+        CHECK(same_bits(g.out, full.out));
+        CHECK(same_bits(g.dq, full.dq));
+        // The key/value gradients are the per-query-head ones summed over each group in head order.
+        CHECK(same_bits(g.dk, sum_heads(full.dk, group)));
+        CHECK(same_bits(g.dv, sum_heads(full.dv, group)));
+        CHECK(g.dk.sizes() == k.sizes());
+        // And the unfused reference agrees (it repeats differentiably).
+        const Result r = reference(q, k, v, dout, causal);
+        CHECK(scaled_error(g.out, r.out) <= 1e-5);
+        CHECK(scaled_error(g.dk, r.dk) <= 1e-5);
+        CHECK(scaled_error(g.dv, r.dv) <= 1e-5);
+        CHECK(scaled_error(g.dq, r.dq) <= 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("grouped-query attention: gradients match finite differences, and it saves only the unrepeated k, v",
+          "[ops][attention]") {
+  const Tensor q = normal({1, 4, 6, 4}, 21, 0.5), k = normal({1, 2, 6, 4}, 22, 0.5), v = normal({1, 2, 6, 4}, 23);
+  check_gradients([](const std::vector<Tensor>& in) { return scaled_dot_product_attention(in[0], in[1], in[2]); },
+                  {q, k, v});
+  // Saved: q, k, v, out and lse. k and v at their own (Hkv) size.
+  Tensor lq = q.detach().set_requires_grad(true), lk = k.detach().set_requires_grad(true),
+         lv = v.detach().set_requires_grad(true);
+  const std::int64_t before = saved_bytes_report().live_bytes;
+  Tensor out = scaled_dot_product_attention(lq, lk, lv);
+  const std::int64_t saved = saved_bytes_report().live_bytes - before;
+  CHECK(saved == std::int64_t((q.numel() + 2 * k.numel() + out.numel() + 1 * 4 * 6) * 4));
 }
