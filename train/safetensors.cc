@@ -6,12 +6,11 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "engine/json.h"
 
@@ -195,40 +194,59 @@ void save_safetensors(const std::string& path,
   write_file_atomic(path, encode_safetensors(tensors, metadata, options, path));
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REMAT_CHECK(in.good(), IOError, "cannot open ", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string file = ss.str();
-  auto fail = [&](const std::string& why) -> IOError { return IOError(path + ": not a valid safetensors file: " + why); };
-  if (file.size() < 8) throw fail("truncated (" + std::to_string(file.size()) + " bytes, no header)");
+// The format's own limit on the header (as Hugging Face's reader): a corrupt
+// length cannot make a reader allocate the whole file.
+constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+
+SafetensorsReader::Fd& SafetensorsReader::Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+  }
+  return *this;
+}
+
+SafetensorsReader::Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
+  const std::string& p = path_;
+  fd_ = Fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  REMAT_CHECK(fd_.get() >= 0, IOError, "cannot open ", p, ": ", errno_text());
+  auto fail = [&](const std::string& why) -> IOError { return IOError(p + ": not a valid safetensors file: " + why); };
+  struct stat st {};
+  REMAT_CHECK(::fstat(fd_.get(), &st) == 0, IOError, "cannot stat ", p, ": ", errno_text());
+  if (!S_ISREG(st.st_mode)) throw fail("not a regular file");
+  const auto file_size = std::uint64_t(st.st_size);
+  if (file_size < 8) throw fail("truncated (" + std::to_string(file_size) + " bytes, no header)");
+  unsigned char len[8];
+  read_bytes(len, 8, 0, "the header length");
   std::uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= std::uint64_t(static_cast<unsigned char>(file[std::size_t(i)])) << (8 * i);
-  if (n > file.size() - 8) throw fail("header length " + std::to_string(n) + " exceeds the file size " +
-                                      std::to_string(file.size()) + " (truncated?)");
+  for (int i = 0; i < 8; ++i) n |= std::uint64_t(len[i]) << (8 * i);
+  if (n > file_size - 8) throw fail("header length " + std::to_string(n) + " exceeds the file size " +
+                                    std::to_string(file_size) + " (truncated?)");
+  if (n > kMaxHeaderBytes)
+    throw fail("header length " + std::to_string(n) + " exceeds the format's limit of " +
+               std::to_string(kMaxHeaderBytes) + " bytes");
+  std::string text(n, '\0');
+  read_bytes(text.data(), n, 8, "the header");
+  data_start_ = 8 + n;
   Json header;
   try {
-    header = Json::parse(file.substr(8, n), path + " header");
+    header = Json::parse(text, p + " header");
   } catch (const IOError& e) {
     throw fail(e.what());
   }
+  text = std::string();
   if (!header.is_object()) throw fail("header is not a JSON object");
-  const std::uint64_t data_size = file.size() - 8 - n;
-  const char* data = file.data() + 8 + n;
+  const std::uint64_t data_size = file_size - data_start_;
 
-  // 1. The header: every entry validated, nothing built yet.
-  struct Entry {
-    DType dtype;
-    Shape shape;
-    std::uint64_t begin, end;
-  };
-  SafetensorsFile out;
-  std::map<std::string, Entry> entries;
+  // 1. The header: every entry validated.
   for (const auto& [name, entry] : header.members()) {
     try {
       if (name == "__metadata__") {
-        for (const auto& [k, v] : entry.members()) out.metadata[k] = v.as_string();
+        for (const auto& [k, v] : entry.members()) metadata_[k] = v.as_string();
         continue;
       }
       DType dt;
@@ -253,7 +271,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
       if (e - b != want)
         throw fail("tensor '" + name + "' has " + std::to_string(e - b) + " bytes but shape " +
                    shape_str(shape) + " " + dtype_name(dt) + " needs " + std::to_string(want));
-      entries.emplace(name, Entry{dt, shape, b, e});
+      entries_.emplace(name, Entry{dt, shape, b, e, std::nullopt});
     } catch (const IOError& e) {
       const std::string msg = e.what();
       if (msg.find("not a valid safetensors file") != std::string::npos) throw;
@@ -261,7 +279,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
     }
   }
   std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
-  for (const auto& [name, e] : entries) ranges.emplace_back(e.begin, e.end);
+  for (const auto& [name, e] : entries_) ranges.emplace_back(e.begin, e.end);
   std::sort(ranges.begin(), ranges.end());
   std::uint64_t end = 0;
   for (const auto& [b, e] : ranges) {
@@ -273,47 +291,116 @@ SafetensorsFile load_safetensors(const std::string& path) {
     throw fail("data section has " + std::to_string(data_size) + " bytes but the tensors cover " +
                std::to_string(end));
 
-  // 2. The checksums, all of them, before any tensor is built.
-  const auto algo = out.metadata.find(kChecksumAlgorithmKey);
-  const auto sums_it = out.metadata.find(kChecksumsKey);
-  if (algo != out.metadata.end() || sums_it != out.metadata.end()) {
-    if (algo == out.metadata.end() || sums_it == out.metadata.end())
-      throw fail(std::string("__metadata__ has '") + (algo == out.metadata.end() ? kChecksumsKey : kChecksumAlgorithmKey) +
-                 "' without '" + (algo == out.metadata.end() ? kChecksumAlgorithmKey : kChecksumsKey) + "'");
+  // 2. The checksum keys: their form here, each tensor's hash when it is read.
+  const auto algo = metadata_.find(kChecksumAlgorithmKey);
+  const auto sums_it = metadata_.find(kChecksumsKey);
+  if (algo != metadata_.end() || sums_it != metadata_.end()) {
+    if (algo == metadata_.end() || sums_it == metadata_.end())
+      throw fail(std::string("__metadata__ has '") + (algo == metadata_.end() ? kChecksumsKey : kChecksumAlgorithmKey) +
+                 "' without '" + (algo == metadata_.end() ? kChecksumAlgorithmKey : kChecksumsKey) + "'");
     if (algo->second != kChecksumAlgorithm)
       throw fail("unsupported checksum algorithm '" + algo->second + "' (this build checks " + kChecksumAlgorithm + ")");
     Json sums;
     try {
-      sums = Json::parse(sums_it->second, path + " __metadata__.checksums");
+      sums = Json::parse(sums_it->second, p + " __metadata__.checksums");
     } catch (const IOError& e) {
       throw fail(e.what());
     }
     if (!sums.is_object()) throw fail("__metadata__.checksums is not a JSON object");
     for (const auto& [name, v] : sums.members())
-      if (!entries.count(name)) throw fail("__metadata__.checksums names '" + name + "', which is not a tensor of the file");
-    for (const auto& [name, e] : entries) {
+      if (!entries_.count(name)) throw fail("__metadata__.checksums names '" + name + "', which is not a tensor of the file");
+    for (auto& [name, e] : entries_) {
       if (!sums.has(name)) throw fail("tensor '" + name + "' has no checksum in __metadata__.checksums");
       const Json& v = sums.at(name);
       std::uint64_t stored = 0;
       if (!v.is_string() || !parse_hex64(v.as_string(), stored))
         throw fail("the checksum of tensor '" + name + "' is not 16 lowercase hex digits");
-      const std::uint64_t got = xxh3_64(data + e.begin, e.end - e.begin);
-      if (got != stored)
-        throw IOError(path + ": checksum mismatch in tensor '" + name + "': its data hashes to " + hex64(got) +
-                      " but the file records " + hex64(stored) + " (" + kChecksumAlgorithm +
-                      "); the file is corrupt");
+      e.checksum = stored;
     }
-    out.metadata.erase(kChecksumAlgorithmKey);
-    out.metadata.erase(kChecksumsKey);
-    out.checksummed = true;
+    metadata_.erase(kChecksumAlgorithmKey);
+    metadata_.erase(kChecksumsKey);
+    checksummed_ = true;
   }
+}
 
-  // 3. The tensors.
-  for (const auto& [name, e] : entries) {
-    Tensor t = empty(e.shape, e.dtype);
-    if (e.end > e.begin) std::memcpy(t.raw_data(), data + e.begin, e.end - e.begin);
-    out.tensors.emplace(name, t);
+std::vector<std::string> SafetensorsReader::names() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const auto& [name, e] : entries_) out.push_back(name);
+  return out;
+}
+
+const SafetensorsReader::Entry& SafetensorsReader::entry(const std::string& name) const {
+  const auto it = entries_.find(name);
+  REMAT_CHECK(it != entries_.end(), IOError, path_, ": no tensor '", name, "' in the file");
+  return it->second;
+}
+
+DType SafetensorsReader::dtype(const std::string& name) const { return entry(name).dtype; }
+const Shape& SafetensorsReader::shape(const std::string& name) const { return entry(name).shape; }
+std::size_t SafetensorsReader::nbytes(const std::string& name) const {
+  const Entry& e = entry(name);
+  return std::size_t(e.end - e.begin);
+}
+
+void SafetensorsReader::read_bytes(void* dst, std::uint64_t n, std::uint64_t at, const std::string& what) const {
+  auto* p = static_cast<char*>(dst);
+  std::uint64_t done = 0;
+  while (done < n) {
+    // Linux moves at most 0x7ffff000 bytes a call; ask for 1 GiB at a time.
+    const std::size_t ask = std::size_t(std::min<std::uint64_t>(n - done, std::uint64_t(1) << 30));
+    const ssize_t k = ::pread(fd_.get(), p + done, ask, off_t(at + done));
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) throw IOError("reading " + what + " of " + path_ + " failed: " + errno_text());
+    if (k == 0)
+      throw IOError(path_ + ": unexpected end of file at byte " + std::to_string(at + done) + " reading " + what +
+                    " (the file shrank after it was opened?)");
+    done += std::uint64_t(k);
   }
+}
+
+Tensor SafetensorsReader::read(const std::string& name, std::optional<DType> as) const {
+  const Entry& e = entry(name);
+  const DType want = as.value_or(e.dtype);
+  if (want != e.dtype)
+    REMAT_CHECK(is_floating(want) && is_floating(e.dtype), DTypeError, path_, ": tensor '", name, "' is ",
+                dtype_name(e.dtype), " and cannot be read as ", dtype_name(want),
+                " (conversions are between f32, bf16 and f16)");
+  const std::uint64_t n = e.end - e.begin;
+  const bool widen = want == DType::f32 && (e.dtype == DType::bf16 || e.dtype == DType::f16);
+  Tensor t = empty(e.shape, widen ? want : e.dtype);
+  // Widening: the stored bytes go to the back half of the f32 tensor and
+  // widen front to back in place (element i's 4 bytes end before stored
+  // element i+1 begins), so nothing is copied twice.
+  char* raw = n == 0 ? nullptr : static_cast<char*>(t.raw_data()) + (widen ? n : 0);
+  if (n > 0) read_bytes(raw, n, data_start_ + e.begin, "tensor '" + name + "'");
+  if (e.checksum) {
+    const std::uint64_t got = xxh3_64(raw, n);
+    if (got != *e.checksum)
+      throw IOError(path_ + ": checksum mismatch in tensor '" + name + "': its data hashes to " + hex64(got) +
+                    " but the file records " + hex64(*e.checksum) + " (" + kChecksumAlgorithm +
+                    "); the file is corrupt");
+  }
+  if (widen) {
+    auto* out = static_cast<float*>(t.raw_data());
+    const std::size_t count = std::size_t(n / 2);
+    for (std::size_t i = 0; i < count; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, raw + 2 * i, 2);
+      const float f = e.dtype == DType::bf16 ? std::bit_cast<float>(std::uint32_t(h) << 16) : f16::to_float(h);
+      std::memcpy(out + i, &f, 4);
+    }
+    return t;
+  }
+  return want == e.dtype ? t : t.to(want);
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  const SafetensorsReader reader(path);
+  SafetensorsFile out;
+  for (const auto& name : reader.names()) out.tensors.emplace(name, reader.read(name));
+  out.metadata = reader.metadata();
+  out.checksummed = reader.checksummed();
   return out;
 }
 

@@ -11,11 +11,16 @@
 // Files carry both keys or neither; with them, every tensor has exactly one
 // entry. Files without them (written before checksums existed, or by other
 // programs) still load, and SafetensorsFile::checksummed says which it was.
+//
+// load_safetensors reads a whole file; SafetensorsReader reads the header
+// once and then one tensor at a time, so memory holds the header and the
+// tensors asked for, never the file.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -61,10 +66,83 @@ void save_safetensors(const std::string& path,
 // Reads and validates the whole file before returning anything: header size
 // and JSON, dtypes, shapes, byte ranges (in bounds, matching shape x dtype,
 // non-overlapping, covering the data), the file length and, when the file has
-// them, every tensor's checksum (all are checked before any tensor is built).
-// Throws IOError naming the file and the problem (for a checksum mismatch:
-// the tensor, its stored and its computed hash); never returns a partial result.
+// them, every tensor's checksum. Throws IOError naming the file and the
+// problem (for a checksum mismatch: the tensor, its stored and its computed
+// hash); never returns a partial result. Reads through SafetensorsReader:
+// memory holds the tensors, not a copy of the file besides.
 SafetensorsFile load_safetensors(const std::string& path);
+
+// One safetensors file, read a tensor at a time. The constructor reads and
+// validates the header only (everything load_safetensors checks except the
+// checksums' values: header length (at most 100 MB, the format's limit) and
+// JSON, dtypes, shapes, byte ranges in bounds / matching shape x dtype /
+// non-overlapping / covering the data section, the file length, and the form
+// of the checksum keys) and keeps the file open; read() then pread()s just
+// one tensor's bytes and, when the file carries checksums, verifies that
+// tensor's hash. Errors are IOError naming the file and the problem.
+// read() is const and safe to call from several threads at once. Movable,
+// not copyable; the file is closed with the last owner.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(std::string path);
+
+  const std::string& path() const { return path_; }
+  // Tensor names, sorted.
+  std::vector<std::string> names() const;
+  bool has(const std::string& name) const { return entries_.count(name) != 0; }
+  // The stored dtype, shape and byte count of `name` (IOError if absent).
+  DType dtype(const std::string& name) const;
+  const Shape& shape(const std::string& name) const;
+  std::size_t nbytes(const std::string& name) const;
+  // "__metadata__" without the two checksum keys.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The file carries checksums (each read() verifies its tensor's).
+  bool checksummed() const { return checksummed_; }
+
+  // Tensor `name` as a new contiguous CPU tensor, in its stored dtype or in
+  // `as`. as = f32 from bf16 / f16 widens exactly with no second copy (the
+  // raw bytes land in the back half of the f32 tensor and widen in place);
+  // any other pair of f32 / bf16 / f16 reads then casts (round to nearest
+  // even); other dtype changes throw DTypeError. With checksums, the stored
+  // bytes are hashed before any conversion; a mismatch throws IOError naming
+  // the file, the tensor and both hashes. An unknown name throws IOError
+  // naming the file and the tensor.
+  Tensor read(const std::string& name, std::optional<DType> as = {}) const;
+
+ private:
+  // Owns an open file descriptor.
+  class Fd {
+   public:
+    Fd() = default;
+    explicit Fd(int fd) : fd_(fd) {}
+    Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+    Fd& operator=(Fd&& o) noexcept;
+    Fd(const Fd&) = delete;
+    Fd& operator=(const Fd&) = delete;
+    ~Fd();
+    int get() const { return fd_; }
+
+   private:
+    int fd_ = -1;
+  };
+  struct Entry {
+    DType dtype;
+    Shape shape;
+    std::uint64_t begin, end;  // in the data section
+    std::optional<std::uint64_t> checksum;
+  };
+  const Entry& entry(const std::string& name) const;
+  // Reads exactly `n` bytes at file offset `at` into `dst` (pread, retried on
+  // short reads and EINTR); `what` names them in errors.
+  void read_bytes(void* dst, std::uint64_t n, std::uint64_t at, const std::string& what) const;
+
+  std::string path_;
+  Fd fd_;
+  std::uint64_t data_start_ = 0;  // file offset of the data section
+  std::map<std::string, Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+  bool checksummed_ = false;
+};
 
 // Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync of
 // the folder). Throws IOError; on failure `path` is untouched.

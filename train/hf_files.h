@@ -1,0 +1,96 @@
+// Hugging Face checkpoint folders, read and written a tensor at a time.
+//
+// A folder holds either one file, `model.safetensors`, or shards
+// `model-00001-of-0000N.safetensors` ... `model-0000N-of-0000N.safetensors`
+// (5 digits each) and the index `model.safetensors.index.json`:
+//   {"metadata": {"total_size": BYTES}, "weight_map": {"tensor name": "shard file name", ...}}
+// (DESIGN.md §9). Shards are plain safetensors files (remat's reader accepts
+// them with or without remat's checksums; the writer adds none).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/tensor.h"
+#include "train/safetensors.h"
+
+namespace remat {
+
+inline constexpr const char* kHfSingleFile = "model.safetensors";
+inline constexpr const char* kHfIndexFile = "model.safetensors.index.json";
+
+// "model-00002-of-00005.safetensors" for (2, 5).
+std::string hf_shard_name(int index, int count);
+
+// The tensors of a Hugging Face checkpoint folder. The constructor opens the
+// folder's `model.safetensors` (preferred when both exist, as transformers
+// does) or its index and every shard the index names, reads and validates
+// every header (SafetensorsReader) and the index against them: the index is
+// a JSON object whose "weight_map" maps each tensor to a plain file name in
+// the folder and whose "metadata", when present, is an object whose
+// "total_size", when present, is a non-negative integer; every shard exists
+// and parses; every tensor of the weight_map is in the file it names; no
+// shard holds a tensor the weight_map does not list or maps to another file
+// (a tensor in two files). No tensor data is read. Errors are IOError naming
+// the folder or file and the tensor. Shards stay open; read() is const and
+// may run from several threads.
+class CheckpointFiles {
+ public:
+  explicit CheckpointFiles(std::string dir);
+
+  const std::string& dir() const { return dir_; }
+  // True when the folder is sharded (read through the index).
+  bool sharded() const { return sharded_; }
+  // The data files, in the order the folder names them (one when not sharded).
+  const std::vector<std::string>& files() const { return files_; }
+  // Tensor names, sorted.
+  std::vector<std::string> names() const;
+  bool has(const std::string& name) const { return where_.count(name) != 0; }
+  // The file (name within the folder) holding `name`.
+  const std::string& file_of(const std::string& name) const;
+  const Shape& shape(const std::string& name) const;
+  DType dtype(const std::string& name) const;
+  std::size_t nbytes(const std::string& name) const;
+  // Sum of every tensor's stored bytes.
+  std::uint64_t total_bytes() const;
+  // One tensor (SafetensorsReader::read of its shard). Unknown name: IOError
+  // naming the folder and the tensor.
+  Tensor read(const std::string& name, std::optional<DType> as = {}) const;
+
+ private:
+  const SafetensorsReader& reader_of(const std::string& name) const;
+
+  std::string dir_;
+  bool sharded_ = false;
+  std::vector<std::string> files_;
+  std::vector<SafetensorsReader> readers_;       // parallel to files_
+  std::map<std::string, std::size_t> where_;     // tensor -> index into files_
+};
+
+// Writes `tensors` to the folder `dir` (created if missing) as a Hugging Face
+// checkpoint: floating tensors converted to `dtype` (f32, bf16 or f16; round
+// to nearest even), other dtypes as they are; in the given order, packed into
+// shards of at most `max_shard_bytes` tensor bytes each (a tensor larger than
+// that gets a shard of its own). One shard is written as `model.safetensors`
+// without an index; several as `model-0000I-of-0000N.safetensors` plus
+// `model.safetensors.index.json` (total_size = the sum of the tensors'
+// bytes). Every file has "__metadata__" {"format": "pt"} and no checksums.
+//
+// One tensor is converted and held at a time: each file is streamed to a
+// temporary file, fsynced and renamed into place (as write_file_atomic).
+// The folder never mixes exports: the old index (and, for a sharded export,
+// an old model.safetensors) is removed before anything is written and the
+// new index is written last, so an interrupted export leaves the old
+// checkpoint, the new one, or a folder CheckpointFiles refuses; then shards
+// and temporary files of earlier exports that the new one did not write are
+// removed (other files in the folder stay). Names must be unique, non-empty
+// and not "__metadata__"; tensors defined. Throws IOError (DTypeError for
+// `dtype`).
+void save_hf_checkpoint(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                        DType dtype, std::int64_t max_shard_bytes);
+
+}  // namespace remat
