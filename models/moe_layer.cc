@@ -9,6 +9,33 @@
 
 namespace remat {
 
+RoutedExpertName routed_expert_name(const std::string& name) {
+  for (const std::string key : {".mlp.experts.", ".block_sparse_moe.experts."}) {
+    const std::size_t k = name.find(key);
+    if (k == std::string::npos) continue;
+    RoutedExpertName r;
+    const std::size_t begin = k + key.size(), end = name.find('.', begin);
+    const std::string layers = "model.layers.";
+    const std::size_t l = name.rfind(layers, k);
+    if (end == std::string::npos || end == begin || l == std::string::npos) return {};
+    auto number = [&](std::size_t b, std::size_t e) -> std::int64_t {
+      if (b >= e || e - b > 9) return -1;
+      std::int64_t v = 0;
+      for (std::size_t i = b; i < e; ++i) {
+        if (name[i] < '0' || name[i] > '9') return -1;
+        v = v * 10 + (name[i] - '0');
+      }
+      return v;
+    };
+    r.layer = number(l + layers.size(), k);
+    r.expert = number(begin, end);
+    if (r.layer < 0 || r.expert < 0) return {};
+    r.at = begin;
+    return r;
+  }
+  return {};
+}
+
 MoELayer::MoELayer(const ModelConfig& c, std::int64_t layer, Generator& gen, ExpertPlacement placement)
     : config_(c), layer_(layer) {
   REMAT_CHECK(placement.ranks >= 1 && placement.rank >= 0 && placement.rank < placement.ranks &&

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "models/config.h"
@@ -36,6 +37,17 @@ struct ExpertPlacement {
 
 // Where a layer reports its losses and metrics (once per original forward).
 using MoESink = std::function<void(const Tensor& aux, const Tensor& z, const MoELayerStats& stats)>;
+
+// Where a routed expert's index sits in a parameter name (or an optimizer
+// state name that contains one): "model.layers.3.mlp.experts.5.up_proj.weight"
+// (remat, Qwen2-MoE) or "model.layers.3.block_sparse_moe.experts.5.w3.weight"
+// (Mixtral) -> layer 3, expert 5, `at` the offset of "5". Other names:
+// expert -1 (and layer -1, at npos).
+struct RoutedExpertName {
+  std::int64_t layer = -1, expert = -1;
+  std::size_t at = std::string::npos;
+};
+RoutedExpertName routed_expert_name(const std::string& name);
 
 class MoELayer : public Module {
  public:

@@ -22,6 +22,8 @@ int run_tokenize(const std::vector<std::string>& args);
 int run_eval(const std::vector<std::string>& args);
 // ./remat generate: sampled text from a training state (KV cache).
 int run_generate(const std::vector<std::string>& args);
+// ./remat export: a training state as a Hugging Face model folder.
+int run_export(const std::vector<std::string>& args);
 // The per-process measurement ./remat bench starts (internal).
 int run_bench_worker(const std::vector<std::string>& args);
 

@@ -6,6 +6,7 @@
 #include "tools/auto_plan_flags.h"
 #include "tools/commands.h"
 #include "train/data.h"
+#include "train/hf_model.h"
 #include "train/safetensors.h"
 #include "models/decoder.h"
 #include "models/recompute.h"
@@ -15,6 +16,10 @@ namespace remat::tools {
 int run_dump(const std::vector<std::string>& args) {
   Flags f("dump", "one deterministic forward/backward written to safetensors", args,
           with_auto_plan_flags({text_flag("config", "model config name or FILE.json", "tiny"),
+           text_flag("model", "a Hugging Face model folder (config.json and safetensors weights) instead of "
+                     "--config: its weights, and a batch of token ids drawn uniformly from its vocabulary"),
+           int_flag("batch", "sequences in the batch (default: the config's; 1 with --model)", std::nullopt, {.min = 1}),
+           int_flag("seq", "tokens per sequence (default: the config's; 64 with --model)", std::nullopt, {.min = 1}),
            int_flag("seed", "seed for weights and the batch", 0, {.min = 0}),
            text_flag("load", "take weights from this safetensors file (Hugging Face names)"),
            text_flag("recompute", "recompute plan", "none"),
@@ -25,7 +30,14 @@ int run_dump(const std::vector<std::string>& args) {
            threads_flag_spec()}));
   apply_threads_flag(f);
   REMAT_CHECK(f.has("out"), Error, "dump: --out FILE.safetensors is required");
-  const ModelConfig c = ModelConfig::load(f.get("config"));
+  const std::string hf_dir = f.get("model");
+  REMAT_CHECK(hf_dir.empty() || (!f.has("config") && !f.has("load")), Error,
+              "dump: --model DIR brings its own config and weights; drop --config / --load");
+  ModelConfig c = hf_dir.empty() ? ModelConfig::load(f.get("config")) : load_hf_config(hf_dir).config;
+  if (!hf_dir.empty()) c.batch = 1, c.seq = 64;
+  if (f.has("batch")) c.batch = f.get_int("batch");
+  if (f.has("seq")) c.seq = f.get_int("seq");
+  c.validate();
   const auto seed = std::uint64_t(f.get_int("seed"));
   const Device device = device_flag(f);
   const std::string plan = resolve_recompute(f, f.get("recompute"), c, f.get("dtype"), device, seed);
@@ -36,6 +48,7 @@ int run_dump(const std::vector<std::string>& args) {
   DecoderModel model(c, seed);
   model.set_compute_dtype(compute_dtype_from_name(f.get("dtype")));
   apply_recompute_plan(model, parsed);
+  if (!hf_dir.empty()) load_hf_weights(model, hf_dir);
   if (f.has("load")) {
     const std::string path = f.get("load");
     SafetensorsFile w = load_safetensors(path);
@@ -51,10 +64,16 @@ int run_dump(const std::vector<std::string>& args) {
       dst.copy_(w.tensors.at(name).to(DType::f32));
     }
   }
-  // The batch: the generated corpus and sampler, both from the seed.
-  Corpus corpus = generated_corpus(seed, std::int64_t(1) << 18, c.seq + 2);
-  BatchSampler sampler(corpus.train, c.batch, c.seq, seed + 1);
-  Tensor tokens = sampler.next();
+  // The batch: the generated corpus and sampler, both from the seed (a
+  // Hugging Face model: ids uniform over its vocabulary, from the seed).
+  Tensor tokens;
+  if (hf_dir.empty()) {
+    Corpus corpus = generated_corpus(seed, std::int64_t(1) << 18, c.seq + 2);
+    BatchSampler sampler(corpus.train, c.batch, c.seq, seed + 1);
+    tokens = sampler.next();
+  } else {
+    tokens = uniform_token_ids(c.batch, c.seq + 1, c.vocab, seed + 1);
+  }
   // On a GPU: the same weights (drawn on the CPU) and batch, moved over.
   model.to(device);
 
@@ -70,9 +89,10 @@ int run_dump(const std::vector<std::string>& args) {
   // has a zero gradient.
   for (const auto& [name, p] : model.named_parameters())
     tensors.emplace_back("grad." + name, p.grad().defined() ? p.grad().to(kCPU) : zeros(p.sizes()));
-  save_safetensors(f.get("out"), tensors,
-                   {{"config", c.to_json().dump()}, {"seed", std::to_string(seed)}, {"recompute", plan},
-                    {"device", device.str()}});
+  std::map<std::string, std::string> meta = {{"config", c.to_json().dump()}, {"seed", std::to_string(seed)},
+                                             {"recompute", plan}, {"device", device.str()}};
+  if (!hf_dir.empty()) meta["model"] = hf_dir;
+  save_safetensors(f.get("out"), tensors, meta);
   std::printf("dump: %s  loss.ce %.6f  loss.aux %.6f  (%zu tensors)\n", f.get("out").c_str(),
               out.ce.item(), out.aux.item(), tensors.size());
   return 0;

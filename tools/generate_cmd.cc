@@ -8,13 +8,15 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/args.h"
 #include "tools/commands.h"
+#include "train/hf_model.h"
 #include "train/trainer.h"
 
 namespace remat::tools {
 
 int run_generate(const std::vector<std::string>& args) {
   Flags f("generate", "sample text from a training state with a KV cache", args,
-          {text_flag("resume", "the training state folder (required)"),
+          {text_flag("resume", "the training state folder (this or --model)"),
+           text_flag("model", "a Hugging Face model folder (config.json, safetensors weights; its tokenizer by default)"),
            text_flag("tokenizer", "tokenizer.json, tokenizer.model or a folder with one (default: the one the state "
                      "was trained with)"),
            text_flag("prompt", "the text to continue (required)"),
@@ -27,14 +29,24 @@ int run_generate(const std::vector<std::string>& args) {
            bool_flag("no-stop", "keep going after the tokenizer's EOS"),
            threads_flag_spec()});
   apply_threads_flag(f);
-  REMAT_CHECK(f.has("resume"), Error, "generate: --resume DIR is required (a folder written by train --save)");
+  REMAT_CHECK(f.has("resume") != f.has("model"), Error,
+              "generate: give one of --resume DIR (a folder written by train --save) or --model DIR (a Hugging Face "
+              "model folder)");
   REMAT_CHECK(f.has("prompt"), Error, "generate: --prompt TEXT is required");
   std::map<std::string, std::string> meta;
-  const auto model = load_trained_model(f.get("resume"), &meta);
+  std::unique_ptr<DecoderModel> model;
+  if (f.has("model")) {
+    model = load_hf_model(f.get("model"), 1, 1);
+    model->train(false);
+    if (has_tokenizer_files(f.get("model"))) meta["tokenizer"] = f.get("model");
+  } else {
+    model = load_trained_model(f.get("resume"), &meta);
+  }
+  const std::string source = f.has("model") ? f.get("model") : f.get("resume");
   std::string tok_path = f.get("tokenizer");
   if (tok_path.empty() && meta.count("tokenizer")) tok_path = meta.at("tokenizer");
-  REMAT_CHECK(!tok_path.empty(), Error, "generate: the state in ", f.get("resume"),
-              " names no tokenizer (trained on bytes or before tokenizers); give --tokenizer");
+  REMAT_CHECK(!tok_path.empty(), Error, "generate: ", source,
+              " names no tokenizer (a state trained on bytes, or a model folder without tokenizer files); give --tokenizer");
   const auto tok = load_tokenizer(tok_path);
   REMAT_CHECK(tok->vocab_size() <= model->config().vocab, Error, "generate: tokenizer ", tok_path, " has ",
               tok->vocab_size(), " tokens, the model's vocabulary ", model->config().vocab);

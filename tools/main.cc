@@ -58,7 +58,8 @@ const std::map<std::string, Command>& commands() {
       {"plan", {"the recompute plan for a memory budget (--recompute auto), with predictions", remat::tools::run_plan}},
       {"tokenize", {"text to token shards for train --data, ids as JSON, or ids back to text", remat::tools::run_tokenize}},
       {"eval", {"validation loss and perplexity of a training state", remat::tools::run_eval}},
-      {"generate", {"sample text from a training state (KV cache)", remat::tools::run_generate}},
+      {"generate", {"sample text from a training state or a Hugging Face model (KV cache)", remat::tools::run_generate}},
+      {"export", {"write a training state as a Hugging Face model folder", remat::tools::run_export}},
       {"bench-worker", {"(internal) one measurement process of bench", remat::tools::run_bench_worker}},
   };
   return c;

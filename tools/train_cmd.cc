@@ -16,6 +16,7 @@
 #include "tools/commands.h"
 #include "tools/json.h"
 #include "tools/progress.h"
+#include "train/hf_model.h"
 #include "train/state_files.h"
 #include "train/trainer.h"
 
@@ -64,6 +65,13 @@ void install_save_fault_from_env() {
 int run_train(const std::vector<std::string>& args) {
   Flags f("train", "train a model, showing progress", args,
           with_auto_plan_flags({text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
+           text_flag("model", "fine-tune a Hugging Face model folder (config.json and safetensors weights; Llama, Qwen2, "
+                     "Qwen2-MoE, Mixtral) instead of --config: its architecture and weights, a fresh optimizer"),
+           text_flag("save-hf", "at the end, also write the model as a Hugging Face folder OUT (config.json, "
+                     "safetensors, the tokenizer's files)"),
+           text_flag("hf-dtype", "weights dtype for --save-hf: f32, bf16 or f16 (default: the --model folder's, else f32)"),
+           number_flag("max-shard-mb", "--save-hf: shard the weights into files of at most this many MB (10^6 bytes)",
+                       5000, {.min = 0, .min_open = true}),
            text_flag("data", "train on token shards (a folder or *.tok file from ./remat tokenize; the model's vocabulary "
                      "becomes theirs) or a text file (byte level); the last 10% held out (of every shard). Default: "
                      "the generated corpus"),
@@ -117,7 +125,17 @@ int run_train(const std::vector<std::string>& args) {
   apply_threads_flag(f);
   ProgressOutput progress(resolve_progress(f.get("progress"), ::isatty(STDOUT_FILENO) != 0, process_env()));
   TrainOptions o;
-  o.config = ModelConfig::load(f.get("config"));
+  const std::string hf_dir = f.get("model");
+  REMAT_CHECK(hf_dir.empty() || !f.has("config"), Error, "train: --model DIR brings its own config; drop --config");
+  if (hf_dir.empty()) {
+    o.config = ModelConfig::load(f.get("config"));
+  } else {
+    const HfConfig h = load_hf_config(hf_dir);
+    o.config = h.config;
+    o.init_model = hf_dir;
+  }
+  const DType hf_dtype = hf_dtype_from_name(f.has("hf-dtype") ? f.get("hf-dtype")
+                                            : hf_dir.empty() ? "f32" : hf_weights_dtype(hf_dir));
   o.data_file = f.get("data");
   o.steps = f.get_int("steps");
   o.stop_after = f.get_int("stop-after");
@@ -132,7 +150,10 @@ int run_train(const std::vector<std::string>& args) {
   o.tokenizer = f.get("tokenizer");
   if (!o.data_file.empty() && is_shard_data(o.data_file)) {
     const auto shards = MappedShards::open(o.data_file);
-    if (o.config.vocab != shards->vocab()) {
+    if (!hf_dir.empty()) {
+      REMAT_CHECK(shards->vocab() <= o.config.vocab, Error, "--data ", o.data_file, ": the shards' vocabulary of ",
+                  shards->vocab(), " exceeds the model's (", o.config.vocab, ", ", hf_dir, "/config.json)");
+    } else if (o.config.vocab != shards->vocab()) {
       std::printf("  note: vocabulary %lld of config %s set to the shards' %lld\n",
                   static_cast<long long>(o.config.vocab), o.config.name.c_str(),
                   static_cast<long long>(shards->vocab()));
@@ -146,6 +167,18 @@ int run_train(const std::vector<std::string>& args) {
   } else {
     REMAT_CHECK(o.tokenizer.empty(), Error, "--tokenizer goes with --data SHARDS (token shards made by ./remat "
                 "tokenize); byte-level data needs none");
+  }
+  // A Hugging Face folder's tokenizer is recorded in saves (for generate)
+  // and checked against the shards, unless --tokenizer names another.
+  if (!hf_dir.empty() && o.tokenizer.empty() && has_tokenizer_files(hf_dir)) {
+    o.tokenizer = hf_dir;
+    if (!o.data_file.empty() && is_shard_data(o.data_file)) {
+      const auto tok = load_tokenizer(hf_dir);
+      const auto shards = MappedShards::open(o.data_file);
+      REMAT_CHECK(tok->hash() == shards->tokenizer_hash(), Error, "--data ", o.data_file,
+                  " was not made with the tokenizer of --model ", hf_dir, " (hashes ", shards->tokenizer_hash(),
+                  " and ", tok->hash(), "); give --tokenizer to name the one it was made with");
+    }
   }
   if (f.has("batch")) o.config.batch = f.get_int("batch");
   if (f.has("seq")) o.config.seq = f.get_int("seq");
@@ -184,11 +217,28 @@ int run_train(const std::vector<std::string>& args) {
     REMAT_CHECK(log->good(), IOError, "--log: cannot write ", f.get("log"));
   }
 
+  // --save-hf: every rank gathers its experts (a collective), rank 0 writes.
+  const std::string save_hf = f.get("save-hf");
+  auto export_hf = [&] {
+    if (save_hf.empty()) return;
+    const auto params = trainer.one_process_parameters();
+    if (!lead) return;
+    HfExportOptions eo;
+    eo.dtype = hf_dtype;
+    eo.max_shard_bytes = std::int64_t(f.get_double("max-shard-mb") * 1e6);
+    eo.tokenizer = o.tokenizer;
+    save_hf_model(save_hf, o.config, params, eo);
+    std::printf("Hugging Face model written to %s (%s weights)\n", save_hf.c_str(), dtype_name(hf_dtype));
+  };
+  if (!save_hf.empty()) config_to_hf(o.config, "float32");  // refuses a model HF cannot express before training
+
   const auto& c = o.config;
   if (!lead) {
     trainer.run(nullptr);
+    export_hf();
     return 0;
   }
+  if (!hf_dir.empty()) std::printf("remat train: fine-tuning %s (%s)\n", hf_dir.c_str(), o.config.arch.c_str());
   std::printf("remat train: config %s (%lld parameters, %lld layers, d %lld), %d threads\n", c.name.c_str(),
               static_cast<long long>(trainer.model().num_parameters()), static_cast<long long>(c.n_layers),
               static_cast<long long>(c.d_model), num_threads());
@@ -331,6 +381,7 @@ int run_train(const std::vector<std::string>& args) {
     std::printf("skipped updates: %lld non-finite, %lld f16 overflows (loss scale now %g)\n",
                 static_cast<long long>(skipped), static_cast<long long>(overflows), trainer.loss_scale());
   if (!o.save_dir.empty()) std::printf("state saved in %s/state.safetensors\n", o.save_dir.c_str());
+  export_hf();
   return 0;
 }
 

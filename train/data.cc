@@ -181,3 +181,20 @@ Tensor BatchSampler::next() {
 }
 
 }  // namespace remat
+
+namespace remat {
+
+Tensor uniform_token_ids(std::int64_t rows, std::int64_t cols, std::int64_t vocab, std::uint64_t seed) {
+  REMAT_CHECK(rows > 0 && cols > 0 && vocab > 0, ShapeError, "uniform_token_ids: need rows, cols and vocab > 0, got ",
+              rows, ", ", cols, ", ", vocab);
+  // Two words per id (a 64-bit draw), reduced modulo the vocabulary: the
+  // bias is below vocab / 2^64.
+  std::vector<std::uint32_t> w(std::size_t(2 * rows * cols));
+  philox_fill_words(w.data(), std::int64_t(w.size()), RngState{seed, 0});
+  std::vector<std::int64_t> ids(std::size_t(rows * cols));
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = std::int64_t(((std::uint64_t(w[2 * i]) << 32) | w[2 * i + 1]) % std::uint64_t(vocab));
+  return from_vector<std::int64_t>(ids, {rows, cols});
+}
+
+}  // namespace remat

@@ -41,6 +41,10 @@ struct Corpus {
 Corpus generated_corpus(std::uint64_t seed, std::int64_t train_bytes = 1 << 21,
                         std::int64_t val_bytes = 1 << 16);
 
+// A [rows, cols] i64 batch of token ids drawn uniformly from [0, vocab)
+// by Philox from `seed` (the same ids on every machine).
+Tensor uniform_token_ids(std::int64_t rows, std::int64_t cols, std::int64_t vocab, std::uint64_t seed);
+
 // A text file read as bytes; the last `val_fraction` is held out. Throws
 // IOError if the file cannot be read or is too short for one window.
 Corpus text_corpus(const std::string& path, std::int64_t window, double val_fraction = 0.1);

@@ -77,6 +77,6 @@ Tensor batch_shard(const Tensor& global, const ProcessGroup& group) {
   return global.narrow(0, group.rank() * b, b).contiguous();
 }
 
-bool is_expert_parameter(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+bool is_expert_parameter(const std::string& name) { return routed_expert_name(name).expert >= 0; }
 
 }  // namespace remat

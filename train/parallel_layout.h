@@ -50,7 +50,8 @@ void apply_parallel_layout(DecoderModel& model, const ParallelLayout& layout, bo
 // the group's size; the batch itself in one process).
 Tensor batch_shard(const Tensor& global, const ProcessGroup& group);
 
-// True for the parameters of routed experts ("...mlp.experts.<e>...").
+// True for the parameters of routed experts ("...mlp.experts.<e>..." or
+// Mixtral's "...block_sparse_moe.experts.<e>...": models/moe_layer.h).
 bool is_expert_parameter(const std::string& name);
 
 // The gradient reducer of a data-parallel run: routed experts summed over

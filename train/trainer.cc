@@ -16,6 +16,7 @@
 #include "engine/device_runtime.h"
 #include "models/recompute.h"
 #include "moe/dispatch.h"
+#include "train/hf_model.h"
 #include "train/safetensors.h"
 #include "train/state_files.h"
 
@@ -46,14 +47,11 @@ double sum_in_rank_order(ProcessGroup& g, double v) {
   return total;
 }
 
-// "model.layers.3.mlp.experts.5.up_proj.weight" (or its optimizer state) ->
-// the position of "5" and its value; npos when not a routed expert's.
+// A routed expert's name (or its optimizer state's) -> the position of its
+// index and the index; npos when not a routed expert's (models/moe_layer.h).
 std::pair<std::size_t, std::int64_t> expert_index(const std::string& name) {
-  const std::string key = ".mlp.experts.";
-  const std::size_t at = name.find(key);
-  if (at == std::string::npos) return {std::string::npos, -1};
-  const std::size_t begin = at + key.size();
-  return {begin, std::stoll(name.substr(begin, name.find('.', begin) - begin))};
+  const RoutedExpertName r = routed_expert_name(name);
+  return {r.at, r.expert};
 }
 }  // namespace
 
@@ -116,6 +114,7 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
               " but config ", c.name, " has a vocabulary of ", c.vocab, " (./remat train sets it from the shards)");
   manual_seed(opts_.seed);
   model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
+  if (!opts_.init_model.empty() && opts_.resume_dir.empty()) load_hf_weights(*model_, opts_.init_model);
   apply_parallel_layout(*model_, layout_, opts_.reuse_routing_metadata);
   model_->set_compute_dtype(compute_dtype_from_name(opts_.dtype));
   scaling_ = model_->compute_dtype() == DType::f16;
@@ -365,9 +364,12 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
   }
 }
 
-void Trainer::save(const std::string& dir) const {
-  std::vector<std::pair<std::string, Tensor>> tensors = model_->named_parameters();
-  for (auto& t : optimizer_->state()) tensors.push_back(t);
+std::vector<std::pair<std::string, Tensor>> Trainer::one_process_parameters() const {
+  return gather_experts(model_->named_parameters());
+}
+
+std::vector<std::pair<std::string, Tensor>> Trainer::gather_experts(
+    std::vector<std::pair<std::string, Tensor>> tensors) const {
   if (layout_.ep > 1) {
     // Gather every expert (and its optimizer state) from the expert-parallel
     // group: rank j holds local expert i as global expert j * per + i.
@@ -389,6 +391,13 @@ void Trainer::save(const std::string& dir) const {
     }
     tensors = std::move(all);
   }
+  return tensors;
+}
+
+void Trainer::save(const std::string& dir) const {
+  std::vector<std::pair<std::string, Tensor>> tensors = model_->named_parameters();
+  for (auto& t : optimizer_->state()) tensors.push_back(t);
+  tensors = gather_experts(std::move(tensors));
   if (rank() == 0) {
     const RngState data = sampler_->state();
     const RngState dropout = default_generator(opts_.device).state();

@@ -24,6 +24,10 @@ struct TrainOptions {
   ModelConfig config = ModelConfig::named("tiny");
   std::string data_file;        // empty: the generated corpus; token shards (a *.tok file or a folder of them) or text
   std::string tokenizer;        // the tokenizer the shards were made with (recorded in saves, for generate)
+  // A Hugging Face model folder (train/hf_model.h) whose weights replace the
+  // seeded initialisation; `config` must be its config (load_hf_config). The
+  // optimizer starts fresh. Ignored when resuming (the state has the weights).
+  std::string init_model;
   std::int64_t steps = 600;     // total steps of the run (the schedule spans them)
   std::int64_t stop_after = 0;  // stop this invocation after N steps (0: run to `steps`)
   std::uint64_t seed = 0;
@@ -183,6 +187,9 @@ class Trainer {
   // 0, which writes one file in the layout of one process, so any --ep can
   // resume it. A collective.
   void save(const std::string& dir) const;
+  // The parameters in the layout of one process (under expert parallelism
+  // every rank gathers every expert), as save() writes them. A collective.
+  std::vector<std::pair<std::string, Tensor>> one_process_parameters() const;
   // Loads DIR/state.safetensors (or, when a save left none,
   // DIR/state.prev.safetensors), verifying every checksum and validating
   // everything before changing anything; throws IOError naming the problem
@@ -223,6 +230,8 @@ class Trainer {
   ParallelLayout layout_;
   std::unique_ptr<GradReducer> reducer_;
   double global_mean(double local) const;
+  // `tensors` with every rank's routed experts gathered (one process's layout).
+  std::vector<std::pair<std::string, Tensor>> gather_experts(std::vector<std::pair<std::string, Tensor>> tensors) const;
 };
 
 }  // namespace remat

@@ -15,6 +15,39 @@
 using namespace remat;
 
 namespace {
+// remat's decoders and the Hugging Face architectures' features:
+// grouped-query attention with a head dim other than d / heads, tied
+// embeddings, attention biases (Llama); one key/value head, a gated shared
+// expert, raw top-K weights, a dense layer (Qwen2-MoE); Mixtral's experts.
+std::vector<ModelConfig> configs() {
+  ModelConfig llama = ModelConfig::named("tiny");
+  llama.name = "llama-style";
+  llama.arch = "llama";
+  llama.kv_heads = 2;
+  llama.head_size = 48;
+  llama.tie_embeddings = true;
+  llama.qkv_bias = llama.o_bias = true;
+  ModelConfig qmoe = ModelConfig::named("tiny-moe");
+  qmoe.name = "qwen2-moe-style";
+  qmoe.arch = "qwen2_moe";
+  qmoe.kv_heads = 1;
+  qmoe.qkv_bias = true;
+  qmoe.shared = 0;
+  qmoe.shared_ffn = 96;
+  qmoe.shared_gate = true;
+  qmoe.norm_topk = false;
+  qmoe.dense_first = 0;
+  qmoe.dense_layers = {2};
+  ModelConfig mix = ModelConfig::named("tiny-moe");
+  mix.name = "mixtral-style";
+  mix.arch = "mixtral";
+  mix.kv_heads = 2;
+  mix.shared = 0;
+  mix.dense_first = 0;
+  mix.moe_ffn = mix.ffn;
+  return {ModelConfig::named("tiny"), ModelConfig::named("tiny-moe"), llama, qmoe, mix};
+}
+
 std::vector<std::int32_t> prompt_of(std::int64_t n, std::int64_t vocab) {
   std::vector<std::int32_t> p;
   for (std::int64_t i = 0; i < n; ++i) p.push_back(std::int32_t((i * 37 + 11) % vocab));
@@ -23,9 +56,8 @@ std::vector<std::int32_t> prompt_of(std::int64_t n, std::int64_t vocab) {
 }  // namespace
 
 TEST_CASE("generate: cached logits equal the whole sequence's", "[generate]") {
-  for (const char* name : {"tiny", "tiny-moe"}) {
-    INFO(name);
-    const ModelConfig c = ModelConfig::named(name);
+  for (const ModelConfig& c : configs()) {
+    INFO(c.name);
     DecoderModel model(c, 1);
     model.train(false);
     NoGradGuard ng;
@@ -60,9 +92,8 @@ TEST_CASE("generate: cached logits equal the whole sequence's", "[generate]") {
 }
 
 TEST_CASE("generate: greedy with the KV cache equals greedy recomputed without it", "[generate]") {
-  for (const char* name : {"tiny", "tiny-moe"}) {
-    INFO(name);
-    const ModelConfig c = ModelConfig::named(name);
+  for (const ModelConfig& c : configs()) {
+    INFO(c.name);
     DecoderModel model(c, 2);
     model.train(false);
     const auto prompt = prompt_of(7, c.vocab);

@@ -26,7 +26,12 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 }  // namespace
 
-TEST_CASE("grad accumulation: 4 micro-batches of 2 give the batch of 8's gradients to 1e-6", "[train][accum]") {
+// The bound: a micro-batch's gradient sums its rows in another order than
+// the whole batch's, and the GEMM kernels OpenBLAS picks for the CPU (Haswell,
+// SkylakeX, Cooper Lake, ...) set that order too: 1.2e-6 was seen on an AMD
+// EPYC with the Haswell kernels, under 1e-6 on Intel with AVX-512. A wrong
+// gradient is off by far more.
+TEST_CASE("grad accumulation: 4 micro-batches of 2 give the batch of 8's gradients to 4e-6", "[train][accum]") {
   for (const char* name : {"tiny", "tiny-moe"}) {
     ModelConfig c = ModelConfig::named(name);
     c.batch = 8;
@@ -57,7 +62,7 @@ TEST_CASE("grad accumulation: 4 micro-batches of 2 give the batch of 8's gradien
       const double r = rel_diff(p.grad().to_vector<float>(), whole[k++]);
       worst = std::max(worst, r);
       INFO(n << " relative difference " << r);
-      CHECK(r <= 1e-6);
+      CHECK(r <= 4e-6);
     }
     CHECK(worst > 0);  // the summation order differs: not the same bits
   }

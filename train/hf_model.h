@@ -1,0 +1,64 @@
+// Hugging Face model folders as remat models: config.json (models/hf_config.h)
+// and the weights (train/hf_files.h: one model.safetensors or shards with an
+// index; F32, BF16 or F16), loaded a tensor at a time into a DecoderModel's
+// f32 parameters, and written back as a folder Hugging Face and remat load.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/decoder.h"
+#include "models/hf_config.h"
+
+namespace remat {
+
+// True when `dir` is a folder holding a config.json (a Hugging Face model).
+bool is_hf_model_dir(const std::string& dir);
+
+// True when folder `dir` holds a tokenizer.json or tokenizer.model.
+bool has_tokenizer_files(const std::string& dir);
+
+// DIR/config.json as a ModelConfig (seq and batch at their defaults: the
+// caller sets them). IOError when the file is missing or not JSON; Error
+// naming the key for an unsupported architecture or setting.
+HfConfig load_hf_config(const std::string& dir);
+
+// "float32", "bfloat16" or "float16": the dtype most of DIR's floating
+// tensors are stored in (for export defaults and messages).
+std::string hf_weights_dtype(const std::string& dir);
+
+// Copies the weights of folder `dir` into `model` (each converted to f32 and
+// read on its own, so loading needs the model plus its largest tensor).
+// Every parameter of the model must be in the folder with its shape, and
+// every tensor of the folder must be a parameter of the model (under expert
+// parallelism: or a routed expert another rank holds); otherwise an IOError
+// lists the missing, unexpected and mis-shaped tensors (the first few of
+// each, with counts) before any parameter is changed.
+void load_hf_weights(DecoderModel& model, const std::string& dir);
+
+// The model of folder `dir` with its weights, seq and batch set on its config.
+std::unique_ptr<DecoderModel> load_hf_model(const std::string& dir, std::int64_t batch, std::int64_t seq);
+
+struct HfExportOptions {
+  DType dtype = DType::f32;                         // weights' dtype in the files
+  std::int64_t max_shard_bytes = 5'000'000'000;     // above this the weights are sharded (HF's 5 GB)
+  std::string tokenizer;                            // a tokenizer.json / .model, or a folder: its files are copied
+};
+
+// Writes a Hugging Face folder to `dir` (created if missing): config.json
+// for `c` (models/hf_config.h: config_to_hf), the named parameters (one
+// process's layout: every expert) as safetensors (sharded with an index above
+// max_shard_bytes), and the tokenizer's files when given (tokenizer.json,
+// tokenizer_config.json, special_tokens_map.json, tokenizer.model,
+// generation_config.json, whichever exist). Throws Error / IOError.
+void save_hf_model(const std::string& dir, const ModelConfig& c,
+                   const std::vector<std::pair<std::string, Tensor>>& parameters, const HfExportOptions& options);
+
+// "f32" / "bf16" / "f16" (also "float32", "bfloat16", "float16") -> dtype;
+// Error otherwise.
+DType hf_dtype_from_name(const std::string& name);
+
+}  // namespace remat
