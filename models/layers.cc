@@ -13,9 +13,12 @@
 namespace remat {
 
 namespace {
+thread_local bool tls_skip_weight_init = false;
+
 Tensor init_normal(const Shape& shape, double std, Generator& gen) {
   CategoryScope cat(MemoryCategory::parameter);
   NoGradGuard ng;
+  if (tls_skip_weight_init) return empty(shape, DType::f32);
   Tensor t = randn(shape, DType::f32, &gen);
   if (std != 1.0) {
     float* p = t.data<float>();
@@ -24,6 +27,9 @@ Tensor init_normal(const Shape& shape, double std, Generator& gen) {
   return t;
 }
 }  // namespace
+
+SkipWeightInit::SkipWeightInit() : previous_(tls_skip_weight_init) { tls_skip_weight_init = true; }
+SkipWeightInit::~SkipWeightInit() { tls_skip_weight_init = previous_; }
 
 std::vector<Tensor> run_part(const RegionWrap& wrap, const std::string& part,
                              const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,

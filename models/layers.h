@@ -30,8 +30,23 @@ std::vector<Tensor> run_part(const RegionWrap& wrap, const std::string& part,
 // its weight, so gradients reach the f32 parameter.
 Tensor weight_as(const Tensor& weight, const Tensor& input);
 
-// Parameters start as normal(0, std) from `gen` (weights), zeros (biases) or
-// ones (norms), in allocation category `parameter`.
+// RAII: while one is alive on this thread, new layers allocate their
+// weights without drawing them (values unspecified; `gen` is not advanced),
+// for models whose every parameter is loaded right after (a Hugging Face
+// folder, a saved state): drawing a billion normals costs as much as the load.
+class SkipWeightInit {
+ public:
+  SkipWeightInit();
+  ~SkipWeightInit();
+  SkipWeightInit(const SkipWeightInit&) = delete;
+  SkipWeightInit& operator=(const SkipWeightInit&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Parameters start as normal(0, std) from `gen` (weights; see SkipWeightInit),
+// zeros (biases) or ones (norms), in allocation category `parameter`.
 class Linear : public Module {
  public:
   // With `bias`, a parameter "bias" [out] (zeros; draws nothing from `gen`).

@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <optional>
 
 #include "engine/autograd.h"
 #include "engine/parallel_for.h"
@@ -45,7 +46,10 @@ int run_dump(const std::vector<std::string>& args) {
   if (f.has("offload-dir")) parsed.offload_dir = f.get("offload-dir");
 
   manual_seed(seed);
+  std::optional<SkipWeightInit> loaded_next;  // --model: every parameter is read from the folder
+  if (!hf_dir.empty()) loaded_next.emplace();
   DecoderModel model(c, seed);
+  loaded_next.reset();
   model.set_compute_dtype(compute_dtype_from_name(f.get("dtype")));
   apply_recompute_plan(model, parsed);
   if (!hf_dir.empty()) load_hf_weights(model, hf_dir);

@@ -292,6 +292,8 @@ Tensor CheckpointFiles::read(const std::string& name, std::optional<DType> as) c
   return reader_of(name).read(name, as);
 }
 
+void CheckpointFiles::read_into(const std::string& name, Tensor& dst) const { reader_of(name).read_into(name, dst); }
+
 // ---- writing ---------------------------------------------------------------
 
 void save_hf_checkpoint(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,

@@ -60,6 +60,8 @@ class CheckpointFiles {
   // One tensor (SafetensorsReader::read of its shard). Unknown name: IOError
   // naming the folder and the tensor.
   Tensor read(const std::string& name, std::optional<DType> as = {}) const;
+  // SafetensorsReader::read_into of its shard (no temporary tensor).
+  void read_into(const std::string& name, Tensor& dst) const;
 
  private:
   const SafetensorsReader& reader_of(const std::string& name) const;

@@ -120,7 +120,10 @@ void load_hf_weights(DecoderModel& model, const std::string& dir) {
   NoGradGuard ng;
   for (const auto& [name, p] : params) {
     Tensor dst = p;
-    dst.copy_(files.read(name, DType::f32));  // one tensor held at a time
+    if (dst.device().is_cpu() && dst.is_contiguous() && dst.dtype() == DType::f32)
+      files.read_into(name, dst);  // straight into the parameter: no temporary
+    else
+      dst.copy_(files.read(name, DType::f32));  // one tensor held at a time
   }
 }
 
@@ -129,7 +132,11 @@ std::unique_ptr<DecoderModel> load_hf_model(const std::string& dir, std::int64_t
   c.batch = batch;
   c.seq = seq;
   c.validate();
-  auto model = std::make_unique<DecoderModel>(c, 0);
+  std::unique_ptr<DecoderModel> model;
+  {
+    SkipWeightInit loaded_next;  // every parameter is read below
+    model = std::make_unique<DecoderModel>(c, 0);
+  }
   load_hf_weights(*model, dir);
   return model;
 }

@@ -366,13 +366,26 @@ Tensor SafetensorsReader::read(const std::string& name, std::optional<DType> as)
     REMAT_CHECK(is_floating(want) && is_floating(e.dtype), DTypeError, path_, ": tensor '", name, "' is ",
                 dtype_name(e.dtype), " and cannot be read as ", dtype_name(want),
                 " (conversions are between f32, bf16 and f16)");
+  const bool direct = want == e.dtype || (want == DType::f32 && (e.dtype == DType::bf16 || e.dtype == DType::f16));
+  Tensor t = empty(e.shape, direct ? want : e.dtype);
+  read_into(name, t);
+  return direct ? t : t.to(want);
+}
+
+void SafetensorsReader::read_into(const std::string& name, Tensor& dst) const {
+  const Entry& e = entry(name);
+  const bool widen = dst.dtype() == DType::f32 && (e.dtype == DType::bf16 || e.dtype == DType::f16);
+  REMAT_CHECK(dst.device().is_cpu() && dst.is_contiguous() && dst.sizes() == e.shape &&
+                  (dst.dtype() == e.dtype || widen),
+              DTypeError, path_, ": tensor '", name, "' (", dtype_name(e.dtype), " ", shape_str(e.shape),
+              ") cannot be read into a ", dst.is_contiguous() ? "" : "non-contiguous ", dtype_name(dst.dtype()), " ",
+              shape_str(dst.sizes()), " ", dst.device().str(),
+              " tensor (needs a contiguous CPU tensor of its shape, its dtype or f32)");
   const std::uint64_t n = e.end - e.begin;
-  const bool widen = want == DType::f32 && (e.dtype == DType::bf16 || e.dtype == DType::f16);
-  Tensor t = empty(e.shape, widen ? want : e.dtype);
   // Widening: the stored bytes go to the back half of the f32 tensor and
   // widen front to back in place (element i's 4 bytes end before stored
   // element i+1 begins), so nothing is copied twice.
-  char* raw = n == 0 ? nullptr : static_cast<char*>(t.raw_data()) + (widen ? n : 0);
+  char* raw = n == 0 ? nullptr : static_cast<char*>(dst.raw_data()) + (widen ? n : 0);
   if (n > 0) read_bytes(raw, n, data_start_ + e.begin, "tensor '" + name + "'");
   if (e.checksum) {
     const std::uint64_t got = xxh3_64(raw, n);
@@ -381,18 +394,15 @@ Tensor SafetensorsReader::read(const std::string& name, std::optional<DType> as)
                     " but the file records " + hex64(*e.checksum) + " (" + kChecksumAlgorithm +
                     "); the file is corrupt");
   }
-  if (widen) {
-    auto* out = static_cast<float*>(t.raw_data());
-    const std::size_t count = std::size_t(n / 2);
-    for (std::size_t i = 0; i < count; ++i) {
-      std::uint16_t h;
-      std::memcpy(&h, raw + 2 * i, 2);
-      const float f = e.dtype == DType::bf16 ? std::bit_cast<float>(std::uint32_t(h) << 16) : f16::to_float(h);
-      std::memcpy(out + i, &f, 4);
-    }
-    return t;
+  if (!widen) return;
+  auto* out = static_cast<float*>(dst.raw_data());
+  const std::size_t count = std::size_t(n / 2);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, raw + 2 * i, 2);
+    const float f = e.dtype == DType::bf16 ? std::bit_cast<float>(std::uint32_t(h) << 16) : f16::to_float(h);
+    std::memcpy(out + i, &f, 4);
   }
-  return want == e.dtype ? t : t.to(want);
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

@@ -108,6 +108,10 @@ class SafetensorsReader {
   // the file, the tensor and both hashes. An unknown name throws IOError
   // naming the file and the tensor.
   Tensor read(const std::string& name, std::optional<DType> as = {}) const;
+  // Reads tensor `name` into `dst` (a contiguous CPU tensor of its shape,
+  // of its dtype, or f32 for a bf16 / f16 tensor: widened exactly in place),
+  // with read()'s checks; a checksum mismatch leaves dst's contents unspecified.
+  void read_into(const std::string& name, Tensor& dst) const;
 
  private:
   // Owns an open file descriptor.

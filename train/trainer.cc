@@ -113,8 +113,15 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   REMAT_CHECK(corpus_.vocab <= c.vocab, Error, "--data ", opts_.data_file, ": token ids go up to ", corpus_.vocab - 1,
               " but config ", c.name, " has a vocabulary of ", c.vocab, " (./remat train sets it from the shards)");
   manual_seed(opts_.seed);
-  model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
-  if (!opts_.init_model.empty() && opts_.resume_dir.empty()) load_hf_weights(*model_, opts_.init_model);
+  if (!opts_.init_model.empty() && opts_.resume_dir.empty()) {
+    {
+      SkipWeightInit loaded_next;  // load_hf_weights sets every parameter (or throws)
+      model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
+    }
+    load_hf_weights(*model_, opts_.init_model);
+  } else {
+    model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
+  }
   apply_parallel_layout(*model_, layout_, opts_.reuse_routing_metadata);
   model_->set_compute_dtype(compute_dtype_from_name(opts_.dtype));
   scaling_ = model_->compute_dtype() == DType::f16;
@@ -522,7 +529,11 @@ std::unique_ptr<DecoderModel> load_trained_model(const std::string& dir, std::ma
   auto cfg = f.metadata.find("config");
   REMAT_CHECK(cfg != f.metadata.end(), IOError, choice.path, " has no metadata 'config'");
   const ModelConfig c = ModelConfig::from_json(Json::parse(cfg->second, choice.path + " config"));
-  auto model = std::make_unique<DecoderModel>(c, 0);
+  std::unique_ptr<DecoderModel> model;
+  {
+    SkipWeightInit loaded_next;  // every parameter is read below (or this throws)
+    model = std::make_unique<DecoderModel>(c, 0);
+  }
   NoGradGuard ng;
   for (auto& [name, p] : model->named_parameters()) {
     auto t = f.tensors.find(name);

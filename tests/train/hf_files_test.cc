@@ -177,6 +177,20 @@ TEST_CASE("SafetensorsReader widens bf16 and f16 to f32 exactly, every bit patte
   CHECK(same_bits(r.read("h", DType::bf16), h.to(DType::bf16)));
   CHECK_THROWS_AS(r.read("ids", DType::f32), DTypeError);
   CHECK_THROWS_WITH(r.read("f", DType::i64), Catch::Contains("tensor 'f'") && Catch::Contains(path));
+  // read_into: straight into an existing tensor (a parameter), widened the same way.
+  Tensor into = empty({65536}, DType::f32);
+  r.read_into("b", into);
+  CHECK(same_bits(into, bf));
+  Tensor f_into = empty({3, 11}, DType::f32);
+  r.read_into("f", f_into);
+  CHECK(same_bits(f_into, f));
+  Tensor wrong = empty({11, 3}, DType::f32);
+  CHECK_THROWS_WITH(r.read_into("f", wrong), Catch::Contains("tensor 'f' (f32 [3, 11]) cannot be read into a f32 [11, 3]"));
+  Tensor narrow = empty({65536}, DType::bf16);
+  r.read_into("b", narrow);  // its own dtype
+  CHECK(same_bits(narrow, b));
+  Tensor as_f16 = empty({65536}, DType::f16);
+  CHECK_THROWS_AS(r.read_into("b", as_f16), DTypeError);
 }
 
 TEST_CASE("SafetensorsReader verifies a tensor's checksum when it reads it", "[hf][reader][checksum]") {
