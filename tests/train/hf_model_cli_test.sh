@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Hugging Face models through the CLI (#21): every recompute plan (and auto)
 # dumps bit-identically to `none` on each architecture; train --model
-# fine-tunes and --save-hf writes a folder whose config.json has the same
+# fine-tunes (f32, and bf16 with a plan) and --save-hf writes a folder whose config.json has the same
 # architecture and whose weights are the trained ones (dump --model of it
 # passes the float64 reference); export --resume does the same from a state;
 # --resume continues a fine-tune; --ep 2 under mpirun logs the one-process
@@ -111,6 +111,14 @@ res = [json.loads(l) for l in open(sys.argv[1])]
 whole = [json.loads(l) for l in open(sys.argv[2])]
 assert [r['step'] for r in res] == [21, 22, 23, 24], res
 assert [r['loss'] for r in res] == [r['loss'] for r in whole[20:]], ([r['loss'] for r in res], [r['loss'] for r in whole[20:]])
+PY"
+
+check "train --model --dtype bf16 --recompute per_block+offload (Llama, tied) runs and lowers the loss" \
+  "$remat train --model $tmp/llama --steps 8 $train_args --dtype bf16 --recompute per_block+offload \
+     --log $tmp/bf16.jsonl > $tmp/bf16.txt 2>&1 && $py - $tmp/bf16.jsonl <<'PY' || { tail -3 $tmp/bf16.txt; false; }
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 8 and rows[-1]['loss'] < rows[0]['loss'], [r['loss'] for r in rows]
 PY"
 
 # 3. Expert parallel: the one-process losses, the same exported weights.
