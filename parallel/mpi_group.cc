@@ -1,12 +1,13 @@
 // The MPI back end of ProcessGroup (OpenMPI), for CPU tensors. Errors are
 // returned (MPI_ERRORS_RETURN) and raised as remat::Error naming the
-// collective; MPI is finalised at exit.
+// collective (or the send / receive); MPI is finalised at exit.
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -17,12 +18,15 @@ namespace remat {
 
 namespace {
 
-void check(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
+std::string mpi_error(int rc, const char* what) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  throw Error(std::string("MPI ") + what + " failed: " + std::string(msg, std::size_t(len)));
+  return std::string("MPI ") + what + " failed: " + std::string(msg, std::size_t(len));
+}
+
+void check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) throw Error(mpi_error(rc, what));
 }
 
 MPI_Datatype mpi_type(const Tensor& t, const char* op) {
@@ -86,12 +90,120 @@ class MpiWork final : public CommWork {
   bool done_ = false;
 };
 
+bool is_truncation(int rc) {
+  if (rc == MPI_SUCCESS) return false;
+  int cls = 0;
+  MPI_Error_class(rc, &cls);
+  return cls == MPI_ERR_TRUNCATE;
+}
+
+// A started send or receive. Each message is two MPI messages with the same
+// tag: an 8-byte header holding the sender's byte count, then the payload
+// (the tensor's bytes, contiguous, so MPI's zero-copy paths still apply).
+// MPI keeps messages between two ranks with one tag in order, so the header
+// always precedes its payload; the receiver compares it with the bytes it
+// expects and can name both counts even when the payload was truncated.
+class MpiP2PWork final : public CommWork {
+ public:
+  MpiP2PWork(CollectiveKind kind, Tensor t, int peer, int tag, int rank, int size)
+      : kind_(kind), t_(std::move(t)), peer_(peer), tag_(tag), rank_(rank), size_(size),
+        phase_(current_comm_phase()), header_(std::make_unique<std::int64_t>(std::int64_t(t_.nbytes()))) {}
+  ~MpiP2PWork() override {
+    if (pending() && !failed_ && std::uncaught_exceptions() == 0) {
+      for (auto& r : req_)
+        if (r != MPI_REQUEST_NULL) MPI_Wait(&r, MPI_STATUS_IGNORE);
+    } else if (pending()) {
+      // After a failure, or unwinding from an error: the job is about to be
+      // aborted and waiting could block on a peer that never comes. MPI may
+      // still write into the buffers, so they are left allocated.
+      static_cast<void>(new Tensor(std::move(t_)));
+      static_cast<void>(header_.release());
+    }
+  }
+  void wait() override {
+    if (!error_.empty()) throw Error(error_);  // waited for again after a failure
+    if (done_) return;
+    CollectiveInFlight busy(kind_, phase_, std::int64_t(t_.nbytes()), rank_, size_, peer_, tag_);
+    for (int i = 0; i < 2; ++i) {
+      if (req_[i] == MPI_REQUEST_NULL) continue;
+      MPI_Status st;
+      completed(i, MPI_Wait(&req_[i], &st), st);
+    }
+    finish();
+  }
+  bool test() override {
+    if (!error_.empty()) throw Error(error_);
+    if (done_) return true;
+    for (int i = 0; i < 2; ++i) {
+      if (req_[i] == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      MPI_Status st;
+      const int rc = MPI_Test(&req_[i], &flag, &st);
+      if (rc == MPI_SUCCESS && !flag) return false;
+      completed(i, rc, st);
+    }
+    finish();
+    return true;
+  }
+  std::string name() const { return p2p_name(kind_, peer_, tag_, rank_, size_); }
+  std::int64_t* header() { return header_.get(); }
+  MPI_Request req_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // header, payload
+
+ private:
+  bool pending() const { return req_[0] != MPI_REQUEST_NULL || req_[1] != MPI_REQUEST_NULL; }
+
+  // Request i (0 header, 1 payload) completed with `rc`.
+  void completed(int i, int rc, const MPI_Status& st) {
+    if (kind_ == CollectiveKind::recv && i == 1 && is_truncation(rc)) {
+      truncated_ = true;  // the header says by how much (finish)
+      if (req_[1] != MPI_REQUEST_NULL) MPI_Request_free(&req_[1]);  // complete, but kept by MPI after an error
+      return;
+    }
+    if (rc != MPI_SUCCESS) fail(mpi_error(rc, (name() + (i == 0 ? " (size header)" : "")).c_str()));
+    if (kind_ == CollectiveKind::recv && i == 1) MPI_Get_count(&st, MPI_BYTE, &received_);
+  }
+
+  void finish() {
+    if (kind_ == CollectiveKind::recv) {
+      const auto expected = std::int64_t(t_.nbytes());
+      const std::int64_t sent = *header_;
+      if (sent != expected || truncated_ || received_ != expected)
+        fail(detail::concat(name(), ": the message from rank ", peer_, " has ",
+                            sent != expected ? sent : std::int64_t(received_), " bytes but rank ", rank_, " expected ",
+                            expected, " (its tensor ", shape_str(t_.sizes()), " ", dtype_name(t_.dtype()),
+                            "); sender and receiver must agree on the shape and dtype"));
+      t_.bump_version();
+    }
+    done_ = true;
+  }
+
+  // Raises `message`, and again at every later wait / test.
+  [[noreturn]] void fail(std::string message) {
+    failed_ = true;
+    error_ = std::move(message);
+    throw Error(error_);
+  }
+
+  CollectiveKind kind_;
+  Tensor t_;
+  int peer_, tag_, rank_, size_;
+  CommPhase phase_;
+  std::unique_ptr<std::int64_t> header_;  // send: this tensor's bytes; recv: the sender's
+  int received_ = -1;                      // recv: payload bytes MPI delivered
+  bool truncated_ = false, failed_ = false, done_ = false;
+  std::string error_;  // the failure raised, if any
+};
+
 class MpiGroup final : public ProcessGroup {
  public:
   explicit MpiGroup(MPI_Comm comm) : comm_(comm) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    int* ub = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &flag);
+    if (flag && ub) tag_ub_ = *ub;
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -207,11 +319,37 @@ class MpiGroup final : public ProcessGroup {
     return std::make_shared<MpiGroup>(sub);
   }
 
+  std::shared_ptr<CommWork> isend(const Tensor& t, int dst, int tag) override {
+    auto w = start(CollectiveKind::send, t, dst, tag);
+    check(MPI_Isend(w->header(), 1, MPI_INT64_T, dst, tag, comm_, &w->req_[0]), (w->name() + " (size header)").c_str());
+    check(MPI_Isend(t.raw_data(), int(t.nbytes()), MPI_BYTE, dst, tag, comm_, &w->req_[1]), w->name().c_str());
+    return w;
+  }
+
+  std::shared_ptr<CommWork> irecv(Tensor& t, int src, int tag) override {
+    auto w = start(CollectiveKind::recv, t, src, tag);
+    check(MPI_Irecv(w->header(), 1, MPI_INT64_T, src, tag, comm_, &w->req_[0]), (w->name() + " (size header)").c_str());
+    check(MPI_Irecv(t.raw_data(), int(t.nbytes()), MPI_BYTE, src, tag, comm_, &w->req_[1]), w->name().c_str());
+    return w;
+  }
+
  private:
+  // Checks and counts a send or receive (before anything is posted).
+  std::shared_ptr<MpiP2PWork> start(CollectiveKind kind, const Tensor& t, int peer, int tag) {
+    check_p2p(kind, t, peer, tag, kCPU, "the MPI group");
+    const std::string name = p2p_name(kind, peer, tag, rank_, size_);
+    REMAT_CHECK(tag <= tag_ub_, Error, name, ": the tag exceeds MPI's largest, ", tag_ub_);
+    REMAT_CHECK(t.nbytes() <= std::size_t(std::numeric_limits<int>::max()), ShapeError, name, ": ", t.nbytes(),
+                " bytes in one message exceed what an MPI count can hold (2^31 - 1); split the tensor");
+    count(kind, std::int64_t(t.nbytes()));
+    return std::make_shared<MpiP2PWork>(kind, t, peer, tag, rank_, size_);
+  }
+
   void divide(Tensor& t) const { divide_by(t, size_); }
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  int tag_ub_ = 32767;  // MPI guarantees at least this
 };
 
 // Started by mpirun / srun? (OpenMPI and Slurm set these.)

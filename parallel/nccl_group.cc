@@ -5,8 +5,11 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 
 namespace remat {
@@ -30,7 +33,39 @@ ncclDataType_t nccl_type(const Tensor& t, const char* op) {
   }
 }
 
-class NcclGroup final : public ProcessGroup {
+class NcclGroup;
+
+// An event recorded on the group's stream after a launch of queued sends and
+// receives; shared by the works of that launch.
+struct LaunchEvent {
+  cudaEvent_t event = nullptr;
+  ~LaunchEvent() {
+    if (event) cudaEventDestroy(event);  // released by CUDA once it has passed
+  }
+};
+
+// A send or receive of the NCCL group. It is queued when started and
+// launched, with every other queued one, in one ncclGroupStart/End at the
+// group's next wait, test, collective or blocking send/recv (so sends and
+// receives in both directions progress together, as NCCL requires); it is
+// done when the event recorded after that launch has passed.
+class NcclP2PWork final : public CommWork {
+ public:
+  NcclP2PWork(std::shared_ptr<NcclGroup> group, CollectiveKind kind, Tensor t, int peer, int tag)
+      : group(std::move(group)), kind(kind), t(std::move(t)), peer(peer), tag(tag), phase(current_comm_phase()) {}
+  void wait() override;
+  bool test() override;
+
+  std::shared_ptr<NcclGroup> group;
+  CollectiveKind kind;
+  Tensor t;
+  int peer, tag;
+  CommPhase phase;
+  std::shared_ptr<LaunchEvent> launched;  // null while queued
+  bool done = false;
+};
+
+class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this<NcclGroup> {
  public:
   NcclGroup(std::shared_ptr<ProcessGroup> bootstrap, int device) : bootstrap_(std::move(bootstrap)), device_(device) {
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
@@ -53,6 +88,7 @@ class NcclGroup final : public ProcessGroup {
   int size() const override { return bootstrap_->size(); }
 
   void all_reduce(Tensor& t, ReduceOp op) override {
+    flush();
     count(CollectiveKind::all_reduce, std::int64_t(t.nbytes()));
     CollectiveInFlight busy(CollectiveKind::all_reduce, std::int64_t(t.nbytes()), rank(), size());
     const ncclRedOp_t o = op == ReduceOp::max ? ncclMax : op == ReduceOp::avg ? ncclAvg : ncclSum;
@@ -69,6 +105,7 @@ class NcclGroup final : public ProcessGroup {
     REMAT_CHECK(!s.empty(), ShapeError, "all_gather: needs at least one dim");
     s[0] *= size();
     Tensor out = empty(s, TensorOptions(t.dtype(), t.device()));
+    flush();
     count(CollectiveKind::all_gather, std::int64_t(t.nbytes()));
     CollectiveInFlight busy(CollectiveKind::all_gather, std::int64_t(t.nbytes()), rank(), size());
     check(ncclAllGather(t.raw_data(), out.raw_data(), std::size_t(t.numel()), nccl_type(t, "all_gather"), comm_,
@@ -85,6 +122,7 @@ class NcclGroup final : public ProcessGroup {
     Shape s = t.sizes();
     s[0] /= size();
     Tensor out = empty(s, TensorOptions(t.dtype(), t.device()));
+    flush();
     count(CollectiveKind::reduce_scatter, std::int64_t(t.nbytes()));
     CollectiveInFlight busy(CollectiveKind::reduce_scatter, std::int64_t(t.nbytes()), rank(), size());
     const ncclRedOp_t o = op == ReduceOp::max ? ncclMax : op == ReduceOp::avg ? ncclAvg : ncclSum;
@@ -117,6 +155,7 @@ class NcclGroup final : public ProcessGroup {
     Tensor out = empty(s, TensorOptions(t.dtype(), t.device()));
     const ncclDataType_t ty = nccl_type(t, "all_to_all");
     const std::size_t elem = element_size(t.dtype());
+    flush();
     count(CollectiveKind::all_to_all, std::int64_t(t.nbytes()));
     CollectiveInFlight busy(CollectiveKind::all_to_all, std::int64_t(t.nbytes()), rank(), n);
     auto* src = static_cast<char*>(t.raw_data());
@@ -136,6 +175,7 @@ class NcclGroup final : public ProcessGroup {
   }
 
   void broadcast(Tensor& t, int root) override {
+    flush();
     count(CollectiveKind::broadcast, std::int64_t(t.nbytes()));
     CollectiveInFlight busy(CollectiveKind::broadcast, std::int64_t(t.nbytes()), rank(), size());
     check(ncclBroadcast(t.raw_data(), t.raw_data(), std::size_t(t.numel()), nccl_type(t, "broadcast"), root, comm_,
@@ -145,14 +185,87 @@ class NcclGroup final : public ProcessGroup {
     t.bump_version();
   }
 
-  void barrier() override { bootstrap_->barrier(); }
+  void barrier() override {
+    flush();
+    bootstrap_->barrier();
+  }
 
   std::shared_ptr<ProcessGroup> split(int color, int key) override {
     return std::make_shared<NcclGroup>(bootstrap_->split(color, key), device_);
   }
 
+  // Bytes (ncclUint8), so every dtype travels; NCCL has no tags (the tag
+  // only names the op) and does not check sizes.
+  std::shared_ptr<CommWork> isend(const Tensor& t, int dst, int tag) override {
+    return queue(CollectiveKind::send, t, dst, tag);
+  }
+  std::shared_ptr<CommWork> irecv(Tensor& t, int src, int tag) override {
+    return queue(CollectiveKind::recv, t, src, tag);
+  }
+
+  // Launches the queued sends and receives as one NCCL group.
+  void flush() {
+    if (queued_.empty()) return;
+    std::vector<std::shared_ptr<NcclP2PWork>> q;
+    q.swap(queued_);
+    auto launched = std::make_shared<LaunchEvent>();
+    check_cuda(cudaEventCreateWithFlags(&launched->event, cudaEventDisableTiming), "cudaEventCreate");
+    check(ncclGroupStart(), "send/recv (group start)");
+    for (const auto& w : q) {
+      // An empty tensor is agreed by both sides: nothing to exchange.
+      if (w->t.nbytes() == 0) continue;
+      const std::string what = p2p_name(w->kind, w->peer, w->tag, rank(), size());
+      if (w->kind == CollectiveKind::send)
+        check(ncclSend(w->t.raw_data(), w->t.nbytes(), ncclUint8, w->peer, comm_, stream()), what.c_str());
+      else
+        check(ncclRecv(w->t.raw_data(), w->t.nbytes(), ncclUint8, w->peer, comm_, stream()), what.c_str());
+    }
+    check(ncclGroupEnd(), "send/recv (group end)");
+    check_cuda(cudaEventRecord(launched->event, stream()), "cudaEventRecord");
+    for (const auto& w : q) w->launched = launched;
+  }
+
+  void wait_p2p(NcclP2PWork& w) {
+    if (w.done) return;
+    flush();
+    launched_or_throw(w);
+    CollectiveInFlight busy(w.kind, w.phase, std::int64_t(w.t.nbytes()), rank(), size(), w.peer, w.tag);
+    wait(p2p_name(w.kind, w.peer, w.tag, rank(), size()).c_str(), w.launched->event);
+    finish_p2p(w);
+  }
+
+  bool test_p2p(NcclP2PWork& w) {
+    if (w.done) return true;
+    flush();
+    launched_or_throw(w);
+    const cudaError_t q = cudaEventQuery(w.launched->event);
+    if (q == cudaErrorNotReady) return false;
+    check_cuda(q, p2p_name(w.kind, w.peer, w.tag, rank(), size()).c_str());
+    finish_p2p(w);
+    return true;
+  }
+
  private:
   static cudaStream_t stream() { return cudaStreamLegacy; }
+
+  std::shared_ptr<CommWork> queue(CollectiveKind kind, const Tensor& t, int peer, int tag) {
+    check_p2p(kind, t, peer, tag, cuda_device(device_), "the NCCL group");
+    count(kind, std::int64_t(t.nbytes()));
+    auto w = std::make_shared<NcclP2PWork>(shared_from_this(), kind, t, peer, tag);
+    queued_.push_back(w);
+    return w;
+  }
+
+  // A launch that failed (its error was raised then) leaves its works unlaunched.
+  void launched_or_throw(const NcclP2PWork& w) const {
+    REMAT_CHECK(w.launched, Error, p2p_name(w.kind, w.peer, w.tag, rank(), size()),
+                ": never launched (the NCCL launch of the queued sends and receives failed earlier)");
+  }
+
+  static void finish_p2p(NcclP2PWork& w) {
+    w.done = true;
+    if (w.kind == CollectiveKind::recv) w.t.bump_version();
+  }
 
   void check(ncclResult_t rc, const char* what) const {
     if (rc == ncclSuccess || rc == ncclInProgress) return;
@@ -160,12 +273,13 @@ class NcclGroup final : public ProcessGroup {
                 (ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "") + ")");
   }
 
-  // Waits for the stream, polling NCCL's asynchronous errors; past the comm
-  // timeout the communicator is aborted and the collective named.
-  void wait(const char* what) {
+  // Waits for the stream (or `event` on it), polling NCCL's asynchronous
+  // errors; past the comm timeout the communicator is aborted and the
+  // collective (or send / receive) named.
+  void wait(const char* what, cudaEvent_t event = nullptr) {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
-      const cudaError_t q = cudaStreamQuery(stream());
+      const cudaError_t q = event ? cudaEventQuery(event) : cudaStreamQuery(stream());
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) check_cuda(q, what);
       ncclResult_t async = ncclSuccess;
@@ -188,7 +302,11 @@ class NcclGroup final : public ProcessGroup {
   std::shared_ptr<ProcessGroup> bootstrap_;
   int device_;
   ncclComm_t comm_ = nullptr;
+  std::vector<std::shared_ptr<NcclP2PWork>> queued_;  // started, not yet launched
 };
+
+void NcclP2PWork::wait() { group->wait_p2p(*this); }
+bool NcclP2PWork::test() { return group->test_p2p(*this); }
 
 }  // namespace
 

@@ -5,6 +5,13 @@
 // return when they are done; while waiting, NCCL's asynchronous error state
 // is polled, and a collective past the comm timeout aborts the communicator
 // and throws an Error naming it.
+//
+// Sends and receives (isend / irecv) are queued and launched together, one
+// ncclGroupStart/End of ncclSend / ncclRecv of the tensors' bytes, at the
+// group's next wait, test, collective or blocking send/recv, and waited for
+// through an event like the collectives (in flight, comm timeout). NCCL has
+// no tags: messages between two ranks match in the order they were started
+// (the tag only names the op), and sizes must agree (not checked).
 #pragma once
 
 #include <memory>

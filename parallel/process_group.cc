@@ -18,6 +18,8 @@ const char* collective_name(CollectiveKind k) {
     case CollectiveKind::all_to_all: return "all_to_all";
     case CollectiveKind::broadcast: return "broadcast";
     case CollectiveKind::barrier: return "barrier";
+    case CollectiveKind::send: return "send";
+    case CollectiveKind::recv: return "recv";
   }
   return "?";
 }
@@ -122,7 +124,22 @@ CollectiveInFlight::CollectiveInFlight(CollectiveKind kind, std::int64_t bytes, 
   if (auto hook = g_on_block.load()) hook();
 }
 
+CollectiveInFlight::CollectiveInFlight(CollectiveKind kind, CommPhase phase, std::int64_t bytes, int rank, int size,
+                                       int peer, int tag) {
+  if (size <= 1) return;
+  std::snprintf(g_what, sizeof g_what, "%s rank %d (tag %d, phase %s, %lld bytes, rank %d of %d)",
+                kind == CollectiveKind::send ? "send to" : "recv from", peer, tag, phase_name(phase),
+                static_cast<long long>(bytes), rank, size);
+  g_since_ns.store(now_ns());
+  if (auto hook = g_on_block.load()) hook();
+}
+
 CollectiveInFlight::~CollectiveInFlight() { g_since_ns.store(0); }
+
+std::string p2p_name(CollectiveKind kind, int peer, int tag, int rank, int size) {
+  return detail::concat(kind == CollectiveKind::send ? "send to" : "recv from", " rank ", peer, " (tag ", tag,
+                        ", rank ", rank, " of ", size, ")");
+}
 
 void ProcessGroup::count(CollectiveKind kind, std::int64_t bytes) {
   const auto p = std::size_t(current_comm_phase());
@@ -132,6 +149,28 @@ void ProcessGroup::count(CollectiveKind kind, std::int64_t bytes) {
   const std::int64_t n = ++g_counted;
   if (auto hook = g_on_count.load()) hook(n);
 }
+
+void ProcessGroup::check_p2p(CollectiveKind kind, const Tensor& t, int peer, int tag, Device device,
+                             const char* backend) const {
+  const int r = rank(), n = size();
+  const auto what = [&] { return p2p_name(kind, peer, tag, r, n); };
+  const bool send = kind == CollectiveKind::send;
+  REMAT_CHECK(n > 1, Error, what(), ": a group of one process has no peers to ", send ? "send to" : "receive from");
+  REMAT_CHECK(peer >= 0 && peer < n, Error, what(), ": no such rank; the ", send ? "destination" : "source",
+              " must be another rank of this group, 0 to ", n - 1);
+  REMAT_CHECK(peer != r, Error, what(), ": a rank cannot ", send ? "send to" : "receive from",
+              " itself; the peer must be another rank of this group");
+  REMAT_CHECK(tag >= 0, Error, what(), ": the tag must be >= 0");
+  REMAT_CHECK(t.defined(), Error, what(), ": the tensor is undefined");
+  REMAT_CHECK(t.is_contiguous(), ShapeError, what(), ": the tensor must be contiguous, got sizes ",
+              shape_str(t.sizes()), " with strides ", shape_str(t.strides()));
+  REMAT_CHECK(t.device() == device, DeviceError, what(), ": the tensor is on ", t.device(), ", expected ", device,
+              " (", backend, "'s device)");
+}
+
+void ProcessGroup::send(const Tensor& t, int dst, int tag) { isend(t, dst, tag)->wait(); }
+
+void ProcessGroup::recv(Tensor& t, int src, int tag) { irecv(t, src, tag)->wait(); }
 
 namespace {
 
@@ -165,6 +204,15 @@ class SingleProcessGroup final : public ProcessGroup {
   void broadcast(Tensor& t, int) override { count(CollectiveKind::broadcast, std::int64_t(t.nbytes())); }
   void barrier() override {}
   std::shared_ptr<ProcessGroup> split(int, int) override { return std::make_shared<SingleProcessGroup>(); }
+  // No peers: check_p2p refuses every send and receive.
+  std::shared_ptr<CommWork> isend(const Tensor& t, int dst, int tag) override {
+    check_p2p(CollectiveKind::send, t, dst, tag, kCPU, "the one-process group");
+    return std::make_shared<DoneWork>();
+  }
+  std::shared_ptr<CommWork> irecv(Tensor& t, int src, int tag) override {
+    check_p2p(CollectiveKind::recv, t, src, tag, kCPU, "the one-process group");
+    return std::make_shared<DoneWork>();
+  }
 };
 
 }  // namespace

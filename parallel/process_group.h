@@ -1,17 +1,18 @@
-// Process groups: collectives over the ranks of a job. One interface, with an
-// MPI back end for CPU tensors (OpenMPI, launched with mpirun), an NCCL back
-// end for CUDA tensors (parallel/nccl_group.h) and a trivial one-process
-// group when there is no launcher. Every collective is counted (calls, bytes
-// sent) by kind and by phase: original forward, backward, and replay inside
+// Process groups: collectives and point-to-point sends/receives over the
+// ranks of a job. One interface, with an MPI back end for CPU tensors
+// (OpenMPI, launched with mpirun), an NCCL back end for CUDA tensors
+// (parallel/nccl_group.h) and a trivial one-process group when there is no
+// launcher. Every collective, send and receive is counted (calls, bytes) by
+// kind and by phase: original forward, backward, and replay inside
 // recompute. DESIGN.md §6.
 //
-// Failures: the back ends raise Error naming the collective. This library
-// never ends the process, installs signal handlers or injects faults on its
-// own: it records the collective this process is blocked in and calls the
-// hooks a program installs (set_collective_hooks). The remat tool installs a
-// watchdog that ends a rank whose collective runs past the comm timeout, a
-// SIGTERM handler that names the collective, and the tests' fault injection
-// (tools/comm_watchdog.h).
+// Failures: the back ends raise Error naming the collective (or the send /
+// receive). This library never ends the process, installs signal handlers or
+// injects faults on its own: it records the operation this process is
+// blocked in and calls the hooks a program installs (set_collective_hooks).
+// The remat tool installs a watchdog that ends a rank whose collective, send
+// or receive runs past the comm timeout, a SIGTERM handler that names it, and
+// the tests' fault injection (tools/comm_watchdog.h).
 #pragma once
 
 #include <array>
@@ -26,12 +27,24 @@ namespace remat {
 
 enum class ReduceOp { sum, avg, max };
 enum class CommPhase : std::uint8_t { forward, backward, replay };
-enum class CollectiveKind : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, barrier };
-constexpr std::size_t kCollectiveKinds = 6;
+// The kinds counted: the collectives, and the two halves of a point-to-point
+// message (send counts the bytes sent, recv the bytes received).
+enum class CollectiveKind : std::uint8_t {
+  all_reduce,
+  all_gather,
+  reduce_scatter,
+  all_to_all,
+  broadcast,
+  barrier,
+  send,
+  recv
+};
+constexpr std::size_t kCollectiveKinds = 8;
 const char* collective_name(CollectiveKind k);
 const char* phase_name(CommPhase p);
 
-// Calls and bytes sent, per kind and phase.
+// Calls and bytes, per kind and phase: bytes sent for collectives and sends,
+// bytes received for recv.
 struct CommCounters {
   std::array<std::array<std::int64_t, 3>, kCollectiveKinds> calls{};
   std::array<std::array<std::int64_t, 3>, kCollectiveKinds> bytes{};
@@ -61,13 +74,14 @@ class CommPhaseScope {
   int previous_;
 };
 
-// A collective started without waiting (all_reduce_async).
+// A collective, send or receive started without waiting (all_reduce_async,
+// isend, irecv).
 class CommWork {
  public:
   virtual ~CommWork() = default;
-  // Blocks until the collective is done; throws Error naming it on failure.
+  // Blocks until the operation is done; throws Error naming it on failure.
   virtual void wait() = 0;
-  // Lets the collective progress; true once it is done.
+  // Lets the operation progress; true once it is done (a failure throws).
   virtual bool test() = 0;
 };
 
@@ -100,22 +114,53 @@ class ProcessGroup {
   // The sub-group of the ranks that pass the same `color`, ordered by `key`.
   virtual std::shared_ptr<ProcessGroup> split(int color, int key) = 0;
 
+  // Point to point. Tensors are contiguous and on the group's device (CPU for
+  // MPI, the group's CUDA device for NCCL); `dst` / `src` is another rank of
+  // this group; tags are >= 0. Anything else throws Error naming the op, the
+  // ranks and what was expected; the one-process group has no peers and
+  // refuses every send and receive.
+  //
+  // Starts sending `t`'s bytes to rank `dst`; `t` must stay alive and
+  // untouched until wait() returns.
+  virtual std::shared_ptr<CommWork> isend(const Tensor& t, int dst, int tag) = 0;
+  // Starts receiving a message from rank `src` with `tag` into the
+  // preallocated `t` (shape and dtype agreed by the program). On MPI a
+  // message of another size is an Error (at wait/test) naming both ranks, the
+  // tag and both byte counts, and messages match by (source, tag). NCCL has
+  // no tags: messages between two ranks match in the order they were started,
+  // and sizes must agree (not checked).
+  virtual std::shared_ptr<CommWork> irecv(Tensor& t, int src, int tag) = 0;
+  // The blocking forms: isend(...)->wait(), irecv(...)->wait().
+  void send(const Tensor& t, int dst, int tag);
+  void recv(Tensor& t, int src, int tag);
+
   CommCounters counters() const { return counters_; }
   void reset_counters() { counters_ = CommCounters{}; }
 
  protected:
   // Counts a collective this rank starts (and applies any injected fault).
   void count(CollectiveKind kind, std::int64_t bytes);
+  // Throws the errors every back end gives a send (kind send) or receive
+  // (kind recv): peer out of range or this rank, negative tag, undefined or
+  // non-contiguous tensor, tensor not on `device` (`backend` names the group
+  // in the message, e.g. "the MPI group").
+  void check_p2p(CollectiveKind kind, const Tensor& t, int peer, int tag, Device device, const char* backend) const;
 
  private:
   CommCounters counters_;
 };
+
+// How errors name a send or receive (kind send / recv): "send to rank 1
+// (tag 3, rank 0 of 2)", "recv from rank 0 (tag 3, rank 1 of 2)".
+std::string p2p_name(CollectiveKind kind, int peer, int tag, int rank, int size);
 
 // RAII, used by the back ends: marks this process as inside a collective,
 // so a timeout or a termination can name it.
 class CollectiveInFlight {
  public:
   CollectiveInFlight(CollectiveKind kind, std::int64_t bytes, int rank, int size);
+  // A send or receive (kind send / recv) with `peer`, started in `phase`.
+  CollectiveInFlight(CollectiveKind kind, CommPhase phase, std::int64_t bytes, int rank, int size, int peer, int tag);
   ~CollectiveInFlight();
   CollectiveInFlight(const CollectiveInFlight&) = delete;
   CollectiveInFlight& operator=(const CollectiveInFlight&) = delete;
@@ -127,21 +172,24 @@ class CollectiveInFlight {
 void set_comm_timeout(double seconds);
 double comm_timeout();
 
-// The collective this process is blocked in (the latest CollectiveInFlight
-// of a group of several ranks), e.g. "collective all_to_all (phase forward,
-// 4096 bytes, rank 0 of 2)", or null when it is in none; and the seconds it
-// has been blocked (negative when in none). Both are async-signal-safe, for
-// a watchdog thread or a signal handler; the text may change under a reader
-// while another collective starts.
+// The collective, send or receive this process is blocked in (the latest
+// CollectiveInFlight of a group of several ranks), e.g. "collective
+// all_to_all (phase forward, 4096 bytes, rank 0 of 2)", "send to rank 1 (tag
+// 3, phase forward, 4096 bytes, rank 0 of 2)" or "recv from rank 0 (tag 3,
+// ...)" (the phase a send or receive was started in), or null when it is in
+// none; and the seconds it has been blocked (negative when in none). Both
+// are async-signal-safe, for a watchdog thread or a signal handler; the text
+// may change under a reader while another collective starts.
 const char* collective_in_flight();
 double collective_in_flight_seconds();
 
 // Hooks a program installs to watch its collectives (the remat tool does;
-// library code never does). Both run on the thread of a collective of a
-// group of several ranks, before it communicates: `on_count` when it is
-// counted, with how many this process has counted so far (1, 2, ...);
-// `on_block` when the thread is about to block in it (collective_in_flight()
-// names it). Null: nothing (the default). Set them before any collective.
+// library code never does). Both run on the thread of a collective, send or
+// receive of a group of several ranks, before it communicates: `on_count`
+// when it is counted (a send / receive when it is started), with how many
+// this process has counted so far (1, 2, ...); `on_block` when the thread
+// is about to block in it (collective_in_flight() names it). Null: nothing
+// (the default). Set them before any collective.
 struct CollectiveHooks {
   void (*on_count)(std::int64_t counted) = nullptr;
   void (*on_block)() = nullptr;

@@ -20,7 +20,7 @@ namespace {
 // REMAT_FAULT, parsed once by install_comm_failure_handling (read-only after).
 struct Fault {
   enum Kind { none, kill, hang } kind = none;
-  long long at = -1;  // the collective (1-based) at which it strikes
+  long long at = -1;  // the counted collective / send / receive (1-based) at which it strikes
 };
 Fault g_fault;
 std::once_flag g_start_once;
@@ -62,7 +62,8 @@ void watchdog() {
   }
 }
 
-// The first collective of several ranks starts the watchdog and the handler.
+// The first collective (or send / receive) of several ranks that blocks
+// starts the watchdog and the handler.
 void start_failure_handling() {
   struct sigaction sa;
   std::memset(&sa, 0, sizeof sa);

@@ -1,7 +1,9 @@
 // A group that claims two ranks but runs in one process: each collective is
 // counted and marked in flight as a back end does (ProcessGroup::count,
-// CollectiveInFlight), and `during` runs while it is in flight. For testing
-// what the library (and a program's hooks) do around a collective.
+// CollectiveInFlight), and `during` runs while it is in flight. Sends and
+// receives (to / from rank 1) are checked and counted when started and in
+// flight while waited for; they move nothing. For testing what the library
+// (and a program's hooks) do around a collective.
 #pragma once
 
 #include <functional>
@@ -40,8 +42,38 @@ class TwoRankFakeGroup final : public ProcessGroup {
     if (during) during();
   }
   std::shared_ptr<ProcessGroup> split(int, int) override { throw Error("TwoRankFakeGroup: split is not supported"); }
+  std::shared_ptr<CommWork> isend(const Tensor& t, int dst, int tag) override {
+    return p2p(CollectiveKind::send, t, dst, tag);
+  }
+  std::shared_ptr<CommWork> irecv(Tensor& t, int src, int tag) override {
+    return p2p(CollectiveKind::recv, t, src, tag);
+  }
 
  private:
+  class Work final : public CommWork {
+   public:
+    Work(TwoRankFakeGroup* g, CollectiveKind kind, std::int64_t bytes, int peer, int tag)
+        : g_(g), kind_(kind), phase_(current_comm_phase()), bytes_(bytes), peer_(peer), tag_(tag) {}
+    void wait() override {
+      CollectiveInFlight busy(kind_, phase_, bytes_, g_->rank(), g_->size(), peer_, tag_);
+      if (g_->during) g_->during();
+    }
+    bool test() override { return true; }
+
+   private:
+    TwoRankFakeGroup* g_;
+    CollectiveKind kind_;
+    CommPhase phase_;
+    std::int64_t bytes_;
+    int peer_, tag_;
+  };
+
+  std::shared_ptr<CommWork> p2p(CollectiveKind kind, const Tensor& t, int peer, int tag) {
+    check_p2p(kind, t, peer, tag, kCPU, "the fake group");
+    count(kind, std::int64_t(t.nbytes()));
+    return std::make_shared<Work>(this, kind, std::int64_t(t.nbytes()), peer, tag);
+  }
+
   void run(CollectiveKind kind, std::int64_t bytes) {
     count(kind, bytes);
     CollectiveInFlight busy(kind, bytes, rank(), size());

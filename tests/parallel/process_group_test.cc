@@ -85,3 +85,53 @@ TEST_CASE("installed hooks see every counted collective and every block", "[para
   CHECK(g_counted.size() == 2);
   CHECK(g_blocked_in.size() == 3);
 }
+
+TEST_CASE("a send or receive is counted when started and named while waited for", "[parallel][p2p]") {
+  set_collective_hooks({record_count, record_block});
+  g_counted.clear();
+  g_blocked_in.clear();
+  testing::TwoRankFakeGroup g;
+  Tensor t = zeros({1024});  // 4096 bytes
+  auto s = g.isend(t, 1, 3);
+  std::shared_ptr<CommWork> r;
+  {
+    CommPhaseScope backward(CommPhase::backward);
+    r = g.irecv(t, 1, 4);
+  }
+  CHECK(g_counted.size() == 2);  // counted when started
+  CHECK(g_blocked_in.empty());   // nothing waited for yet
+  s->wait();
+  r->wait();  // in forward now, but started in backward
+  g.recv(t, 1, 0);
+  set_collective_hooks({});
+  CHECK(g_counted.size() == 3);
+  CHECK(g_blocked_in == std::vector<std::string>{
+                            "send to rank 1 (tag 3, phase forward, 4096 bytes, rank 0 of 2)",
+                            "recv from rank 1 (tag 4, phase backward, 4096 bytes, rank 0 of 2)",
+                            "recv from rank 1 (tag 0, phase forward, 4096 bytes, rank 0 of 2)"});
+  CHECK(collective_in_flight() == nullptr);
+  const CommCounters c = g.counters();
+  CHECK(c.calls_of(CollectiveKind::send, CommPhase::forward) == 1);
+  CHECK(c.bytes_of(CollectiveKind::send, CommPhase::forward) == 4096);
+  CHECK(c.calls_of(CollectiveKind::recv, CommPhase::backward) == 1);
+  CHECK(c.calls_of(CollectiveKind::recv, CommPhase::forward) == 1);
+  CHECK(c.bytes_in(CommPhase::forward) == 8192);
+}
+
+TEST_CASE("every back end refuses the same bad sends and receives, naming the op and the ranks", "[parallel][p2p]") {
+  testing::TwoRankFakeGroup g;
+  Tensor t = zeros({2, 3});
+  CHECK_THROWS_WITH(g.isend(t, 2, 0), Catch::Contains("send to rank 2 (tag 0, rank 0 of 2): no such rank; the "
+                                                      "destination must be another rank of this group, 0 to 1"));
+  CHECK_THROWS_WITH(g.irecv(t, -1, 0), Catch::Contains("recv from rank -1 (tag 0, rank 0 of 2): no such rank; the "
+                                                       "source must be another rank of this group, 0 to 1"));
+  CHECK_THROWS_WITH(g.send(t, 0, 1), Catch::Contains("send to rank 0 (tag 1, rank 0 of 2): a rank cannot send to "
+                                                     "itself"));
+  CHECK_THROWS_WITH(g.recv(t, 1, -1), Catch::Contains("recv from rank 1 (tag -1, rank 0 of 2): the tag must be >= 0"));
+  Tensor view = t.transpose(0, 1);
+  CHECK_THROWS_WITH(g.isend(view, 1, 0), Catch::Contains("send to rank 1 (tag 0, rank 0 of 2): the tensor must be "
+                                                         "contiguous, got sizes [3, 2] with strides [1, 3]"));
+  Tensor undefined;
+  CHECK_THROWS_WITH(g.irecv(undefined, 1, 0), Catch::Contains("the tensor is undefined"));
+  CHECK(g.counters().calls_in(CommPhase::forward) == 0);
+}
