@@ -159,7 +159,16 @@ Tensor BlockStack::run_block(std::int64_t i, const Tensor& x) const {
   return y;
 }
 
-Tensor BlockStack::forward(const Tensor& x) const {
+Tensor BlockStack::forward(const Tensor& x) const { return forward(x, 0, num_blocks()); }
+
+Tensor BlockStack::forward(const Tensor& x, std::int64_t begin, std::int64_t end) const {
+  REMAT_CHECK(0 <= begin && begin <= end && end <= num_blocks(), Error, "BlockStack::forward: blocks [", begin, ", ",
+              end, ") are not a range of the stack's ", num_blocks());
+  for (const auto& group : plan_.block_regions)
+    REMAT_CHECK(group.back() < begin || group.front() >= end || (group.front() >= begin && group.back() < end), Error,
+                "BlockStack::forward: the plan's region over blocks ", group.front(), "-", group.back(),
+                " crosses the range [", begin, ", ", end, ") (a pipeline stage boundary); use per-block regions or "
+                "groups inside each stage");
   SaveHooksScope save_hooks(*this);
   // A ranged offload / compression (offload@A-B): its hooks while block i
   // runs (with the region it starts, whose boundary it packs).
@@ -174,14 +183,14 @@ Tensor BlockStack::forward(const Tensor& x) const {
   };
   Tensor h = x;
   if (plan_.block_regions.empty()) {
-    for (std::int64_t i = 0; i < num_blocks(); ++i) {
+    for (std::int64_t i = begin; i < end; ++i) {
       const auto hooks = ranged_hooks(i);
       h = run_block(i, h);
     }
     return h;
   }
   // Block-level regions, in block order; blocks outside any region run plainly.
-  for (std::int64_t i = 0; i < num_blocks();) {
+  for (std::int64_t i = begin; i < end;) {
     const auto hooks = ranged_hooks(i);
     const std::int64_t r = region_of_[std::size_t(i)];
     if (r < 0) {

@@ -113,6 +113,9 @@ class BlockStack : public Module {
   // regions ("block 3", "blocks 0-1") with the plan's op policy; blocks
   // outside them run plainly (their sub-regions as the plan says).
   Tensor forward(const Tensor& x) const;
+  // Blocks [begin, end) only (a pipeline stage), under the same plan; a
+  // block-level region that crosses the range is an Error naming it.
+  Tensor forward(const Tensor& x, std::int64_t begin, std::int64_t end) const;
 
   // Makes the stack run with `plan` from now on (replacing any earlier one).
   // Throws Error if the plan was parsed for more blocks than the stack has,

@@ -120,6 +120,34 @@ Tensor DecoderModel::embed(const Tensor& input_ids) const {
 
 Tensor DecoderModel::run_blocks(const Tensor& x) const { return model->blocks->forward(x); }
 
+Tensor DecoderModel::run_blocks(const Tensor& x, std::int64_t begin, std::int64_t end) const {
+  return model->blocks->forward(x, begin, end);
+}
+
+DecoderModel::LossTerms DecoderModel::take_loss_terms() const {
+  LossTerms t{std::move(aux_terms_), std::move(z_terms_), std::move(stats_)};
+  aux_terms_.clear();
+  z_terms_.clear();
+  stats_.clear();
+  return t;
+}
+
+DecoderModel::Output DecoderModel::combine_loss(const Tensor& ce, const std::vector<Tensor>& aux,
+                                                const std::vector<Tensor>& z) const {
+  Output out;
+  out.ce = ce;
+  out.loss = ce;
+  if (aux.empty()) {
+    out.aux = zeros({}, ce.device());
+  } else {
+    out.aux = aux[0];
+    for (std::size_t i = 1; i < aux.size(); ++i) out.aux = add(out.aux, aux[i]);
+    out.loss = add(out.loss, mul(out.aux, config_.aux_coef));
+  }
+  for (const Tensor& t : z) out.loss = add(out.loss, mul(t, config_.z_coef));
+  return out;
+}
+
 const Tensor& DecoderModel::output_weight() const {
   return lm_head ? lm_head->weight : model->embed_tokens->weight;
 }
@@ -166,19 +194,10 @@ DecoderModel::Output DecoderModel::forward_loss(const Tensor& tokens) const {
   aux_terms_.clear();
   z_terms_.clear();
   stats_.clear();
-  Output out;
   BlockStack::SaveHooksScope save_hooks(*model->blocks);  // the loss's saves too
-  out.logits = forward(inputs);
-  out.ce = cross_entropy(out.logits, targets);
-  out.loss = out.ce;
-  if (aux_terms_.empty()) {
-    out.aux = zeros({}, out.ce.device());
-  } else {
-    out.aux = aux_terms_[0];
-    for (std::size_t i = 1; i < aux_terms_.size(); ++i) out.aux = add(out.aux, aux_terms_[i]);
-    out.loss = add(out.loss, mul(out.aux, config_.aux_coef));
-  }
-  for (const Tensor& z : z_terms_) out.loss = add(out.loss, mul(z, config_.z_coef));
+  Tensor logits = forward(inputs);
+  Output out = combine_loss(cross_entropy(logits, targets), aux_terms_, z_terms_);
+  out.logits = logits;
   aux_terms_.clear();
   z_terms_.clear();
   return out;

@@ -87,6 +87,20 @@ class DecoderModel : public Module {
   Tensor embed(const Tensor& input_ids) const;
   // Runs every block under the recompute plan set on model->blocks.
   Tensor run_blocks(const Tensor& x) const;
+  // Pipeline stages: blocks [begin, end) only, under the same plan.
+  Tensor run_blocks(const Tensor& x, std::int64_t begin, std::int64_t end) const;
+  // The MoE layers' loss terms reported since the last forward_loss or
+  // take_loss_terms (in the order the layers ran), cleared by this call.
+  struct LossTerms {
+    std::vector<Tensor> aux, z;
+    std::vector<MoELayerStats> stats;
+  };
+  LossTerms take_loss_terms() const;
+  // The Output of cross-entropy `ce` and the MoE layers' terms (all the
+  // model's, in layer order; a pipeline gathers them from its stages):
+  // loss = ce + aux_coef * (aux_0 + aux_1 + ...) + z_coef * z_0 + ..., the
+  // operations forward_loss runs, so the same bits.
+  Output combine_loss(const Tensor& ce, const std::vector<Tensor>& aux, const std::vector<Tensor>& z) const;
   // Final norm and LM head: [B, S, d] -> logits.
   Tensor head(const Tensor& x) const;
   // The LM head's weight [vocab, d]: lm_head's, or the embedding's when tied.

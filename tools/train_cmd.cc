@@ -112,6 +112,12 @@ int run_train(const std::vector<std::string>& args) {
            int_flag("dp", "data parallel over N ranks (run under `mpirun -np N`; 0: the job's size)", 0, {.min = 0}),
            int_flag("ep", "expert parallel: split the routed experts over N ranks (N divides the job's size)", 1,
                     {.min = 1}),
+           int_flag("pp", "pipeline parallel: split the blocks into N stages, one per rank (run under `mpirun -np N`); "
+                    "micro-batches from --grad-accum", 1, {.min = 1}),
+           text_flag("pp-schedule", "with --pp: 1f1b (warm-up, one forward one backward, cool-down) or gpipe (all "
+                     "forwards, then all backwards)", "1f1b"),
+           text_flag("pp-split", "with --pp: the first block of each stage after the first, e.g. 3,6 (default: "
+                     "balanced by parameter count)"),
            number_flag("bucket-mb", "data-parallel gradient bucket size in MiB", 25,
                        {.min = 0, .min_open = true, .max = 1 << 20}),
            int_flag("reuse-routing", "1: recompute replays reuse the forward's exchanged expert counts; 0: exchange again",
@@ -195,6 +201,9 @@ int run_train(const std::vector<std::string>& args) {
   o.device = device_flag(f);
   o.dp = f.get_int("dp");
   o.ep = f.get_int("ep");
+  o.pp = f.get_int("pp");
+  o.pp_schedule = f.get("pp-schedule");
+  o.pp_split = f.get("pp-split");
   o.bucket_bytes = std::int64_t(f.get_double("bucket-mb") * double(1 << 20));
   o.reuse_routing_metadata = f.get_int("reuse-routing") != 0;
   if (f.has("comm-timeout")) set_comm_timeout(f.get_double("comm-timeout"));
@@ -242,6 +251,14 @@ int run_train(const std::vector<std::string>& args) {
   std::printf("remat train: config %s (%lld parameters, %lld layers, d %lld), %d threads\n", c.name.c_str(),
               static_cast<long long>(trainer.model().num_parameters()), static_cast<long long>(c.n_layers),
               static_cast<long long>(c.d_model), num_threads());
+  if (const PipelineStage* pp = trainer.pipeline()) {
+    std::string stages;
+    for (std::int64_t st = 0; st < pp->stages(); ++st)
+      stages += fmt("%s[%lld, %lld)", st ? " " : "", static_cast<long long>(pp->bounds()[std::size_t(st)]),
+                    static_cast<long long>(pp->bounds()[std::size_t(st + 1)]));
+    std::printf("  pipeline: %lld stages (blocks %s), %s, %lld micro-batches\n", static_cast<long long>(pp->stages()),
+                stages.c_str(), pipeline_schedule_name(pp->schedule()), static_cast<long long>(o.grad_accum));
+  }
   if (trainer.world_size() > 1)
     std::printf("  %d ranks: data parallel %d (batch %lld per rank), expert parallel %lld\n", trainer.world_size(),
                 trainer.world_size(), static_cast<long long>(c.batch / trainer.world_size()),
@@ -274,6 +291,7 @@ int run_train(const std::vector<std::string>& args) {
       j.set("offloaded_bytes", s.offloaded_bytes).set("offload_ms", s.offload_wait_ms);
       j.set("compressed_saved_bytes", s.compressed_saved_bytes);
       j.set("boundary_bytes", s.boundary_bytes);
+      if (trainer.pipeline()) j.set("pipeline_in_flight", s.pipeline_in_flight);
       j.set("skipped", s.skipped).set("skipped_steps", s.skipped_steps);
       j.set("loss_scale", s.loss_scale).set("overflow_steps", s.overflow_steps);
       if (trainer.world_size() > 1) {

@@ -93,7 +93,7 @@ double chunk_sum_squares(const float* x, std::int64_t n) {
 
 // The sum of squares of the CPU gradients (any dtype and layout; converted to
 // contiguous f32 first): chunk partials computed in parallel, added in chunk order.
-double cpu_grad_sq_sum(const std::vector<Tensor>& params) {
+std::vector<double> cpu_grad_sq_partials(const std::vector<Tensor>& params) {
   std::vector<Tensor> keep;  // the contiguous f32 gradients the chunks point into
   std::vector<CpuSpan> chunks;
   for (const Tensor& p : params) {
@@ -107,8 +107,12 @@ double cpu_grad_sq_sum(const std::vector<Tensor>& params) {
   }
   std::vector<double> partial(chunks.size());
   for_each_chunk(chunks.size(), [&](std::size_t c) { partial[c] = chunk_sum_squares(chunks[c].data, chunks[c].n); });
+  return partial;
+}
+
+double cpu_grad_sq_sum(const std::vector<Tensor>& params) {
   double total = 0;
-  for (double s : partial) total += s;
+  for (double s : cpu_grad_sq_partials(params)) total += s;
   return total;
 }
 
@@ -254,6 +258,12 @@ std::int64_t persistent_bytes(const std::vector<std::pair<std::string, Tensor>>&
   for (const auto& [name, p] : params) n += 2 * std::int64_t(p.nbytes());  // weight + gradient
   for (const auto& [name, t] : opt.state()) n += std::int64_t(t.nbytes());
   return n;
+}
+
+std::vector<double> grad_sq_partials(const std::vector<Tensor>& params) {
+  REMAT_CHECK(cuda_devices(params).empty(), DeviceError,
+              "grad_sq_partials: CPU gradients only (CUDA gradients are summed per device by grad_sq_sum)");
+  return cpu_grad_sq_partials(params);
 }
 
 double grad_sq_sum(const std::vector<Tensor>& params) {

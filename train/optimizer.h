@@ -66,6 +66,10 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 // chunk summed in double over 16 fixed lanes combined pairwise, the chunk
 // partials added in order; then each CUDA device's sum (multi_tensor_sum_squares).
 double grad_sq_sum(const std::vector<Tensor>& params);
+// The chunk partials grad_sq_sum adds in order (CPU gradients only, else
+// DeviceError): a pipeline stage's partials, concatenated in stage order and
+// added in order, give one process's sum bit for bit.
+std::vector<double> grad_sq_partials(const std::vector<Tensor>& params);
 void clip_grads_to(const std::vector<Tensor>& params, double norm, double max_norm);
 // Multiplies every gradient by `factor` in place (x *= factor in f32; every
 // gradient must be contiguous f32, else DTypeError before anything changes),

@@ -101,6 +101,27 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   RecomputePlan plan = RecomputePlan::parse(opts_.recompute, c.n_layers);
   plan.offload_dir = opts_.offload_dir;
   auto world = opts_.group ? opts_.group : world_group();
+  std::shared_ptr<ProcessGroup> pipeline_group;
+  if (opts_.pp > 1) {
+    // The stages share each batch by running its micro-batches in turn: for
+    // the data-parallel layout this job is one process.
+    auto refuse = [&](bool bad, const std::string& what) {
+      REMAT_CHECK(!bad, Error, "--pp ", opts_.pp, ": ", what);
+    };
+    refuse(world->size() != opts_.pp, "this job has " + std::to_string(world->size()) + " rank(s); start it with "
+           "`mpirun -np " + std::to_string(opts_.pp) + " ./remat train ... --pp " + std::to_string(opts_.pp) +
+           "` (one rank per stage; pipeline x data / expert parallel is not built yet)");
+    refuse(opts_.ep != 1 || opts_.dp > 1, "--dp / --ep with a pipeline are not built yet");
+    refuse(c.dropout > 0 || c.random_routing, "dropout and random routing draw in one process's order of blocks; "
+           "not built yet with a pipeline (set dropout 0, learned routing)");
+    refuse(c.tie_embeddings, "tied embeddings live on the first and the last stage; not built yet");
+    refuse(!opts_.device.is_cpu(), "pipelines run on the CPU under MPI for now (NCCL stages are not built yet)");
+    refuse(opts_.dtype == "f16", "f16 loss scaling with a pipeline is not built yet (use f32 or bf16)");
+    pipeline_group = world;
+    world = single_process_group();
+  } else {
+    REMAT_CHECK(opts_.pp == 1, Error, "--pp must be >= 1, got ", opts_.pp);
+  }
   REMAT_CHECK(opts_.dp == 0 || opts_.dp == world->size(), Error, "--dp ", opts_.dp, ": this job has ", world->size(),
               " rank(s); start it with `mpirun -np ", opts_.dp, " ./remat train ...`");
   REMAT_CHECK(c.batch % (world->size() * opts_.grad_accum) == 0, Error, "--grad-accum ", opts_.grad_accum,
@@ -135,9 +156,23 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   use_device_if_present(opts_.device);
   model_->to(opts_.device);  // weights are drawn on the CPU, so every device starts from the same ones
   reducer_ = make_grad_reducer(layout_, model_->named_parameters(), opts_.bucket_bytes);
+  if (pipeline_group) {
+    std::vector<std::int64_t> bounds;
+    if (!opts_.pp_split.empty()) {
+      bounds = parse_pp_split(opts_.pp_split, c.n_layers, opts_.pp);
+    } else {
+      std::vector<std::int64_t> block_params;
+      for (const auto& layer : model_->model->layers) block_params.push_back(layer->num_parameters());
+      bounds = balanced_stages(block_params, model_->model->embed_tokens->num_parameters(),
+                               model_->model->norm->num_parameters() + model_->output_weight().numel(), opts_.pp);
+    }
+    pipeline_group_ = pipeline_group;
+    pipeline_ = std::make_unique<PipelineStage>(*model_, pipeline_group, bounds,
+                                                parse_pipeline_schedule(opts_.pp_schedule));
+  }
   AdamWOptions ao;
   ao.weight_decay = opts_.weight_decay;
-  optimizer_ = std::make_unique<AdamW>(model_->named_parameters(), ao);
+  optimizer_ = std::make_unique<AdamW>(pipeline_ ? pipeline_->parameters() : model_->named_parameters(), ao);
   sampler_ = std::make_unique<BatchSampler>(corpus_.train_source(), c.batch, c.seq, opts_.seed + 1);
   if (!opts_.resume_dir.empty()) resume(opts_.resume_dir);
 }
@@ -164,8 +199,10 @@ double Trainer::evaluate() {
   RngShardScope shard(rank(), world_size());  // random routes: this rank's share of the batch's
   Generator& gen = default_generator(opts_.device);
   const RngState rng = gen.state();  // evaluation leaves training's stream alone
-  for (std::int64_t i = 0; i < opts_.eval_batches; ++i)
-    total += model_->forward_loss(batch_shard(val.next(), *layout_.world).to(opts_.device)).ce.item();
+  for (std::int64_t i = 0; i < opts_.eval_batches; ++i) {
+    const Tensor batch = batch_shard(val.next(), *layout_.world).to(opts_.device);
+    total += pipeline_ ? pipeline_->eval_ce(batch) : model_->forward_loss(batch).ce.item();
+  }
   gen.set_state(rng);
   model_->train(true);
   return global_mean(total / double(std::max<std::int64_t>(opts_.eval_batches, 1)));
@@ -215,7 +252,17 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
       const std::int64_t M = opts_.grad_accum, rows = batch.size(0) / M;
       loss = 0;
       s.aux_loss = 0;
-      for (std::int64_t m = 0; m < M; ++m) {
+      if (pipeline_) {
+        // The stages run the micro-batches in their schedule's order; every
+        // rank gets every micro-batch's loss (the same bits as one process).
+        const auto r = pipeline_->step(batch, M, loss_scale_ / double(M));
+        for (std::int64_t m = 0; m < M; ++m) {
+          loss += r.loss[std::size_t(m)] / double(M);
+          s.aux_loss += r.aux[std::size_t(m)] / double(M);
+        }
+        s.pipeline_in_flight = r.peak_in_flight;
+      }
+      for (std::int64_t m = 0; m < (pipeline_ ? 0 : M); ++m) {
         Tensor mb = M == 1 ? batch : batch.narrow(0, m * rows, rows);
         auto out = model_->forward_loss(mb);
         double local = out.loss.item();
@@ -264,7 +311,12 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
       ++skipped;
       s.skipped = true;
     };
-    const std::vector<Tensor> params = model_->parameters();
+    std::vector<Tensor> params;
+    if (pipeline_) {
+      for (auto& [name, p] : pipeline_->parameters()) params.push_back(p);
+    } else {
+      params = model_->parameters();
+    }
     if (!std::isfinite(loss)) {
       s.grad_norm = std::numeric_limits<double>::quiet_NaN();  // backward did not run
       reject("loss", loss);
@@ -282,7 +334,9 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
       // experts' squares summed in rank order), so is the norm, and so is
       // the decision taken on it.
       double sq;
-      if (layout_.ep > 1) {
+      if (pipeline_) {
+        sq = pipeline_->grad_sq_sum(params);  // every stage's partials in order: one process's sum
+      } else if (layout_.ep > 1) {
         // Experts are split over the expert-parallel group: their squares are
         // summed over it; the rest is the same on every rank.
         std::vector<Tensor> dense, experts;
@@ -372,6 +426,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::one_process_parameters() const {
+  if (pipeline_) return pipeline_->gather_to_first(pipeline_->parameters(), /*optimizer_state=*/false);
   return gather_experts(model_->named_parameters());
 }
 
@@ -402,9 +457,11 @@ std::vector<std::pair<std::string, Tensor>> Trainer::gather_experts(
 }
 
 void Trainer::save(const std::string& dir) const {
-  std::vector<std::pair<std::string, Tensor>> tensors = model_->named_parameters();
+  std::vector<std::pair<std::string, Tensor>> tensors =
+      pipeline_ ? pipeline_->parameters() : model_->named_parameters();
   for (auto& t : optimizer_->state()) tensors.push_back(t);
   tensors = gather_experts(std::move(tensors));
+  if (pipeline_) tensors = pipeline_->gather_to_first(std::move(tensors), /*optimizer_state=*/true);
   if (rank() == 0) {
     const RngState data = sampler_->state();
     const RngState dropout = default_generator(opts_.device).state();
@@ -419,7 +476,7 @@ void Trainer::save(const std::string& dir) const {
         {"data_rng_offset", std::to_string(data.offset)},
         {"rng_seed", std::to_string(dropout.seed)},
         {"rng_offset", std::to_string(dropout.offset)},
-        {"world_size", std::to_string(world_size())},
+        {"world_size", std::to_string(pipeline_ ? pipeline_->stages() : world_size())},
         {"ep", std::to_string(layout_.ep)},
         // f16's dynamic loss scale (1 and 0 for f32/bf16), so a resumed run
         // continues with the same scale and growth count.
@@ -430,6 +487,7 @@ void Trainer::save(const std::string& dir) const {
     save_state_files(dir, encode_safetensors(tensors, meta, {}, state_file(dir)));
   }
   layout_.world->barrier();  // nobody reads the state before it is complete
+  if (pipeline_) pipeline_group_->barrier();
 }
 
 void Trainer::resume(const std::string& dir) {

@@ -17,6 +17,7 @@
 #include "train/data.h"
 #include "train/optimizer.h"
 #include "train/parallel_layout.h"
+#include "train/pipeline.h"
 
 namespace remat {
 
@@ -62,6 +63,17 @@ struct TrainOptions {
   std::int64_t dp = 0;
   std::int64_t ep = 1;
   std::int64_t bucket_bytes = 25ll << 20;  // data-parallel gradient buckets
+  // Pipeline parallel (train/pipeline.h): pp stages, one per rank of the job
+  // (its size must be pp; not yet with dp or ep), micro-batches from
+  // grad_accum, in the order of pp_schedule ("1f1b" or "gpipe"). pp_split:
+  // the first block of each stage after the first (empty: balanced by
+  // parameter count). Not yet with dropout or random routing (their draws
+  // follow one process's order), tied embeddings, CUDA or f16. Saves gather
+  // every stage's tensors to rank 0 (one process's layout: any layout
+  // resumes them); every stage resumes its own from the file.
+  std::int64_t pp = 1;
+  std::string pp_schedule = "1f1b";
+  std::string pp_split;
   bool reuse_routing_metadata = true;      // replays reuse the forward's exchanged counts
   std::shared_ptr<ProcessGroup> group;     // the ranks of this run (null: world_group())
 
@@ -139,6 +151,7 @@ struct StepStats {
   std::int64_t compressed_saved_bytes = 0;
   // Several processes: this rank's collectives this step (bytes sent).
   CommCounters comm;
+  std::int64_t pipeline_in_flight = 0;    // --pp: micro-batches this stage held activations for at once
   std::int64_t grad_buckets = 0;          // data-parallel buckets
   std::int64_t grad_buckets_overlapped = 0;  // ... started while backward was still running
   std::optional<double> val_loss;
@@ -208,8 +221,13 @@ class Trainer {
   double loss_scale() const { return loss_scale_; }
   std::int64_t loss_scale_good_steps() const { return good_steps_; }
   void set_loss_scale(double scale, std::int64_t good_steps);
-  int rank() const { return layout_.world->rank(); }
+  // This process's rank in the job; world_size(): the ranks that share each
+  // batch (data / expert parallel; 1 under a pipeline, whose stages share it
+  // by running its micro-batches in turn).
+  int rank() const { return pipeline_ ? int(pipeline_->stage()) : layout_.world->rank(); }
   int world_size() const { return layout_.world->size(); }
+  // The pipeline stage of this rank (null without --pp).
+  const PipelineStage* pipeline() const { return pipeline_.get(); }
   const ParallelLayout& layout() const { return layout_; }
   const Corpus& corpus() const { return corpus_; }
   DecoderModel& model() { return *model_; }
@@ -229,6 +247,8 @@ class Trainer {
   std::int64_t good_steps_ = 0;
   ParallelLayout layout_;
   std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<PipelineStage> pipeline_;
+  std::shared_ptr<ProcessGroup> pipeline_group_;
   double global_mean(double local) const;
   // `tensors` with every rank's routed experts gathered (one process's layout).
   std::vector<std::pair<std::string, Tensor>> gather_experts(std::vector<std::pair<std::string, Tensor>> tensors) const;

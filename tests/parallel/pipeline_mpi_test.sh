@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Pipeline parallelism (#22) under mpirun: `train --pp P` with gpipe and 1f1b,
+# P = 2 and 4, plans none and per_block, dense and MoE: the saved state
+# (every parameter and both AdamW moments, gathered to rank 0) equals one
+# process with the same micro-batches bit for bit; a pipeline state resumes
+# in one process and a one-process state under a pipeline, continuing as the
+# uninterrupted run; stage 0's activation peak under 1F1B is P/M of GPipe's
+# (in-flight micro-batches P vs M) and per_block shrinks each in-flight
+# micro-batch to its boundaries; a killed stage makes the others exit non-zero
+# naming the send / recv they were in; what is not built yet is refused.
+set -u
+# shellcheck source=tests/script_checks.sh
+source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"
+flags=(--oversubscribe)
+[ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
+export OMP_NUM_THREADS=1
+remat=./bazel-bin/tools/remat
+py=/usr/bin/python3
+same_state() {  # A B: the two states hold the same tensors, bit for bit
+  $py - "$1/state.safetensors" "$2/state.safetensors" <<'PY'
+import sys
+sys.path.insert(0, 'tools/reference')
+import reference
+a, _ = reference.read_safetensors(sys.argv[1])
+b, _ = reference.read_safetensors(sys.argv[2])
+assert set(a) == set(b), sorted(set(a) ^ set(b))[:5]
+bad = [k for k in a if a[k].dtype != b[k].dtype or not (a[k] == b[k]).all()]
+assert not bad, f'{len(bad)} of {len(a)} tensors differ, e.g. {bad[:3]}'
+PY
+}
+for config in tiny tiny-moe; do
+  common=(--config "$config" --steps 3 --warmup 1 --eval-every 0 --seed 5 --grad-accum 4 --progress off)
+  $remat train "${common[@]}" --save "$tmp/one-$config" > /dev/null 2>&1
+  for P in 2 4; do
+    for sched in gpipe 1f1b; do
+      for plan in none per_block; do
+        name="$config pp $P $sched $plan"
+        timeout 300 mpirun "${flags[@]}" -np $P $remat train "${common[@]}" --pp $P --pp-schedule $sched \
+          --recompute $plan --save "$tmp/pp" > "$tmp/pp.txt" 2>&1
+        check "mpirun -np $P train --pp $P ($name): the state equals one process's bit for bit" \
+          "same_state $tmp/one-$config $tmp/pp || { tail -5 $tmp/pp.txt; false; }"
+        rm -rf "$tmp/pp"
+      done
+    done
+  done
+done
+
+# Resume across layouts: 2 of 4 steps under a pipeline, the rest in one
+# process, and the other way round, equal the uninterrupted run.
+common=(--config tiny-moe --steps 4 --warmup 1 --eval-every 0 --seed 5 --grad-accum 4 --progress off)
+$remat train "${common[@]}" --save "$tmp/whole" > /dev/null 2>&1
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --pp 2 --stop-after 2 --save "$tmp/a" > /dev/null 2>&1
+$remat train "${common[@]}" --resume "$tmp/a" --save "$tmp/a" > "$tmp/a.txt" 2>&1
+check "a pipeline state resumes in one process and ends as the uninterrupted run" \
+  "same_state $tmp/whole $tmp/a || { tail -3 $tmp/a.txt; false; }"
+$remat train "${common[@]}" --stop-after 2 --save "$tmp/b" > /dev/null 2>&1
+timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${common[@]}" --pp 4 --pp-split 1,2,3 --resume "$tmp/b" \
+  --save "$tmp/b" > "$tmp/b.txt" 2>&1
+check "a one-process state resumes under --pp 4 and ends as the uninterrupted run" \
+  "same_state $tmp/whole $tmp/b || { tail -3 $tmp/b.txt; false; }"
+
+# Memory on stage 0 (rank 0 logs its own allocator), P = 4, M = 8.
+mem=(--config tiny --steps 2 --warmup 1 --eval-every 0 --seed 5 --grad-accum 8 --batch 16 --progress off)
+for plan in none per_block; do
+  for sched in gpipe 1f1b; do
+    timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${mem[@]}" --pp 4 --pp-schedule $sched --recompute $plan \
+      --log "$tmp/mem-$plan-$sched.jsonl" > /dev/null 2>&1
+  done
+done
+check "stage 0's activations: 1F1B holds P of M micro-batches (P/M of GPipe's, within 15%); per_block keeps boundaries" \
+  "$py - $tmp <<'PY'
+import json, sys
+d = sys.argv[1]
+def last(n): return [json.loads(l) for l in open(f'{d}/mem-{n}.jsonl')][-1]
+g, f = last('none-gpipe'), last('none-1f1b')
+pg, pf = last('per_block-gpipe'), last('per_block-1f1b')
+assert (g['pipeline_in_flight'], f['pipeline_in_flight']) == (8, 4), (g, f)
+ratio = f['activation_bytes'] / g['activation_bytes']
+print(f'none: gpipe {g[\"activation_bytes\"]} 1f1b {f[\"activation_bytes\"]} ratio {ratio:.3f} (P/M 0.5)')
+assert abs(ratio - 0.5) <= 0.15 * 0.5, ratio
+# Bytes one in-flight micro-batch holds: the difference of the schedules over
+# the 4 micro-batches more that GPipe holds.
+per_none = (g['activation_bytes'] - f['activation_bytes']) / 4
+per_block = (pg['activation_bytes'] - pf['activation_bytes']) / 4
+print(f'held per in-flight micro-batch: none {per_none:.0f}, per_block {per_block:.0f}')
+# per_block: the block's input and its output (2 x 1 x 128 x 128 f32 = 131072 bytes) at most.
+assert per_block <= 131072 * 1.15 and per_block * 10 < per_none, (per_block, per_none)
+PY"
+
+# A killed stage ends the job; the survivors name the send / recv they were in.
+start=$(date +%s)
+REMAT_FAULT=kill:1:30 timeout 120 mpirun "${flags[@]}" -np 2 $remat train --config tiny --steps 4 --grad-accum 4 \
+  --pp 2 --progress off > "$tmp/kill.txt" 2>&1
+rc=$?
+check "a killed stage ends the job non-zero, within the timeout" \
+  '[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $(( $(date +%s) - start )) -lt 100 ]'
+check "the surviving stage names the send / recv it was in" \
+  'grep -qE "remat: .*(send to|recv from) rank 1 \(tag [0-9]+, phase" "$tmp/kill.txt" || { cat "$tmp/kill.txt"; false; }'
+
+# Not built yet: clear refusals.
+fails_with() {  # TEXT NP ARGS...
+  local text=$1 np=$2
+  shift 2
+  ! timeout 120 mpirun "${flags[@]}" -np "$np" $remat train --steps 1 --progress off "$@" > "$tmp/err.txt" 2>&1 &&
+    grep -qF -- "$text" "$tmp/err.txt" || { cat "$tmp/err.txt"; false; }
+}
+check "--pp with another job size is refused" "fails_with 'this job has 2 rank(s)' 2 --config tiny --pp 4"
+check "--pp with dropout is refused, saying why" \
+  "fails_with 'dropout and random routing draw in one process' 2 --config tests/checkpoint/data/tiny_dropout.json --pp 2"
+check "a region across a stage boundary is refused" \
+  "fails_with 'crosses the range [0, 2) (a pipeline stage boundary)' 2 --config tiny --pp 2 --recompute chunk"
+finish

@@ -1,0 +1,326 @@
+#include "train/pipeline.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "engine/autograd.h"
+#include "engine/error.h"
+#include "engine/grad_mode.h"
+#include "ops/loss.h"
+#include "ops/ops.h"
+#include "train/optimizer.h"
+
+namespace remat {
+
+PipelineSchedule parse_pipeline_schedule(const std::string& name) {
+  if (name == "gpipe") return PipelineSchedule::gpipe;
+  if (name == "1f1b") return PipelineSchedule::one_f_one_b;
+  throw Error("--pp-schedule '" + name + "': expected gpipe (all forwards, then all backwards) or 1f1b");
+}
+
+const char* pipeline_schedule_name(PipelineSchedule s) { return s == PipelineSchedule::gpipe ? "gpipe" : "1f1b"; }
+
+std::vector<PipelineOp> pipeline_ops(PipelineSchedule schedule, std::int64_t stages, std::int64_t stage,
+                                     std::int64_t micro_batches) {
+  REMAT_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1, Error, "pipeline_ops: stage ", stage,
+              " of ", stages, " with ", micro_batches, " micro-batches (need 0 <= stage < stages, micro-batches >= 1)");
+  const std::int64_t M = micro_batches;
+  std::vector<PipelineOp> ops;
+  if (schedule == PipelineSchedule::gpipe) {
+    for (std::int64_t m = 0; m < M; ++m) ops.push_back({true, m});
+    for (std::int64_t m = 0; m < M; ++m) ops.push_back({false, m});
+    return ops;
+  }
+  // 1F1B: warm-up forwards so that the last stage's first backward can
+  // start as soon as possible, then alternate, then drain.
+  const std::int64_t warmup = std::min(M, stages - stage - 1);
+  std::int64_t f = 0, b = 0;
+  for (; f < warmup; ++f) ops.push_back({true, f});
+  while (f < M) {
+    ops.push_back({true, f++});
+    ops.push_back({false, b++});
+  }
+  while (b < M) ops.push_back({false, b++});
+  return ops;
+}
+
+std::int64_t max_in_flight(const std::vector<PipelineOp>& ops) {
+  std::int64_t now = 0, most = 0;
+  for (const PipelineOp& op : ops) {
+    now += op.forward ? 1 : -1;
+    most = std::max(most, now);
+  }
+  return most;
+}
+
+std::vector<std::int64_t> balanced_stages(const std::vector<std::int64_t>& block_params, std::int64_t first_extra,
+                                          std::int64_t last_extra, std::int64_t stages) {
+  const auto n = std::int64_t(block_params.size());
+  REMAT_CHECK(stages >= 1 && n >= stages, Error, "--pp ", stages, ": the model has ", n,
+              " blocks; every stage needs at least one");
+  std::vector<std::int64_t> prefix(std::size_t(n + 1), 0);
+  for (std::int64_t i = 0; i < n; ++i) prefix[std::size_t(i + 1)] = prefix[std::size_t(i)] + block_params[std::size_t(i)];
+  auto cost = [&](std::int64_t s, std::int64_t a, std::int64_t b) {  // stage s holding blocks [a, b)
+    return prefix[std::size_t(b)] - prefix[std::size_t(a)] + (s == 0 ? first_extra : 0) +
+           (s == stages - 1 ? last_extra : 0);
+  };
+  // best[s][b]: the least largest stage over stages 0..s holding blocks [0, b).
+  const std::int64_t inf = std::numeric_limits<std::int64_t>::max();
+  std::vector<std::vector<std::int64_t>> best(std::size_t(stages), std::vector<std::int64_t>(std::size_t(n + 1), inf));
+  std::vector<std::vector<std::int64_t>> from(best.size(), std::vector<std::int64_t>(std::size_t(n + 1), -1));
+  for (std::int64_t b = 1; b <= n; ++b) best[0][std::size_t(b)] = cost(0, 0, b);
+  for (std::int64_t s = 1; s < stages; ++s)
+    for (std::int64_t b = s + 1; b <= n; ++b)
+      for (std::int64_t a = s; a < b; ++a) {  // stage s holds [a, b)
+        if (best[std::size_t(s - 1)][std::size_t(a)] == inf) continue;
+        const std::int64_t v = std::max(best[std::size_t(s - 1)][std::size_t(a)], cost(s, a, b));
+        if (v < best[std::size_t(s)][std::size_t(b)]) {
+          best[std::size_t(s)][std::size_t(b)] = v;
+          from[std::size_t(s)][std::size_t(b)] = a;
+        }
+      }
+  std::vector<std::int64_t> bounds(std::size_t(stages + 1));
+  bounds[std::size_t(stages)] = n;
+  for (std::int64_t s = stages - 1, b = n; s > 0; --s) {
+    b = from[std::size_t(s)][std::size_t(b)];
+    bounds[std::size_t(s)] = b;
+  }
+  bounds[0] = 0;
+  return bounds;
+}
+
+std::vector<std::int64_t> parse_pp_split(const std::string& text, std::int64_t blocks, std::int64_t stages) {
+  std::vector<std::int64_t> bounds = {0};
+  std::stringstream ss(text);
+  std::string part;
+  auto bad = [&](const std::string& why) {
+    return Error("--pp-split '" + text + "': " + why + "; expected " + std::to_string(stages - 1) +
+                 " increasing block indices in (0, " + std::to_string(blocks) + "), e.g. the first block of each "
+                 "stage after the first");
+  };
+  while (std::getline(ss, part, ',')) {
+    std::size_t used = 0;
+    std::int64_t v = 0;
+    try {
+      v = std::stoll(part, &used);
+    } catch (const std::exception&) {
+      throw bad("'" + part + "' is not a number");
+    }
+    if (used != part.size()) throw bad("'" + part + "' is not a number");
+    if (v <= bounds.back() || v >= blocks) throw bad("boundary " + std::to_string(v) + " is out of order or range");
+    bounds.push_back(v);
+  }
+  if (std::int64_t(bounds.size()) != stages) throw bad(std::to_string(bounds.size() - 1) + " boundaries given");
+  bounds.push_back(blocks);
+  return bounds;
+}
+
+}  // namespace remat
+
+// ---- the stage executor ----------------------------------------------------
+
+namespace remat {
+
+PipelineStage::PipelineStage(DecoderModel& model, std::shared_ptr<ProcessGroup> group, std::vector<std::int64_t> bounds,
+                             PipelineSchedule schedule)
+    : model_(model), group_(std::move(group)), bounds_(std::move(bounds)), schedule_(schedule) {
+  const std::int64_t P = std::int64_t(bounds_.size()) - 1;
+  REMAT_CHECK(P >= 1 && P == group_->size() && bounds_.front() == 0 && bounds_.back() == model.config().n_layers,
+              Error, "PipelineStage: ", P, " stages over ", group_->size(), " ranks and ", model.config().n_layers,
+              " blocks");
+  stage_ = group_->rank();
+  for (std::int64_t s = 0; s < P; ++s) {
+    std::int64_t n = 0;
+    for (std::int64_t i = bounds_[std::size_t(s)]; i < bounds_[std::size_t(s + 1)]; ++i) n += model.config().is_moe_layer(i);
+    moe_layers_.push_back(n);
+  }
+}
+
+std::int64_t PipelineStage::owner(const std::string& name) const {
+  if (name.rfind("model.embed_tokens.", 0) == 0) return 0;
+  if (name.rfind("model.norm.", 0) == 0 || name.rfind("lm_head.", 0) == 0) return stages() - 1;
+  const std::string layers = "model.layers.";
+  if (name.rfind(layers, 0) == 0) {
+    const std::int64_t i = std::stoll(name.substr(layers.size(), name.find('.', layers.size()) - layers.size()));
+    for (std::int64_t st = 0; st < stages(); ++st)
+      if (bounds_[std::size_t(st)] <= i && i < bounds_[std::size_t(st + 1)]) return st;
+  }
+  throw Error("PipelineStage: parameter '" + name + "' belongs to no stage");
+}
+
+std::vector<std::pair<std::string, Tensor>> PipelineStage::gather_to_first(
+    std::vector<std::pair<std::string, Tensor>> mine, bool optimizer_state) {
+  // What stage st sends, in order: its parameters in the model's order, each
+  // followed by its two moments (shapes known to every rank: the whole model
+  // is built everywhere).
+  for (std::int64_t st = 1; st < stages(); ++st) {
+    if (stage_ != 0 && stage_ != st) continue;
+    int tag = 0;
+    for (const auto& [name, p] : model_.named_parameters()) {
+      if (owner(name) != st) continue;
+      std::vector<std::string> keys = {name};
+      if (optimizer_state) keys.insert(keys.end(), {"optimizer.exp_avg." + name, "optimizer.exp_avg_sq." + name});
+      for (const std::string& key : keys) {
+        if (stage_ == st) {
+          const auto it = std::find_if(mine.begin(), mine.end(), [&](const auto& kv) { return kv.first == key; });
+          REMAT_CHECK(it != mine.end(), Error, "pipeline save: stage ", st, " has no tensor '", key, "'");
+          group_->send(it->second.contiguous(), 0, tag++);
+        } else {
+          Tensor t = empty(p.sizes(), DType::f32);
+          group_->recv(t, int(st), tag++);
+          mine.emplace_back(key, t);
+        }
+      }
+    }
+  }
+  return mine;
+}
+
+std::vector<std::pair<std::string, Tensor>> PipelineStage::parameters() const {
+  std::vector<std::pair<std::string, Tensor>> mine;
+  for (auto& [name, p] : model_.named_parameters())
+    if (owns(name)) mine.emplace_back(name, p);
+  return mine;
+}
+
+std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::int64_t M, double seed, bool train,
+                                                    std::int64_t* peak_in_flight) {
+  const std::int64_t P = stages(), s = stage_, b0 = bounds_[std::size_t(s)], b1 = bounds_[std::size_t(s + 1)];
+  const bool first = s == 0, last = s == P - 1;
+  REMAT_CHECK(batch.dim() == 2 && batch.size(0) % M == 0, ShapeError, "pipeline: a batch of ",
+              shape_str(batch.sizes()), " does not split into ", M, " micro-batches");
+  const std::int64_t rows = batch.size(0) / M, S = batch.size(1) - 1, d = model_.config().d_model;
+  const DType act = model_.compute_dtype();
+  const auto& cfg = model_.config();
+  struct Micro {
+    Tensor x, y, ce;
+    DecoderModel::LossTerms terms;
+  };
+  std::vector<Micro> mb(static_cast<std::size_t>(M));
+  std::vector<std::shared_ptr<CommWork>> sends;
+  std::vector<Tensor> sent;  // kept alive until the sends complete
+  // Evaluation: the forward of one micro-batch (the whole batch), no backward.
+  const auto ops = train ? pipeline_ops(schedule_, P, s, M) : std::vector<PipelineOp>{{true, 0}};
+  std::int64_t held = 0;
+  if (peak_in_flight) *peak_in_flight = 0;
+  for (const PipelineOp& op : ops) {
+    Micro& u = mb[std::size_t(op.micro)];
+    const Tensor rows_m = batch.narrow(0, op.micro * rows, rows);
+    if (op.forward) {
+      BlockStack::SaveHooksScope hooks(*model_.model->blocks);
+      if (first) {
+        u.x = model_.embed(rows_m.narrow(1, 0, S).contiguous());
+      } else {
+        u.x = empty({rows, S, d}, act);
+        group_->recv(u.x, int(s - 1), int(2 * op.micro));
+        if (train) u.x.set_requires_grad(true);
+      }
+      u.y = model_.run_blocks(u.x, b0, b1);
+      u.terms = model_.take_loss_terms();
+      if (last) {
+        u.ce = cross_entropy(model_.head(u.y), rows_m.narrow(1, 1, S).contiguous());
+      } else {
+        sent.push_back(u.y.contiguous());
+        sends.push_back(group_->isend(sent.back(), int(s + 1), int(2 * op.micro)));
+      }
+      if (peak_in_flight) *peak_in_flight = std::max(*peak_in_flight, ++held);
+      continue;
+    }
+    // Backward of micro-batch m: the output's gradient (or the loss seed)
+    // and the MoE layers' loss terms, seeded as one process's loss would
+    // seed them (d loss / d aux_i = seed * aux_coef).
+    const Tensor seed_t = full({}, seed, TensorOptions(DType::f32, kCPU));
+    std::vector<Tensor> roots, grads;
+    if (last) {
+      roots.push_back(u.ce);
+      grads.push_back(seed_t);
+    } else {
+      Tensor g = empty(u.y.sizes(), u.y.dtype());
+      group_->recv(g, int(s + 1), int(2 * op.micro + 1));
+      roots.push_back(u.y);
+      grads.push_back(g);
+    }
+    for (const Tensor& a : u.terms.aux) roots.push_back(a), grads.push_back(mul(seed_t, cfg.aux_coef));
+    for (const Tensor& z : u.terms.z) roots.push_back(z), grads.push_back(mul(seed_t, cfg.z_coef));
+    remat::backward(roots, grads);
+    if (!first) {
+      sent.push_back(u.x.grad().contiguous());
+      sends.push_back(group_->isend(sent.back(), int(s - 1), int(2 * op.micro + 1)));
+    }
+    --held;
+    u.x = u.y = Tensor();  // this micro-batch's activations go
+  }
+  for (auto& w : sends) w->wait();
+  sends.clear();
+  sent.clear();
+
+  // Every micro-batch's ce (the last stage's) and every stage's loss terms,
+  // gathered to every rank: [ce_0 .. ce_{M-1}, then per micro-batch the
+  // stage's aux values, then its z values], padded to the longest stage.
+  const std::int64_t per_stage_terms = *std::max_element(moe_layers_.begin(), moe_layers_.end());
+  const bool with_z = cfg.z_coef > 0;
+  const std::int64_t used = train ? M : 1;
+  const std::int64_t width = used * (1 + per_stage_terms * (with_z ? 2 : 1));
+  std::vector<float> mine(std::size_t(width), 0.0f);
+  for (std::int64_t m = 0; m < used; ++m) {
+    const Micro& u = mb[std::size_t(m)];
+    if (last) mine[std::size_t(m)] = float(u.ce.item());
+    std::size_t at = std::size_t(used + m * per_stage_terms * (with_z ? 2 : 1));
+    for (const Tensor& a : u.terms.aux) mine[at++] = float(a.item());
+    for (const Tensor& z : u.terms.z) mine[at++] = float(z.item());
+  }
+  const std::vector<float> all = group_->all_gather(from_vector<float>(mine, {width})).to_vector<float>();
+  std::vector<double> out;  // loss_0.., then aux_0..
+  std::vector<double> aux_values;
+  for (std::int64_t m = 0; m < used; ++m) {
+    std::vector<Tensor> aux, z;
+    for (std::int64_t st = 0; st < P; ++st) {
+      std::size_t at = std::size_t(st * width + used + m * per_stage_terms * (with_z ? 2 : 1));
+      for (std::int64_t i = 0; i < moe_layers_[std::size_t(st)]; ++i) aux.push_back(full({}, double(all[at++])));
+      if (with_z)
+        for (std::int64_t i = 0; i < moe_layers_[std::size_t(st)]; ++i) z.push_back(full({}, double(all[at++])));
+    }
+    const Tensor ce = full({}, double(all[std::size_t((P - 1) * width + m)]));
+    const DecoderModel::Output o = model_.combine_loss(ce, aux, z);
+    out.push_back(train ? o.loss.item() : o.ce.item());
+    aux_values.push_back(o.aux.item());
+  }
+  out.insert(out.end(), aux_values.begin(), aux_values.end());
+  return out;
+}
+
+PipelineStage::StepResult PipelineStage::step(const Tensor& batch, std::int64_t micro_batches, double seed) {
+  StepResult r;
+  const std::vector<double> v = forward_backward(batch, micro_batches, seed, true, &r.peak_in_flight);
+  r.loss.assign(v.begin(), v.begin() + micro_batches);
+  r.aux.assign(v.begin() + micro_batches, v.end());
+  return r;
+}
+
+double PipelineStage::eval_ce(const Tensor& batch) {
+  NoGradGuard ng;
+  return forward_backward(batch, 1, 1.0, false, nullptr)[0];
+}
+
+double PipelineStage::grad_sq_sum(const std::vector<Tensor>& params) {
+  const std::vector<double> partials = grad_sq_partials(params);
+  // Variable lengths: gather the counts, then the partials as i64 bits padded to the longest.
+  const auto counts = group_->all_gather(from_vector<std::int64_t>({std::int64_t(partials.size())}, {1}))
+                          .to_vector<std::int64_t>();
+  const std::int64_t width = std::max<std::int64_t>(1, *std::max_element(counts.begin(), counts.end()));
+  std::vector<std::int64_t> bits(std::size_t(width), 0);
+  for (std::size_t i = 0; i < partials.size(); ++i) std::memcpy(&bits[i], &partials[i], sizeof(double));
+  const auto all = group_->all_gather(from_vector<std::int64_t>(bits, {width})).to_vector<std::int64_t>();
+  double total = 0;
+  for (std::size_t st = 0; st < counts.size(); ++st)
+    for (std::int64_t i = 0; i < counts[st]; ++i) {
+      double x = 0;
+      std::memcpy(&x, &all[std::size_t(std::int64_t(st) * width + i)], sizeof(double));
+      total += x;
+    }
+  return total;
+}
+
+}  // namespace remat

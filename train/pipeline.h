@@ -1,0 +1,112 @@
+// Pipeline parallelism (DESIGN.md §6): the decoder's blocks split into P
+// contiguous stages, one per rank, micro-batches flowing forward (hidden
+// states) and backward (their gradients) between neighbouring stages by
+// point-to-point messages, in the order a schedule gives each stage.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/decoder.h"
+#include "parallel/process_group.h"
+
+namespace remat {
+
+enum class PipelineSchedule {
+  gpipe,  // every micro-batch's forward, then every backward
+  one_f_one_b,  // P - s - 1 forwards, then one forward and one backward in turn, then the remaining backwards
+};
+// "gpipe" or "1f1b"; Error naming the valid values otherwise.
+PipelineSchedule parse_pipeline_schedule(const std::string& name);
+const char* pipeline_schedule_name(PipelineSchedule s);
+
+// One step of a stage's schedule: the forward or the backward of micro-batch `micro`.
+struct PipelineOp {
+  bool forward = true;
+  std::int64_t micro = 0;
+  bool operator==(const PipelineOp& o) const { return forward == o.forward && micro == o.micro; }
+};
+
+// Stage `stage` of `stages`' order of forwards and backwards over
+// `micro_batches`. Backwards always run in micro-batch order 0, 1, ..., so a
+// parameter's gradient sums the micro-batches in the order one process
+// accumulating them would (the same bits). Error for stage outside
+// [0, stages) or micro_batches < 1.
+std::vector<PipelineOp> pipeline_ops(PipelineSchedule schedule, std::int64_t stages, std::int64_t stage,
+                                     std::int64_t micro_batches);
+
+// The most micro-batches a stage holds activations for at once under its
+// schedule (forwarded, backward not yet run): M for gpipe, min(M, P - s) for 1f1b.
+std::int64_t max_in_flight(const std::vector<PipelineOp>& ops);
+
+// Stage boundaries for `block_params[i]` parameters in block i, the first
+// stage also holding `first_extra` (the embedding) and the last `last_extra`
+// (final norm and head): P + 1 block indices 0 = b_0 < b_1 < ... < b_P =
+// blocks, stage s holding blocks [b_s, b_{s+1}), chosen to minimise the
+// largest stage's parameter count (ties: earlier boundaries). Error when
+// there are fewer blocks than stages.
+std::vector<std::int64_t> balanced_stages(const std::vector<std::int64_t>& block_params, std::int64_t first_extra,
+                                          std::int64_t last_extra, std::int64_t stages);
+
+// --pp-split "3,6": the P - 1 inner boundaries, increasing, each in
+// (0, blocks); returns all P + 1. Error naming the value otherwise.
+std::vector<std::int64_t> parse_pp_split(const std::string& text, std::int64_t blocks, std::int64_t stages);
+
+// One rank's stage of a pipeline over `group` (rank s = stage s): the
+// embedding on stage 0, blocks [bounds[s], bounds[s + 1]) of `model` (every
+// rank builds the whole model from the same seed; a stage computes and
+// updates only what it owns), the final norm, head and loss on the last.
+// Hidden states go to the next stage with tag 2m (micro-batch m), their
+// gradients back with tag 2m + 1, sends non-blocking, receives blocking.
+class PipelineStage {
+ public:
+  PipelineStage(DecoderModel& model, std::shared_ptr<ProcessGroup> group, std::vector<std::int64_t> bounds,
+                PipelineSchedule schedule);
+  std::int64_t stage() const { return stage_; }
+  std::int64_t stages() const { return std::int64_t(bounds_.size()) - 1; }
+  const std::vector<std::int64_t>& bounds() const { return bounds_; }
+  PipelineSchedule schedule() const { return schedule_; }
+  // True for the parameters this stage holds (by name).
+  bool owns(const std::string& parameter_name) const { return owner(parameter_name) == stage_; }
+  // The stage that holds a parameter (Error for a name no stage holds).
+  std::int64_t owner(const std::string& parameter_name) const;
+  // `mine` (this stage's parameters, and with `optimizer_state` their
+  // moments, named as in a state file: NAME, optimizer.exp_avg.NAME,
+  // optimizer.exp_avg_sq.NAME) with every other stage's appended on rank 0,
+  // in stage order, so rank 0 holds one process's tensors; other ranks get
+  // `mine` back. A collective.
+  std::vector<std::pair<std::string, Tensor>> gather_to_first(std::vector<std::pair<std::string, Tensor>> mine,
+                                                              bool optimizer_state);
+  std::vector<std::pair<std::string, Tensor>> parameters() const;
+
+  struct StepResult {
+    std::vector<double> loss, aux;  // per micro-batch, on every rank (combine_loss's values)
+    std::int64_t peak_in_flight = 0;  // micro-batches whose activations this stage held at once
+  };
+  // One optimizer step's forwards and backwards over `batch` [B, S + 1] cut
+  // into `micro_batches` micro-batches of consecutive rows, each backward
+  // seeded with `seed` (1 / M times the loss scale, as one process). Every
+  // rank returns every micro-batch's loss and aux (gathered from the stages),
+  // the same bits as one process's forward_loss. A collective over the group.
+  StepResult step(const Tensor& batch, std::int64_t micro_batches, double seed);
+  // Cross-entropy of `batch` as one micro-batch, forward only (no grad), on every rank.
+  double eval_ce(const Tensor& batch);
+  // The sum of squares of every stage's gradients (this stage's `params`, in
+  // parameter order): grad_sq_sum's chunk partials of all stages added in
+  // stage order, one process's sum bit for bit. A collective.
+  double grad_sq_sum(const std::vector<Tensor>& params);
+
+ private:
+  std::vector<double> forward_backward(const Tensor& batch, std::int64_t micro_batches, double seed, bool train,
+                                       std::int64_t* peak_in_flight);
+  DecoderModel& model_;
+  std::shared_ptr<ProcessGroup> group_;
+  std::vector<std::int64_t> bounds_;
+  PipelineSchedule schedule_;
+  std::int64_t stage_ = 0;
+  std::vector<std::int64_t> moe_layers_;  // MoE blocks per stage
+};
+
+}  // namespace remat
