@@ -278,6 +278,7 @@ int run_train(const std::vector<std::string>& args) {
   std::fflush(stdout);
 
   double first_val = -1, last_val = -1, last_loss = 0, tok_s_sum = 0;
+  std::vector<PipelineStageStats> last_stages;  // --pp: the last step's figures per stage
   std::int64_t n = 0, skipped = 0, overflows = 0;
   const bool f16 = o.dtype == "f16";
   const auto on_step = [&](const StepStats& s) {
@@ -291,7 +292,19 @@ int run_train(const std::vector<std::string>& args) {
       j.set("offloaded_bytes", s.offloaded_bytes).set("offload_ms", s.offload_wait_ms);
       j.set("compressed_saved_bytes", s.compressed_saved_bytes);
       j.set("boundary_bytes", s.boundary_bytes);
-      if (trainer.pipeline()) j.set("pipeline_in_flight", s.pipeline_in_flight);
+      if (trainer.pipeline()) {
+        j.set("pipeline_in_flight", s.pipeline_in_flight);
+        std::string stages = "[";
+        for (const PipelineStageStats& p : s.pipeline_stages) {
+          JsonObject o;
+          o.set("stage", p.stage).set("first_block", p.first_block).set("end_block", p.end_block);
+          o.set("peak_allocated_bytes", p.peak_allocated_bytes).set("activation_bytes", p.activation_bytes);
+          o.set("in_flight", p.in_flight).set("forward_ms", p.forward_ms).set("backward_ms", p.backward_ms);
+          o.set("idle_ms", p.idle_ms).set("bubble", p.bubble()).set("sent_bytes", p.sent_bytes);
+          stages += (stages.size() > 1 ? ", " : "") + o.str();
+        }
+        j.set_raw("pipeline_stages", stages + "]");
+      }
       j.set("skipped", s.skipped).set("skipped_steps", s.skipped_steps);
       j.set("loss_scale", s.loss_scale).set("overflow_steps", s.overflow_steps);
       if (trainer.world_size() > 1) {
@@ -350,6 +363,7 @@ int run_train(const std::vector<std::string>& args) {
       return;
     }
     last_loss = s.loss;
+    if (!s.pipeline_stages.empty()) last_stages = s.pipeline_stages;
     tok_s_sum += s.tokens_per_s;
     ++n;
     char line[320];
@@ -395,6 +409,18 @@ int run_train(const std::vector<std::string>& args) {
   if (trainer.corpus().entropy_floor >= 0)
     std::printf(" (entropy floor %.4f, start ~ %.4f)", trainer.corpus().entropy_floor, trainer.initial_loss_estimate());
   std::printf(", %.0f tokens/s on average\n", n ? tok_s_sum / double(n) : 0.0);
+  if (!last_stages.empty()) {
+    const double P = double(last_stages.size()), M = double(o.grad_accum);
+    std::printf("pipeline (last step; an even split's bubble would be (P - 1) / (M + P - 1) = %.1f%%):\n",
+                100 * (P - 1) / (M + P - 1));
+    for (const PipelineStageStats& p : last_stages)
+      std::printf("  stage %lld blocks [%lld, %lld): peak %.1f MiB, activations %.1f MiB, %lld micro-batches in flight, "
+                  "forward %.1f ms, backward %.1f ms, idle %.1f ms (bubble %.1f%%), sent %.1f MiB\n",
+                  static_cast<long long>(p.stage), static_cast<long long>(p.first_block),
+                  static_cast<long long>(p.end_block), double(p.peak_allocated_bytes) / (1 << 20),
+                  double(p.activation_bytes) / (1 << 20), static_cast<long long>(p.in_flight), p.forward_ms,
+                  p.backward_ms, p.idle_ms, 100 * p.bubble(), double(p.sent_bytes) / (1 << 20));
+  }
   if (skipped > 0 || overflows > 0)
     std::printf("skipped updates: %lld non-finite, %lld f16 overflows (loss scale now %g)\n",
                 static_cast<long long>(skipped), static_cast<long long>(overflows), trainer.loss_scale());

@@ -1,6 +1,7 @@
 #include "train/pipeline.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -186,7 +187,15 @@ std::vector<std::pair<std::string, Tensor>> PipelineStage::parameters() const {
 }
 
 std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::int64_t M, double seed, bool train,
-                                                    std::int64_t* peak_in_flight) {
+                                                    StepResult* timing) {
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
+  double idle = 0;  // waiting for a neighbour
+  auto timed_recv = [&](Tensor& t, int src, int tag) {
+    const auto t0 = Clock::now();
+    group_->recv(t, src, tag);
+    idle += ms_since(t0);
+  };
   const std::int64_t P = stages(), s = stage_, b0 = bounds_[std::size_t(s)], b1 = bounds_[std::size_t(s + 1)];
   const bool first = s == 0, last = s == P - 1;
   REMAT_CHECK(batch.dim() == 2 && batch.size(0) % M == 0, ShapeError, "pipeline: a batch of ",
@@ -204,17 +213,21 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
   // Evaluation: the forward of one micro-batch (the whole batch), no backward.
   const auto ops = train ? pipeline_ops(schedule_, P, s, M) : std::vector<PipelineOp>{{true, 0}};
   std::int64_t held = 0;
-  if (peak_in_flight) *peak_in_flight = 0;
   for (const PipelineOp& op : ops) {
     Micro& u = mb[std::size_t(op.micro)];
     const Tensor rows_m = batch.narrow(0, op.micro * rows, rows);
+    const auto op_start = Clock::now();
+    const double idle_before = idle;
+    auto account = [&](double& bucket) {
+      if (timing) bucket += ms_since(op_start) - (idle - idle_before);
+    };
     if (op.forward) {
       BlockStack::SaveHooksScope hooks(*model_.model->blocks);
       if (first) {
         u.x = model_.embed(rows_m.narrow(1, 0, S).contiguous());
       } else {
         u.x = empty({rows, S, d}, act);
-        group_->recv(u.x, int(s - 1), int(2 * op.micro));
+        timed_recv(u.x, int(s - 1), int(2 * op.micro));
         if (train) u.x.set_requires_grad(true);
       }
       u.y = model_.run_blocks(u.x, b0, b1);
@@ -224,8 +237,13 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
       } else {
         sent.push_back(u.y.contiguous());
         sends.push_back(group_->isend(sent.back(), int(s + 1), int(2 * op.micro)));
+        if (timing) timing->sent_bytes += std::int64_t(sent.back().nbytes());
       }
-      if (peak_in_flight) *peak_in_flight = std::max(*peak_in_flight, ++held);
+      ++held;
+      if (timing) {
+        timing->peak_in_flight = std::max(timing->peak_in_flight, held);
+        account(timing->forward_ms);
+      }
       continue;
     }
     // Backward of micro-batch m: the output's gradient (or the loss seed)
@@ -238,7 +256,7 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
       grads.push_back(seed_t);
     } else {
       Tensor g = empty(u.y.sizes(), u.y.dtype());
-      group_->recv(g, int(s + 1), int(2 * op.micro + 1));
+      timed_recv(g, int(s + 1), int(2 * op.micro + 1));
       roots.push_back(u.y);
       grads.push_back(g);
     }
@@ -248,11 +266,16 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
     if (!first) {
       sent.push_back(u.x.grad().contiguous());
       sends.push_back(group_->isend(sent.back(), int(s - 1), int(2 * op.micro + 1)));
+      if (timing) timing->sent_bytes += std::int64_t(sent.back().nbytes());
     }
     --held;
     u.x = u.y = Tensor();  // this micro-batch's activations go
+    if (timing) account(timing->backward_ms);
   }
+  const auto drain = Clock::now();
   for (auto& w : sends) w->wait();
+  idle += ms_since(drain);
+  if (timing) timing->idle_ms = idle;
   sends.clear();
   sent.clear();
 
@@ -293,10 +316,39 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
 
 PipelineStage::StepResult PipelineStage::step(const Tensor& batch, std::int64_t micro_batches, double seed) {
   StepResult r;
-  const std::vector<double> v = forward_backward(batch, micro_batches, seed, true, &r.peak_in_flight);
+  const std::vector<double> v = forward_backward(batch, micro_batches, seed, true, &r);
   r.loss.assign(v.begin(), v.begin() + micro_batches);
   r.aux.assign(v.begin() + micro_batches, v.end());
   return r;
+}
+
+std::vector<PipelineStageStats> PipelineStage::gather_stats(const PipelineStageStats& mine) {
+  // Ten numbers per stage, as the bits of doubles in i64.
+  const std::vector<double> v = {double(mine.stage),       double(mine.first_block),          double(mine.end_block),
+                                 double(mine.peak_allocated_bytes), double(mine.activation_bytes), double(mine.in_flight),
+                                 mine.forward_ms,          mine.backward_ms,                  mine.idle_ms,
+                                 double(mine.sent_bytes)};
+  std::vector<std::int64_t> bits(v.size());
+  std::memcpy(bits.data(), v.data(), v.size() * sizeof(double));
+  const auto all = group_->all_gather(from_vector<std::int64_t>(bits, {std::int64_t(bits.size())})).to_vector<std::int64_t>();
+  std::vector<PipelineStageStats> out;
+  for (std::size_t st = 0; st * v.size() < all.size(); ++st) {
+    double x[10];
+    std::memcpy(x, all.data() + st * v.size(), sizeof x);
+    PipelineStageStats p;
+    p.stage = std::int64_t(x[0]);
+    p.first_block = std::int64_t(x[1]);
+    p.end_block = std::int64_t(x[2]);
+    p.peak_allocated_bytes = std::int64_t(x[3]);
+    p.activation_bytes = std::int64_t(x[4]);
+    p.in_flight = std::int64_t(x[5]);
+    p.forward_ms = x[6];
+    p.backward_ms = x[7];
+    p.idle_ms = x[8];
+    p.sent_bytes = std::int64_t(x[9]);
+    out.push_back(p);
+  }
+  return out;
 }
 
 double PipelineStage::eval_ce(const Tensor& batch) {

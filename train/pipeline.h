@@ -54,6 +54,22 @@ std::vector<std::int64_t> balanced_stages(const std::vector<std::int64_t>& block
 // (0, blocks); returns all P + 1. Error naming the value otherwise.
 std::vector<std::int64_t> parse_pp_split(const std::string& text, std::int64_t blocks, std::int64_t stages);
 
+// One stage's figures for one step (train --log "pipeline_stages").
+struct PipelineStageStats {
+  std::int64_t stage = 0, first_block = 0, end_block = 0;
+  std::int64_t peak_allocated_bytes = 0, activation_bytes = 0;
+  std::int64_t in_flight = 0;                // micro-batches held at once
+  double forward_ms = 0, backward_ms = 0;    // computing
+  double idle_ms = 0;                        // waiting for a neighbour (receives, the last sends)
+  std::int64_t sent_bytes = 0;
+  // idle / (forward + backward + idle): the bubble; (P - 1) / (M + P - 1)
+  // for equal stages and free messages.
+  double bubble() const {
+    const double all = forward_ms + backward_ms + idle_ms;
+    return all > 0 ? idle_ms / all : 0.0;
+  }
+};
+
 // One rank's stage of a pipeline over `group` (rank s = stage s): the
 // embedding on stage 0, blocks [bounds[s], bounds[s + 1]) of `model` (every
 // rank builds the whole model from the same seed; a stage computes and
@@ -84,6 +100,8 @@ class PipelineStage {
   struct StepResult {
     std::vector<double> loss, aux;  // per micro-batch, on every rank (combine_loss's values)
     std::int64_t peak_in_flight = 0;  // micro-batches whose activations this stage held at once
+    double forward_ms = 0, backward_ms = 0, idle_ms = 0;
+    std::int64_t sent_bytes = 0;
   };
   // One optimizer step's forwards and backwards over `batch` [B, S + 1] cut
   // into `micro_batches` micro-batches of consecutive rows, each backward
@@ -91,6 +109,8 @@ class PipelineStage {
   // rank returns every micro-batch's loss and aux (gathered from the stages),
   // the same bits as one process's forward_loss. A collective over the group.
   StepResult step(const Tensor& batch, std::int64_t micro_batches, double seed);
+  // Every stage's figures (this one's `mine`), in stage order, on every rank. A collective.
+  std::vector<PipelineStageStats> gather_stats(const PipelineStageStats& mine);
   // Cross-entropy of `batch` as one micro-batch, forward only (no grad), on every rank.
   double eval_ce(const Tensor& batch);
   // The sum of squares of every stage's gradients (this stage's `params`, in
@@ -100,7 +120,7 @@ class PipelineStage {
 
  private:
   std::vector<double> forward_backward(const Tensor& batch, std::int64_t micro_batches, double seed, bool train,
-                                       std::int64_t* peak_in_flight);
+                                       StepResult* timing);
   DecoderModel& model_;
   std::shared_ptr<ProcessGroup> group_;
   std::vector<std::int64_t> bounds_;

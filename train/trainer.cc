@@ -239,9 +239,11 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
         model_->model->blocks->compress_hooks() ? model_->model->blocks->compress_hooks()->stats() : CompressHooks::Stats{};
     const DispatchCounters moved0 = dispatch_counters();
     const CommCounters comm0 = layout_.counters();
+    const CommCounters pipeline_comm0 = pipeline_group_ ? pipeline_group_->counters() : CommCounters{};
     const int W = world_size();
     double loss;
     StepStats s;
+    PipelineStage::StepResult pipeline_step;
     s.loss_scale = loss_scale_;
     {
       CategoryScope cat(MemoryCategory::activation);
@@ -255,7 +257,8 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
       if (pipeline_) {
         // The stages run the micro-batches in their schedule's order; every
         // rank gets every micro-batch's loss (the same bits as one process).
-        const auto r = pipeline_->step(batch, M, loss_scale_ / double(M));
+        pipeline_step = pipeline_->step(batch, M, loss_scale_ / double(M));
+        const auto& r = pipeline_step;
         for (std::int64_t m = 0; m < M; ++m) {
           loss += r.loss[std::size_t(m)] / double(M);
           s.aux_loss += r.aux[std::size_t(m)] / double(M);
@@ -414,8 +417,29 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     s.peak_allocated_bytes = stats.allocated_peak;
     s.peak_reserved_bytes = stats.reserved_peak;
     s.persistent_bytes = persistent_bytes(model_->named_parameters(), *optimizer_);
+    if (pipeline_) {
+      // Every rank holds the whole model's weights, but gradients only for
+      // its stage's parameters (persistent_bytes counted one per weight).
+      for (const auto& [name, p] : model_->named_parameters())
+        if (!pipeline_->owns(name)) s.persistent_bytes -= std::int64_t(p.nbytes());
+    }
     s.activation_bytes = s.peak_allocated_bytes - s.persistent_bytes;
     s.comm = layout_.counters() - comm0;
+    if (pipeline_) {
+      s.comm = s.comm + (pipeline_group_->counters() - pipeline_comm0);
+      PipelineStageStats mine;
+      mine.stage = pipeline_->stage();
+      mine.first_block = pipeline_->bounds()[std::size_t(mine.stage)];
+      mine.end_block = pipeline_->bounds()[std::size_t(mine.stage + 1)];
+      mine.peak_allocated_bytes = s.peak_allocated_bytes;
+      mine.activation_bytes = s.activation_bytes;
+      mine.in_flight = pipeline_step.peak_in_flight;
+      mine.forward_ms = pipeline_step.forward_ms;
+      mine.backward_ms = pipeline_step.backward_ms;
+      mine.idle_ms = pipeline_step.idle_ms;
+      mine.sent_bytes = pipeline_step.sent_bytes;
+      s.pipeline_stages = pipeline_->gather_stats(mine);
+    }
     if (!s.skipped) {
       if ((opts_.eval_every > 0 && step_ % opts_.eval_every == 0) || step_ == stop) s.val_loss = evaluate();
       if (!opts_.save_dir.empty() && ((opts_.save_every > 0 && step_ % opts_.save_every == 0) || step_ == stop))

@@ -152,6 +152,7 @@ struct StepStats {
   // Several processes: this rank's collectives this step (bytes sent).
   CommCounters comm;
   std::int64_t pipeline_in_flight = 0;    // --pp: micro-batches this stage held activations for at once
+  std::vector<PipelineStageStats> pipeline_stages;  // --pp: every stage's figures for this step
   std::int64_t grad_buckets = 0;          // data-parallel buckets
   std::int64_t grad_buckets_overlapped = 0;  // ... started while backward was still running
   std::optional<double> val_loss;
