@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "engine/json.h"
+#include "train/file_io.h"
 
 namespace remat {
 
@@ -23,7 +24,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string errno_text() { return std::strerror(errno); }
+using file_io::errno_text;
+using file_io::Fd;
+using file_io::write_all;
 
 std::string join(const std::string& dir, const std::string& name) {
   return !dir.empty() && dir.back() == '/' ? dir + name : dir + "/" + name;
@@ -37,52 +40,9 @@ bool exists(const std::string& path) {
   throw IOError("cannot stat " + path + ": " + errno_text());
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REMAT_CHECK(in.good(), IOError, "cannot open ", path);
-  std::ostringstream os;
-  os << in.rdbuf();
-  REMAT_CHECK(!in.bad(), IOError, "reading ", path, " failed");
-  return os.str();
-}
 
-const char* st_dtype(DType t) {
-  switch (t) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::boolean: return "BOOL";
-    case DType::fp8_e4m3: return "F8_E4M3";
-  }
-  return "?";
-}
 
-// Owns a file descriptor.
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
-bool write_all(int fd, const char* p, std::size_t n) {
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t k = ::write(fd, p + done, std::min<std::size_t>(n - done, std::size_t(1) << 30));
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) {
-      if (k == 0) errno = EIO;
-      return false;
-    }
-    done += std::size_t(k);
-  }
-  return true;
-}
 
 // `t` as a contiguous CPU tensor in `dtype` (floating tensors) or its own
 // dtype (others).
@@ -110,7 +70,7 @@ void write_shard(const std::string& dir, const std::string& path, const std::vec
     Json shape = Json::array();
     for (auto s : it.tensor->sizes()) shape.push(Json::number(double(s)));
     Json entry = Json::object();
-    entry.set("dtype", Json::string(st_dtype(it.dtype)));
+    entry.set("dtype", Json::string(safetensors_dtype(it.dtype)));
     entry.set("shape", shape);
     entry.set("data_offsets",
               Json::array({Json::number(double(offset)), Json::number(double(offset + it.bytes))}));
@@ -204,7 +164,7 @@ CheckpointFiles::CheckpointFiles(std::string dir) : dir_(std::move(dir)) {
                   kHfIndexFile);
   sharded_ = true;
   auto fail = [&](const std::string& why) { return IOError(index + ": " + why); };
-  const Json j = Json::parse(read_text(index), index);
+  const Json j = Json::parse(file_io::read_file(index), index);
   if (!j.is_object()) throw fail("not a JSON object");
   if (j.has("metadata")) {
     const Json& m = j.at("metadata");

@@ -11,6 +11,7 @@
 #include "engine/autograd.h"
 #include "engine/error.h"
 #include "engine/grad_mode.h"
+#include "train/file_io.h"
 #include "train/hf_files.h"
 #include "train/safetensors.h"
 
@@ -20,13 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REMAT_CHECK(in.good(), IOError, "cannot read ", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Up to `n` names of a list and how many there are.
 std::string some(const std::vector<std::string>& names, std::size_t n = 8) {
@@ -59,7 +53,7 @@ bool has_tokenizer_files(const std::string& dir) {
 HfConfig load_hf_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
   REMAT_CHECK(is_hf_model_dir(dir), IOError, "--model ", dir, ": not a Hugging Face model folder (no ", path, ")");
-  HfConfig h = config_from_hf(Json::parse(read_text(path), path), path);
+  HfConfig h = config_from_hf(Json::parse(file_io::read_file(path), path), path);
   h.config.name = fs::path(dir).filename().string();
   if (h.config.name.empty()) h.config.name = fs::path(dir).parent_path().filename().string();
   return h;
@@ -169,7 +163,7 @@ void save_hf_model(const std::string& dir, const ModelConfig& c,
         if (fs::exists(src.parent_path() / f)) files.push_back(src.parent_path() / f);
     }
     REMAT_CHECK(!files.empty(), IOError, "export: no tokenizer files in ", options.tokenizer);
-    for (const fs::path& f : files) write_file_atomic(dir + "/" + f.filename().string(), read_text(f.string()));
+    for (const fs::path& f : files) write_file_atomic(dir + "/" + f.filename().string(), file_io::read_file(f.string()));
   }
   write_file_atomic(dir + "/config.json", config.dump() + "\n");  // last: a folder with a config is complete
 }

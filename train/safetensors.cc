@@ -13,12 +13,11 @@
 #include <set>
 
 #include "engine/json.h"
+#include "train/file_io.h"
 
 namespace remat {
 
-namespace {
-
-const char* st_dtype(DType t) {
+const char* safetensors_dtype(DType t) {
   switch (t) {
     case DType::f32: return "F32";
     case DType::bf16: return "BF16";
@@ -31,17 +30,21 @@ const char* st_dtype(DType t) {
   return "?";
 }
 
+namespace {
+
 bool parse_st_dtype(const std::string& s, DType& out) {
   for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::boolean,
                   DType::fp8_e4m3})
-    if (s == st_dtype(t)) {
+    if (s == safetensors_dtype(t)) {
       out = t;
       return true;
     }
   return false;
 }
 
-std::string errno_text() { return std::strerror(errno); }
+using file_io::errno_text;
+using file_io::Fd;
+using file_io::write_all;
 
 std::string dir_of(const std::string& path) {
   const auto slash = path.find_last_of('/');
@@ -67,31 +70,7 @@ bool parse_hex64(const std::string& s, std::uint64_t& out) {
   return true;
 }
 
-// Closes a file descriptor when it goes out of scope (as the OS would on a crash).
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
-// Writes all of `bytes` to `fd`; false (errno set) on failure.
-bool write_all(int fd, const char* p, std::size_t n) {
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t k = ::write(fd, p + done, n - done);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) {
-      if (k == 0) errno = EIO;
-      return false;
-    }
-    done += std::size_t(k);
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -153,7 +132,7 @@ std::string encode_safetensors(const std::vector<std::pair<std::string, Tensor>>
     Json shape = Json::array();
     for (auto s : h.sizes()) shape.push(Json::number(double(s)));
     Json entry = Json::object();
-    entry.set("dtype", Json::string(st_dtype(h.dtype())));
+    entry.set("dtype", Json::string(safetensors_dtype(h.dtype())));
     entry.set("shape", shape);
     entry.set("data_offsets", Json::array({Json::number(double(offset)),
                                            Json::number(double(offset + h.nbytes()))}));

@@ -44,6 +44,10 @@ struct SafetensorsWriteOptions {
   bool checksums = true;  // record every tensor's XXH3-64 in "__metadata__" (see above)
 };
 
+// A dtype's name in safetensors headers: "F32", "BF16", "F16", "I32", "I64",
+// "BOOL", "F8_E4M3".
+const char* safetensors_dtype(DType t);
+
 // XXH3-64 (seed 0) of `n` bytes at `data`.
 std::uint64_t xxh3_64(const void* data, std::size_t n);
 
