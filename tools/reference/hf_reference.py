@@ -70,6 +70,9 @@ import sys
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reference  # noqa: E402  (the loss and gradient checks, shared with remat's own reference)
+
 ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64, "I32": np.int32,
              "BOOL": np.bool_}
 
@@ -480,20 +483,7 @@ def main(argv=None):
     coef = float(c.get("router_aux_loss_coef", 0.001)) if c["experts"] else 0.0
     (ce_t + coef * aux_t).backward()
 
-    ce = float(dump["loss.ce"].reshape(-1)[0])
-    rel = abs(ce - ce_t.item()) / abs(ce_t.item())
-    status = "ok" if rel <= args.loss_rtol else "FAIL"
-    ok &= status == "ok"
-    print(f"{status:4} loss.ce  remat {ce:.8f}  torch {ce_t.item():.8f}  rel diff {rel:.2e} (tol {args.loss_rtol:g})")
-
-    aux = float(dump["loss.aux"].reshape(-1)[0])
-    if aux_t.item() != 0:
-        diff, kind, tol = abs(aux - aux_t.item()) / abs(aux_t.item()), "rel", args.aux_rtol
-    else:
-        diff, kind, tol = abs(aux), "abs", args.aux_atol
-    status = "ok" if diff <= tol else "FAIL"
-    ok &= status == "ok"
-    print(f"{status:4} loss.aux remat {aux:.8f}  torch {aux_t.item():.8f}  {kind} diff {diff:.2e} (tol {tol:g})")
+    ok &= reference.check_losses(dump, ce_t, aux_t, args)
 
     if margins:
         layer = min(margins, key=margins.get)
@@ -501,23 +491,7 @@ def main(argv=None):
                    if math.isfinite(margins[layer]) else "every expert selected")
         print(f"info {len(margins)} MoE layers of {c['experts']} experts, aux coef {coef:g}; {routing}")
 
-    worst = (0.0, "")
-    for k in sorted(folder):
-        g = params[k].grad
-        if g is None:
-            g = torch.zeros_like(params[k])
-        mine = dump["grad." + k].to(torch.float64)
-        scale = g.abs().max().item()
-        diff = (mine - g).abs().max().item() / (scale if scale > 0 else 1.0)
-        if not math.isfinite(diff):
-            diff = math.inf
-        if diff > worst[0] or not worst[1]:
-            worst = (diff, k)
-        if diff > args.grad_rtol:
-            ok = False
-            print(f"FAIL grad.{k}  max diff / max value {diff:.2e} (tol {args.grad_rtol:g})")
-    status = "ok" if worst[0] <= args.grad_rtol else "FAIL"
-    print(f"{status:4} {len(folder)} gradients, worst grad.{worst[1]}: {worst[0]:.2e} (tol {args.grad_rtol:g})")
+    ok &= reference.check_gradients(dump, params, sorted(folder), args)
     return 0 if ok else 1
 
 

@@ -225,6 +225,51 @@ def forward(p, tokens, cfg):
     return ce, aux, z, margins
 
 
+def check_losses(dump, ce_t, aux_t, args):
+    """Prints and checks the dump's loss.ce (relative) and loss.aux (relative,
+    absolute when the reference's is 0) against the reference's; True if both hold."""
+    ok = True
+    ce = float(dump["loss.ce"].reshape(-1)[0])
+    rel = abs(ce - ce_t.item()) / abs(ce_t.item())
+    status = "ok" if rel <= args.loss_rtol else "FAIL"
+    ok &= status == "ok"
+    print(f"{status:4} loss.ce  remat {ce:.8f}  torch {ce_t.item():.8f}  rel diff {rel:.2e} (tol {args.loss_rtol:g})")
+    aux = float(dump["loss.aux"].reshape(-1)[0])
+    if aux_t.item() != 0:
+        diff, kind, tol = abs(aux - aux_t.item()) / abs(aux_t.item()), "rel", args.aux_rtol
+    else:
+        diff, kind, tol = abs(aux), "abs", args.aux_atol
+    status = "ok" if diff <= tol else "FAIL"
+    ok &= status == "ok"
+    print(f"{status:4} loss.aux remat {aux:.8f}  torch {aux_t.item():.8f}  {kind} diff {diff:.2e} (tol {tol:g})")
+    return ok
+
+
+def check_gradients(dump, params, names, args):
+    """Prints and checks every dump grad.NAME against the reference's gradient
+    of params[NAME] (max |diff| / max |reference|; a parameter backward did not
+    reach counts as zeros); True if all are within args.grad_rtol."""
+    ok = True
+    worst = (0.0, "")
+    for k in names:
+        g = params[k].grad
+        if g is None:  # e.g. an expert no token chose
+            g = torch.zeros_like(params[k])
+        mine = dump["grad." + k].to(torch.float64)
+        scale = g.abs().max().item()
+        diff = (mine - g).abs().max().item() / (scale if scale > 0 else 1.0)
+        if not math.isfinite(diff):
+            diff = math.inf
+        if diff > worst[0] or not worst[1]:
+            worst = (diff, k)
+        if diff > args.grad_rtol:
+            ok = False
+            print(f"FAIL grad.{k}  max diff / max value {diff:.2e} (tol {args.grad_rtol:g})")
+    status = "ok" if worst[0] <= args.grad_rtol else "FAIL"
+    print(f"{status:4} {len(names)} gradients, worst grad.{worst[1]}: {worst[0]:.2e} (tol {args.grad_rtol:g})")
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dump", help="a file written by ./remat dump")
@@ -263,22 +308,7 @@ def main():
         total = total + cfg["z_coef"] * z_t
     total.backward()
 
-    ok = True
-    ce = float(tensors["loss.ce"].reshape(-1)[0])
-    rel = abs(ce - ce_t.item()) / abs(ce_t.item())
-    status = "ok" if rel <= args.loss_rtol else "FAIL"
-    ok &= status == "ok"
-    print(f"{status:4} loss.ce  remat {ce:.8f}  torch {ce_t.item():.8f}  rel diff {rel:.2e} (tol {args.loss_rtol:g})")
-
-    aux = float(tensors["loss.aux"].reshape(-1)[0])
-    if aux_t.item() != 0:
-        diff, kind, tol = abs(aux - aux_t.item()) / abs(aux_t.item()), "rel", args.aux_rtol
-    else:
-        diff, kind, tol = abs(aux), "abs", args.aux_atol
-    status = "ok" if diff <= tol else "FAIL"
-    ok &= status == "ok"
-    print(f"{status:4} loss.aux remat {aux:.8f}  torch {aux_t.item():.8f}  {kind} diff {diff:.2e} (tol {tol:g})")
-
+    ok = check_losses(tensors, ce_t, aux_t, args)
     if margins:
         # Not checked (the dump has no z-loss or routing); shown to help read failures.
         layer = min(margins, key=margins.get)
@@ -286,20 +316,7 @@ def main():
                    if math.isfinite(margins[layer]) else "every expert selected")
         print(f"info {len(margins)} MoE layers, z-loss sum {z_t.item():.6f} (coef {cfg['z_coef']:g}); {routing}")
 
-    worst = (0.0, "")
-    for k in names:
-        g = params[k].grad
-        if g is None:  # e.g. an expert no token chose
-            g = torch.zeros_like(params[k])
-        mine = tensors["grad." + k].to(torch.float64)
-        scale = g.abs().max().item()
-        diff = (mine - g).abs().max().item() / (scale if scale > 0 else 1.0)
-        if diff > worst[0]:
-            worst = (diff, k)
-        if diff > args.grad_rtol:
-            ok = False
-            print(f"FAIL grad.{k}  max diff / max value {diff:.2e} (tol {args.grad_rtol:g})")
-    print(f"{'ok' if worst[0] <= args.grad_rtol else 'FAIL':4} {len(names)} gradients, worst grad.{worst[1]}: {worst[0]:.2e} (tol {args.grad_rtol:g})")
+    ok &= check_gradients(tensors, params, names, args)
     return 0 if ok else 1
 
 
