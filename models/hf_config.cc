@@ -123,18 +123,21 @@ HfConfig config_from_hf(const Json& j, const std::string& what) {
   c.ffn = r.integer("intermediate_size");
   c.n_layers = r.integer("num_hidden_layers");
   c.n_heads = r.integer("num_attention_heads");
-  c.kv_heads = r.integer("num_key_value_heads", c.n_heads);
+  // Absent keys take the HF config class's defaults, which differ by class.
+  const bool mixtral = a == "mixtral";
+  const std::int64_t kv_default = mixtral ? 8 : a == "qwen2" ? 32 : a == "qwen2_moe" ? 16 : c.n_heads;
+  c.kv_heads = r.integer("num_key_value_heads", kv_default);
   if (c.kv_heads == c.n_heads) c.kv_heads = 0;
   c.head_size = r.integer("head_dim", 0);
   if (c.head_size > 0 && c.n_heads > 0 && c.head_size * c.n_heads == c.d_model) c.head_size = 0;
-  c.norm_eps = r.number("rms_norm_eps", 1e-6);
+  c.norm_eps = r.number("rms_norm_eps", mixtral ? 1e-5 : 1e-6);
   c.init_std = r.number("initializer_range", 0.02);
   c.tie_embeddings = r.boolean("tie_word_embeddings", false);
   c.dropout = 0;
   c.z_coef = 0;
 
   // RoPE: rope_theta, or transformers 5's rope_parameters with the default type.
-  c.rope_theta = r.number("rope_theta", 10000.0);
+  c.rope_theta = r.number("rope_theta", mixtral ? 1e6 : 10000.0);
   r.only_if("rope_parameters", [&](const Json& v) {
     if (v.is_null()) return true;
     if (!v.is_object()) return false;

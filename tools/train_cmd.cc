@@ -307,7 +307,7 @@ int run_train(const std::vector<std::string>& args) {
       }
       j.set("skipped", s.skipped).set("skipped_steps", s.skipped_steps);
       j.set("loss_scale", s.loss_scale).set("overflow_steps", s.overflow_steps);
-      if (trainer.world_size() > 1) {
+      if (trainer.world_size() > 1 || trainer.pipeline()) {
         JsonObject comm;
         for (CommPhase p : {CommPhase::forward, CommPhase::backward, CommPhase::replay}) {
           JsonObject ph;
@@ -345,6 +345,8 @@ int run_train(const std::vector<std::string>& args) {
         j.set("loss_aux", s.aux_loss).set("moe_imbalance_max", worst).set("moe_dropped", dropped);
         j.set("moved_bytes", s.moved_bytes).set("replayed_comm_bytes", s.replayed_comm_bytes);
         j.set_raw("moe", layers + "]");
+      } else if (trainer.pipeline() && o.config.experts > 0) {
+        j.set("loss_aux", s.aux_loss);  // (per-layer routing metrics stay on their stages)
       }
       *log << j.str() << "\n";
       log->flush();

@@ -113,6 +113,7 @@ std::vector<std::int64_t> parse_pp_split(const std::string& text, std::int64_t b
     if (v <= bounds.back() || v >= blocks) throw bad("boundary " + std::to_string(v) + " is out of order or range");
     bounds.push_back(v);
   }
+  if (!text.empty() && text.back() == ',') throw bad("a trailing comma");
   if (std::int64_t(bounds.size()) != stages) throw bad(std::to_string(bounds.size() - 1) + " boundaries given");
   bounds.push_back(blocks);
   return bounds;
@@ -132,6 +133,14 @@ PipelineStage::PipelineStage(DecoderModel& model, std::shared_ptr<ProcessGroup> 
               Error, "PipelineStage: ", P, " stages over ", group_->size(), " ranks and ", model.config().n_layers,
               " blocks");
   stage_ = group_->rank();
+  // A block-level region across a stage boundary cannot run: refused here,
+  // on every rank, before any stage waits for another.
+  for (const auto& region : model.model->blocks->plan().block_regions)
+    for (std::int64_t b = 1; b < P; ++b)
+      REMAT_CHECK(!(region.front() < bounds_[std::size_t(b)] && region.back() >= bounds_[std::size_t(b)]), Error,
+                  "--pp ", P, ": the recompute plan's region over blocks ", region.front(), "-", region.back(),
+                  " crosses the boundary before block ", bounds_[std::size_t(b)],
+                  " (stage ", b, "); use per-block regions or groups inside each stage");
   for (std::int64_t s = 0; s < P; ++s) {
     std::int64_t n = 0;
     for (std::int64_t i = bounds_[std::size_t(s)]; i < bounds_[std::size_t(s + 1)]; ++i) n += model.config().is_moe_layer(i);
@@ -203,13 +212,30 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
   const std::int64_t rows = batch.size(0) / M, S = batch.size(1) - 1, d = model_.config().d_model;
   const DType act = model_.compute_dtype();
   const auto& cfg = model_.config();
+  // A micro-batch's tensors live from its forward to its backward; the loss
+  // values are read at once, so nothing of it outlives its backward.
   struct Micro {
     Tensor x, y, ce;
     DecoderModel::LossTerms terms;
+    float ce_value = 0;
+    std::vector<float> aux_values, z_values;
   };
   std::vector<Micro> mb(static_cast<std::size_t>(M));
-  std::vector<std::shared_ptr<CommWork>> sends;
-  std::vector<Tensor> sent;  // kept alive until the sends complete
+  // Sends in flight with the tensor each reads (freed as each completes).
+  struct Pending {
+    std::shared_ptr<CommWork> work;
+    Tensor buffer;
+  };
+  std::vector<Pending> pending;
+  auto send = [&](const Tensor& t, int dst, int tag) {
+    Tensor c = t.contiguous();
+    pending.push_back({group_->isend(c, dst, tag), c});
+    if (timing) timing->sent_bytes += std::int64_t(c.nbytes());
+  };
+  auto reap = [&] {
+    pending.erase(std::remove_if(pending.begin(), pending.end(), [](Pending& p) { return p.work->test(); }),
+                  pending.end());
+  };
   // Evaluation: the forward of one micro-batch (the whole batch), no backward.
   const auto ops = train ? pipeline_ops(schedule_, P, s, M) : std::vector<PipelineOp>{{true, 0}};
   std::int64_t held = 0;
@@ -232,13 +258,16 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
       }
       u.y = model_.run_blocks(u.x, b0, b1);
       u.terms = model_.take_loss_terms();
+      for (const Tensor& a : u.terms.aux) u.aux_values.push_back(float(a.item()));
+      for (const Tensor& z : u.terms.z) u.z_values.push_back(float(z.item()));
       if (last) {
         u.ce = cross_entropy(model_.head(u.y), rows_m.narrow(1, 1, S).contiguous());
+        u.ce_value = float(u.ce.item());
       } else {
-        sent.push_back(u.y.contiguous());
-        sends.push_back(group_->isend(sent.back(), int(s + 1), int(2 * op.micro)));
-        if (timing) timing->sent_bytes += std::int64_t(sent.back().nbytes());
+        send(u.y, int(s + 1), int(2 * op.micro));
       }
+      if (!train) u = Micro{Tensor(), Tensor(), Tensor(), {}, u.ce_value, u.aux_values, u.z_values};
+      reap();
       ++held;
       if (timing) {
         timing->peak_in_flight = std::max(timing->peak_in_flight, held);
@@ -263,21 +292,21 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
     for (const Tensor& a : u.terms.aux) roots.push_back(a), grads.push_back(mul(seed_t, cfg.aux_coef));
     for (const Tensor& z : u.terms.z) roots.push_back(z), grads.push_back(mul(seed_t, cfg.z_coef));
     remat::backward(roots, grads);
-    if (!first) {
-      sent.push_back(u.x.grad().contiguous());
-      sends.push_back(group_->isend(sent.back(), int(s - 1), int(2 * op.micro + 1)));
-      if (timing) timing->sent_bytes += std::int64_t(sent.back().nbytes());
-    }
+    roots.clear();
+    grads.clear();
+    if (!first) send(u.x.grad(), int(s - 1), int(2 * op.micro + 1));
     --held;
-    u.x = u.y = Tensor();  // this micro-batch's activations go
+    // This micro-batch's activations, graph and loss terms go.
+    u.x = u.y = u.ce = Tensor();
+    u.terms = DecoderModel::LossTerms{};
+    reap();
     if (timing) account(timing->backward_ms);
   }
   const auto drain = Clock::now();
-  for (auto& w : sends) w->wait();
+  for (Pending& p : pending) p.work->wait();
   idle += ms_since(drain);
   if (timing) timing->idle_ms = idle;
-  sends.clear();
-  sent.clear();
+  pending.clear();
 
   // Every micro-batch's ce (the last stage's) and every stage's loss terms,
   // gathered to every rank: [ce_0 .. ce_{M-1}, then per micro-batch the
@@ -289,10 +318,10 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
   std::vector<float> mine(std::size_t(width), 0.0f);
   for (std::int64_t m = 0; m < used; ++m) {
     const Micro& u = mb[std::size_t(m)];
-    if (last) mine[std::size_t(m)] = float(u.ce.item());
+    if (last) mine[std::size_t(m)] = u.ce_value;
     std::size_t at = std::size_t(used + m * per_stage_terms * (with_z ? 2 : 1));
-    for (const Tensor& a : u.terms.aux) mine[at++] = float(a.item());
-    for (const Tensor& z : u.terms.z) mine[at++] = float(z.item());
+    for (float a : u.aux_values) mine[at++] = a;
+    for (float z : u.z_values) mine[at++] = z;
   }
   const std::vector<float> all = group_->all_gather(from_vector<float>(mine, {width})).to_vector<float>();
   std::vector<double> out;  // loss_0.., then aux_0..

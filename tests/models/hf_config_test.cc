@@ -135,6 +135,24 @@ TEST_CASE("hf config: Mixtral's block_sparse_moe names", "[models][hf]") {
   CHECK(s.count("model.layers.1.mlp.gate.weight") == 0);
 }
 
+TEST_CASE("hf config: absent optional keys take each HF class's defaults", "[models][hf]") {
+  const std::string base = R"("vocab_size": 320, "hidden_size": 256, "intermediate_size": 96,
+      "num_hidden_layers": 2, "num_attention_heads": 32)";
+  const ModelConfig mix = config_from_hf(parse(R"({"architectures": ["MixtralForCausalLM"], )" + base + "}")).config;
+  CHECK(mix.norm_eps == 1e-5);
+  CHECK(mix.rope_theta == 1e6);
+  CHECK(mix.num_kv_heads() == 8);
+  CHECK(mix.experts == 8);
+  CHECK(mix.top_k == 2);
+  const ModelConfig llama = config_from_hf(parse(R"({"architectures": ["LlamaForCausalLM"], )" + base + "}")).config;
+  CHECK(llama.norm_eps == 1e-6);
+  CHECK(llama.rope_theta == 10000.0);
+  CHECK(llama.num_kv_heads() == 32);
+  CHECK(config_from_hf(parse(R"({"architectures": ["Qwen2ForCausalLM"], )" + base + "}")).config.num_kv_heads() == 32);
+  CHECK(config_from_hf(parse(R"({"architectures": ["Qwen2MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 8, )" + base + "}")).config.num_kv_heads() == 16);
+}
+
 TEST_CASE("hf config: export writes a config.json that reads back to the same model", "[models][hf]") {
   for (const std::string& text :
        {config_text("LlamaForCausalLM", "llama", R"("head_dim": 24, "tie_word_embeddings": true)"),

@@ -54,6 +54,41 @@ TEST_CASE("pipeline schedules: order, backward order and micro-batches in flight
   CHECK_THROWS_AS(pipeline_ops(PipelineSchedule::gpipe, 2, 2, 4), Error);
 }
 
+// Runs every stage's schedule together with the executor's rules (a forward
+// of stage s > 0 waits for stage s - 1's forward of that micro-batch, a
+// backward of stage s < P - 1 for stage s + 1's backward; sends never wait):
+// every stage must finish.
+TEST_CASE("pipeline schedules complete together: no stage waits forever", "[pipeline]") {
+  for (const auto sched : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b}) {
+    for (std::int64_t P = 1; P <= 8; ++P) {
+      for (std::int64_t M = 1; M <= 16; ++M) {
+        INFO(pipeline_schedule_name(sched) << " P " << P << " M " << M);
+        std::vector<std::vector<PipelineOp>> ops;
+        for (std::int64_t s = 0; s < P; ++s) ops.push_back(pipeline_ops(sched, P, s, M));
+        std::vector<std::size_t> next(static_cast<std::size_t>(P), 0);
+        const std::vector<bool> none(static_cast<std::size_t>(M), false);
+        std::vector<std::vector<bool>> fwd(static_cast<std::size_t>(P), none), bwd = fwd;
+        bool progress = true;
+        while (progress) {
+          progress = false;
+          for (std::int64_t s = 0; s < P; ++s) {
+            while (next[std::size_t(s)] < ops[std::size_t(s)].size()) {
+              const PipelineOp& op = ops[std::size_t(s)][next[std::size_t(s)]];
+              const bool ready = op.forward ? (s == 0 || fwd[std::size_t(s - 1)][std::size_t(op.micro)])
+                                            : (s == P - 1 || bwd[std::size_t(s + 1)][std::size_t(op.micro)]);
+              if (!ready) break;
+              (op.forward ? fwd : bwd)[std::size_t(s)][std::size_t(op.micro)] = true;
+              ++next[std::size_t(s)];
+              progress = true;
+            }
+          }
+        }
+        for (std::int64_t s = 0; s < P; ++s) CHECK(next[std::size_t(s)] == ops[std::size_t(s)].size());
+      }
+    }
+  }
+}
+
 TEST_CASE("pipeline stages: the balanced split minimises the largest stage", "[pipeline]") {
   std::mt19937_64 rng(7);
   for (int trial = 0; trial < 300; ++trial) {
@@ -101,4 +136,5 @@ TEST_CASE("pipeline stages: the balanced split minimises the largest stage", "[p
   CHECK_THROWS_WITH(parse_pp_split("3", 8, 3), Catch::Contains("1 boundaries given"));
   CHECK_THROWS_WITH(parse_pp_split("3,x", 8, 3), Catch::Contains("'x' is not a number"));
   CHECK_THROWS_WITH(parse_pp_split("0,3", 8, 3), Catch::Contains("out of order or range"));
+  CHECK_THROWS_WITH(parse_pp_split("3,", 8, 2), Catch::Contains("a trailing comma"));
 }
