@@ -133,6 +133,8 @@ PipelineStage::PipelineStage(DecoderModel& model, std::shared_ptr<ProcessGroup> 
               Error, "PipelineStage: ", P, " stages over ", group_->size(), " ranks and ", model.config().n_layers,
               " blocks");
   stage_ = group_->rank();
+  for (auto& [name, p] : model.named_parameters())
+    if (owner(name) == stage_) owned_.emplace_back(name, p);
   // A block-level region across a stage boundary cannot run: refused here,
   // on every rank, before any stage waits for another.
   for (const auto& region : model.model->blocks->plan().block_regions)
@@ -188,12 +190,7 @@ std::vector<std::pair<std::string, Tensor>> PipelineStage::gather_to_first(
   return mine;
 }
 
-std::vector<std::pair<std::string, Tensor>> PipelineStage::parameters() const {
-  std::vector<std::pair<std::string, Tensor>> mine;
-  for (auto& [name, p] : model_.named_parameters())
-    if (owns(name)) mine.emplace_back(name, p);
-  return mine;
-}
+std::vector<std::pair<std::string, Tensor>> PipelineStage::parameters() const { return owned_; }
 
 std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::int64_t M, double seed, bool train,
                                                     StepResult* timing) {

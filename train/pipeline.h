@@ -95,6 +95,7 @@ class PipelineStage {
   // `mine` back. A collective.
   std::vector<std::pair<std::string, Tensor>> gather_to_first(std::vector<std::pair<std::string, Tensor>> mine,
                                                               bool optimizer_state);
+  // This stage's parameters in the model's order (listed once, when built).
   std::vector<std::pair<std::string, Tensor>> parameters() const;
 
   struct StepResult {
@@ -127,6 +128,7 @@ class PipelineStage {
   PipelineSchedule schedule_;
   std::int64_t stage_ = 0;
   std::vector<std::int64_t> moe_layers_;  // MoE blocks per stage
+  std::vector<std::pair<std::string, Tensor>> owned_;  // this stage's parameters, in the model's order
 };
 
 }  // namespace remat
