@@ -58,6 +58,41 @@ RngState reserve_batch_draw(Generator& gen, std::uint64_t elements) {
 }
 
 namespace {
+thread_local RngStreamScope::Frame tls_stream;
+std::uint64_t stream_offset(const RngStreamScope::Frame& f, std::int64_t unit) {
+  return f.start.offset + std::uint64_t(f.micro * f.units + unit) * kRngStreamBlocks;
+}
+}  // namespace
+
+RngStreamScope::RngStreamScope(Generator& gen, RngState start, std::int64_t micro, std::int64_t units)
+    : previous_(tls_stream) {
+  REMAT_CHECK(micro >= 0 && units >= 1, Error, "RngStreamScope: micro-batch ", micro, " of streams with ", units,
+              " units (need micro >= 0, units >= 1)");
+  tls_stream = Frame{&gen, start, micro, units, -1};
+}
+
+RngStreamScope::~RngStreamScope() { tls_stream = previous_; }
+
+void enter_rng_stream(std::int64_t unit) {
+  RngStreamScope::Frame& f = tls_stream;
+  if (!f.gen) return;
+  REMAT_CHECK(unit >= 0 && unit < f.units, Error, "enter_rng_stream: unit ", unit, " outside [0, ", f.units, ")");
+  if (f.unit >= 0) {
+    // (A recompute may have moved the generator back before that stream.)
+    const std::uint64_t at = f.gen->state().offset, from = stream_offset(f, f.unit);
+    const std::uint64_t used = at >= from ? at - from : 0;
+    REMAT_CHECK(used <= kRngStreamBlocks, Error, "enter_rng_stream: unit ", f.unit, " of micro-batch ", f.micro,
+                " drew ", used, " Philox blocks, more than its stream's ", kRngStreamBlocks);
+  }
+  f.unit = unit;
+  f.gen->set_state(RngState{f.start.seed, stream_offset(f, unit)});
+}
+
+RngState rng_streams_end(RngState start, std::int64_t micros, std::int64_t units) {
+  return RngState{start.seed, start.offset + std::uint64_t(micros * units) * kRngStreamBlocks};
+}
+
+namespace {
 struct Generators {
   std::mutex mu;
   Generator cpu{0};

@@ -62,6 +62,41 @@ class RngShardScope {
 };
 RngState reserve_batch_draw(Generator& gen, std::uint64_t elements);
 
+// Schedule-independent draws (DESIGN.md §6): inside the scope, this thread's
+// draws on `gen` are keyed by (micro-batch, unit) rather than by the order the
+// units run in. enter_rng_stream(u) moves `gen` to the start of stream
+// (micro, u): offset start.offset + (micro * units + u) * kRngStreamBlocks. A
+// pipeline stage that runs block b of micro-batch m in its own order draws
+// what one process draws there, and a recompute of block b (in that
+// micro-batch's backward, inside the same scope) draws it again. A unit may
+// draw at most 4 * kRngStreamBlocks values (Error past that).
+inline constexpr std::uint64_t kRngStreamBlocks = std::uint64_t(1) << 30;
+class RngStreamScope {
+ public:
+  // Error for micro < 0 or units < 1.
+  RngStreamScope(Generator& gen, RngState start, std::int64_t micro, std::int64_t units);
+  ~RngStreamScope();
+  RngStreamScope(const RngStreamScope&) = delete;
+  RngStreamScope& operator=(const RngStreamScope&) = delete;
+
+  struct Frame {
+    Generator* gen = nullptr;
+    RngState start;
+    std::int64_t micro = 0, units = 0;
+    std::int64_t unit = -1;  // the stream entered last (-1: none yet)
+  };
+
+ private:
+  Frame previous_;
+};
+// Inside an RngStreamScope: checks that the stream entered before stayed in
+// its range, then moves the scope's generator to stream (micro, unit); a no-op
+// outside a scope. Error for unit outside [0, units).
+void enter_rng_stream(std::int64_t unit);
+// Where a generator continues after `micros` micro-batches of streams
+// started at `start` (the next step's start).
+RngState rng_streams_end(RngState start, std::int64_t micros, std::int64_t units);
+
 // Philox blocks a draw of `elements` values consumes.
 constexpr std::uint64_t philox_blocks(std::uint64_t elements) { return (elements + 3) / 4; }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/error.h"
+#include "engine/rng.h"
 #include "engine/recompute_context.h"
 
 namespace remat {
@@ -152,6 +153,7 @@ BlockStack::SaveHooksScope::~SaveHooksScope() {
 }
 
 Tensor BlockStack::run_block(std::int64_t i, const Tensor& x) const {
+  enter_rng_stream(i);  // keyed draws inside an RngStreamScope (its recompute draws the same)
   const bool watch = observer_ && !in_recompute();
   if (watch) observer_->before_block(i, x);
   Tensor y = blocks_[std::size_t(i)].second->forward(x);

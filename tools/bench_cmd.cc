@@ -32,6 +32,7 @@
 #include "tools/args.h"
 #include "tools/auto_plan_flags.h"
 #include "tools/bench_order.h"
+#include "tools/bench_pipeline.h"
 #include "tools/bench_worker.h"
 #include "tools/bench_plot.h"
 #include "tools/html.h"
@@ -525,6 +526,12 @@ int run_bench(const std::vector<std::string>& args) {
            text_flag("device", "cpu, cuda or cuda:N", "cpu"),
            int_flag("ep", "expert parallel: each worker is N processes under mpirun, the experts split over them", 1,
                     {.min = 1}),
+           int_flag("pp", "pipeline stages: each worker is N processes under mpirun, one stage each; per-stage "
+                    "memory, in-flight micro-batches and bubble for every --pp-schedule x --recompute", 1, {.min = 1}),
+           text_flag("pp-schedule", "with --pp: comma-separated schedules", "gpipe,1f1b"),
+           int_flag("grad-accum", "with --pp: micro-batches per step", 4, {.min = 1}),
+           int_flag("micro-batch", "with --pp: sequences per micro-batch (the batch is this x --grad-accum)", 1,
+                    {.min = 1}),
            number_flag("peak-flops", "device peak FLOP/s for MFU (default: the measured f32 GEMM peak on the CPU; on "
                        "CUDA the device's dense peak for the dtype)", std::nullopt, {.min = 0, .min_open = true}),
            text_flag("baseline", "'torch': PyTorch eager on the same model (tools/reference/bench_torch.py) as "
@@ -539,6 +546,33 @@ int run_bench(const std::vector<std::string>& args) {
                      "the frontier in --html")}));
   const std::string config = f.get("config");
   const ModelConfig c = ModelConfig::load(config);
+  if (f.get_int("pp") > 1) {
+    for (const char* other : {"ep", "baseline", "estimate", "pareto", "html", "memory-budget", "offload-dir"})
+      REMAT_CHECK(!f.has(other), Error, "bench --pp: --", other, " is not measured with a pipeline");
+    REMAT_CHECK(f.get("device") == "cpu", Error, "bench --pp: pipelines run on the CPU under MPI for now");
+    apply_threads_flag(f);
+    PipelineBenchSpec spec;
+    spec.config = config;
+    {
+      std::stringstream in(f.get("pp-schedule"));
+      for (std::string sc; std::getline(in, sc, ',');) spec.schedules.push_back(sc);
+    }
+    spec.plans = split_plans(f.get("recompute"));
+    for (const auto& p : spec.plans) RecomputePlan::parse(p, c.n_layers);  // bad plans before any run
+    spec.pp = f.get_int("pp");
+    spec.micro_batches = f.get_int("grad-accum");
+    spec.micro_rows = f.get_int("micro-batch");
+    spec.warmup = f.get_int("warmup");
+    spec.steps = f.get_int("steps");
+    spec.repeats = f.get_int("repeats");
+    spec.threads = num_threads();
+    spec.seed = f.get("seed");
+    spec.dtype = f.get("dtype");
+    spec.json_path = f.has("json") ? f.get("json") : "";
+    return run_pipeline_bench(spec);
+  }
+  for (const char* pp_only : {"pp-schedule", "grad-accum", "micro-batch"})
+    REMAT_CHECK(!f.has(pp_only), Error, "bench: --", pp_only, " needs --pp P (P >= 2)");
   const bool pareto = f.get_bool("pareto");
   std::vector<std::string> plans =
       pareto && !f.has("recompute") ? pareto_plans(c) : split_plans(f.get("recompute"));

@@ -15,6 +15,7 @@
 #include "parallel/process_group.h"
 #include "tools/args.h"
 #include "tools/bench_ops.h"
+#include "tools/bench_pipeline.h"
 #include "tools/commands.h"
 #include "tools/comm_watchdog.h"
 
@@ -61,6 +62,7 @@ const std::map<std::string, Command>& commands() {
       {"generate", {"sample text from a training state or a Hugging Face model (KV cache)", remat::tools::run_generate}},
       {"export", {"write a training state as a Hugging Face model folder", remat::tools::run_export}},
       {"bench-worker", {"(internal) one measurement process of bench", remat::tools::run_bench_worker}},
+      {"bench-pipeline-worker", {"(internal) one pipeline job of bench --pp", remat::tools::run_bench_pipeline_worker}},
   };
   return c;
 }

@@ -112,8 +112,9 @@ int run_train(const std::vector<std::string>& args) {
            int_flag("dp", "data parallel over N ranks (run under `mpirun -np N`; 0: the job's size)", 0, {.min = 0}),
            int_flag("ep", "expert parallel: split the routed experts over N ranks (N divides the job's size)", 1,
                     {.min = 1}),
-           int_flag("pp", "pipeline parallel: split the blocks into N stages, one per rank (run under `mpirun -np N`); "
-                    "micro-batches from --grad-accum", 1, {.min = 1}),
+           int_flag("pp", "pipeline parallel: split the blocks into N stages, one per rank (run under `mpirun -np N`, "
+                    "or N x D ranks for D data-parallel replicas of each stage); micro-batches from --grad-accum", 1,
+                    {.min = 1}),
            text_flag("pp-schedule", "with --pp: 1f1b (warm-up, one forward one backward, cool-down) or gpipe (all "
                      "forwards, then all backwards)", "1f1b"),
            text_flag("pp-split", "with --pp: the first block of each stage after the first, e.g. 3,6 (default: "
@@ -260,9 +261,10 @@ int run_train(const std::vector<std::string>& args) {
                 stages.c_str(), pipeline_schedule_name(pp->schedule()), static_cast<long long>(o.grad_accum));
   }
   if (trainer.world_size() > 1)
-    std::printf("  %d ranks: data parallel %d (batch %lld per rank), expert parallel %lld\n", trainer.world_size(),
-                trainer.world_size(), static_cast<long long>(c.batch / trainer.world_size()),
-                static_cast<long long>(o.ep));
+    std::printf("  %d ranks: data parallel %d (batch %lld per rank), expert parallel %lld%s\n",
+                trainer.world_size() * int(o.pp), trainer.world_size(),
+                static_cast<long long>(c.batch / trainer.world_size()), static_cast<long long>(o.ep),
+                o.pp > 1 ? fmt(", x %lld pipeline stages", static_cast<long long>(o.pp)).c_str() : "");
   std::printf("  data: %s", trainer.corpus().name.c_str());
   if (trainer.corpus().entropy_floor >= 0)
     std::printf(", entropy floor %.3f nats/byte", trainer.corpus().entropy_floor);

@@ -9,6 +9,7 @@
 #include "engine/autograd.h"
 #include "engine/error.h"
 #include "engine/grad_mode.h"
+#include "engine/rng.h"
 #include "ops/loss.h"
 #include "ops/ops.h"
 #include "train/optimizer.h"
@@ -163,28 +164,44 @@ std::int64_t PipelineStage::owner(const std::string& name) const {
 }
 
 std::vector<std::pair<std::string, Tensor>> PipelineStage::gather_to_first(
-    std::vector<std::pair<std::string, Tensor>> mine, bool optimizer_state) {
-  // What stage st sends, in order: its parameters in the model's order, each
-  // followed by its two moments (shapes known to every rank: the whole model
-  // is built everywhere).
+    std::vector<std::pair<std::string, Tensor>> mine) {
+  // Stage st sends a manifest (each tensor's name and shape, as text in an
+  // i64 tensor, after its length), then its tensors in that order; rank 0
+  // receives them in stage order.
   for (std::int64_t st = 1; st < stages(); ++st) {
     if (stage_ != 0 && stage_ != st) continue;
-    int tag = 0;
-    for (const auto& [name, p] : model_.named_parameters()) {
-      if (owner(name) != st) continue;
-      std::vector<std::string> keys = {name};
-      if (optimizer_state) keys.insert(keys.end(), {"optimizer.exp_avg." + name, "optimizer.exp_avg_sq." + name});
-      for (const std::string& key : keys) {
-        if (stage_ == st) {
-          const auto it = std::find_if(mine.begin(), mine.end(), [&](const auto& kv) { return kv.first == key; });
-          REMAT_CHECK(it != mine.end(), Error, "pipeline save: stage ", st, " has no tensor '", key, "'");
-          group_->send(it->second.contiguous(), 0, tag++);
-        } else {
-          Tensor t = empty(p.sizes(), DType::f32);
-          group_->recv(t, int(st), tag++);
-          mine.emplace_back(key, t);
-        }
+    if (stage_ == st) {
+      std::string manifest;
+      for (const auto& [name, t] : mine) {
+        REMAT_CHECK(t.dtype() == DType::f32, DTypeError, "pipeline save: stage ", st, "'s tensor '", name, "' is ",
+                    t.dtype(), ", expected f32");
+        manifest += name;
+        for (std::int64_t d : t.sizes()) manifest += " " + std::to_string(d);
+        manifest += "\n";
       }
+      const std::vector<std::int64_t> chars(manifest.begin(), manifest.end());
+      group_->send(from_vector<std::int64_t>({std::int64_t(chars.size())}, {1}), 0, 0);
+      group_->send(from_vector<std::int64_t>(chars, {std::int64_t(chars.size())}), 0, 1);
+      int tag = 2;
+      for (const auto& [name, t] : mine) group_->send(t.contiguous(), 0, tag++);
+      continue;
+    }
+    Tensor length = empty({1}, DType::i64);
+    group_->recv(length, int(st), 0);
+    Tensor chars = empty({length.to_vector<std::int64_t>()[0]}, DType::i64);
+    group_->recv(chars, int(st), 1);
+    const std::vector<std::int64_t> codes = chars.to_vector<std::int64_t>();
+    std::stringstream lines(std::string(codes.begin(), codes.end()));
+    int tag = 2;
+    for (std::string line; std::getline(lines, line);) {
+      std::stringstream fields(line);
+      std::string name;
+      fields >> name;
+      std::vector<std::int64_t> shape;
+      for (std::int64_t d; fields >> d;) shape.push_back(d);
+      Tensor t = empty(shape, DType::f32);
+      group_->recv(t, int(st), tag++);
+      mine.emplace_back(name, t);
     }
   }
   return mine;
@@ -193,7 +210,8 @@ std::vector<std::pair<std::string, Tensor>> PipelineStage::gather_to_first(
 std::vector<std::pair<std::string, Tensor>> PipelineStage::parameters() const { return owned_; }
 
 std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::int64_t M, double seed, bool train,
-                                                    StepResult* timing) {
+                                                    StepResult* timing,
+                                                    const std::function<void()>& before_last_backward) {
   using Clock = std::chrono::steady_clock;
   auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   double idle = 0;  // waiting for a neighbour
@@ -236,8 +254,14 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
   // Evaluation: the forward of one micro-batch (the whole batch), no backward.
   const auto ops = train ? pipeline_ops(schedule_, P, s, M) : std::vector<PipelineOp>{{true, 0}};
   std::int64_t held = 0;
-  for (const PipelineOp& op : ops) {
+  // Random draws keyed by (micro-batch, block), whatever order they run in.
+  Generator& gen = default_generator(batch.device());
+  const RngState streams = gen.state();
+  const std::int64_t units = cfg.n_layers;
+  for (std::size_t k = 0; k < ops.size(); ++k) {
+    const PipelineOp& op = ops[k];
     Micro& u = mb[std::size_t(op.micro)];
+    RngStreamScope keyed(gen, streams, op.micro, units);
     const Tensor rows_m = batch.narrow(0, op.micro * rows, rows);
     const auto op_start = Clock::now();
     const double idle_before = idle;
@@ -288,6 +312,7 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
     }
     for (const Tensor& a : u.terms.aux) roots.push_back(a), grads.push_back(mul(seed_t, cfg.aux_coef));
     for (const Tensor& z : u.terms.z) roots.push_back(z), grads.push_back(mul(seed_t, cfg.z_coef));
+    if (before_last_backward && k + 1 == ops.size()) before_last_backward();
     remat::backward(roots, grads);
     roots.clear();
     grads.clear();
@@ -299,6 +324,7 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
     reap();
     if (timing) account(timing->backward_ms);
   }
+  gen.set_state(rng_streams_end(streams, std::int64_t(train ? M : 1), units));
   const auto drain = Clock::now();
   for (Pending& p : pending) p.work->wait();
   idle += ms_since(drain);
@@ -340,9 +366,10 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
   return out;
 }
 
-PipelineStage::StepResult PipelineStage::step(const Tensor& batch, std::int64_t micro_batches, double seed) {
+PipelineStage::StepResult PipelineStage::step(const Tensor& batch, std::int64_t micro_batches, double seed,
+                                              const std::function<void()>& before_last_backward) {
   StepResult r;
-  const std::vector<double> v = forward_backward(batch, micro_batches, seed, true, &r);
+  const std::vector<double> v = forward_backward(batch, micro_batches, seed, true, &r, before_last_backward);
   r.loss.assign(v.begin(), v.begin() + micro_batches);
   r.aux.assign(v.begin() + micro_batches, v.end());
   return r;
@@ -379,11 +406,10 @@ std::vector<PipelineStageStats> PipelineStage::gather_stats(const PipelineStageS
 
 double PipelineStage::eval_ce(const Tensor& batch) {
   NoGradGuard ng;
-  return forward_backward(batch, 1, 1.0, false, nullptr)[0];
+  return forward_backward(batch, 1, 1.0, false, nullptr, {})[0];
 }
 
-double PipelineStage::grad_sq_sum(const std::vector<Tensor>& params) {
-  const std::vector<double> partials = grad_sq_partials(params);
+double PipelineStage::sum_over_stages(const std::vector<double>& partials) {
   // Variable lengths: gather the counts, then the partials as i64 bits padded to the longest.
   const auto counts = group_->all_gather(from_vector<std::int64_t>({std::int64_t(partials.size())}, {1}))
                           .to_vector<std::int64_t>();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,13 +89,11 @@ class PipelineStage {
   bool owns(const std::string& parameter_name) const { return owner(parameter_name) == stage_; }
   // The stage that holds a parameter (Error for a name no stage holds).
   std::int64_t owner(const std::string& parameter_name) const;
-  // `mine` (this stage's parameters, and with `optimizer_state` their
-  // moments, named as in a state file: NAME, optimizer.exp_avg.NAME,
-  // optimizer.exp_avg_sq.NAME) with every other stage's appended on rank 0,
-  // in stage order, so rank 0 holds one process's tensors; other ranks get
-  // `mine` back. A collective.
-  std::vector<std::pair<std::string, Tensor>> gather_to_first(std::vector<std::pair<std::string, Tensor>> mine,
-                                                              bool optimizer_state);
+  // `mine` (this stage's f32 tensors: parameters, optimizer state, any
+  // names) with every other stage's appended on rank 0, in stage order, so
+  // rank 0 holds one process's tensors; other ranks get `mine` back. A
+  // collective (names and shapes travel with the tensors).
+  std::vector<std::pair<std::string, Tensor>> gather_to_first(std::vector<std::pair<std::string, Tensor>> mine);
   // This stage's parameters in the model's order (listed once, when built).
   std::vector<std::pair<std::string, Tensor>> parameters() const;
 
@@ -108,20 +107,25 @@ class PipelineStage {
   // into `micro_batches` micro-batches of consecutive rows, each backward
   // seeded with `seed` (1 / M times the loss scale, as one process). Every
   // rank returns every micro-batch's loss and aux (gathered from the stages),
-  // the same bits as one process's forward_loss. A collective over the group.
-  StepResult step(const Tensor& batch, std::int64_t micro_batches, double seed);
+  // the same bits as one process's forward_loss. Block b of micro-batch m
+  // draws from random stream (m, b) of the default generator (engine/rng.h),
+  // which then continues past M micro-batches of streams, as one process's
+  // trainer. `before_last_backward` runs just before the stage's last
+  // backward (a data-parallel reducer arms there). A collective over the group.
+  StepResult step(const Tensor& batch, std::int64_t micro_batches, double seed,
+                  const std::function<void()>& before_last_backward = {});
   // Every stage's figures (this one's `mine`), in stage order, on every rank. A collective.
   std::vector<PipelineStageStats> gather_stats(const PipelineStageStats& mine);
   // Cross-entropy of `batch` as one micro-batch, forward only (no grad), on every rank.
   double eval_ce(const Tensor& batch);
-  // The sum of squares of every stage's gradients (this stage's `params`, in
-  // parameter order): grad_sq_sum's chunk partials of all stages added in
-  // stage order, one process's sum bit for bit. A collective.
-  double grad_sq_sum(const std::vector<Tensor>& params);
+  // Every stage's `partials` (this stage's grad_sq_partials of some of its
+  // parameters, in parameter order) added in stage order from 0: for the
+  // same parameters of one process, its grad_sq_sum bit for bit. A collective.
+  double sum_over_stages(const std::vector<double>& partials);
 
  private:
   std::vector<double> forward_backward(const Tensor& batch, std::int64_t micro_batches, double seed, bool train,
-                                       StepResult* timing);
+                                       StepResult* timing, const std::function<void()>& before_last_backward);
   DecoderModel& model_;
   std::shared_ptr<ProcessGroup> group_;
   std::vector<std::int64_t> bounds_;

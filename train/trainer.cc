@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "engine/autograd.h"
 #include "engine/device_runtime.h"
+#include "engine/rng.h"
 #include "models/recompute.h"
 #include "moe/dispatch.h"
 #include "train/hf_model.h"
@@ -100,25 +101,29 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   const auto& c = opts_.config;
   RecomputePlan plan = RecomputePlan::parse(opts_.recompute, c.n_layers);
   plan.offload_dir = opts_.offload_dir;
-  auto world = opts_.group ? opts_.group : world_group();
+  job_ = opts_.group ? opts_.group : world_group();
+  auto world = job_;
   std::shared_ptr<ProcessGroup> pipeline_group;
   if (opts_.pp > 1) {
-    // The stages share each batch by running its micro-batches in turn: for
-    // the data-parallel layout this job is one process.
+    // pp x dp ranks, stage-major: rank s * D + d runs stage s of data-parallel
+    // replica d. Replica d's stages form a pipeline; stage s's D replicas
+    // share each batch (and split the experts under --ep) as data parallel does.
     auto refuse = [&](bool bad, const std::string& what) {
       REMAT_CHECK(!bad, Error, "--pp ", opts_.pp, ": ", what);
     };
-    refuse(world->size() != opts_.pp, "this job has " + std::to_string(world->size()) + " rank(s); start it with "
-           "`mpirun -np " + std::to_string(opts_.pp) + " ./remat train ... --pp " + std::to_string(opts_.pp) +
-           "` (one rank per stage; pipeline x data / expert parallel is not built yet)");
-    refuse(opts_.ep != 1 || opts_.dp > 1, "--dp / --ep with a pipeline are not built yet");
-    refuse(c.dropout > 0 || c.random_routing, "dropout and random routing draw in one process's order of blocks; "
-           "not built yet with a pipeline (set dropout 0, learned routing)");
+    const int P = int(opts_.pp), N = job_->size();
+    refuse(N % P != 0, "this job has " + std::to_string(N) + " rank(s), not a multiple of " + std::to_string(P) +
+           " stages; start it with `mpirun -np " + std::to_string(P) + " ./remat train ... --pp " +
+           std::to_string(P) + "` (one rank per stage), or P x D ranks for D data-parallel replicas");
+    const int D = N / P;
+    refuse(opts_.dp > 0 && opts_.dp != D, "--dp " + std::to_string(opts_.dp) + " needs " +
+           std::to_string(P * opts_.dp) + " ranks (pp x dp), this job has " + std::to_string(N));
     refuse(c.tie_embeddings, "tied embeddings live on the first and the last stage; not built yet");
     refuse(!opts_.device.is_cpu(), "pipelines run on the CPU under MPI for now (NCCL stages are not built yet)");
     refuse(opts_.dtype == "f16", "f16 loss scaling with a pipeline is not built yet (use f32 or bf16)");
-    pipeline_group = world;
-    world = single_process_group();
+    const int stage = job_->rank() / D, replica = job_->rank() % D;
+    pipeline_group = job_->split(replica, stage);  // (collectives over the job: every rank, in this order)
+    world = D == 1 ? single_process_group() : job_->split(stage, replica);
   } else {
     REMAT_CHECK(opts_.pp == 1, Error, "--pp must be >= 1, got ", opts_.pp);
   }
@@ -155,7 +160,6 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   // (an absent one fails in model_->to, naming it).
   use_device_if_present(opts_.device);
   model_->to(opts_.device);  // weights are drawn on the CPU, so every device starts from the same ones
-  reducer_ = make_grad_reducer(layout_, model_->named_parameters(), opts_.bucket_bytes);
   if (pipeline_group) {
     std::vector<std::int64_t> bounds;
     if (!opts_.pp_split.empty()) {
@@ -170,6 +174,9 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
     pipeline_ = std::make_unique<PipelineStage>(*model_, pipeline_group, bounds,
                                                 parse_pipeline_schedule(opts_.pp_schedule));
   }
+  // A stage reduces only its own parameters' gradients over its replicas.
+  reducer_ = make_grad_reducer(layout_, pipeline_ ? pipeline_->parameters() : model_->named_parameters(),
+                               opts_.bucket_bytes);
   AdamWOptions ao;
   ao.weight_decay = opts_.weight_decay;
   optimizer_ = std::make_unique<AdamW>(pipeline_ ? pipeline_->parameters() : model_->named_parameters(), ao);
@@ -196,12 +203,21 @@ double Trainer::evaluate() {
   model_->train(false);
   BatchSampler val(corpus_.val_source(), opts_.config.batch, opts_.config.seq, 0xe7a1ull);
   double total = 0;
-  RngShardScope shard(rank(), world_size());  // random routes: this rank's share of the batch's
+  RngShardScope shard(layout_.world->rank(), world_size());  // random routes: this rank's share of the batch's
   Generator& gen = default_generator(opts_.device);
   const RngState rng = gen.state();  // evaluation leaves training's stream alone
   for (std::int64_t i = 0; i < opts_.eval_batches; ++i) {
     const Tensor batch = batch_shard(val.next(), *layout_.world).to(opts_.device);
-    total += pipeline_ ? pipeline_->eval_ce(batch) : model_->forward_loss(batch).ce.item();
+    if (pipeline_) {
+      total += pipeline_->eval_ce(batch);  // (one micro-batch of keyed streams, as below)
+      continue;
+    }
+    const RngState streams = gen.state();
+    {
+      RngStreamScope keyed(gen, streams, 0, opts_.config.n_layers);
+      total += model_->forward_loss(batch).ce.item();
+    }
+    gen.set_state(rng_streams_end(streams, 1, opts_.config.n_layers));
   }
   gen.set_state(rng);
   model_->train(true);
@@ -247,7 +263,11 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     s.loss_scale = loss_scale_;
     {
       CategoryScope cat(MemoryCategory::activation);
-      RngShardScope shard(rank(), W);  // dropout masks and random routes: this rank's share of the batch's
+      RngShardScope shard(layout_.world->rank(), W);  // dropout masks and random routes: this rank's share of the batch's
+      // Block b of micro-batch m draws from stream (m, b) (engine/rng.h): the
+      // same masks and routes under any pipeline schedule.
+      Generator& gen = default_generator(opts_.device);
+      const RngState streams = gen.state();
       // Micro-batches: forward then backward of each in turn, gradients
       // summed; each loss weighted 1/M, so the step's loss and gradient are
       // the whole batch's. A non-finite micro-batch loss ends the step there.
@@ -257,16 +277,29 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
       if (pipeline_) {
         // The stages run the micro-batches in their schedule's order; every
         // rank gets every micro-batch's loss (the same bits as one process).
-        pipeline_step = pipeline_->step(batch, M, loss_scale_ / double(M));
-        const auto& r = pipeline_step;
+        // Each rank seeds 1/(W M) as below; the stage's replicas reduce
+        // its gradients, armed before its last backward.
+        double seed = loss_scale_ / double(W) / double(M);
+        if (opts_.fault_seed) opts_.fault_seed(attempt, seed);
+        std::function<void()> arm;
+        if (reducer_) arm = [this] { reducer_->prepare(); };
+        pipeline_step = pipeline_->step(batch, M, seed, arm);
+        auto& r = pipeline_step;
+        if (opts_.fault_loss) opts_.fault_loss(attempt, r.loss[0]);
         for (std::int64_t m = 0; m < M; ++m) {
-          loss += r.loss[std::size_t(m)] / double(M);
+          const double micro = global_mean(r.loss[std::size_t(m)]);
+          loss += micro / double(M);
           s.aux_loss += r.aux[std::size_t(m)] / double(M);
+          if (!std::isfinite(micro)) {
+            loss = micro;
+            break;
+          }
         }
         s.pipeline_in_flight = r.peak_in_flight;
       }
       for (std::int64_t m = 0; m < (pipeline_ ? 0 : M); ++m) {
         Tensor mb = M == 1 ? batch : batch.narrow(0, m * rows, rows);
+        RngStreamScope keyed(gen, streams, m, c.n_layers);
         auto out = model_->forward_loss(mb);
         double local = out.loss.item();
         if (opts_.fault_loss && m == 0) opts_.fault_loss(attempt, local);
@@ -293,6 +326,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
         const TensorOptions seed_opts(out.loss.dtype(), out.loss.device());
         out.loss.backward(seed != 1.0 ? full({}, seed, seed_opts) : Tensor());
       }
+      if (!pipeline_) gen.set_state(rng_streams_end(streams, M, c.n_layers));  // (the stages set it themselves)
       if (reducer_) reducer_->finish();  // (nothing to do unless the last micro-batch ran)
     }
     // A non-finite value: stop (before any update or save), or skip the
@@ -337,8 +371,14 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
       // experts' squares summed in rank order), so is the norm, and so is
       // the decision taken on it.
       double sq;
-      if (pipeline_) {
-        sq = pipeline_->grad_sq_sum(params);  // every stage's partials in order: one process's sum
+      if (pipeline_ && layout_.ep > 1) {
+        // As below, each part's partials added over the stages first.
+        std::vector<Tensor> dense, experts;
+        for (auto& [name, p] : pipeline_->parameters()) (is_expert_parameter(name) ? experts : dense).push_back(p);
+        sq = pipeline_->sum_over_stages(grad_sq_partials(dense)) +
+             sum_in_rank_order(*layout_.ep_group, pipeline_->sum_over_stages(grad_sq_partials(experts)));
+      } else if (pipeline_) {
+        sq = pipeline_->sum_over_stages(grad_sq_partials(params));  // every stage's partials in order: one process's sum
       } else if (layout_.ep > 1) {
         // Experts are split over the expert-parallel group: their squares are
         // summed over it; the rest is the same on every rank.
@@ -450,8 +490,12 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::one_process_parameters() const {
-  if (pipeline_) return pipeline_->gather_to_first(pipeline_->parameters(), /*optimizer_state=*/false);
-  return gather_experts(model_->named_parameters());
+  std::vector<std::pair<std::string, Tensor>> tensors =
+      gather_experts(pipeline_ ? pipeline_->parameters() : model_->named_parameters());
+  // Replica 0's pipeline gathers its stages to rank 0 (the other replicas hold the same).
+  if (pipeline_ && layout_.world->rank() == 0)
+    tensors = pipeline_->gather_to_first(std::move(tensors));
+  return tensors;
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::gather_experts(
@@ -485,7 +529,8 @@ void Trainer::save(const std::string& dir) const {
       pipeline_ ? pipeline_->parameters() : model_->named_parameters();
   for (auto& t : optimizer_->state()) tensors.push_back(t);
   tensors = gather_experts(std::move(tensors));
-  if (pipeline_) tensors = pipeline_->gather_to_first(std::move(tensors), /*optimizer_state=*/true);
+  if (pipeline_ && layout_.world->rank() == 0)  // replica 0's stages to rank 0
+    tensors = pipeline_->gather_to_first(std::move(tensors));
   if (rank() == 0) {
     const RngState data = sampler_->state();
     const RngState dropout = default_generator(opts_.device).state();
@@ -500,7 +545,7 @@ void Trainer::save(const std::string& dir) const {
         {"data_rng_offset", std::to_string(data.offset)},
         {"rng_seed", std::to_string(dropout.seed)},
         {"rng_offset", std::to_string(dropout.offset)},
-        {"world_size", std::to_string(pipeline_ ? pipeline_->stages() : world_size())},
+        {"world_size", std::to_string(job_->size())},
         {"ep", std::to_string(layout_.ep)},
         // f16's dynamic loss scale (1 and 0 for f32/bf16), so a resumed run
         // continues with the same scale and growth count.
@@ -510,8 +555,7 @@ void Trainer::save(const std::string& dir) const {
     // Every tensor checksummed; written crash-safely (train/state_files.h).
     save_state_files(dir, encode_safetensors(tensors, meta, {}, state_file(dir)));
   }
-  layout_.world->barrier();  // nobody reads the state before it is complete
-  if (pipeline_) pipeline_group_->barrier();
+  job_->barrier();  // nobody reads the state before it is complete
 }
 
 void Trainer::resume(const std::string& dir) {

@@ -63,14 +63,17 @@ struct TrainOptions {
   std::int64_t dp = 0;
   std::int64_t ep = 1;
   std::int64_t bucket_bytes = 25ll << 20;  // data-parallel gradient buckets
-  // Pipeline parallel (train/pipeline.h): pp stages, one per rank of the job
-  // (its size must be pp; not yet with dp or ep), micro-batches from
+  // Pipeline parallel (train/pipeline.h): pp stages over a job of pp x D
+  // ranks (stage-major: rank s * D + d runs stage s of replica d; dp, if
+  // set, must be D), each stage's D replicas sharing the batch (and, with ep,
+  // splitting the experts) as data parallel does. Micro-batches from
   // grad_accum, in the order of pp_schedule ("1f1b" or "gpipe"). pp_split:
   // the first block of each stage after the first (empty: balanced by
-  // parameter count). Not yet with dropout or random routing (their draws
-  // follow one process's order), tied embeddings, CUDA or f16. Saves gather
-  // every stage's tensors to rank 0 (one process's layout: any layout
-  // resumes them); every stage resumes its own from the file.
+  // parameter count). Dropout and random routes draw from keyed streams
+  // (engine/rng.h), the same under any schedule. Not yet with tied
+  // embeddings, CUDA or f16. Saves gather every stage's tensors to rank 0
+  // (one process's layout: any layout resumes them); every stage resumes its
+  // own from the file.
   std::int64_t pp = 1;
   std::string pp_schedule = "1f1b";
   std::string pp_split;
@@ -222,10 +225,11 @@ class Trainer {
   double loss_scale() const { return loss_scale_; }
   std::int64_t loss_scale_good_steps() const { return good_steps_; }
   void set_loss_scale(double scale, std::int64_t good_steps);
-  // This process's rank in the job; world_size(): the ranks that share each
-  // batch (data / expert parallel; 1 under a pipeline, whose stages share it
-  // by running its micro-batches in turn).
-  int rank() const { return pipeline_ ? int(pipeline_->stage()) : layout_.world->rank(); }
+  // This process's rank in the job (rank 0 prints and saves); world_size():
+  // the ranks that share each batch (data / expert parallel; under a
+  // pipeline, the replicas of this rank's stage: the stages share a batch by
+  // running its micro-batches in turn).
+  int rank() const { return job_->rank(); }
   int world_size() const { return layout_.world->size(); }
   // The pipeline stage of this rank (null without --pp).
   const PipelineStage* pipeline() const { return pipeline_.get(); }
@@ -250,6 +254,7 @@ class Trainer {
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<PipelineStage> pipeline_;
   std::shared_ptr<ProcessGroup> pipeline_group_;
+  std::shared_ptr<ProcessGroup> job_;  // every rank of the job (pp x dp)
   double global_mean(double local) const;
   // `tensors` with every rank's routed experts gathered (one process's layout).
   std::vector<std::pair<std::string, Tensor>> gather_experts(std::vector<std::pair<std::string, Tensor>> tensors) const;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline parallelism (#22) under mpirun: `train --pp P` with gpipe and 1f1b,
-# P = 2 and 4, plans none and per_block, dense and MoE: the saved state
+# P = 2 and 4, plans none and per_block, dense and MoE, dropout and random
+# routes, and P x D ranks with data and expert parallel inside: the saved state
 # (every parameter and both AdamW moments, gathered to rank 0) equals one
 # process with the same micro-batches bit for bit; a pipeline state resumes
 # in one process and a one-process state under a pipeline, continuing as the
@@ -42,6 +43,54 @@ for config in tiny tiny-moe; do
         rm -rf "$tmp/pp"
       done
     done
+  done
+done
+
+# Dropout and random routes: block b of micro-batch m draws from stream
+# (m, b) whatever the schedule, so a pipeline draws one process's masks.
+echo '{"name": "tiny-moe", "random_routing": true}' > "$tmp/random-routes.json"
+for config in tests/checkpoint/data/tiny_dropout.json "$tmp/random-routes.json"; do
+  common=(--config "$config" --steps 3 --warmup 1 --eval-every 0 --seed 5 --grad-accum 4 --progress off)
+  $remat train "${common[@]}" --save "$tmp/one-r" --log "$tmp/one-r.jsonl" > /dev/null 2>&1
+  for sched in gpipe 1f1b; do
+    timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --pp 2 --pp-schedule $sched \
+      --recompute per_block --save "$tmp/pp" > "$tmp/pp.txt" 2>&1
+    check "$(basename "$config") pp 2 $sched per_block: the state equals one process's bit for bit" \
+      "same_state $tmp/one-r $tmp/pp || { tail -5 $tmp/pp.txt; false; }"
+    rm -rf "$tmp/pp"
+  done
+done
+
+# Pipeline x data parallel x expert parallel: P x D ranks (stage-major) equal
+# the same D ranks without a pipeline, bit for bit: state, and every step's
+# loss and gradient norm; dense with dropout (--dp 2) and MoE (--ep 2 inside
+# each stage's replicas); the dense model also through --save-hf (remat's
+# own MoE decoder has no Hugging Face class).
+same_log() {  # A B: the same loss and grad_norm at every step
+  $py - "$1" "$2" <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+assert len(a) == len(b) > 0, (len(a), len(b))
+for x, y in zip(a, b):
+    assert (x['loss'], x['grad_norm']) == (y['loss'], y['grad_norm']), (x['step'], x['loss'], y['loss'])
+PY
+}
+for case in "tests/checkpoint/data/tiny_dropout.json --dp 2" "tiny-moe --ep 2"; do
+  read -r config layout <<< "$case"
+  common=(--config $config $layout --steps 3 --warmup 1 --eval-every 0 --seed 5 --grad-accum 2 --progress off)
+  hf=()
+  [ "$layout" = "--dp 2" ] && hf=(--save-hf "$tmp/d-hf")
+  timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --save "$tmp/d" "${hf[@]}" \
+    --log "$tmp/d.jsonl" > /dev/null 2>&1
+  for sched in gpipe 1f1b; do
+    [ "$layout" = "--dp 2" ] && hf=(--save-hf "$tmp/pd-hf")
+    timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${common[@]}" --pp 2 --pp-schedule $sched \
+      --recompute per_block --save "$tmp/pd" "${hf[@]}" --log "$tmp/pd.jsonl" > "$tmp/pd.txt" 2>&1
+    check "mpirun -np 4 --pp 2 $layout ($(basename "$config") $sched): state, losses and grad norms equal $layout's" \
+      "same_state $tmp/d $tmp/pd && same_log $tmp/d.jsonl $tmp/pd.jsonl || { tail -5 $tmp/pd.txt; false; }"
+    [ "$layout" = "--dp 2" ] && check "mpirun -np 4 --pp 2 $layout ($(basename "$config") $sched): --save-hf writes the same model" \
+      "$py -c \"import sys; sys.path.insert(0, 'tools/reference'); import reference as r; a, _ = r.read_safetensors('$tmp/d-hf/model.safetensors'); b, _ = r.read_safetensors('$tmp/pd-hf/model.safetensors'); assert set(a) == set(b) and all((a[k] == b[k]).all() for k in a)\""
+    rm -rf "$tmp/pd" "$tmp/pd-hf"
   done
 done
 
@@ -126,9 +175,10 @@ fails_with() {  # TEXT NP ARGS...
   ! timeout 120 mpirun "${flags[@]}" -np "$np" $remat train --steps 1 --progress off "$@" > "$tmp/err.txt" 2>&1 &&
     grep -qF -- "$text" "$tmp/err.txt" || { cat "$tmp/err.txt"; false; }
 }
-check "--pp with another job size is refused" "fails_with 'this job has 2 rank(s)' 2 --config tiny --pp 4"
-check "--pp with dropout is refused, saying why" \
-  "fails_with 'dropout and random routing draw in one process' 2 --config tests/checkpoint/data/tiny_dropout.json --pp 2"
+check "--pp with a job size that is not a multiple is refused" \
+  "fails_with 'this job has 2 rank(s), not a multiple of 4 stages' 2 --config tiny --pp 4"
+check "--pp with a --dp that does not match the job is refused" \
+  "fails_with '--dp 2 needs 4 ranks (pp x dp), this job has 2' 2 --config tiny --pp 2 --dp 2"
 check "a region across a stage boundary is refused" \
   "fails_with 'the recompute plan'\''s region over blocks 0-3 crosses the boundary before block 2 (stage 1)' 2 --config tiny --pp 2 --recompute chunk"
 finish

@@ -142,6 +142,23 @@ assert set(a) == set(b)
 worst = max(float((a[k] - b[k]).abs().max() / max(b[k].abs().max(), 1e-30)) for k in a)
 assert worst <= 1e-4, worst
 PY"
+# The same under a pipeline: 2 stages x (--ep 2), 4 ranks, export the same bits.
+timeout 300 mpirun "${flags[@]}" -np 4 $remat train --model "$tmp/mixtral" --steps 4 $train_args --ep 2 --pp 2 \
+  --grad-accum 2 --log "$tmp/ppep.jsonl" --save-hf "$tmp/ppep-out" --hf-dtype f32 > "$tmp/ppep.txt" 2>&1
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train --model "$tmp/mixtral" --steps 4 $train_args --ep 2 \
+  --grad-accum 2 --log "$tmp/ep2.jsonl" --save-hf "$tmp/ep2-out" --hf-dtype f32 > /dev/null 2>&1
+check "mpirun -np 4 train --model (Mixtral) --pp 2 --ep 2 logs and exports --ep 2's bits" \
+  "$py - $tmp/ppep.jsonl $tmp/ep2.jsonl $tmp/ppep-out $tmp/ep2-out <<'PY' || { tail -5 $tmp/ppep.txt; false; }
+import json, os, sys
+sys.path.insert(0, 'tools/reference')
+import reference
+pp = [json.loads(l)['loss'] for l in open(sys.argv[1])]
+ep = [json.loads(l)['loss'] for l in open(sys.argv[2])]
+assert len(pp) == 4 and pp == ep, (pp, ep)
+a, _ = reference.read_safetensors(os.path.join(sys.argv[3], 'model.safetensors'))
+b, _ = reference.read_safetensors(os.path.join(sys.argv[4], 'model.safetensors'))
+assert set(a) == set(b) and all((a[k] == b[k]).all() for k in a)
+PY"
 
 # 4. eval and generate take a Hugging Face folder.
 make_model qtok --arch qwen2 --dtype bf16 --hidden 32 --heads 2 --kv-heads 1 --layers 2 --vocab 151669 \
