@@ -62,8 +62,9 @@ std::map<std::string, double> run_pipeline_worker(const PipelineBenchSpec& s, co
   REMAT_CHECK(rc == 0 && pos != std::string::npos, Error, "bench --pp: the job for ", v.name(), " failed:\n", out);
   std::string line = out.substr(pos + 13);
   line = line.substr(0, line.find('\n'));
+  const Json parsed = Json::parse(line, "bench pipeline worker output");
   std::map<std::string, double> r;
-  for (const auto& [k, val] : Json::parse(line, "bench pipeline worker output").members()) r[k] = val.as_number();
+  for (const auto& [k, val] : parsed.members()) r[k] = val.as_number();
   return r;
 }
 
@@ -154,9 +155,9 @@ int run_pipeline_bench(const PipelineBenchSpec& s) {
   }
 
   std::vector<JsonObject> rows;
-  std::printf("\n%-22s %5s %7s %9s %9s %9s %8s %8s %8s %7s %8s %9s\n", "variant", "stage", "blocks", "peak MiB",
-              "activ.", "in-flight", "fwd ms", "bwd ms", "idle ms", "bubble", "(P-1)/", "sent MiB");
-  std::printf("%-22s %5s %7s %9s %9s %9s %8s %8s %8s %7s %8s %9s\n", "", "", "", "", "MiB", "", "", "", "", "",
+  std::printf("\n%-20s %8s %5s %7s %9s %9s %9s %8s %8s %8s %7s %8s %9s\n", "variant", "step ms", "stage", "blocks",
+              "peak MiB", "activ.", "in-flight", "fwd ms", "bwd ms", "idle ms", "bubble", "(P-1)/", "sent MiB");
+  std::printf("%-20s %8s %5s %7s %9s %9s %9s %8s %8s %8s %7s %8s %9s\n", "", "", "", "", "", "MiB", "", "", "", "", "",
               "(M+P-1)", "");
   for (std::size_t i = 0; i < variants.size(); ++i) {
     auto med = [&](const std::string& k) { return median_of(got[i].at(k)); };
@@ -172,8 +173,8 @@ int run_pipeline_bench(const PipelineBenchSpec& s) {
     std::vector<JsonObject> stage_rows;
     for (std::int64_t st = 0; st < P; ++st) {
       auto sm = [&](const char* k) { return med(stage_key(st, k)); };
-      std::printf("%-22s %5lld %7s %9.1f %9.1f %9.0f %8.0f %8.0f %8.0f %6.1f%% %7.1f%% %9.2f\n",
-                  st == 0 ? fmt("%s (%.0f ms)", variants[i].name().c_str(), step).c_str() : "",
+      std::printf("%-20s %8s %5lld %7s %9.1f %9.1f %9.0f %8.0f %8.0f %8.0f %6.1f%% %7.1f%% %9.2f\n",
+                  st == 0 ? variants[i].name().c_str() : "", st == 0 ? fmt("%.0f", step).c_str() : "",
                   static_cast<long long>(st), fmt("%.0f-%.0f", sm("first_block"), sm("end_block") - 1).c_str(),
                   sm("peak_allocated_bytes") / 1048576.0, sm("activation_bytes") / 1048576.0, sm("in_flight"),
                   sm("forward_ms"), sm("backward_ms"), sm("idle_ms"), 100 * sm("bubble"), 100 * theory,
