@@ -73,10 +73,18 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::raw_data() const {
   const auto& im = impl();
+  REMAT_CHECK(!im.released, Error, "a ", dtype_name(im.dtype), " tensor of shape ", shape_str(im.sizes),
+              " was released (release_storage: its values live on another rank) and has no elements to read or write");
   if (!im.storage || !im.storage->data()) return nullptr;
   return static_cast<char*>(im.storage->data()) + im.offset * std::int64_t(element_size(im.dtype));
 }
 
+
+void Tensor::release_storage() const {
+  auto& im = impl();
+  im.storage.reset();
+  im.released = true;
+}
 
 // ---------------------------------------------------------------------------
 // Element access

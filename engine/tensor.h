@@ -57,6 +57,7 @@ struct TensorImpl {
   Shape strides;            // in elements
   std::int64_t offset = 0;  // in elements
   DType dtype = DType::f32;
+  bool released = false;    // release_storage() dropped the elements
   std::shared_ptr<VersionCounter> version;
   std::shared_ptr<AutogradMeta> autograd;  // null for tensors autograd never saw
 };
@@ -101,6 +102,12 @@ class Tensor {
     return static_cast<T*>(raw_data());
   }
   void* raw_data() const;
+  // Drops the elements (the storage every handle of this tensor shares),
+  // keeping shape and dtype: for a parameter whose values live on another
+  // rank (a pipeline stage's copy of the other stages' weights). Any later
+  // access to the elements is an Error naming the shape.
+  void release_storage() const;
+  bool released() const { return impl().released; }
 
   // ---- Views (share storage and version counter) ----
   // Same data with new sizes; one size may be -1. Throws ShapeError if the

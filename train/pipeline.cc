@@ -144,6 +144,9 @@ PipelineStage::PipelineStage(DecoderModel& model, std::shared_ptr<ProcessGroup> 
                   "--pp ", P, ": the recompute plan's region over blocks ", region.front(), "-", region.back(),
                   " crosses the boundary before block ", bounds_[std::size_t(b)],
                   " (stage ", b, "); use per-block regions or groups inside each stage");
+  // The other stages' weights: this rank never reads them (shapes stay).
+  for (auto& [name, p] : model.named_parameters())
+    if (owner(name) != stage_) p.release_storage();
   for (std::int64_t s = 0; s < P; ++s) {
     std::int64_t n = 0;
     for (std::int64_t i = bounds_[std::size_t(s)]; i < bounds_[std::size_t(s + 1)]; ++i) n += model.config().is_moe_layer(i);

@@ -74,7 +74,9 @@ struct PipelineStageStats {
 // One rank's stage of a pipeline over `group` (rank s = stage s): the
 // embedding on stage 0, blocks [bounds[s], bounds[s + 1]) of `model` (every
 // rank builds the whole model from the same seed; a stage computes and
-// updates only what it owns), the final norm, head and loss on the last.
+// updates only what it owns, and releases the elements of every other
+// parameter when built: Tensor::release_storage), the final norm, head and
+// loss on the last.
 // Hidden states go to the next stage with tag 2m (micro-batch m), their
 // gradients back with tag 2m + 1, sends non-blocking, receives blocking.
 class PipelineStage {

@@ -120,7 +120,6 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
            std::to_string(P * opts_.dp) + " ranks (pp x dp), this job has " + std::to_string(N));
     refuse(c.tie_embeddings, "tied embeddings live on the first and the last stage; not built yet");
     refuse(!opts_.device.is_cpu(), "pipelines run on the CPU under MPI for now (NCCL stages are not built yet)");
-    refuse(opts_.dtype == "f16", "f16 loss scaling with a pipeline is not built yet (use f32 or bf16)");
     const int stage = job_->rank() / D, replica = job_->rank() % D;
     pipeline_group = job_->split(replica, stage);  // (collectives over the job: every rank, in this order)
     world = D == 1 ? single_process_group() : job_->split(stage, replica);
@@ -456,13 +455,9 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     s.eta_s = step_ > first ? s.elapsed_s / double(step_ - first) * double(opts_.steps - step_) : 0.0;
     s.peak_allocated_bytes = stats.allocated_peak;
     s.peak_reserved_bytes = stats.reserved_peak;
-    s.persistent_bytes = persistent_bytes(model_->named_parameters(), *optimizer_);
-    if (pipeline_) {
-      // Every rank holds the whole model's weights, but gradients only for
-      // its stage's parameters (persistent_bytes counted one per weight).
-      for (const auto& [name, p] : model_->named_parameters())
-        if (!pipeline_->owns(name)) s.persistent_bytes -= std::int64_t(p.nbytes());
-    }
+    // (A pipeline stage holds only its own parameters: the others' are released.)
+    s.persistent_bytes =
+        persistent_bytes(pipeline_ ? pipeline_->parameters() : model_->named_parameters(), *optimizer_);
     s.activation_bytes = s.peak_allocated_bytes - s.persistent_bytes;
     s.comm = layout_.counters() - comm0;
     if (pipeline_) {
@@ -620,6 +615,7 @@ void Trainer::resume(const std::string& dir) {
   {
     NoGradGuard ng;
     for (auto& [name, p] : model_->named_parameters()) {
+      if (p.released()) continue;  // another pipeline stage's
       Tensor dst = p;
       dst.copy_(f.tensors.at(name));
     }

@@ -71,7 +71,7 @@ struct TrainOptions {
   // the first block of each stage after the first (empty: balanced by
   // parameter count). Dropout and random routes draw from keyed streams
   // (engine/rng.h), the same under any schedule. Not yet with tied
-  // embeddings, CUDA or f16. Saves gather every stage's tensors to rank 0
+  // embeddings or CUDA. Saves gather every stage's tensors to rank 0
   // (one process's layout: any layout resumes them); every stage resumes its
   // own from the file.
   std::int64_t pp = 1;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "engine/error.h"
 #include "engine/philox.h"
 #include "engine/rng.h"
 #include "engine/tensor.h"
@@ -118,4 +119,37 @@ TEST_CASE("libm-free transforms are accurate", "[rng]") {
   }
   CHECK(max_log_err < 2e-6);
   CHECK(max_trig_err < 2e-6);
+}
+
+TEST_CASE("keyed streams: unit u of micro-batch m draws the same values in any order", "[rng]") {
+  Generator gen(11);
+  const RngState start{11, 40};
+  // The values block `unit` of micro-batch `micro` draws first.
+  auto draw = [&](std::int64_t micro, std::int64_t unit) {
+    RngStreamScope keyed(gen, start, micro, 3);
+    enter_rng_stream(unit);
+    float v[6];
+    philox_fill_uniform(v, 6, gen.reserve(6));
+    return std::vector<float>(v, v + 6);
+  };
+  const auto a = draw(1, 2);
+  gen.set_state({11, 999});  // whatever ran before
+  (void)draw(0, 1);
+  CHECK(draw(1, 2) == a);
+  CHECK(draw(2, 1) != a);
+  {
+    RngStreamScope keyed(gen, start, 1, 3);
+    enter_rng_stream(2);
+    CHECK(gen.state() == RngState{11, 40 + (1 * 3 + 2) * kRngStreamBlocks});
+    CHECK_THROWS_WITH(enter_rng_stream(3), Catch::Contains("unit 3 outside [0, 3)"));
+    // A unit that overruns its stream is named when the next one is entered.
+    gen.reserve(4 * kRngStreamBlocks + 4);
+    CHECK_THROWS_WITH(enter_rng_stream(0), Catch::Contains("unit 2 of micro-batch 1 drew"));
+  }
+  // Outside a scope entering a stream changes nothing.
+  gen.set_state({11, 7});
+  enter_rng_stream(5);
+  CHECK(gen.state() == RngState{11, 7});
+  CHECK(rng_streams_end(start, 4, 3) == RngState{11, 40 + 12 * kRngStreamBlocks});
+  CHECK_THROWS_AS(RngStreamScope(gen, start, -1, 3), Error);
 }

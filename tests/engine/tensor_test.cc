@@ -199,3 +199,15 @@ TEST_CASE("tensor memory comes from the CPU caching allocator with its category"
   CHECK(alloc.stats().category(MemoryCategory::activation) ==
         before.category(MemoryCategory::activation));
 }
+
+TEST_CASE("release_storage keeps the shape and makes any element access an error", "[tensor]") {
+  Tensor t = full({3, 4}, 2.0);
+  Tensor alias = t;  // another handle of the same tensor
+  REQUIRE_FALSE(t.released());
+  alias.release_storage();
+  CHECK(t.released());
+  CHECK(t.sizes() == Shape{3, 4});
+  CHECK(t.numel() == 12);
+  CHECK_THROWS_WITH(t.to_vector<float>(), Catch::Contains("tensor of shape [3, 4] was released"));
+  CHECK_THROWS_AS(t.raw_data(), Error);
+}

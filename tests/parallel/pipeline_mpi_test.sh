@@ -61,6 +61,16 @@ for config in tests/checkpoint/data/tiny_dropout.json "$tmp/random-routes.json";
   done
 done
 
+# f16 with dynamic loss scaling: every step's loss, scale and the state
+# equal one process's (the overflow decision reads the gradient norm, which
+# is one process's bit for bit).
+common=(--config tiny --steps 4 --warmup 1 --eval-every 0 --seed 5 --grad-accum 4 --dtype f16 --progress off)
+$remat train "${common[@]}" --save "$tmp/one-f16" --log "$tmp/one-f16.jsonl" > /dev/null 2>&1
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --pp 2 --recompute per_block --save "$tmp/pp-f16" \
+  --log "$tmp/pp-f16.jsonl" > "$tmp/pp.txt" 2>&1
+check "f16 pp 2 1f1b per_block: losses, loss scales and the state equal one process's bit for bit" \
+  "same_state $tmp/one-f16 $tmp/pp-f16 && $py -c \"import json; a, b = ([(r['loss'], r['loss_scale'], r['grad_norm']) for r in map(json.loads, open(f))] for f in ['$tmp/one-f16.jsonl', '$tmp/pp-f16.jsonl']); assert a == b and len(a) == 4, (a, b)\" || { tail -5 $tmp/pp.txt; false; }"
+
 # Pipeline x data parallel x expert parallel: P x D ranks (stage-major) equal
 # the same D ranks without a pipeline, bit for bit: state, and every step's
 # loss and gradient norm; dense with dropout (--dp 2) and MoE (--ep 2 inside
@@ -116,9 +126,32 @@ mem=(--config "$tmp/tiny8.json" --steps 2 --warmup 1 --eval-every 0 --seed 5 --g
 for plan in none per_block; do
   for sched in gpipe 1f1b; do
     timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${mem[@]}" --pp 4 --pp-schedule $sched --recompute $plan \
-      --log "$tmp/mem-$plan-$sched.jsonl" > /dev/null 2>&1
+      --log "$tmp/mem-$plan-$sched.jsonl" --save "$tmp/mem-state" > /dev/null 2>&1
   done
 done
+# A stage holds only its own weights: stage 0 (embedding and blocks 0-1)
+# peaks the same whether the later stage has 6 blocks or 14.
+echo '{"name": "tiny", "n_layers": 16}' > "$tmp/tiny16.json"
+for n in 8 16; do
+  timeout 300 mpirun "${flags[@]}" -np 2 $remat train --config "$tmp/tiny$n.json" --steps 1 --warmup 1 --eval-every 0 \
+    --seed 5 --grad-accum 4 --batch 8 --pp 2 --pp-split 2 --progress off --log "$tmp/own-$n.jsonl" > /dev/null 2>&1
+done
+check "a stage holds only its own weights: 16 bytes per parameter of its own, the same peak whatever the other stage holds" \
+  "$py - $tmp <<'PY'
+import json, sys
+sys.path.insert(0, 'tools/reference')
+import reference
+d = sys.argv[1]
+state, _ = reference.read_safetensors(f'{d}/mem-state/state.safetensors')  # tiny with 8 blocks
+params = {k: v.numel() for k, v in state.items() if not k.startswith('optimizer.')}
+mine = sum(n for k, n in params.items() if k.startswith(('model.embed_tokens.', 'model.layers.0.', 'model.layers.1.')))
+block = sum(n for k, n in params.items() if k.startswith('model.layers.2.'))
+a, b = ([json.loads(l) for l in open(f'{d}/own-{n}.jsonl')][-1] for n in (8, 16))
+print(f'stage 0: {mine} parameters; persistent {a[\"persistent_bytes\"]}; peak with 6 / 14 later blocks: '
+      f'{a[\"peak_allocated_bytes\"]} / {b[\"peak_allocated_bytes\"]} (8 blocks of weights: {8 * 4 * block})')
+assert a['persistent_bytes'] == b['persistent_bytes'] == 16 * mine  # weight, gradient, two moments
+assert abs(b['peak_allocated_bytes'] - a['peak_allocated_bytes']) < 4 * block, (a, b)
+PY"
 check "stage 0's activations: 1F1B holds P of M micro-batches (P/M of GPipe's, within 15%); per_block keeps boundaries" \
   "$py - $tmp <<'PY'
 import json, sys
