@@ -217,13 +217,17 @@ std::map<std::string, double> run_worker(const std::string& config, const std::s
                     std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " + seed +
                     " --ep " + std::to_string(ep) + " --dtype " + dtype + " --device " + device +
                     (offload_dir.empty() ? "" : " --offload-dir '" + offload_dir + "'") + " 2>&1";
+  return run_bench_result(cmd, "bench: worker for plan " + plan);
+}
+
+std::map<std::string, double> run_bench_result(const std::string& cmd, const std::string& what) {
   int rc = 0;
-  const std::string out = run_capture(cmd, "a worker process", &rc);
+  const std::string out = run_capture(cmd, what.c_str(), &rc);
   const auto pos = out.find("BENCH-RESULT ");
-  REMAT_CHECK(rc == 0 && pos != std::string::npos, Error, "bench: worker for plan ", plan, " failed:\n", out);
+  REMAT_CHECK(rc == 0 && pos != std::string::npos, Error, what, " failed:\n", out);
   std::string line = out.substr(pos + 13);
   line = line.substr(0, line.find('\n'));
-  const Json parsed = Json::parse(line, "bench worker output");
+  const Json parsed = Json::parse(line, what + ": its output");
   std::map<std::string, double> r;
   for (const auto& [k, val] : parsed.members()) r[k] = val.as_number();
   return r;

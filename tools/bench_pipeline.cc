@@ -9,7 +9,6 @@
 #include <thread>
 
 #include "engine/error.h"
-#include "engine/json.h"
 #include "engine/parallel_for.h"
 #include "tools/args.h"
 #include "tools/bench_order.h"
@@ -56,16 +55,7 @@ std::map<std::string, double> run_pipeline_worker(const PipelineBenchSpec& s, co
       std::to_string(s.micro_batches) + " --batch " + std::to_string(batch) + " --warmup " +
       std::to_string(s.warmup) + " --steps " + std::to_string(s.steps) + " --threads " + std::to_string(threads) +
       " --seed " + s.seed + " --dtype " + s.dtype + " 2>&1";
-  int rc = 0;
-  const std::string out = run_capture(cmd, "a pipeline worker job", &rc);
-  const auto pos = out.find("BENCH-RESULT ");
-  REMAT_CHECK(rc == 0 && pos != std::string::npos, Error, "bench --pp: the job for ", v.name(), " failed:\n", out);
-  std::string line = out.substr(pos + 13);
-  line = line.substr(0, line.find('\n'));
-  const Json parsed = Json::parse(line, "bench pipeline worker output");
-  std::map<std::string, double> r;
-  for (const auto& [k, val] : parsed.members()) r[k] = val.as_number();
-  return r;
+  return run_bench_result(cmd, "bench --pp: the job for " + v.name());
 }
 
 }  // namespace

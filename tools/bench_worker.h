@@ -12,6 +12,11 @@ namespace remat::tools {
 // output; its exit status goes to *rc.
 std::string run_capture(const std::string& cmd, const char* what, int* rc);
 
+// Runs a measurement command (`what` names it in errors) and returns the
+// numeric fields of the JSON object on its "BENCH-RESULT " line. Throws
+// Error, with the command's output, if it fails or prints no such line.
+std::map<std::string, double> run_bench_result(const std::string& cmd, const std::string& what);
+
 // One worker process (this binary as `bench-worker`): `warmup` untimed and
 // `steps` timed training steps of `config` under `plan`; its result fields
 // (step_ms, forward_ms, backward_ms, peak_allocated_bytes, persistent_bytes,
