@@ -49,11 +49,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
-
 // Counts forward FLOPs of matmuls and attention run inside recompute replays.
 class ReplayFlops final : public DispatchHook {
  public:
@@ -218,6 +213,11 @@ std::map<std::string, double> run_worker(const std::string& config, const std::s
                     " --ep " + std::to_string(ep) + " --dtype " + dtype + " --device " + device +
                     (offload_dir.empty() ? "" : " --offload-dir '" + offload_dir + "'") + " 2>&1";
   return run_bench_result(cmd, "bench: worker for plan " + plan);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
 }
 
 std::map<std::string, double> run_bench_result(const std::string& cmd, const std::string& what) {

@@ -21,11 +21,6 @@ namespace remat::tools {
 
 namespace {
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
-
 // The figures each stage reports per step (PipelineStageStats), by key.
 const char* const kStageKeys[] = {"first_block", "end_block",   "peak_allocated_bytes", "activation_bytes",
                                   "in_flight",   "forward_ms",  "backward_ms",          "idle_ms",
@@ -106,7 +101,7 @@ int run_bench_pipeline_worker(const std::vector<std::string>& args) {
   if (trainer.rank() != 0) return 0;
   JsonObject j;
   j.set("stages", stages).set("tokens", double(o.config.batch * o.config.seq));
-  for (const auto& [k, v] : series) j.set(k, median_of(v));
+  for (const auto& [k, v] : series) j.set(k, median(v));
   std::printf("BENCH-RESULT %s\n", j.str().c_str());
   return 0;
 }
@@ -150,7 +145,7 @@ int run_pipeline_bench(const PipelineBenchSpec& s) {
   std::printf("%-20s %8s %5s %7s %9s %9s %9s %8s %8s %8s %7s %8s %9s\n", "", "", "", "", "", "MiB", "", "", "", "", "",
               "(M+P-1)", "");
   for (std::size_t i = 0; i < variants.size(); ++i) {
-    auto med = [&](const std::string& k) { return median_of(got[i].at(k)); };
+    auto med = [&](const std::string& k) { return median(got[i].at(k)); };
     const auto& sv = got[i].at("step_ms");
     const double step = med("step_ms");
     JsonObject row;

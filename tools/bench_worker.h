@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace remat::tools {
 
@@ -16,6 +17,9 @@ std::string run_capture(const std::string& cmd, const char* what, int* rc);
 // numeric fields of the JSON object on its "BENCH-RESULT " line. Throws
 // Error, with the command's output, if it fails or prints no such line.
 std::map<std::string, double> run_bench_result(const std::string& cmd, const std::string& what);
+
+// The median of `v` (the mean of the middle two for an even count; 0 if empty).
+double median(std::vector<double> v);
 
 // One worker process (this binary as `bench-worker`): `warmup` untimed and
 // `steps` timed training steps of `config` under `plan`; its result fields

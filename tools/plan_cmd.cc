@@ -23,11 +23,6 @@ namespace remat::tools {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
-
 JsonObject candidate_json(const ProfiledCandidate& c) {
   JsonObject j;
   j.set("component", c.component.empty() ? std::string("none") : c.component).set("plan", c.plan);

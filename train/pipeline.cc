@@ -12,7 +12,6 @@
 #include "engine/rng.h"
 #include "ops/loss.h"
 #include "ops/ops.h"
-#include "train/optimizer.h"
 
 namespace remat {
 

@@ -59,7 +59,8 @@ struct TrainOptions {
                                 // (a CUDA device becomes the constructing thread's current one)
   // Several processes (under mpirun): the job's ranks share each global
   // batch of config.batch sequences. dp: the data-parallel degree, 0 for the
-  // job's size (if set, it must equal it); ep: the expert-parallel degree.
+  // job's size (if set, it must equal it; with pp, the job's size / pp); ep:
+  // the expert-parallel degree.
   std::int64_t dp = 0;
   std::int64_t ep = 1;
   std::int64_t bucket_bytes = 25ll << 20;  // data-parallel gradient buckets
