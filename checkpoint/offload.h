@@ -54,7 +54,7 @@ struct OffloadOptions {
   // Bytes queued for writing, at most; pack waits for the writer beyond it.
   std::size_t max_inflight_bytes = std::size_t(64) << 20;
   // How far ahead of backward the reads run, in bytes.
-  std::size_t prefetch_bytes = std::size_t(16) << 20;
+  std::size_t prefetch_bytes = std::size_t(8) << 20;
   // 0: unlimited. Else the store holds at most this many bytes, and a write
   // past it fails as on a full disk (ENOSPC) (tests use it).
   std::size_t capacity_bytes = 0;

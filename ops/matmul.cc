@@ -215,12 +215,19 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   check_matmul("matmul", a, b);
   return dispatch1("matmul", {a, b}, [&] {
     const bool two_d = b.dim() == 2;
+    // The saves are the inputs, so they are made before the product: a
+    // checkpoint replay whose last needed saves these are stops here (early
+    // stop) without computing a product nobody reads (a block's down
+    // projection under per_block).
+    auto node = autograd::make_node("matmul", {&a, &b});
+    if (node) {
+      node->save(node->needs_input_grad(1) ? a : Tensor());
+      node->save(node->needs_input_grad(0) ? b : Tensor());
+    }
     Tensor out = kernel_or_cached([&] {
       return std::vector<Tensor>{two_d ? matmul_2d(a, b) : matmul_batched(a, b)};
     })[0];
-    if (auto node = autograd::make_node("matmul", {&a, &b})) {
-      node->save(node->needs_input_grad(1) ? a : Tensor());
-      node->save(node->needs_input_grad(0) ? b : Tensor());
+    if (node) {
       // A 2-D right operand stored transposed (linear's w.t()): its gradient
       // is computed in the storage's layout, so it reaches w contiguous and
       // accumulates without a strided pass.

@@ -3,6 +3,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/replay_memo.h"
 #include "engine/autograd.h"
+#include "engine/dispatch.h"
 #include "ops/dropout.h"
 #include "ops/ops.h"
 #include "ops/softmax.h"
@@ -87,7 +88,50 @@ TEST_CASE("checkpointed gradients equal plain ones bit for bit", "[checkpoint]")
   reset_checkpoint_counters();
   const Grads s1 = run(b, x, 3, [&](const Tensor& h) { return checkpoint([&b](const Tensor& t) { return b(t); }, h, sel); });
   CHECK(s1 == plain);
-  CHECK(checkpoint_counters().ops_skipped == 3 * 2);  // both matmuls of every block come from the cache
+  // The first matmul of every block comes from the cache; the replay stops
+  // at the second one's saves (its inputs, made before its kernel), so that
+  // product is never computed at all.
+  CHECK(checkpoint_counters().ops_skipped == 3);
+  CHECK(checkpoint_counters().early_stops == 3);
+}
+
+TEST_CASE("early stop skips a trailing matmul's product", "[checkpoint]") {
+  // The region ends in a product whose saves are its inputs: the replay has
+  // everything once those are saved, and stops before the product runs.
+  Block b;
+  Generator g(3);
+  Tensor x = randn({4, 8}, DType::f32, &g);
+  const Grads plain = run(b, x, 1, [&](const Tensor& h) { return b(h); });
+  auto ops_in_backward = [&](bool early) {
+    CheckpointOptions o;
+    o.early_stop = early;
+    Tensor xl = x.detach();
+    xl.set_requires_grad(true);
+    b.zero();
+    manual_seed(77);
+    Tensor y = checkpoint([&b](const Tensor& t) { return b(t); }, xl, o);
+    Tensor loss = sum(mul(y, y));
+    reset_checkpoint_counters();
+    // Products that ran to the end, in the replay and in backward.
+    struct CountProducts final : DispatchHook {
+      std::int64_t n = 0;
+      void after(const OpCall& call, const std::vector<Tensor>&) override { n += std::string(call.name) == "matmul"; }
+    };
+    auto counter = std::make_shared<CountProducts>();
+    {
+      DispatchHookScope scope(counter);
+      loss.backward();
+    }
+    const Grads got{v(xl.grad()), v(b.w1.grad()), v(b.w2.grad())};
+    CHECK(got == plain);
+    return std::pair{counter->n, checkpoint_counters().early_stops};
+  };
+  const auto [with_stop, stops] = ops_in_backward(true);
+  const auto [without_stop, no_stops] = ops_in_backward(false);
+  CHECK(stops == 1);
+  CHECK(no_stops == 0);
+  // Without early stop the replay also runs the second product.
+  CHECK(without_stop == with_stop + 1);
 }
 
 TEST_CASE("a region keeps only its boundary; backward regenerates and frees everything", "[checkpoint]") {
