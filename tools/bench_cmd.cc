@@ -96,14 +96,15 @@ double model_flops(const DecoderModel& m, std::int64_t ep = 1) {
   return tokens * (6.0 * active_params(m, ep) + 12.0 * double(c.n_layers) * double(c.d_model) * double(c.seq));
 }
 
-// The best of ten 1024^3 GEMMs: the machine's practical f32 peak. bench
-// measures it before and after its runs and keeps the higher, so a moment of
+// The best of `tries` 1024^3 GEMMs: the machine's practical f32 peak. bench
+// measures it (10 tries) before and after its runs, and probes it (3 tries,
+// about 0.1 s) between runs; the highest figure is the peak, so a moment of
 // other load cannot lower it (which would inflate MFU).
-double measure_peak_flops() {
+double measure_peak_flops(int tries = 10) {
   const std::int64_t n = 1024;
   std::vector<float> a(static_cast<std::size_t>(n * n), 1.0f), b(a), c(a);
   double best = 0;
-  for (int i = 0; i < 10; ++i) {
+  for (int i = 0; i < tries; ++i) {
     const auto t0 = Clock::now();
     ops_detail::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     best = std::max(best, 2.0 * double(n * n * n) / (ms_since(t0) * 1e-3));
@@ -691,6 +692,14 @@ int run_bench(const std::vector<std::string>& args) {
   std::vector<std::map<std::string, std::vector<double>>> v(static_cast<std::size_t>(V));
   std::vector<JsonObject> runs;
   std::string framework;
+  // Machine probes (CPU, measured peak): a short GEMM probe between
+  // consecutive runs. A run's probe is the lower of the two next to it; a run
+  // whose probe is under kProbeFloor of the peak ran on a slowed machine
+  // (other load, a throttled core) and is left out of the steady medians.
+  constexpr double kProbeFloor = 0.9;
+  std::vector<double> run_probe;  // per run, in run order
+  double probe_before = measured_peak ? measure_peak_flops(3) : 0.0;
+  peak = std::max(peak, probe_before);
   for (const BenchSlot& s : order) {
     const std::string& name = variants[std::size_t(s.variant)];
     const bool is_torch = torch && s.variant == V - 1;
@@ -700,6 +709,13 @@ int run_bench(const std::vector<std::string>& args) {
                                          f.get("seed"), ep, dtype, device.str(),
                                          f.has("offload-dir") ? f.get("offload-dir") : "");
     for (const auto& [k, val] : r) v[std::size_t(s.variant)][k].push_back(val);
+    if (measured_peak) {
+      const double probe_after = measure_peak_flops(3);
+      run_probe.push_back(std::min(probe_before, probe_after));
+      v[std::size_t(s.variant)]["probe_flops"].push_back(run_probe.back());
+      peak = std::max(peak, probe_after);
+      probe_before = probe_after;
+    }
     JsonObject run;
     run.set("variant", name).set("repeat", s.repeat).set("position", s.position).set("slot", s.slot);
     for (const char* k : {"step_ms", "forward_ms", "backward_ms", "peak_allocated_bytes", "peak_reserved_bytes",
@@ -717,7 +733,24 @@ int run_bench(const std::vector<std::string>& args) {
     const double after = measure_peak_flops();
     if (after > peak) std::printf("(GEMM peak measured again after the runs: %.1f GFLOP/s, used for MFU)\n", after / 1e9);
     peak = std::max(peak, after);
+    for (std::size_t r = 0; r < runs.size(); ++r)
+      runs[r].set("probe_flops", run_probe[r]).set("slowed", run_probe[r] < kProbeFloor * peak);
   }
+  // The steady medians: over the runs whose probe is at least kProbeFloor of
+  // the peak (all runs when nothing was probed); NaN when a variant has none.
+  auto steady_steps = [&](std::size_t i) {
+    std::vector<double> out;
+    const auto& st = v[i].at("step_ms");
+    for (std::size_t r = 0; r < st.size(); ++r)
+      if (!measured_peak || v[i].at("probe_flops")[r] >= kProbeFloor * peak) out.push_back(st[r]);
+    return out;
+  };
+  auto steady_median = [&](std::size_t i) {
+    const auto s = steady_steps(i);
+    return s.empty() ? std::nan("") : median(s);
+  };
+  const std::size_t slowed_runs = std::size_t(
+      std::count_if(run_probe.begin(), run_probe.end(), [&](double p) { return p < kProbeFloor * peak; }));
 
   // The baseline for ratios: `none` if measured, else the first plan. Replay
   // cost: a plan's backward minus the baseline's, also in baseline forwards.
@@ -763,6 +796,13 @@ int run_bench(const std::vector<std::string>& args) {
     j.set("model_flops", med("model_flops")).set("recomputed_flops", med("replay_flops")).set("peak_flops", peak);
     j.set("time_ratio", step / base_ms).set("memory_ratio", mem_ratio);
     if (torch) j.set("torch_ratio", tps / torch_tps);
+    j.set("steady_runs", std::int64_t(steady_steps(i).size()));
+    if (const double st = steady_median(i); !std::isnan(st)) {
+      j.set("step_ms_steady", st);
+      if (const double bs = steady_median(base); !std::isnan(bs)) j.set("time_ratio_steady", st / bs);
+      if (const double ts = torch ? steady_median(ti) : std::nan(""); !std::isnan(ts))
+        j.set("torch_ratio_steady", ts / st);  // tokens per step are equal: the ratio of step times
+    }
     if (autos.count(i)) {
       const AutoPlan& a = autos.at(i).choice;
       j.set("chosen_plan", a.best.plan).set("memory_budget", autos.at(i).budget_text).set("budget_bytes", a.budget);
@@ -814,11 +854,33 @@ int run_bench(const std::vector<std::string>& args) {
     torch_row.set("step_ms_max", max_of(sv)).set("forward_ms", med_of(ti, "forward_ms"));
     torch_row.set("backward_ms", med_of(ti, "backward_ms")).set("tokens_per_s", torch_tps);
     torch_row.set("mfu", med_of(base, "model_flops") / (step * 1e-3) / peak);
+    torch_row.set("steady_runs", std::int64_t(steady_steps(ti).size()));
+    if (const double st = steady_median(ti); !std::isnan(st)) torch_row.set("step_ms_steady", st);
   }
   std::printf("(medians over repeats, [min-max] across them; activations = peak - persistent (parameters + gradients "
               "+ optimizer state); replay = backward - %s's backward, rep/fwd in %s forwards; ratios against %s%s)\n",
               plans[base].c_str(), plans[base].c_str(), plans[base].c_str(),
               torch ? fmt("; x torch: tokens/s over %s's", framework.c_str()).c_str() : "");
+  if (measured_peak) {
+    std::printf("machine: %zu of %zu processes ran slowed (a GEMM probe next to them under %.0f%% of the peak, %.1f "
+                "GFLOP/s)%s\n",
+                slowed_runs, run_probe.size(), 100 * kProbeFloor, peak / 1e9,
+                slowed_runs ? "; the steady medians leave them out:" : "");
+    if (slowed_runs) {
+      const double bs = steady_median(base), ts = torch ? steady_median(ti) : std::nan("");
+      std::printf("%-24s %7s %16s %8s%s\n", "plan", "steady", "step ms", "x time", torch ? "  x torch" : "");
+      for (std::size_t i = 0; i < std::size_t(V); ++i) {
+        const bool is_torch = torch && i == ti;
+        const double st = steady_median(i);
+        std::printf("%-24s %7zu %16s %8s%s\n", variants[i].c_str(), steady_steps(i).size(),
+                    std::isnan(st) ? "-" : fmt("%.0f", st).c_str(),
+                    is_torch || std::isnan(st) || std::isnan(bs) ? "-" : fmt("%.2fx", st / bs).c_str(),
+                    !torch ? ""
+                    : is_torch || std::isnan(st) || std::isnan(ts) ? "        -"
+                                                                   : fmt("  %6.2fx", ts / st).c_str());
+      }
+    }
+  }
   // The planner's rows: each against the fastest other (hand) plan whose
   // measured peak fits the same budget.
   std::vector<JsonObject> auto_rows;
