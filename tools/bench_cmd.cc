@@ -97,9 +97,9 @@ double model_flops(const DecoderModel& m, std::int64_t ep = 1) {
 }
 
 // The best of `tries` 1024^3 GEMMs: the machine's practical f32 peak. bench
-// measures it (10 tries) before and after its runs, and probes it (3 tries,
-// about 0.1 s) between runs; the highest figure is the peak, so a moment of
-// other load cannot lower it (which would inflate MFU).
+// measures it (10 tries) before and after its runs, and each CPU worker
+// probes it (5 tries) after its timed steps; the highest figure is the
+// peak, so a moment of other load cannot lower it (which would inflate MFU).
 double measure_peak_flops(int tries = 10) {
   const std::int64_t n = 1024;
   std::vector<float> a(static_cast<std::size_t>(n * n), 1.0f), b(a), c(a);
@@ -220,6 +220,11 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
 }
+
+namespace {
+double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+}  // namespace
 
 std::map<std::string, double> run_bench_result(const std::string& cmd, const std::string& what) {
   int rc = 0;
@@ -395,6 +400,10 @@ int run_bench_worker(const std::vector<std::string>& args) {
   if (world->rank() != 0) return 0;  // rank 0 reports
   JsonObject j;
   j.set("step_ms", median(step_ms)).set("forward_ms", median(fwd_ms)).set("backward_ms", median(bwd_ms));
+  j.set("step_ms_best", min_of(step_ms));
+  // A GEMM peak probe while the cores are warm from the steps: bench keeps the
+  // highest figure of all (short bursts of other load lower any one of them).
+  if (device.is_cpu()) j.set("gemm_peak_flops", measure_peak_flops(5));
   j.set("replay_wall_ms", median(replay_wall));
   j.set("offloaded_bytes", median(offloaded)).set("offload_ms", median(offload_wait));
   j.set("compressed_saved_bytes", median(compressed));
@@ -482,13 +491,11 @@ std::map<std::string, double> run_torch_worker(const std::string& script, const 
     if (val.is_number()) r[k] = val.as_number();
     if (k == "framework" && framework) *framework = val.as_string();
   }
-  for (const char* k : {"step_ms", "forward_ms", "backward_ms", "tokens"})
+  for (const char* k : {"step_ms", "step_ms_min", "forward_ms", "backward_ms", "tokens"})
     REMAT_CHECK(r.count(k), Error, "bench --baseline torch: bench_torch.py printed no '", k, "':\n", out);
+  r["step_ms_best"] = r.at("step_ms_min");  // its fastest timed step, as the workers' step_ms_best
   return r;
 }
-
-double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
-double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
 // bench --pareto's plans: the hand plans, each also with offload where the
 // pair is a plan, then auto.
@@ -692,14 +699,6 @@ int run_bench(const std::vector<std::string>& args) {
   std::vector<std::map<std::string, std::vector<double>>> v(static_cast<std::size_t>(V));
   std::vector<JsonObject> runs;
   std::string framework;
-  // Machine probes (CPU, measured peak): a short GEMM probe between
-  // consecutive runs. A run's probe is the lower of the two next to it; a run
-  // whose probe is under kProbeFloor of the peak ran on a slowed machine
-  // (other load, a throttled core) and is left out of the steady medians.
-  constexpr double kProbeFloor = 0.9;
-  std::vector<double> run_probe;  // per run, in run order
-  double probe_before = measured_peak ? measure_peak_flops(3) : 0.0;
-  peak = std::max(peak, probe_before);
   for (const BenchSlot& s : order) {
     const std::string& name = variants[std::size_t(s.variant)];
     const bool is_torch = torch && s.variant == V - 1;
@@ -709,17 +708,10 @@ int run_bench(const std::vector<std::string>& args) {
                                          f.get("seed"), ep, dtype, device.str(),
                                          f.has("offload-dir") ? f.get("offload-dir") : "");
     for (const auto& [k, val] : r) v[std::size_t(s.variant)][k].push_back(val);
-    if (measured_peak) {
-      const double probe_after = measure_peak_flops(3);
-      run_probe.push_back(std::min(probe_before, probe_after));
-      v[std::size_t(s.variant)]["probe_flops"].push_back(run_probe.back());
-      peak = std::max(peak, probe_after);
-      probe_before = probe_after;
-    }
     JsonObject run;
     run.set("variant", name).set("repeat", s.repeat).set("position", s.position).set("slot", s.slot);
-    for (const char* k : {"step_ms", "forward_ms", "backward_ms", "peak_allocated_bytes", "peak_reserved_bytes",
-                          "activation_bytes"})
+    for (const char* k : {"step_ms", "step_ms_best", "forward_ms", "backward_ms", "peak_allocated_bytes",
+                          "peak_reserved_bytes", "activation_bytes"})
       if (r.count(k) && !(is_torch && device.is_cpu() && std::string(k).find("bytes") != std::string::npos))
         run.set(k, r.at(k));  // (PyTorch reports no CPU memory peaks)
     runs.push_back(run);
@@ -730,27 +722,15 @@ int run_bench(const std::vector<std::string>& args) {
   }
 
   if (measured_peak) {
-    const double after = measure_peak_flops();
-    if (after > peak) std::printf("(GEMM peak measured again after the runs: %.1f GFLOP/s, used for MFU)\n", after / 1e9);
+    double after = measure_peak_flops();
+    for (const auto& var : v)
+      if (var.count("gemm_peak_flops"))
+        for (double p : var.at("gemm_peak_flops")) after = std::max(after, p);
+    if (after > peak)
+      std::printf("(GEMM peak measured again after the runs and in every worker: %.1f GFLOP/s, used for MFU)\n",
+                  after / 1e9);
     peak = std::max(peak, after);
-    for (std::size_t r = 0; r < runs.size(); ++r)
-      runs[r].set("probe_flops", run_probe[r]).set("slowed", run_probe[r] < kProbeFloor * peak);
   }
-  // The steady medians: over the runs whose probe is at least kProbeFloor of
-  // the peak (all runs when nothing was probed); NaN when a variant has none.
-  auto steady_steps = [&](std::size_t i) {
-    std::vector<double> out;
-    const auto& st = v[i].at("step_ms");
-    for (std::size_t r = 0; r < st.size(); ++r)
-      if (!measured_peak || v[i].at("probe_flops")[r] >= kProbeFloor * peak) out.push_back(st[r]);
-    return out;
-  };
-  auto steady_median = [&](std::size_t i) {
-    const auto s = steady_steps(i);
-    return s.empty() ? std::nan("") : median(s);
-  };
-  const std::size_t slowed_runs = std::size_t(
-      std::count_if(run_probe.begin(), run_probe.end(), [&](double p) { return p < kProbeFloor * peak; }));
 
   // The baseline for ratios: `none` if measured, else the first plan. Replay
   // cost: a plan's backward minus the baseline's, also in baseline forwards.
@@ -762,6 +742,12 @@ int run_bench(const std::vector<std::string>& args) {
   const double base_bwd = med_of(base, "backward_ms"), base_fwd = med_of(base, "forward_ms");
   const std::size_t ti = std::size_t(V - 1);
   const double torch_tps = torch ? med_of(ti, "tokens") / (med_of(ti, "step_ms") * 1e-3) : 0.0;
+  // The best-step view: each process's fastest timed step, median over
+  // repeats. Other load only ever slows a step, so on a shared machine the
+  // fastest step is the least disturbed estimate of a variant's own time
+  // (the minimum as the robust estimator under additive delays: Chen and
+  // Revels, "Robust benchmarking in noisy environments", 2016).
+  const double base_best = med_of(base, "step_ms_best"), torch_best = torch ? med_of(ti, "step_ms_best") : 0.0;
 
   std::vector<JsonObject> rows;
   std::vector<BenchPoint> points;
@@ -796,13 +782,8 @@ int run_bench(const std::vector<std::string>& args) {
     j.set("model_flops", med("model_flops")).set("recomputed_flops", med("replay_flops")).set("peak_flops", peak);
     j.set("time_ratio", step / base_ms).set("memory_ratio", mem_ratio);
     if (torch) j.set("torch_ratio", tps / torch_tps);
-    j.set("steady_runs", std::int64_t(steady_steps(i).size()));
-    if (const double st = steady_median(i); !std::isnan(st)) {
-      j.set("step_ms_steady", st);
-      if (const double bs = steady_median(base); !std::isnan(bs)) j.set("time_ratio_steady", st / bs);
-      if (const double ts = torch ? steady_median(ti) : std::nan(""); !std::isnan(ts))
-        j.set("torch_ratio_steady", ts / st);  // tokens per step are equal: the ratio of step times
-    }
+    j.set("step_ms_best", med("step_ms_best")).set("time_ratio_best", med("step_ms_best") / base_best);
+    if (torch) j.set("torch_ratio_best", torch_best / med("step_ms_best"));  // equal tokens per step
     if (autos.count(i)) {
       const AutoPlan& a = autos.at(i).choice;
       j.set("chosen_plan", a.best.plan).set("memory_budget", autos.at(i).budget_text).set("budget_bytes", a.budget);
@@ -854,33 +835,24 @@ int run_bench(const std::vector<std::string>& args) {
     torch_row.set("step_ms_max", max_of(sv)).set("forward_ms", med_of(ti, "forward_ms"));
     torch_row.set("backward_ms", med_of(ti, "backward_ms")).set("tokens_per_s", torch_tps);
     torch_row.set("mfu", med_of(base, "model_flops") / (step * 1e-3) / peak);
-    torch_row.set("steady_runs", std::int64_t(steady_steps(ti).size()));
-    if (const double st = steady_median(ti); !std::isnan(st)) torch_row.set("step_ms_steady", st);
+    torch_row.set("step_ms_best", torch_best);
   }
   std::printf("(medians over repeats, [min-max] across them; activations = peak - persistent (parameters + gradients "
               "+ optimizer state); replay = backward - %s's backward, rep/fwd in %s forwards; ratios against %s%s)\n",
               plans[base].c_str(), plans[base].c_str(), plans[base].c_str(),
               torch ? fmt("; x torch: tokens/s over %s's", framework.c_str()).c_str() : "");
-  if (measured_peak) {
-    std::printf("machine: %zu of %zu processes ran slowed (a GEMM probe next to them under %.0f%% of the peak, %.1f "
-                "GFLOP/s)%s\n",
-                slowed_runs, run_probe.size(), 100 * kProbeFloor, peak / 1e9,
-                slowed_runs ? "; the steady medians leave them out:" : "");
-    if (slowed_runs) {
-      const double bs = steady_median(base), ts = torch ? steady_median(ti) : std::nan("");
-      std::printf("%-24s %7s %16s %8s%s\n", "plan", "steady", "step ms", "x time", torch ? "  x torch" : "");
-      for (std::size_t i = 0; i < std::size_t(V); ++i) {
-        const bool is_torch = torch && i == ti;
-        const double st = steady_median(i);
-        std::printf("%-24s %7zu %16s %8s%s\n", variants[i].c_str(), steady_steps(i).size(),
-                    std::isnan(st) ? "-" : fmt("%.0f", st).c_str(),
-                    is_torch || std::isnan(st) || std::isnan(bs) ? "-" : fmt("%.2fx", st / bs).c_str(),
-                    !torch ? ""
-                    : is_torch || std::isnan(st) || std::isnan(ts) ? "        -"
-                                                                   : fmt("  %6.2fx", ts / st).c_str());
-      }
-    }
+  std::printf("\n%-24s %14s %8s%s\n", "best step", "ms [min-max]", "x time", torch ? "  x torch" : "");
+  for (std::size_t i = 0; i < std::size_t(V); ++i) {
+    const bool is_torch = torch && i == ti;
+    const auto& bv = v[i].at("step_ms_best");
+    const double b = median(bv);
+    std::printf("%-24s %14s %8s%s\n", variants[i].c_str(),
+                fmt("%.0f [%.0f-%.0f]", b, min_of(bv), max_of(bv)).c_str(),
+                is_torch ? "-" : fmt("%.2fx", b / base_best).c_str(),
+                !torch ? "" : is_torch ? "        -" : fmt("  %6.2fx", torch_best / b).c_str());
   }
+  std::printf("(each process's fastest timed step, median [min-max] over repeats: other load only slows steps, so on "
+              "a shared machine this is the least disturbed figure)\n");
   // The planner's rows: each against the fastest other (hand) plan whose
   // measured peak fits the same budget.
   std::vector<JsonObject> auto_rows;
