@@ -221,10 +221,8 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
 }
 
-namespace {
 double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
-}  // namespace
 
 std::map<std::string, double> run_bench_result(const std::string& cmd, const std::string& what) {
   int rc = 0;

@@ -152,8 +152,8 @@ int run_pipeline_bench(const PipelineBenchSpec& s) {
     row.set("variant", variants[i].name()).set("schedule", variants[i].schedule).set("plan", variants[i].plan);
     row.set("config", c.name).set("pp", P).set("grad_accum", M).set("micro_batch_rows", s.micro_rows);
     row.set("repeats", s.repeats).set("step_ms", step);
-    row.set("step_ms_min", *std::min_element(sv.begin(), sv.end()));
-    row.set("step_ms_max", *std::max_element(sv.begin(), sv.end()));
+    row.set("step_ms_min", min_of(sv));
+    row.set("step_ms_max", max_of(sv));
     row.set("tokens_per_s", med("tokens") / (step * 1e-3)).set("bubble_theory", theory);
     std::vector<JsonObject> stage_rows;
     for (std::int64_t st = 0; st < P; ++st) {

@@ -20,6 +20,9 @@ std::map<std::string, double> run_bench_result(const std::string& cmd, const std
 
 // The median of `v` (the mean of the middle two for an even count; 0 if empty).
 double median(std::vector<double> v);
+// The least and greatest of `v` (which must not be empty).
+double min_of(const std::vector<double>& v);
+double max_of(const std::vector<double>& v);
 
 // One worker process (this binary as `bench-worker`): `warmup` untimed and
 // `steps` timed training steps of `config` under `plan`; its result fields

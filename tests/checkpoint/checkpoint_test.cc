@@ -3,7 +3,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/replay_memo.h"
 #include "engine/autograd.h"
-#include "engine/dispatch.h"
+#include "engine/allocator.h"
 #include "ops/dropout.h"
 #include "ops/ops.h"
 #include "ops/softmax.h"
@@ -96,42 +96,47 @@ TEST_CASE("checkpointed gradients equal plain ones bit for bit", "[checkpoint]")
 }
 
 TEST_CASE("early stop skips a trailing matmul's product", "[checkpoint]") {
-  // The region ends in a product whose saves are its inputs: the replay has
-  // everything once those are saved, and stops before the product runs.
-  Block b;
+  // A region ending in a wide product (output [4, 4096] f32, 64 KiB): once
+  // that product's inputs are saved the replay has everything backward
+  // needs, so it stops before the product's kernel allocates the output.
+  // Measured by the replay's allocations (category recompute).
+  Tensor w1 = param({16, 8}, 1), w2 = param({4096, 16}, 2);
+  auto fn = [&](const Tensor& t) { return linear(silu(linear(t, w1)), w2); };
   Generator g(3);
-  Tensor x = randn({4, 8}, DType::f32, &g);
-  const Grads plain = run(b, x, 1, [&](const Tensor& h) { return b(h); });
-  auto ops_in_backward = [&](bool early) {
-    CheckpointOptions o;
-    o.early_stop = early;
+  const Tensor x = randn({4, 8}, DType::f32, &g);
+  struct Result {
+    std::vector<float> gx, gw1, gw2;
+    std::int64_t recompute_peak = 0;
+  };
+  auto run_once = [&](bool region, bool early) {
+    w1.set_grad(Tensor());
+    w2.set_grad(Tensor());
     Tensor xl = x.detach();
     xl.set_requires_grad(true);
-    b.zero();
-    manual_seed(77);
-    Tensor y = checkpoint([&b](const Tensor& t) { return b(t); }, xl, o);
+    CheckpointOptions o;
+    o.early_stop = early;
+    Tensor y = region ? checkpoint(fn, xl, o) : fn(xl);
     Tensor loss = sum(mul(y, y));
+    auto& alloc = allocator_for(kCPU);
+    alloc.reset_peak();
     reset_checkpoint_counters();
-    // Products that ran to the end, in the replay and in backward.
-    struct CountProducts final : DispatchHook {
-      std::int64_t n = 0;
-      void after(const OpCall& call, const std::vector<Tensor>&) override { n += std::string(call.name) == "matmul"; }
-    };
-    auto counter = std::make_shared<CountProducts>();
-    {
-      DispatchHookScope scope(counter);
-      loss.backward();
-    }
-    const Grads got{v(xl.grad()), v(b.w1.grad()), v(b.w2.grad())};
-    CHECK(got == plain);
-    return std::pair{counter->n, checkpoint_counters().early_stops};
+    loss.backward();
+    return Result{v(xl.grad()), v(w1.grad()), v(w2.grad()),
+                  alloc.stats().category_peak[std::size_t(MemoryCategory::recompute)]};
   };
-  const auto [with_stop, stops] = ops_in_backward(true);
-  const auto [without_stop, no_stops] = ops_in_backward(false);
-  CHECK(stops == 1);
-  CHECK(no_stops == 0);
-  // Without early stop the replay also runs the second product.
-  CHECK(without_stop == with_stop + 1);
+  const Result plain = run_once(false, false), early = run_once(true, true);
+  CHECK(checkpoint_counters().early_stops == 1);
+  const Result full = run_once(true, false);
+  CHECK(checkpoint_counters().early_stops == 0);
+  for (const Result* r : {&early, &full}) {
+    CHECK(r->gx == plain.gx);
+    CHECK(r->gw1 == plain.gw1);
+    CHECK(r->gw2 == plain.gw2);
+  }
+  const std::int64_t out_bytes = 4 * 4096 * 4;
+  CHECK(plain.recompute_peak == 0);
+  CHECK(full.recompute_peak >= out_bytes);  // the whole replay computes the product
+  CHECK(early.recompute_peak < out_bytes);  // the early-stopped one never does
 }
 
 TEST_CASE("a region keeps only its boundary; backward regenerates and frees everything", "[checkpoint]") {
