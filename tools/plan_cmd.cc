@@ -1,12 +1,16 @@
 // ./remat plan: the memory-budget planner on its own. Profiles the config
-// (train/auto_plan.h), prints the plan chosen for --memory-budget with its
-// predicted peak and step time, the best alternatives and the smallest
-// achievable peak; --measure runs them in fresh bench processes (interleaved)
-// and prints predicted next to measured.
+// once (train/auto_plan.h) and, for each --memory-budget of a comma list,
+// prints the plan chosen with its predicted peak and step time, the best
+// alternatives and the smallest achievable peak; --measure runs every plan
+// listed in fresh bench processes (interleaved, each plan once whichever
+// budgets list it) and prints predicted next to measured per budget.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <sstream>
 
 #include "engine/error.h"
 #include "engine/parallel_for.h"
@@ -57,10 +61,18 @@ int run_plan(const std::vector<std::string>& args) {
       int_flag("steps", "with --measure: timed steps per process", 3, {.min = 1}),
       threads_flag_spec()};
   for (auto& s : auto_plan_flag_specs()) specs.push_back(s);
-  Flags f("plan", "the plan --recompute auto would choose for --memory-budget, with predictions", args, specs);
+  Flags f("plan", "the plan --recompute auto would choose for --memory-budget (one budget or a comma list, planned "
+          "from one profile), with predictions", args, specs);
   apply_threads_flag(f);
   REMAT_CHECK(f.has("memory-budget"), Error, "plan: --memory-budget B is required (bytes with a unit, e.g. 1.5GiB, "
-              "or N% of plan none's activation bytes)");
+              "or N% of plan none's activation bytes; several as a comma list)");
+  std::vector<std::string> budget_texts;
+  {
+    std::stringstream in(f.get("memory-budget"));
+    for (std::string b; std::getline(in, b, ',');) budget_texts.push_back(b);
+  }
+  for (const auto& b : budget_texts)
+    REMAT_CHECK(!b.empty(), Error, "plan: --memory-budget '", f.get("memory-budget"), "' has an empty item");
   const std::string config = f.get("config");
   const ModelConfig c = ModelConfig::load(config);
   const std::string dtype = f.get("dtype");
@@ -68,95 +80,167 @@ int run_plan(const std::vector<std::string>& args) {
   const Device device = device_flag(f);
   const auto seed = std::uint64_t(f.get_int("seed"));
   const bool lossy = f.get_bool("allow-lossy");
+  const bool several = budget_texts.size() > 1;
 
   std::printf("remat plan: config %s, %d threads; profiling %lld rounds of each plan component on every block\n",
               c.name.c_str(), num_threads(), static_cast<long long>(f.get_int("profile-rounds")));
   std::fflush(stdout);
   const ProfileOptions popts = profile_options_for_flags(f, c, dtype, device, seed, true);
   const PlanProfile prof = profile_plans(popts);
-  const std::int64_t budget = parse_memory_budget(f.get("memory-budget"), prof);
+  for (const auto& b : budget_texts) parse_memory_budget(b, prof);  // a bad text is an error before any choice
   std::printf("profile: %zu components in %.0f s; persistent %s, plan none: peak %s (activations %s), step %.0f ms\n",
               prof.candidates.size(), prof.seconds, format_mib(prof.persistent).c_str(),
               format_mib(prof.none_peak).c_str(), format_mib(prof.none_activation_bytes()).c_str(), prof.none_step_ms);
-  std::printf("budget %s = %s peak allocated\n\n", f.get("memory-budget").c_str(), format_mib(budget).c_str());
 
-  // The choice (an Error below the smallest peak, naming it), checked by a run.
-  const CheckedPlan checked = checked_choice(f, prof, popts, f.get("memory-budget"));
-  const AutoPlan& a = checked.plan;
+  // Per budget: the choice (an Error below the smallest peak, naming it; with
+  // several budgets that budget is reported and skipped), checked by a run.
   struct Row {
     std::string role, plan;
     std::int64_t peak;
     double step_ms;
+    std::size_t measured = 0;  // index into the measured plans
   };
-  std::vector<Row> rows = {{"chosen", a.best.plan, a.best.peak, a.predicted_step_ms}};
-  for (const auto& r : a.alternatives) rows.push_back({"alternative", r.plan, r.peak, prof.none_step_ms + r.time_ms});
-  if (a.smallest.plan != a.best.plan)
-    rows.push_back({"smallest peak", a.smallest.plan, a.smallest.peak, prof.none_step_ms + a.smallest.time_ms});
-  std::printf("%-14s %-44s %16s %16s\n", "", "plan", "pred. peak MiB", "pred. step ms");
-  for (const auto& r : rows)
-    std::printf("%-14s %-44s %16.1f %16.0f\n", r.role.c_str(), r.plan.c_str(), double(r.peak) / 1048576.0, r.step_ms);
-  std::printf("(predicted from the profile; every plan listed fits the budget but the smallest-peak one, which is the "
-              "least any plan reaches)\n");
-  std::printf("checked: the chosen plan's run in a fresh model peaked at %s (%s the budget less the %.1f%% margin; %d "
-              "choice%s)\n",
-              format_mib(checked.measured_peak).c_str(), checked.checked ? "within" : "above", 100 * a.margin,
-              checked.tries, checked.tries == 1 ? "" : "s");
-  if (checked.history.size() > 1)
-    for (const auto& [plan, peak] : checked.history)
-      std::printf("  run: %-44s peaked at %s\n", plan.c_str(), format_mib(peak).c_str());
+  struct Choice {
+    std::string text;
+    std::int64_t budget = 0;
+    std::optional<CheckedPlan> checked;
+    std::string skipped;  // why no plan fits
+    std::vector<Row> rows;
+  };
+  std::vector<Choice> choices;
+  std::vector<std::string> to_measure;  // distinct plans over every budget, in first-listed order
+  for (const auto& text : budget_texts) {
+    Choice ch;
+    ch.text = text;
+    ch.budget = parse_memory_budget(text, prof);
+    std::printf("\nbudget %s = %s peak allocated\n", text.c_str(), format_mib(ch.budget).c_str());
+    try {
+      ch.checked = checked_choice(f, prof, popts, text);
+    } catch (const Error& e) {
+      if (!several) throw;
+      ch.skipped = e.what();
+      std::printf("  no plan fits: %s\n", e.what());
+      choices.push_back(std::move(ch));
+      continue;
+    }
+    const CheckedPlan& checked = *ch.checked;
+    const AutoPlan& a = checked.plan;
+    ch.rows.push_back({"chosen", a.best.plan, a.best.peak, a.predicted_step_ms});
+    for (const auto& r : a.alternatives)
+      ch.rows.push_back({"alternative", r.plan, r.peak, prof.none_step_ms + r.time_ms});
+    if (a.smallest.plan != a.best.plan)
+      ch.rows.push_back({"smallest peak", a.smallest.plan, a.smallest.peak, prof.none_step_ms + a.smallest.time_ms});
+    std::printf("%-14s %-44s %16s %16s\n", "", "plan", "pred. peak MiB", "pred. step ms");
+    for (auto& r : ch.rows) {
+      std::printf("%-14s %-44s %16.1f %16.0f\n", r.role.c_str(), r.plan.c_str(), double(r.peak) / 1048576.0,
+                  r.step_ms);
+      const auto it = std::find(to_measure.begin(), to_measure.end(), r.plan);
+      r.measured = std::size_t(it - to_measure.begin());
+      if (it == to_measure.end()) to_measure.push_back(r.plan);
+    }
+    std::printf("(predicted from the profile; every plan listed fits the budget but the smallest-peak one, which is "
+                "the least any plan reaches)\n");
+    std::printf("checked: the chosen plan's run in a fresh model peaked at %s (%s the budget less the %.1f%% margin; "
+                "%d choice%s)\n",
+                format_mib(checked.measured_peak).c_str(), checked.checked ? "within" : "above", 100 * a.margin,
+                checked.tries, checked.tries == 1 ? "" : "s");
+    if (checked.history.size() > 1)
+      for (const auto& [plan, peak] : checked.history)
+        std::printf("  run: %-44s peaked at %s\n", plan.c_str(), format_mib(peak).c_str());
+    choices.push_back(std::move(ch));
+  }
 
-  // --measure: each listed plan in fresh processes, interleaved.
-  std::vector<JsonObject> measured_rows;
-  if (f.get_bool("measure")) {
+  // --measure: every listed plan (once, whichever budgets list it) in fresh
+  // processes, interleaved; then each budget's rows, predicted next to measured.
+  std::vector<std::map<std::string, std::vector<double>>> v(to_measure.size());
+  const bool measure = f.get_bool("measure") && !to_measure.empty();
+  if (measure) {
     const std::int64_t repeats = f.get_int("repeats");
-    const auto order = bench_order(std::int64_t(rows.size()), repeats);
-    std::vector<std::map<std::string, std::vector<double>>> v(rows.size());
+    const auto order = bench_order(std::int64_t(to_measure.size()), repeats);
     std::printf("\nmeasuring %zu plans x %lld processes (%lld warm-up + %lld timed steps each), interleaved\n",
-                rows.size(), static_cast<long long>(repeats), static_cast<long long>(f.get_int("warmup")),
+                to_measure.size(), static_cast<long long>(repeats), static_cast<long long>(f.get_int("warmup")),
                 static_cast<long long>(f.get_int("steps")));
     for (const BenchSlot& s : order) {
-      const Row& r = rows[std::size_t(s.variant)];
-      const auto m = run_worker(config, r.plan, f.get_int("warmup"), f.get_int("steps"), num_threads(), f.get("seed"),
+      const std::string& plan = to_measure[std::size_t(s.variant)];
+      const auto m = run_worker(config, plan, f.get_int("warmup"), f.get_int("steps"), num_threads(), f.get("seed"),
                                 1, dtype, device.str(), f.has("offload-dir") ? f.get("offload-dir") : "");
       for (const auto& [k, val] : m) v[std::size_t(s.variant)][k].push_back(val);
       std::printf("  [%2lld/%zu] %-44s step %.0f ms, peak %.1f MiB\n", static_cast<long long>(s.position + 1),
-                  order.size(), r.plan.c_str(), m.at("step_ms"), m.at("peak_allocated_bytes") / 1048576.0);
+                  order.size(), plan.c_str(), m.at("step_ms"), m.at("peak_allocated_bytes") / 1048576.0);
       std::fflush(stdout);
     }
-    std::printf("\n%-14s %-44s %11s %11s %7s %9s %9s %7s %5s\n", "", "plan", "pred. MiB", "meas. MiB", "error",
-                "pred. ms", "meas. ms", "error", "fits");
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      const double mp = median(v[i].at("peak_allocated_bytes")), ms = median(v[i].at("step_ms"));
-      const double ep = (double(r.peak) - mp) / mp, et = (r.step_ms - ms) / ms;
-      std::printf("%-14s %-44s %11.1f %11.1f %6.1f%% %9.0f %9.0f %6.1f%% %5s\n", r.role.c_str(), r.plan.c_str(),
-                  double(r.peak) / 1048576.0, mp / 1048576.0, 100 * ep, r.step_ms, ms, 100 * et,
-                  mp <= double(budget) ? "yes" : "NO");
-      JsonObject j;
-      j.set("role", r.role).set("plan", r.plan).set("predicted_peak_bytes", r.peak).set("predicted_step_ms", r.step_ms);
-      j.set("peak_allocated_bytes", mp).set("step_ms", ms).set("peak_error", ep).set("step_error", et);
-      j.set("fits", mp <= double(budget));
-      measured_rows.push_back(j);
+  }
+  auto row_json = [&](const Row& r, std::int64_t budget) {
+    JsonObject j;
+    j.set("role", r.role).set("plan", r.plan).set("predicted_peak_bytes", r.peak).set("predicted_step_ms", r.step_ms);
+    if (measure) {
+      const auto& m = v[r.measured];
+      const double mp = median(m.at("peak_allocated_bytes")), ms = median(m.at("step_ms"));
+      const double msb = median(m.at("step_ms_best"));
+      j.set("peak_allocated_bytes", mp).set("step_ms", ms).set("step_ms_best", msb);
+      j.set("peak_error", (double(r.peak) - mp) / mp).set("step_error", (r.step_ms - ms) / ms);
+      j.set("step_error_best", (r.step_ms - msb) / msb).set("fits", mp <= double(budget));
     }
-    std::printf("(measured: medians over the processes; error = (predicted - measured) / measured)\n");
+    return j;
+  };
+  if (measure) {
+    for (const Choice& ch : choices) {
+      if (ch.rows.empty()) continue;
+      std::printf("\nbudget %s = %s\n%-14s %-44s %11s %11s %7s %9s %9s %7s %9s %7s %5s\n", ch.text.c_str(),
+                  format_mib(ch.budget).c_str(), "", "plan", "pred. MiB", "meas. MiB", "error", "pred. ms",
+                  "meas. ms", "error", "best ms", "error", "fits");
+      for (const Row& r : ch.rows) {
+        const auto& m = v[r.measured];
+        const double mp = median(m.at("peak_allocated_bytes")), ms = median(m.at("step_ms"));
+        const double msb = median(m.at("step_ms_best"));
+        std::printf("%-14s %-44s %11.1f %11.1f %6.1f%% %9.0f %9.0f %6.1f%% %9.0f %6.1f%% %5s\n", r.role.c_str(),
+                    r.plan.c_str(), double(r.peak) / 1048576.0, mp / 1048576.0, 100 * (double(r.peak) - mp) / mp,
+                    r.step_ms, ms, 100 * (r.step_ms - ms) / ms, msb, 100 * (r.step_ms - msb) / msb,
+                    mp <= double(ch.budget) ? "yes" : "NO");
+      }
+    }
+    std::printf("(measured: medians over the processes; best ms: each process's fastest timed step, median over "
+                "them; error = (predicted - measured) / measured)\n");
   }
 
   if (f.has("json")) {
+    // One budget: its keys at the top level. Several: `budgets`, one object
+    // per budget with those keys (or `skipped`, why no plan fits).
+    auto budget_keys = [&](JsonObject& j, const Choice& ch) {
+      j.set("memory_budget", ch.text).set("budget_bytes", ch.budget);
+      if (!ch.checked) {
+        j.set("skipped", ch.skipped);
+        return;
+      }
+      const AutoPlan& a = ch.checked->plan;
+      j.set("chosen_plan", a.best.plan).set("predicted_peak_bytes", a.best.peak);
+      j.set("predicted_step_ms", a.predicted_step_ms).set("checked_peak_bytes", ch.checked->measured_peak);
+      j.set("margin", a.margin).set("planned_budget_bytes", a.planned_budget);
+      std::vector<JsonObject> plans, measured_rows;
+      for (const auto& r : ch.rows) {
+        JsonObject p;
+        p.set("role", r.role).set("plan", r.plan).set("predicted_peak_bytes", r.peak);
+        p.set("predicted_step_ms", r.step_ms);
+        plans.push_back(p);
+        if (measure) measured_rows.push_back(row_json(r, ch.budget));
+      }
+      j.set_raw("plans", json_array(plans));
+      if (measure) j.set_raw("measured", json_array(measured_rows));
+    };
     JsonObject doc;
-    doc.set("config", c.name).set("memory_budget", f.get("memory-budget")).set("budget_bytes", budget);
+    doc.set("config", c.name);
+    if (!several) budget_keys(doc, choices[0]);
     doc.set("allow_lossy", lossy).set("persistent_bytes", prof.persistent).set("none_peak_bytes", prof.none_peak);
     doc.set("none_activation_bytes", prof.none_activation_bytes()).set("none_step_ms", prof.none_step_ms);
-    doc.set("chosen_plan", a.best.plan).set("predicted_peak_bytes", a.best.peak);
-    doc.set("predicted_step_ms", a.predicted_step_ms).set("checked_peak_bytes", checked.measured_peak);
-    doc.set("margin", a.margin).set("planned_budget_bytes", a.planned_budget);
-    std::vector<JsonObject> alts;
-    for (const auto& r : rows) {
-      JsonObject j;
-      j.set("role", r.role).set("plan", r.plan).set("predicted_peak_bytes", r.peak).set("predicted_step_ms", r.step_ms);
-      alts.push_back(j);
+    if (several) {
+      std::vector<JsonObject> per;
+      for (const Choice& ch : choices) {
+        JsonObject j;
+        budget_keys(j, ch);
+        per.push_back(j);
+      }
+      doc.set_raw("budgets", json_array(per));
     }
-    doc.set_raw("plans", json_array(alts));
-    if (!measured_rows.empty()) doc.set_raw("measured", json_array(measured_rows));
     JsonObject bases;
     bases.set("forward_base", prof.forward_base).set("block_forward_base", prof.block_forward_base);
     bases.set("fixed_peak", prof.fixed_peak);

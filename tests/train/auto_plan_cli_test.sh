@@ -26,6 +26,32 @@ PY
 then ok; else bad "plan --json"; cat "$tmp/plan.txt"; fi
 grep -q "^chosen " "$tmp/plan.txt" && ok || bad "plan prints no chosen row"
 
+# plan with a list of budgets: one profile, a choice per budget (one that no
+# plan reaches is reported and skipped), each plan measured once.
+if $remat plan --config tiny --memory-budget 40%,1MiB,70% $fast --measure --repeats 1 --warmup 0 --steps 1 \
+     --json "$tmp/plans.json" > "$tmp/plans.txt" 2>&1 &&
+   /usr/bin/python3 - "$tmp/plans.json" "$tmp/plans.txt" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+text = open(sys.argv[2]).read()
+assert "chosen_plan" not in d and len(d["budgets"]) == 3, d.keys()
+b40, b1, b70 = d["budgets"]
+assert [b["memory_budget"] for b in d["budgets"]] == ["40%", "1MiB", "70%"]
+assert "smallest predicted peak" in b1["skipped"] and "chosen_plan" not in b1, b1
+for b in (b40, b70):
+    assert b["plans"][0]["role"] == "chosen" and b["plans"][0]["plan"] == b["chosen_plan"], b
+    assert b["predicted_peak_bytes"] <= b["budget_bytes"], b
+    m = b["measured"][0]
+    assert m["plan"] == b["chosen_plan"] and m["fits"] is True and m["step_ms_best"] > 0, m
+assert b40["budget_bytes"] < b70["budget_bytes"]
+assert text.count("profiling") == 1 and "no plan fits" in text, text
+# Every distinct plan ran once (repeats 1), however many budgets listed it.
+plans = {p["plan"] for b in (b40, b70) for p in b["plans"]}
+import re
+assert len(re.findall(r"^  \[ *\d+/\d+\] ", text, re.M)) == len(plans), (plans, text)
+PY
+then ok; else bad "plan with a budget list"; cat "$tmp/plans.txt"; fi
+
 # Lossless auto plans dump bit-identically to none (dropout on, dense and MoE).
 for run in "tiny_dropout 40% 55% 70% 85%" "tiny_moe_dropout 55% 70% 85%"; do
   set -- $run
@@ -64,6 +90,8 @@ assert set(rows) == {"none", "auto"}, rows.keys()
 a = rows["auto"]
 assert a["chosen_plan"] and a["chosen_plan"] != "auto" and a["budget_bytes"] > 0, a
 assert d["auto"][0]["row"] == "auto" and d["auto"][0]["fits"] is True, d["auto"]
+assert d["auto"][0]["step_ms_best"] > 0, d["auto"]
+assert ("best_hand_plan" in d["auto"][0]) == ("time_vs_best_hand_best" in d["auto"][0]), d["auto"]
 PY
 then ok; else bad "bench none,auto"; cat "$tmp/bench.txt"; fi
 
