@@ -169,7 +169,9 @@ OffloadHooks::~OffloadHooks() {
 }
 
 bool OffloadHooks::wants(const Tensor& t, const SaveInfo&) const {
-  if (!t.defined() || t.nbytes() < options_.min_bytes) return false;
+  if (!t.defined()) return false;
+  // A small save stays, unless it is a view whose storage would stay with it.
+  if (t.nbytes() < options_.min_bytes && t.impl().storage->nbytes() < options_.min_bytes) return false;
   if (t.device().is_cuda()) {
     const int index = cuda_index_.load();
     if (index >= 0 && index != t.device().index) return false;

@@ -49,12 +49,15 @@ namespace remat {
 struct OffloadOptions {
   // Directory of the spill file; empty: $TMPDIR, else /tmp.
   std::string dir;
-  // Saves smaller than this stay in memory (not worth a write).
+  // Saves smaller than this stay in memory (not worth a write), unless they
+  // are views into a storage of at least this size: kept, such a view would
+  // keep its whole storage alive (an MoE expert's few rows of the dispatch
+  // payload held all of it).
   std::size_t min_bytes = 64 * 1024;
   // Bytes queued for writing, at most; pack waits for the writer beyond it.
   std::size_t max_inflight_bytes = std::size_t(64) << 20;
   // How far ahead of backward the reads run, in bytes.
-  std::size_t prefetch_bytes = std::size_t(8) << 20;
+  std::size_t prefetch_bytes = std::size_t(2) << 20;
   // 0: unlimited. Else the store holds at most this many bytes, and a write
   // past it fails as on a full disk (ENOSPC) (tests use it).
   std::size_t capacity_bytes = 0;
@@ -94,7 +97,8 @@ class OffloadHooks final : public TypedSavedTensorHooks {
 
   std::string name() const override { return "offload"; }
   // CPU and CUDA activation tensors (not parameters, gradients or optimizer
-  // state) of at least min_bytes (CPU: until a write has failed; CUDA: on the
+  // state) of at least min_bytes, or views into a storage of at least
+  // min_bytes (CPU: until a write has failed; CUDA: on the
   // device of the first CUDA save). A view saved again while
   // its first save lives shares that one's copy.
   bool wants(const Tensor& t, const SaveInfo& info) const override;

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/dispatch.h"
 #include "engine/recompute_context.h"
-#include "moe/buffer_pool.h"
 #include "ops/moe_rows.h"
 #include "ops/ops.h"
 
@@ -143,11 +143,17 @@ Routing TokenDispatcher::local_routing(const Tensor& indices, std::int64_t exper
 namespace {
 
 // The payload outlives the forward only when a backward will read it: then
-// it comes from the leased pool; inside a checkpoint region (or a replay, or
-// without grad) it is ordinary scratch.
+// it is allocated in the `communication` category, which names it in memory
+// reports; inside a checkpoint region (or a replay, or without grad) it is
+// ordinary scratch. Either way its memory goes back to the caching allocator
+// when its last view dies, which hands the same block to the next step.
+// (A pool of its own kept returned blocks allocated: once a payload died
+// before the step's peak, in a later block's backward or after an offload,
+// the peak counted it, one payload per MoE layer.)
 Tensor payload_buffer(const Shape& sizes, DType dtype, Device device, bool needs_backward) {
   const bool in_region = current_save_region() >= 0 || in_recompute();
-  if (needs_backward && !in_region) return DispatchBufferPool::for_device(device).lease(sizes, dtype);
+  if (!needs_backward || in_region) return empty(sizes, TensorOptions(dtype, device));
+  CategoryScope cat(MemoryCategory::communication);
   return empty(sizes, TensorOptions(dtype, device));
 }
 

@@ -140,6 +140,51 @@ TEST_CASE("offload frees the activation memory it moved and prefetches in tape o
   CHECK(b.bytes_read >= b.bytes_written);  // each once, or more for a view two ops saved
 }
 
+TEST_CASE("a small view that would keep a large storage alive is offloaded too", "[offload]") {
+  // An MoE expert saves its few rows of the dispatch payload: kept, that view
+  // kept the whole payload. Offload takes it (and so frees the payload)
+  // though it is under min_bytes; a small save with its own storage stays.
+  auto& alloc = allocator_for(kCPU);
+  Tensor w = param({128, 128}, 4, 0.1);
+  auto payload = [] {  // 128 KiB
+    Generator g(9);
+    return randn({256, 128}, DType::f32, &g);
+  };
+  OffloadOptions o;  // min_bytes 64 KiB: the 8-row view (4 KiB) is far under it
+  auto off = std::make_shared<OffloadHooks>(o);
+  Tensor loss;
+  std::int64_t held = 0;
+  {
+    SavedTensorHooksScope scope(off);
+    CategoryScope cat(MemoryCategory::activation);
+    const std::int64_t before = alloc.stats().category(MemoryCategory::activation);
+    {
+      Tensor p = payload();
+      loss = sum(matmul(p.narrow(0, 8, 8), w));  // saves the view (and w, which stays)
+    }
+    off->flush();
+    held = alloc.stats().category(MemoryCategory::activation) - before;
+  }
+  const OffloadStats s = off->stats();
+  CHECK(s.saves == 1);
+  CHECK(s.bytes_written == 8 * 128 * 4);  // the view's bytes, not its storage's
+  CHECK(held < 64 * 1024);                // the 128 KiB payload went
+  loss.backward();
+  const Tensor g1 = w.grad().clone();     // equal to a run without offload, bit for bit
+  w.set_grad(Tensor());
+  sum(matmul(payload().narrow(0, 8, 8), w)).backward();
+  CHECK(same_bits({g1}, {w.grad()}));
+  // A small save with its own storage stays.
+  auto off2 = std::make_shared<OffloadHooks>(o);
+  {
+    SavedTensorHooksScope scope(off2);
+    CategoryScope cat(MemoryCategory::activation);
+    Tensor own = payload().narrow(0, 0, 8).clone();  // 4 KiB storage of its own
+    loss = sum(matmul(own, w));
+  }
+  CHECK(off2->stats().saves == 0);
+}
+
 TEST_CASE("an in-place write to an offloaded or compressed tensor is still caught", "[offload][compress]") {
   for (int kind = 0; kind < 2; ++kind) {
     INFO((kind == 0 ? "offload" : "compress"));
