@@ -861,20 +861,20 @@ int run_bench(const std::vector<std::string>& args) {
     for (const auto& [i, ar] : autos) {
       const AutoPlan& a = ar.choice;
       const double mp = med_of(i, "peak_allocated_bytes"), ms = med_of(i, "step_ms");
-      std::size_t best = plans.size();
-      for (std::size_t k = 0; k < plans.size(); ++k)
-        if (!autos.count(k) && med_of(k, "peak_allocated_bytes") <= double(a.budget) &&
-            (best == plans.size() || med_of(k, "step_ms") < med_of(best, "step_ms")))
-          best = k;
+      // The fastest hand plan whose measured peak fits, by the median step
+      // and in the best-step view (each process's fastest step, median over
+      // repeats); plans.size() if none fits.
+      auto fastest_fitting = [&](const char* key) {
+        std::size_t best = plans.size();
+        for (std::size_t k = 0; k < plans.size(); ++k)
+          if (!autos.count(k) && med_of(k, "peak_allocated_bytes") <= double(a.budget) &&
+              (best == plans.size() || med_of(k, key) < med_of(best, key)))
+            best = k;
+        return best;
+      };
+      const std::size_t best = fastest_fitting("step_ms"), best_b = fastest_fitting("step_ms_best");
       const bool any = best < plans.size();
       const double hand_ms = any ? med_of(best, "step_ms") : 0.0;
-      // The same comparison in the best-step view (each process's fastest
-      // step, median over repeats): the fastest fitting hand plan by it.
-      std::size_t best_b = plans.size();
-      for (std::size_t k = 0; k < plans.size(); ++k)
-        if (!autos.count(k) && med_of(k, "peak_allocated_bytes") <= double(a.budget) &&
-            (best_b == plans.size() || med_of(k, "step_ms_best") < med_of(best_b, "step_ms_best")))
-          best_b = k;
       const double ms_b = med_of(i, "step_ms_best"), hand_b = any ? med_of(best_b, "step_ms_best") : 0.0;
       std::printf("%-12s %10.1f %-40s %9.1f %9.1f %8.0f %8.0f %5s  %-26s %8s %7s  %-26s %8s\n", plans[i].c_str(),
                   double(a.budget) / 1048576.0, a.best.plan.c_str(), double(a.best.peak) / 1048576.0, mp / 1048576.0,

@@ -170,16 +170,22 @@ int run_plan(const std::vector<std::string>& args) {
       std::fflush(stdout);
     }
   }
+  // Medians over each measured plan's processes.
+  struct Measured {
+    double peak = 0, step_ms = 0, step_ms_best = 0;
+  };
+  std::vector<Measured> med(to_measure.size());
+  if (measure)
+    for (std::size_t i = 0; i < v.size(); ++i)
+      med[i] = {median(v[i].at("peak_allocated_bytes")), median(v[i].at("step_ms")), median(v[i].at("step_ms_best"))};
   auto row_json = [&](const Row& r, std::int64_t budget) {
     JsonObject j;
     j.set("role", r.role).set("plan", r.plan).set("predicted_peak_bytes", r.peak).set("predicted_step_ms", r.step_ms);
     if (measure) {
-      const auto& m = v[r.measured];
-      const double mp = median(m.at("peak_allocated_bytes")), ms = median(m.at("step_ms"));
-      const double msb = median(m.at("step_ms_best"));
-      j.set("peak_allocated_bytes", mp).set("step_ms", ms).set("step_ms_best", msb);
-      j.set("peak_error", (double(r.peak) - mp) / mp).set("step_error", (r.step_ms - ms) / ms);
-      j.set("step_error_best", (r.step_ms - msb) / msb).set("fits", mp <= double(budget));
+      const Measured& m = med[r.measured];
+      j.set("peak_allocated_bytes", m.peak).set("step_ms", m.step_ms).set("step_ms_best", m.step_ms_best);
+      j.set("peak_error", (double(r.peak) - m.peak) / m.peak).set("step_error", (r.step_ms - m.step_ms) / m.step_ms);
+      j.set("step_error_best", (r.step_ms - m.step_ms_best) / m.step_ms_best).set("fits", m.peak <= double(budget));
     }
     return j;
   };
@@ -190,13 +196,12 @@ int run_plan(const std::vector<std::string>& args) {
                   format_mib(ch.budget).c_str(), "", "plan", "pred. MiB", "meas. MiB", "error", "pred. ms",
                   "meas. ms", "error", "best ms", "error", "fits");
       for (const Row& r : ch.rows) {
-        const auto& m = v[r.measured];
-        const double mp = median(m.at("peak_allocated_bytes")), ms = median(m.at("step_ms"));
-        const double msb = median(m.at("step_ms_best"));
+        const Measured& m = med[r.measured];
         std::printf("%-14s %-44s %11.1f %11.1f %6.1f%% %9.0f %9.0f %6.1f%% %9.0f %6.1f%% %5s\n", r.role.c_str(),
-                    r.plan.c_str(), double(r.peak) / 1048576.0, mp / 1048576.0, 100 * (double(r.peak) - mp) / mp,
-                    r.step_ms, ms, 100 * (r.step_ms - ms) / ms, msb, 100 * (r.step_ms - msb) / msb,
-                    mp <= double(ch.budget) ? "yes" : "NO");
+                    r.plan.c_str(), double(r.peak) / 1048576.0, m.peak / 1048576.0,
+                    100 * (double(r.peak) - m.peak) / m.peak, r.step_ms, m.step_ms,
+                    100 * (r.step_ms - m.step_ms) / m.step_ms, m.step_ms_best,
+                    100 * (r.step_ms - m.step_ms_best) / m.step_ms_best, m.peak <= double(ch.budget) ? "yes" : "NO");
       }
     }
     std::printf("(measured: medians over the processes; best ms: each process's fastest timed step, median over "

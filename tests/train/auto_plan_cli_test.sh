@@ -80,20 +80,24 @@ $remat mem --config tiny --recompute auto --memory-budget 40% $fast --out "$tmp/
   [ -s "$tmp/mem.json" ] && ok || { bad "mem auto"; cat "$tmp/mem.txt"; }
 
 # bench: auto is one row among the plans, with the plan it chose.
-if $remat bench --config tiny --recompute none,auto --memory-budget 50% $fast --repeats 1 --warmup 0 --steps 1 \
+if $remat bench --config tiny --recompute none,per_block,auto --memory-budget 50% $fast --repeats 1 --warmup 0 --steps 1 \
      --json "$tmp/bench.json" > "$tmp/bench.txt" 2>&1 &&
    /usr/bin/python3 - "$tmp/bench.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 rows = {r["plan"]: r for r in d["rows"]}
-assert set(rows) == {"none", "auto"}, rows.keys()
+assert set(rows) == {"none", "per_block", "auto"}, rows.keys()
 a = rows["auto"]
 assert a["chosen_plan"] and a["chosen_plan"] != "auto" and a["budget_bytes"] > 0, a
 assert d["auto"][0]["row"] == "auto" and d["auto"][0]["fits"] is True, d["auto"]
 assert d["auto"][0]["step_ms_best"] > 0, d["auto"]
-assert ("best_hand_plan" in d["auto"][0]) == ("time_vs_best_hand_best" in d["auto"][0]), d["auto"]
+# per_block is the only other row under the budget: the fastest that fits in both views.
+a0 = d["auto"][0]
+assert rows["per_block"]["peak_allocated_bytes"] <= a0["budget_bytes"] < rows["none"]["peak_allocated_bytes"], rows
+assert a0["best_hand_plan"] == "per_block" and a0["best_hand_plan_best"] == "per_block", a0
+assert abs(a0["time_vs_best_hand_best"] - a0["step_ms_best"] / rows["per_block"]["step_ms_best"]) < 1e-3, a0
 PY
-then ok; else bad "bench none,auto"; cat "$tmp/bench.txt"; fi
+then ok; else bad "bench none,per_block,auto"; cat "$tmp/bench.txt"; fi
 
 # Errors: no budget, a budget without auto, a bad budget, a budget below every plan.
 expect_error() {
