@@ -14,7 +14,7 @@
 //                               and a backward), engine/gradcheck.h (finite differences)
 //   memory .................... engine/allocator.h (stats, categories, history)
 //   random numbers ............ engine/rng.h
-//   op dispatch hooks ......... engine/dispatch.h
+//   op hooks ......... engine/op_hooks.h
 //   checkpointing ............. checkpoint/checkpoint.h, checkpoint/policy.h,
 //                               checkpoint/output_discard.h, checkpoint/plan.h
 //   modules and models ........ models/module.h, models/layers.h, models/block_stack.h
@@ -38,7 +38,7 @@
 #include "engine/custom_op.h"
 #include "engine/device.h"
 #include "engine/device_runtime.h"
-#include "engine/dispatch.h"
+#include "engine/op_hooks.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/grad_mode.h"

@@ -10,7 +10,7 @@
 #include "checkpoint/replay_memo.h"
 #include "engine/autograd.h"
 #include "engine/device_runtime.h"
-#include "engine/dispatch.h"
+#include "engine/op_hooks.h"
 #include "engine/rng.h"
 
 namespace remat {
@@ -339,7 +339,7 @@ class HarvestHooks final : public TypedSavedTensorHooks {
 // so those ops skip their kernels (their autograd recording and saves still
 // happen, so the replay's saves line up with the forward's). A cached output
 // written in place since it was kept is an error, as for a saved tensor.
-class CacheHook final : public DispatchHook {
+class CacheHook final : public OpHook {
  public:
   CacheHook(Region& r, bool replaying) : r_(r), replaying_(replaying) {}
 
@@ -348,7 +348,7 @@ class CacheHook final : public DispatchHook {
     return std::nullopt;
   }
 
-  std::optional<std::vector<Tensor>> kernel_outputs(const OpCall& call) override {
+  std::optional<std::vector<Tensor>> cached_outputs(const OpCall& call) override {
     const std::size_t k = std::size_t(index_);
     if (!replaying_ || depth_ != 1 || k >= r_.cached.size() || r_.cached[k].empty()) return std::nullopt;
     const Region::Cached& c = r_.cached[k];
@@ -370,7 +370,7 @@ class CacheHook final : public DispatchHook {
   }
 
   // Counted here, where the op takes the cached outputs: only real skips.
-  void kernel_outputs_taken(const OpCall&) override { tls_counters.ops_skipped++; }
+  void cached_outputs_taken(const OpCall&) override { tls_counters.ops_skipped++; }
 
   void after(const OpCall& call, const std::vector<Tensor>& outputs) override {
     if (--depth_ > 0 || replaying_) return;
@@ -422,7 +422,7 @@ void Region::replay() {
   REMAT_CHECK(holding_boundary, CheckpointMismatchError, "checkpoint region '", opts.name, "' (id ", id,
               "): its boundary inputs were already released");
   auto harvest = std::make_shared<HarvestHooks>(*this, missing);
-  const std::int64_t ops0 = ops_dispatched();
+  const std::int64_t ops0 = ops_called();
   bool stopped = false;
   {
     RngSwap rng_swap(rng);
@@ -434,7 +434,7 @@ void Region::replay() {
     SavedTensorHooksScope hooks(harvest);
     RegionScope region(id);
     PolicyScope policy_scope(&opts.policy);
-    std::optional<DispatchHookScope> cache;
+    std::optional<OpHookScope> cache;
     if (opts.policy) cache.emplace(std::make_shared<CacheHook>(*this, /*replaying=*/true));
     try {
       fn(in);
@@ -442,7 +442,7 @@ void Region::replay() {
       stopped = true;
     }
   }
-  tls_counters.ops_recomputed += ops_dispatched() - ops0;
+  tls_counters.ops_recomputed += ops_called() - ops0;
   if (stopped) tls_counters.early_stops++;
   REMAT_CHECK(stopped || harvest->missing() == 0, CheckpointMismatchError, "checkpoint region '", opts.name, "' (id ",
               id, "): the replay saved ", harvest->saves_seen(), " tensors but the original forward saved ",
@@ -496,7 +496,7 @@ std::vector<Tensor> checkpoint_reentrant(const RegionFn& fn, const std::vector<T
     std::optional<ReplayTimer> timer(std::in_place);  // the replayed forward only
     RecomputeScope replaying;
     tls_counters.replays++;
-    const std::int64_t ops0 = ops_dispatched();
+    const std::int64_t ops0 = ops_called();
     std::vector<Tensor> in, outs2;
     {
       CategoryScope cat(MemoryCategory::recompute);
@@ -506,7 +506,7 @@ std::vector<Tensor> checkpoint_reentrant(const RegionFn& fn, const std::vector<T
       in = replay_inputs(saved, in_rg);
       outs2 = fn(in);
     }
-    tls_counters.ops_recomputed += ops_dispatched() - ops0;
+    tls_counters.ops_recomputed += ops_called() - ops0;
     timer.reset();
     std::vector<Tensor> roots, seeds;
     for (std::size_t j = 0; j < grad_outputs.size(); ++j) {
@@ -539,7 +539,7 @@ std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& in
     MemoRecordScope memo(region->memos);
     RegionScope scope(region->id);
     PolicyScope policy_scope(&region->opts.policy);
-    std::optional<DispatchHookScope> cache;
+    std::optional<OpHookScope> cache;
     if (region->opts.policy) cache.emplace(std::make_shared<CacheHook>(*region, /*replaying=*/false));
     outs = fn(inputs);
   }

@@ -3,14 +3,20 @@
 #include <algorithm>
 
 #include "engine/error.h"
+#include "engine/op_def.h"
 
 namespace remat {
 
 const std::vector<std::string>& replay_cacheable_ops() {
-  // Keep in step with the ops in ops/ whose dispatched body computes its
-  // result through kernel_or_cached (ops/matmul.cc, ops/attention.cc);
-  // tests/checkpoint/policy_test.cc checks that each one really skips.
-  static const std::vector<std::string> ops{"matmul", "scaled_dot_product_attention"};
+  // From the op table, once: every record is registered at static
+  // initialisation, before any policy asks. tests/checkpoint/policy_test.cc
+  // checks that each listed op really skips its kernel.
+  static const std::vector<std::string> ops = [] {
+    std::vector<std::string> names;
+    for (const OpDef* op : op_table())
+      if (op->spec().replay_cacheable) names.push_back(op->name());
+    return names;
+  }();
   return ops;
 }
 

@@ -13,18 +13,18 @@ namespace remat {
 // region's policy.
 enum class SaveDecision { must_save, prefer_save, must_recompute, prefer_recompute };
 
-// Maps an op name (as dispatched, e.g. "matmul") to a decision.
+// Maps an op name (its name in the op table, e.g. "matmul") to a decision.
 using Policy = std::function<SaveDecision(const std::string& op)>;
 
 inline bool saves(SaveDecision d) {
   return d == SaveDecision::must_save || d == SaveDecision::prefer_save;
 }
 
-// The ops whose kernels a selective replay can really skip: those that take
-// the outputs a dispatch hook hands back (kernel_or_cached in ops/), in this
-// order: "matmul", "scaled_dot_product_attention". Only their outputs are
-// ever kept; a policy's save decision for any other op is ignored (it is
-// recomputed, and nothing is held for it).
+// The ops whose kernels a selective replay can really skip: those whose
+// record in the op table says replay_cacheable (engine/op_def.h; today
+// "matmul" and "scaled_dot_product_attention"), sorted by name. Only their
+// outputs are ever kept; a policy's save decision for any other op is
+// ignored (it is recomputed, and nothing is held for it).
 const std::vector<std::string>& replay_cacheable_ops();
 bool replay_cacheable(const std::string& op);
 // "matmul, scaled_dot_product_attention": the list above, for error messages.

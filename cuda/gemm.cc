@@ -20,7 +20,7 @@ namespace {
 
 constexpr std::size_t kWorkspaceBytes = 32 << 20;  // cuBLAS's recommendation for Hopper
 
-std::string describe(const GemmArgs& g) {
+std::string describe(const GemmProblem& g) {
   std::ostringstream os;
   os << "gemm " << (g.trans_a ? "A^T" : "A") << (g.trans_b ? " B^T" : " B") << " m=" << g.m << " n=" << g.n
      << " k=" << g.k << " batch=" << g.batch << " lda=" << g.lda << " ldb=" << g.ldb << " ldc=" << g.ldc
@@ -28,13 +28,13 @@ std::string describe(const GemmArgs& g) {
   return os.str();
 }
 
-void check(cublasStatus_t st, const char* what, const GemmArgs& g) {
+void check(cublasStatus_t st, const char* what, const GemmProblem& g) {
   if (st != CUBLAS_STATUS_SUCCESS)
     throw DeviceError(std::string("cuBLASLt ") + what + " failed (" + cublasLtGetStatusString(st) + ") for " +
                       describe(g));
 }
 
-cudaDataType_t cuda_type(DType t, const GemmArgs& g) {
+cudaDataType_t cuda_type(DType t, const GemmProblem& g) {
   switch (t) {
     case DType::f32: return CUDA_R_32F;
     case DType::bf16: return CUDA_R_16BF;
@@ -74,7 +74,7 @@ struct Desc {
 
 class Gemm {
  public:
-  void run(const GemmArgs& g, void* workspace, std::size_t workspace_bytes, StreamId stream) {
+  void run(const GemmProblem& g, void* workspace, std::size_t workspace_bytes, StreamId stream) {
     int device = 0;
     cudaGetDevice(&device);
     cublasLtHandle_t h = handle(device, g);
@@ -128,7 +128,7 @@ class Gemm {
   }
 
  private:
-  cublasLtHandle_t handle(int device, const GemmArgs& g) {
+  cublasLtHandle_t handle(int device, const GemmProblem& g) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = handles_.find(device);
     if (it != handles_.end()) return it->second;
@@ -138,7 +138,7 @@ class Gemm {
     return h;
   }
 
-  cublasLtMatmulAlgo_t find_algo(cublasLtHandle_t h, const Key& key, Desc& d, const GemmArgs& g,
+  cublasLtMatmulAlgo_t find_algo(cublasLtHandle_t h, const Key& key, Desc& d, const GemmProblem& g,
                                  std::size_t workspace_bytes, std::uint32_t al_a, std::uint32_t al_b,
                                  std::uint32_t al_c) {
     {
@@ -179,7 +179,7 @@ Gemm& gemm_state() {
 
 std::size_t gemm_workspace_bytes() { return kWorkspaceBytes; }
 
-void gemm(const GemmArgs& args, void* workspace, std::size_t workspace_bytes, StreamId stream) {
+void gemm(const GemmProblem& args, void* workspace, std::size_t workspace_bytes, StreamId stream) {
   if (args.m == 0 || args.n == 0 || args.batch == 0) return;
   gemm_state().run(args, workspace, workspace_bytes, stream);
 }

@@ -19,7 +19,7 @@ namespace remat::cuda {
 // [n, k] when trans_b). lda/ldb/ldc are the stored matrices' row strides and
 // stride_* the element distance between batch entries. A, B, C share `dtype`;
 // bias (nullable, dtype `dtype`) is fused into the epilogue.
-struct GemmArgs {
+struct GemmProblem {
   bool trans_a = false, trans_b = false;
   std::int64_t m = 0, n = 0, k = 0;
   float alpha = 1.0f, beta = 0.0f;
@@ -39,7 +39,7 @@ std::size_t gemm_workspace_bytes();
 
 // Runs the product on `stream`; throws DeviceError naming the shapes if
 // cuBLASLt has no algorithm for them or fails.
-void gemm(const GemmArgs& args, void* workspace, std::size_t workspace_bytes, StreamId stream);
+void gemm(const GemmProblem& args, void* workspace, std::size_t workspace_bytes, StreamId stream);
 
 // Number of distinct shapes whose algorithm is cached (for tests).
 std::size_t gemm_cached_algorithms();

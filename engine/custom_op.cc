@@ -5,14 +5,14 @@
 #include <mutex>
 #include <set>
 
-#include "engine/dispatch.h"
+#include "engine/op_hooks.h"
 #include "engine/grad_mode.h"
 
 namespace remat {
 
 namespace {
 
-// Op names live as long as the program: nodes, saves and dispatch hooks keep
+// Op names live as long as the program: nodes, saves and op hooks keep
 // their c_str(). Guarded because ops may be built on any thread.
 const std::string* intern_name(const std::string& name) {
   static std::mutex mu;
@@ -88,7 +88,7 @@ Tensor CustomOp::apply1(const std::vector<Tensor>& inputs) const {
 
 std::vector<Tensor> CustomOp::operator()(const std::vector<Tensor>& inputs) const {
   const char* op = name_->c_str();
-  return dispatch(op, inputs, [&]() -> std::vector<Tensor> {
+  return run_op_call(OpCall{op, inputs}, [&]() -> std::vector<Tensor> {
     std::vector<const Tensor*> ptrs;
     ptrs.reserve(inputs.size());
     for (const auto& t : inputs) ptrs.push_back(&t);

@@ -8,6 +8,10 @@
 namespace remat {
 
 enum class DeviceType : std::uint8_t { CPU, CUDA };
+// The number of device types (kernel tables keep one slot per type).
+inline constexpr int kDeviceTypes = 2;
+// "cpu" or "cuda".
+const char* device_type_name(DeviceType t);
 
 // A device: its type and, for CUDA, the ordinal. Cheap to copy and compare.
 struct Device {

@@ -6,7 +6,8 @@
 // implementation when //cuda is linked in (cuda/backend.cc). With none
 // registered there are no CUDA devices: every request for one throws
 // DeviceError "no CUDA device". The engine never includes a device API or a
-// cuda/ header; ops/ calls its cuda/ kernels directly (engine < cuda < ops).
+// cuda/ header; cuda/ registers its op kernels in ops/' kernel tables
+// (engine < ops < cuda).
 #pragma once
 
 #include <cstddef>

@@ -101,7 +101,7 @@ inline constexpr DType dtype_v = dtype_of<T>::value;
 // Calls fn(T{}) with T the C++ element type of `t` (float, bf16, f16, int32_t,
 // int64_t, bool, fp8_e4m3).
 template <typename Fn>
-decltype(auto) dispatch_dtype(DType t, Fn&& fn) {
+decltype(auto) visit_dtype(DType t, Fn&& fn) {
   switch (t) {
     case DType::f32: return fn(float{});
     case DType::bf16: return fn(bf16{});

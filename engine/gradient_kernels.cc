@@ -32,7 +32,7 @@ void detail::add_into(Tensor& acc, const Tensor& g) {
   }
   Tensor src = g.dtype() == acc.dtype() ? g : g.to(acc.dtype());
   const std::array<const Shape*, 2> st{&acc.strides(), &src.strides()};
-  dispatch_dtype(acc.dtype(), [&](auto tag) {
+  visit_dtype(acc.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, fp8_e4m3>) {
       throw DTypeError("gradient accumulation: unsupported dtype " + std::string(dtype_name(acc.dtype())));

@@ -110,7 +110,7 @@ double detail::read_element(const Tensor& t, std::int64_t off) {
     detail::cuda_backend("read_element", t.device()).copy_device_to_host(buf, src, es, current_stream());
   else
     std::memcpy(buf, src, es);
-  return dispatch_dtype(t.dtype(), [&](auto tag) {
+  return visit_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T v;
     std::memcpy(&v, buf, sizeof(T));
@@ -131,7 +131,7 @@ void Tensor::set(const Shape& index, double value) {
   const std::int64_t off = element_offset(index, "set");
   const std::size_t es = element_size(dtype());
   char* dst = static_cast<char*>(impl().storage->data()) + off * std::int64_t(es);
-  dispatch_dtype(dtype(), [&](auto tag) {
+  visit_dtype(dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T v = from_double<T>(value);
     if (device().is_cuda())
@@ -188,7 +188,7 @@ Tensor arange(double start, double end, double step, TensorOptions opts) {
   REMAT_CHECK(step != 0.0, Error, "arange: step must be non-zero");
   const auto n = std::max<std::int64_t>(0, std::int64_t(std::ceil((end - start) / step)));
   Tensor cpu = empty({n}, TensorOptions(opts.dtype, kCPU));
-  dispatch_dtype(opts.dtype, [&](auto tag) {
+  visit_dtype(opts.dtype, [&](auto tag) {
     using T = decltype(tag);
     T* p = static_cast<T*>(cpu.raw_data());
     for (std::int64_t i = 0; i < n; ++i) p[i] = from_double<T>(start + double(i) * step);

@@ -39,9 +39,9 @@ void detail::copy_cpu(const Tensor& dst, const Tensor& src) {
   char* dbase = static_cast<char*>(dst.raw_data());
   const char* sbase = static_cast<const char*>(src.raw_data());
   const std::array<const Shape*, 2> strides{&dst.strides(), &src.strides()};
-  dispatch_dtype(dst.dtype(), [&](auto dtag) {
+  visit_dtype(dst.dtype(), [&](auto dtag) {
     using D = decltype(dtag);
-    dispatch_dtype(src.dtype(), [&](auto stag) {
+    visit_dtype(src.dtype(), [&](auto stag) {
       using S = decltype(stag);
       D* d = reinterpret_cast<D*>(dbase);
       const S* s = reinterpret_cast<const S*>(sbase);
@@ -175,7 +175,7 @@ Tensor& Tensor::fill_(double value) {
       backend.fill(raw_data(), dtype(), numel(), value, current_stream());
     return *this;
   }
-  dispatch_dtype(dtype(), [&](auto tag) {
+  visit_dtype(dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T v = from_double<T>(value);
     T* base = static_cast<T*>(raw_data());

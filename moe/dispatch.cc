@@ -5,9 +5,9 @@
 
 #include "engine/allocator.h"
 #include "engine/autograd.h"
-#include "engine/dispatch.h"
 #include "engine/recompute_context.h"
 #include "ops/moe_rows.h"
+#include "ops/op.h"
 #include "ops/ops.h"
 
 namespace remat {
@@ -157,6 +157,91 @@ Tensor payload_buffer(const Shape& sizes, DType dtype, Device device, bool needs
   return empty(sizes, TensorOptions(dtype, device));
 }
 
+
+// The attributes of a dispatch or combine call. `routing` is read by the
+// forward only (it is cleared there: the node keeps the scalars).
+struct RowsState {
+  const Routing* routing = nullptr;
+  std::int64_t tokens = 0, top_k = 0;
+  bool keep = false;  // dispatch: the payload outlives the forward (a backward reads it)
+};
+
+OpCost rows_cost(const std::vector<Tensor>& in, const RowsState&) {
+  return {0, double(in[0].numel()), 2 * double(in[0].numel()) * double(element_size(in[0].dtype()))};
+}
+
+// moe_dispatch: token rows x [tokens, d] to expert order [rows, d].
+
+OpResults dispatch_fwd(const std::vector<Tensor>& in, RowsState& s) {
+  const Tensor& x = in[0];
+  const Routing& routing = *s.routing;
+  s.routing = nullptr;
+  const KernelTable<MoeRowsKernels>& k = moe_rows_kernels();
+  Tensor idx = routing.token_of_row.to(x.device()).contiguous();
+  Tensor o = payload_buffer({routing.rows(), x.size(1)}, k.compute_dtype(x.device(), x.dtype()), x.device(), s.keep);
+  k.run(x.device(), &MoeRowsKernels::gather_rows, o, x, idx, Tensor());
+  // What the backward's sum reads: each row's token (CPU) or slot (CUDA).
+  return {{o}, {k.run(x.device(), &MoeRowsKernels::routing_index, routing.token_of_row, routing.slot_of_row,
+                      x.device())}};
+}
+
+std::vector<Tensor> dispatch_backward(const OpBackward<RowsState>& b) {
+  const Tensor& g = b.grad();
+  Tensor gx = moe_rows_kernels().run(g.device(), &MoeRowsKernels::sum_rows, g, Tensor(), b.saved("rows"),
+                                     b.state().tokens, b.state().top_k, b.input(0).dtype);
+  tls_counters.backward_bytes_moved += std::int64_t(g.nbytes());
+  return {gx};
+}
+
+const Op<RowsState> kDispatch({.name = "moe_dispatch",
+                               .inputs = {"x"},
+                               .outputs = {{"rows"}},
+                               .saves = {{"rows", SaveFrom::intermediate, 0}},
+                               .summary = "token rows gathered into expert order (a routed MoE block's dispatch)"},
+                              {.forward = dispatch_fwd, .backward = dispatch_backward, .cost = rows_cost},
+                              &moe_rows_kernels());
+
+// moe_combine: expert rows y [rows, d] summed per token, weighted.
+
+void check_combine(const OpDef& op, const std::vector<Tensor>& in, const RowsState& s) {
+  const Tensor &y = in[0], &w = in[1];
+  const std::int64_t rows = s.routing->rows();
+  REMAT_CHECK(y.dim() == 2 && y.size(0) == rows && w.dim() == 1 && w.size(0) == rows, ShapeError, op.name(),
+              ": expected expert rows [", rows, ", d] and weights [", rows, "], got ", shape_str(y.sizes()), " and ",
+              shape_str(w.sizes()));
+  REMAT_CHECK(y.device() == w.device(), DeviceError, op.name(), ": ", y.device(), " and ", w.device(),
+              " hold the rows and their weights");
+}
+
+OpResults combine_fwd(const std::vector<Tensor>& in, RowsState& s) {
+  const Tensor &y = in[0], &w = in[1];
+  const Routing& routing = *s.routing;
+  s.routing = nullptr;
+  const KernelTable<MoeRowsKernels>& k = moe_rows_kernels();
+  Tensor idx = routing.token_of_row.to(y.device()).contiguous();
+  const Tensor index = k.run(y.device(), &MoeRowsKernels::routing_index, routing.token_of_row, routing.slot_of_row,
+                             y.device());
+  return {{k.run(y.device(), &MoeRowsKernels::sum_rows, y, w, index, s.tokens, s.top_k, y.dtype())}, {idx}};
+}
+
+std::vector<Tensor> combine_backward(const OpBackward<RowsState>& b) {
+  std::vector<Tensor> grads = moe_combine_grads(b.grad(), b.saved("y"), b.saved("weights"), b.saved("token_of_row"),
+                                                b.needs(0), b.needs(1), b.input(0).dtype, b.input(1).dtype);
+  tls_counters.backward_bytes_moved += std::int64_t(b.grad().nbytes());
+  return grads;
+}
+
+const Op<RowsState> kCombine({.name = "moe_combine",
+                              .inputs = {"y", "weights"},
+                              .outputs = {{"out"}},
+                              .saves = {{"y", SaveFrom::input, 0, inputs_mask({1})},
+                                        {"weights", SaveFrom::input, 1, inputs_mask({0})},
+                                        {"token_of_row", SaveFrom::intermediate, 0}},
+                              .summary = "expert rows summed per token with their routing weights (the combine)"},
+                             {.check = check_combine, .forward = combine_fwd, .backward = combine_backward,
+                              .cost = rows_cost},
+                             &moe_rows_kernels());
+
 }  // namespace
 
 Tensor LocalDispatcher::dispatch(const Tensor& x, const Routing& routing) {
@@ -169,65 +254,16 @@ Tensor LocalDispatcher::combine(const Tensor& y, const Tensor& row_weights, cons
 
 Tensor moe_dispatch_rows(const Tensor& x, const Routing& routing, bool lease) {
   tls_counters.dispatch_calls++;
-  const std::int64_t rows = routing.rows(), d = x.size(1);
-  moe_rows_check_device("moe_dispatch", x);
-  const bool dev = x.device().is_cuda();
-  Tensor out = dispatch1("moe_dispatch", {x}, [&] {
-    Tensor idx = routing.token_of_row.to(x.device()).contiguous();
-    const bool keep = lease && grad_enabled() && x.requires_grad();
-    // The CPU gathers in f32 and rounds once; CUDA writes x's dtype.
-    Tensor o = payload_buffer({rows, d}, dev ? x.dtype() : DType::f32, x.device(), keep);
-    moe_gather_rows_into(o, x, idx, Tensor());
-    if (o.dtype() != x.dtype()) o = o.to(x.dtype());
-    if (auto node = autograd::make_node("moe_dispatch", {&x})) {
-      // CUDA sums each token's gradient rows from its slots' rows.
-      node->save(dev ? routing.slot_of_row.to(x.device()).contiguous() : idx);
-      node->backward_fn = [tokens = routing.tokens, top_k = routing.top_k, dt = x.dtype(), dev](
-                              Node& n, std::vector<Tensor>& g) {
-        Tensor i = n.saved(0);
-        Tensor gx = dev ? moe_sum_token_rows(g[0], Tensor(), moe_row_of_slot(i, tokens, top_k, g[0].device()),
-                                             tokens, top_k, dt)
-                        : moe_scatter_add_rows(g[0], Tensor(), i, tokens, dt);
-        tls_counters.backward_bytes_moved += std::int64_t(g[0].nbytes());
-        return std::vector<Tensor>{gx};
-      };
-      autograd::set_history(o, node);
-    }
-    return o;
-  });
-  count_move(rows, std::int64_t(out.nbytes()));
+  const bool keep = lease && grad_enabled() && x.requires_grad();
+  Tensor out = kDispatch.call1({x}, {&routing, routing.tokens, routing.top_k, keep});
+  count_move(routing.rows(), std::int64_t(out.nbytes()));
   return out;
 }
 
 Tensor moe_combine_rows(const Tensor& y, const Tensor& row_weights, const Routing& routing) {
   tls_counters.combine_calls++;
-  const std::int64_t rows = routing.rows(), tokens = routing.tokens;
-  REMAT_CHECK(y.dim() == 2 && y.size(0) == rows && row_weights.dim() == 1 && row_weights.size(0) == rows, ShapeError,
-              "moe_combine: expected expert rows [", rows, ", d] and weights [", rows, "], got ",
-              shape_str(y.sizes()), " and ", shape_str(row_weights.sizes()));
-  moe_rows_check_device("moe_combine", y, &row_weights);
-  const bool dev = y.device().is_cuda();
-  count_move(rows, std::int64_t(y.nbytes()));
-  return dispatch1("moe_combine", {y, row_weights}, [&] {
-    Tensor idx = routing.token_of_row.to(y.device()).contiguous();
-    Tensor out = dev ? moe_sum_token_rows(y, row_weights,
-                                          moe_row_of_slot(routing.slot_of_row, tokens, routing.top_k, y.device()),
-                                          tokens, routing.top_k, y.dtype())
-                     : moe_scatter_add_rows(y, row_weights, idx, tokens, y.dtype());
-    if (auto node = autograd::make_node("moe_combine", {&y, &row_weights})) {
-      node->save(node->needs_input_grad(1) ? y : Tensor());
-      node->save(node->needs_input_grad(0) ? row_weights : Tensor());
-      node->save(idx);
-      node->backward_fn = [ydt = y.dtype(), wdt = row_weights.dtype()](Node& n, std::vector<Tensor>& g) {
-        std::vector<Tensor> grads = moe_combine_grads(g[0], n.saved(0), n.saved(1), n.saved(2), n.needs_input_grad(0),
-                                                      n.needs_input_grad(1), ydt, wdt);
-        tls_counters.backward_bytes_moved += std::int64_t(g[0].nbytes());
-        return grads;
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
+  count_move(routing.rows(), std::int64_t(y.nbytes()));
+  return kCombine.call1({y, row_weights}, {&routing, routing.tokens, routing.top_k, false});
 }
 
 }  // namespace remat

@@ -7,11 +7,10 @@
 #include <limits>
 #include <vector>
 
-#include "cuda/attention.h"
 #include "ops/binary.h"
 #include "ops/kernel_util.h"
 #include "ops/matmul.h"
-#include "ops/reduce.h"
+#include "ops/op.h"
 #include "ops/simd.h"
 #include "ops/softmax.h"
 
@@ -21,43 +20,11 @@ using namespace ops_detail;
 
 namespace {
 
-constexpr const char* kOp = "scaled_dot_product_attention";
 constexpr std::int64_t kTileQ = 64;  // query rows per block
 constexpr std::int64_t kTileK = 64;  // keys per streamed tile
 static_assert(kTileQ == kTileK, "query blocks and key tiles share boundaries");
 
-void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
-  check_floating(op, q, "q");
-  check_defined(op, k, "k");
-  check_defined(op, v, "v");
-  check_same(op, q, k);
-  check_same(op, q, v);
-  check_kernel_device(op, q);
-  REMAT_CHECK(q.dim() == 4, ShapeError, op, ": q must be [B, H, S, D], got ", describe(q));
-  const bool kv_ok = k.dim() == 4 && k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
-                     k.size(3) == q.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0;
-  REMAT_CHECK(kv_ok, ShapeError, op,
-              ": q must be [B, H, S, D] and k, v one shape [B, Hkv, S, D] with Hkv dividing H "
-              "(grouped-query attention), got q ", describe(q), ", k ", describe(k), ", v ", describe(v));
-  REMAT_CHECK(q.size(3) > 0, ShapeError, op, ": head dim D must be positive, got q ", describe(q));
-}
-
-// The softmax scale: `scale`, or 1/sqrt(D) when it is 0.
-double resolve_scale(const char* op, double scale, std::int64_t d) {
-  REMAT_CHECK(std::isfinite(scale), Error, op, ": scale must be finite (0 for 1/sqrt(D)), got ",
-              scale);
-  return scale == 0.0 ? 1.0 / std::sqrt(double(d)) : scale;
-}
-
-// Problem geometry shared by forward and backward: bh = B * H query heads of
-// S rows of D; query head i reads key/value head i / group (group = H / Hkv:
-// the query heads of one key/value head are consecutive, as in HF's repeat_kv).
-struct Geometry {
-  std::int64_t bh = 0, s = 0, d = 0;
-  bool causal = true;
-  float scale = 1.0f;
-  std::int64_t group = 1;
-};
+using Geometry = AttentionGeometry;
 
 // The CPU tiles (ops/attention_simd.h, compiled once per instruction set).
 // One query block [i0, i1) of one head's forward; pointers are the head's.
@@ -294,8 +261,6 @@ void backward_kernel(const float* q, const float* k, const float* v, const float
 Tensor sum_query_groups(const Tensor& per_query_head, const Geometry& g, const Shape& kv_sizes) {
   if (!per_query_head.defined() || g.group == 1) return per_query_head;
   const std::int64_t rows = g.s * g.d, kv_heads = g.bh / g.group;
-  if (per_query_head.device().is_cuda())
-    return sum(per_query_head.view({kv_heads, g.group, rows}), {1}).view(kv_sizes);
   Tensor out = empty(kv_sizes, DType::f32);
   const float* src = per_query_head.data<float>();
   float* dst = out.data<float>();
@@ -313,112 +278,123 @@ Tensor sum_query_groups(const Tensor& per_query_head, const Geometry& g, const S
   return out;
 }
 
-// k or v [B, Hkv, S, D] repeated for the query heads of each group:
-// [B, H, S, D], contiguous (the CUDA kernels take one head count).
-Tensor repeat_kv(const Tensor& t, const Geometry& g) {
-  if (g.group == 1) return contiguous_detached(t);
-  const std::int64_t B = t.size(0), Hkv = t.size(1), S = t.size(2), D = t.size(3);
-  return t.detach().view({B, Hkv, 1, S, D}).expand({B, Hkv, g.group, S, D}).reshape({B, Hkv * g.group, S, D});
+// The CPU forward: {out, lse} in f32.
+std::vector<Tensor> forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Geometry& geo) {
+  const Tensor qf = f32_contiguous(q), kf = f32_contiguous(k), vf = f32_contiguous(v);
+  Tensor o = empty(q.sizes(), DType::f32);
+  Tensor l = empty({q.size(0), q.size(1), q.size(2)}, DType::f32);
+  forward_kernel(qf.data<float>(), kf.data<float>(), vf.data<float>(), o.data<float>(), l.data<float>(), geo);
+  return {o, l};
 }
 
-// The CUDA backward: the fused kernels of cuda/attention.h on contiguous
-// operands in their own dtype; gradients come back in q's dtype like the CPU's.
-std::vector<Tensor> attention_backward_cuda(Node& n, const Tensor& grad, const Geometry& g,
-                                            const Tensor& q, const Tensor& k, const Tensor& v,
-                                            const Tensor& out, const Tensor& lse) {
-  if constexpr (kHaveCuda) {
-    const TensorOptions opts(q.dtype(), q.device());
-    const Tensor qc = contiguous_detached(q), kc = repeat_kv(k, g), vc = repeat_kv(v, g);
-    const Tensor oc = contiguous_detached(out), lc = contiguous_detached(lse);
-    const Tensor gc = contiguous_detached(grad.dtype() == q.dtype() ? grad : grad.to(q.dtype()));
-    Tensor dq, dk, dv;
-    if (n.needs_input_grad(0)) dq = empty(q.sizes(), opts);
-    if (n.needs_input_grad(1)) dk = empty(q.sizes(), opts);
-    if (n.needs_input_grad(2)) dv = empty(q.sizes(), opts);
-    Tensor delta = empty({g.bh, g.s}, TensorOptions(DType::f32, q.device()));
-    auto ptr = [](const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; };
-    cuda::attention_backward(qc.raw_data(), kc.raw_data(), vc.raw_data(), oc.raw_data(),
-                             gc.raw_data(), lc.data<float>(), ptr(dq), ptr(dk), ptr(dv),
-                             delta.data<float>(), g.bh, g.s, g.d, g.causal, g.scale, q.dtype(),
-                             cuda_stream());
-    return std::vector<Tensor>{dq, sum_query_groups(dk, g, k.sizes()), sum_query_groups(dv, g, k.sizes())};
-  } else {
-    no_cuda_kernel(kOp);
-  }
-}
-
-std::vector<Tensor> attention_backward(Node& n, const Tensor& grad, const Geometry& g) {
-  NoGradGuard ng;
-  const Tensor q = n.saved(0), k = n.saved(1), v = n.saved(2), out = n.saved(3), lse = n.saved(4);
-  if constexpr (kHaveCuda) {
-    if (on_cuda(q)) return attention_backward_cuda(n, grad, g, q, k, v, out, lse);
-  }
+// The CPU backward: {dq, dk, dv} in f32, dk and dv summed over each group's query heads.
+std::vector<Tensor> backward_cpu(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& out, const Tensor& lse, const Geometry& g, bool need_dq,
+                                 bool need_dk, bool need_dv) {
   const Tensor qf = f32_contiguous(q), kf = f32_contiguous(k), vf = f32_contiguous(v);
   const Tensor of = f32_contiguous(out), gf = f32_contiguous(grad), lf = f32_contiguous(lse);
   // dk / dv per query head ([B, H, S, D]); grouped-query sums them below.
   Tensor dq, dk, dv;
-  if (n.needs_input_grad(0)) dq = empty(q.sizes(), DType::f32);
-  if (n.needs_input_grad(1)) dk = empty(q.sizes(), DType::f32);
-  if (n.needs_input_grad(2)) dv = empty(q.sizes(), DType::f32);
+  if (need_dq) dq = empty(q.sizes(), DType::f32);
+  if (need_dk) dk = empty(q.sizes(), DType::f32);
+  if (need_dv) dv = empty(q.sizes(), DType::f32);
   auto ptr = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
-  backward_kernel(qf.data<float>(), kf.data<float>(), vf.data<float>(), of.data<float>(),
-                  gf.data<float>(), lf.data<float>(), ptr(dq), ptr(dk), ptr(dv), g);
-  auto back = [&](const Tensor& t) { return t.defined() ? from_f32(t, q.dtype()) : Tensor(); };
-  return std::vector<Tensor>{back(dq), back(sum_query_groups(dk, g, k.sizes())),
-                             back(sum_query_groups(dv, g, k.sizes()))};
+  backward_kernel(qf.data<float>(), kf.data<float>(), vf.data<float>(), of.data<float>(), gf.data<float>(),
+                  lf.data<float>(), ptr(dq), ptr(dk), ptr(dv), g);
+  return {dq, sum_query_groups(dk, g, k.sizes()), sum_query_groups(dv, g, k.sizes())};
 }
+
+const KernelRegistration<AttentionKernels> kCpu(attention_kernels(), DeviceType::CPU, {forward_cpu, backward_cpu},
+                                                KernelDTypes::f32);
+
+// ---------------------------------------------------------------------------
+// The op
+
+struct AttentionState {
+  bool causal = true;
+  double scale = 0;  // 0: 1/sqrt(D)
+};
+
+void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_floating(op, q, "q");
+  check_defined(op, k, "k");
+  check_defined(op, v, "v");
+  check_same(op, q, k);
+  check_same(op, q, v);
+  REMAT_CHECK(q.dim() == 4, ShapeError, op, ": q must be [B, H, S, D], got ", describe(q));
+  const bool kv_ok = k.dim() == 4 && k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
+                     k.size(3) == q.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0;
+  REMAT_CHECK(kv_ok, ShapeError, op,
+              ": q must be [B, H, S, D] and k, v one shape [B, Hkv, S, D] with Hkv dividing H "
+              "(grouped-query attention), got q ", describe(q), ", k ", describe(k), ", v ", describe(v));
+  REMAT_CHECK(q.size(3) > 0, ShapeError, op, ": head dim D must be positive, got q ", describe(q));
+}
+
+// The softmax scale: `scale`, or 1/sqrt(D) when it is 0.
+double resolve_scale(const char* op, double scale, std::int64_t d) {
+  REMAT_CHECK(std::isfinite(scale), Error, op, ": scale must be finite (0 for 1/sqrt(D)), got ", scale);
+  return scale == 0.0 ? 1.0 / std::sqrt(double(d)) : scale;
+}
+
+// The geometry of a call with q [B, H, S, D] and k [B, Hkv, S, D].
+Geometry geometry(const Shape& q, const Shape& k, const AttentionState& s) {
+  return Geometry{q[0] * q[1], q[2], q[3], s.causal, float(resolve_scale("attention", s.scale, q[3])),
+                  q[1] / k[1]};
+}
+
+void check(const OpDef& op, const std::vector<Tensor>& in, const AttentionState& s) {
+  check_attention(op.name(), in[0], in[1], in[2]);
+  resolve_scale(op.name(), s.scale, in[0].size(3));
+}
+
+OpResults forward(const std::vector<Tensor>& in, AttentionState& s) {
+  const Geometry geo = geometry(in[0].sizes(), in[1].sizes(), s);
+  return {attention_kernels().run(in[0].device(), &AttentionKernels::forward, in[0], in[1], in[2], geo)};
+}
+
+// Backward needs all five whichever inputs want gradients: P from q, k and
+// lse, dP from v, Delta from out.
+std::vector<Tensor> backward(const OpBackward<AttentionState>& b) {
+  const Geometry geo = geometry(b.input(0).sizes, b.input(1).sizes, b.state());
+  return attention_kernels().run(b.grad().device(), &AttentionKernels::backward, b.grad(), b.saved("q"),
+                                 b.saved("k"), b.saved("v"), b.saved("out"), b.saved("lse"), geo, b.needs(0),
+                                 b.needs(1), b.needs(2));
+}
+
+// The two products, counted whole (as model FLOPs count attention).
+OpCost cost(const std::vector<Tensor>& in, const AttentionState&) {
+  const Tensor& q = in[0];
+  const double bh = double(q.size(0) * q.size(1)), s = double(q.size(2)), d = double(q.size(3));
+  const double es = double(element_size(q.dtype()));
+  return {4.0 * bh * s * s * d, 5.0 * bh * s * s,
+          (double(q.numel()) * 2 + double(in[1].numel()) + double(in[2].numel())) * es};
+}
+
+// Two outputs (out and the row log-sum-exp) so that a selective checkpoint
+// can cache both and skip the kernel on replay.
+const Op<AttentionState> kAttention(
+    {.name = "scaled_dot_product_attention",
+     .inputs = {"q", "k", "v"},
+     .outputs = {{"out"}, {"lse", always(DType::f32), false}},
+     .saves = {{"q", SaveFrom::input, 0},
+               {"k", SaveFrom::input, 1},
+               {"v", SaveFrom::input, 2},
+               {"out", SaveFrom::output, 0},
+               {"lse", SaveFrom::output, 1}},
+     .replay_cacheable = true,
+     .summary = "softmax(q k^T * scale [+ causal mask]) v, fused (flash-style tiles), grouped-query heads"},
+    {.check = check, .forward = forward, .backward = backward, .cost = cost}, &attention_kernels());
 
 }  // namespace
 
+KernelTable<AttentionKernels>& attention_kernels() {
+  static KernelTable<AttentionKernels> t("scaled_dot_product_attention");
+  return t;
+}
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     double scale) {
-  check_attention(kOp, q, k, v);
-  const float sc = float(resolve_scale(kOp, scale, q.size(3)));
-  REMAT_CHECK(!on_cuda(q) || q.size(3) <= cuda::kAttentionMaxHeadDim, ShapeError, kOp,
-              ": the CUDA kernel takes head dims up to ", cuda::kAttentionMaxHeadDim, ", got ",
-              describe(q));
-  // Dispatched with two outputs (out and the row log-sum-exp) so a selective
-  // checkpoint can cache both and skip the kernel on replay.
-  return dispatch(kOp, {q, k, v}, [&] {
-    const Geometry geo{q.size(0) * q.size(1), q.size(2), q.size(3), causal, sc, q.size(1) / k.size(1)};
-    std::vector<Tensor> res = kernel_or_cached([&] {
-      NoGradGuard ng;
-      if constexpr (kHaveCuda) {
-        if (on_cuda(q)) {
-          // Grouped-query: the kernels take one head count, so k and v are
-          // repeated here (only the unrepeated ones are saved).
-          const Tensor qc = contiguous_detached(q), kc = repeat_kv(k, geo), vc = repeat_kv(v, geo);
-          Tensor o = empty(q.sizes(), TensorOptions(q.dtype(), q.device()));
-          Tensor l = empty({q.size(0), q.size(1), q.size(2)}, TensorOptions(DType::f32, q.device()));
-          cuda::attention_forward(qc.raw_data(), kc.raw_data(), vc.raw_data(), o.raw_data(),
-                                  l.data<float>(), geo.bh, geo.s, geo.d, geo.causal, geo.scale,
-                                  q.dtype(), cuda_stream());
-          return std::vector<Tensor>{o, l};
-        }
-      }
-      const Tensor qf = f32_contiguous(q), kf = f32_contiguous(k), vf = f32_contiguous(v);
-      Tensor o = empty(q.sizes(), DType::f32);
-      Tensor l = empty({q.size(0), q.size(1), q.size(2)}, DType::f32);
-      forward_kernel(qf.data<float>(), kf.data<float>(), vf.data<float>(), o.data<float>(),
-                     l.data<float>(), geo);
-      return std::vector<Tensor>{from_f32(o, q.dtype()), l};
-    });
-    Tensor out = res[0].detach(), lse = res[1].detach();
-    if (auto node = autograd::make_node(kOp, {&q, &k, &v})) {
-      // Backward needs all five whichever inputs want gradients: P from q, k
-      // and lse, dP from v, Delta from out.
-      node->save(q);
-      node->save(k);
-      node->save(v);
-      node->save(out, /*is_output=*/true);
-      node->save(lse, /*is_output=*/true);
-      node->backward_fn = [geo](Node& n, std::vector<Tensor>& g) {
-        return attention_backward(n, g[0], geo);
-      };
-      autograd::set_history(out, node);
-    }
-    return std::vector<Tensor>{out, lse};
-  })[0];
+  return kAttention({q, k, v}, {causal, scale})[0];
 }
 
 Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

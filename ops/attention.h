@@ -4,7 +4,11 @@
 // built from matmul / softmax for tests and comparisons.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "engine/tensor.h"
+#include "ops/kernel_table.h"
 
 namespace remat {
 
@@ -24,6 +28,28 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // Theta(B*H*S^2) for backward. For testing the fused op.
 Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                            double scale = 0);
+
+// The problem one attention call solves: bh = B * H query heads of S rows
+// of D; query head i reads key/value head i / group (group = H / Hkv: the
+// query heads of one key/value head are consecutive, as in HF's repeat_kv).
+struct AttentionGeometry {
+  std::int64_t bh = 0, s = 0, d = 0;
+  bool causal = true;
+  float scale = 1.0f;
+  std::int64_t group = 1;
+};
+
+// The kernels a device registers for scaled_dot_product_attention.
+struct AttentionKernels {
+  // {out [B, H, S, D], lse [B, H, S] f32} for q [B, H, S, D], k, v [B, Hkv, S, D].
+  std::vector<Tensor> (*forward)(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeometry& g);
+  // {dq, dk, dv} (each undefined unless asked for; dk and dv [B, Hkv, S, D],
+  // each the sum of its query heads' terms in increasing head order).
+  std::vector<Tensor> (*backward)(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, const AttentionGeometry& g, bool need_dq,
+                                  bool need_dk, bool need_dv);
+};
+KernelTable<AttentionKernels>& attention_kernels();
 
 namespace ops_detail {
 

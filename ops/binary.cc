@@ -1,57 +1,154 @@
+// The arithmetic ops (tensor and scalar forms): definitions and CPU kernels.
 #include "ops/binary.h"
 
 #include <array>
 
-#include "cuda/elementwise.h"
 #include "engine/strided.h"
 #include "ops/kernel_util.h"
+#include "ops/op.h"
 
 namespace remat {
 
 using namespace ops_detail;
 
-namespace {
-
-enum class BinOp { add, sub, mul, div };
-
-constexpr cuda::BinaryOp cuda_op(BinOp k) {
-  switch (k) {
-    case BinOp::add: return cuda::BinaryOp::add;
-    case BinOp::sub: return cuda::BinaryOp::sub;
-    case BinOp::mul: return cuda::BinaryOp::mul;
-    case BinOp::div: return cuda::BinaryOp::div;
-  }
-  return cuda::BinaryOp::add;
+KernelTable<BinaryKernels>& binary_kernels() {
+  static KernelTable<BinaryKernels> t("arithmetic ops");
+  return t;
 }
 
-template <BinOp K>
+namespace {
+
+// ---------------------------------------------------------------------------
+// Tensor (op) tensor
+
+struct BinaryState {
+  BinaryFn fn;
+};
+
+void check_binary(const OpDef& op, const std::vector<Tensor>& in, const BinaryState&) {
+  check_floating(op.name(), in[0], "first operand");
+  check_same(op.name(), in[0], in[1]);
+  broadcast_shapes(in[0].sizes(), in[1].sizes(), op.name());
+}
+
+OpResults forward_binary(const std::vector<Tensor>& in, BinaryState& s) {
+  return {{binary_kernels().run(in[0].device(), &BinaryKernels::binary, s.fn, in[0], in[1])}};
+}
+
+// The gradients of a (f) b: g reduced over broadcast dims to each operand's shape.
+std::vector<Tensor> backward_binary(const OpBackward<BinaryState>& b) {
+  const Tensor& g = b.grad();
+  const Shape &sa = b.input(0).sizes, &sb = b.input(1).sizes;
+  Tensor ga, gb;
+  switch (b.state().fn) {
+    case BinaryFn::add:
+      if (b.needs(0)) ga = detail::sum_to_shape(g, sa);
+      if (b.needs(1)) gb = detail::sum_to_shape(g, sb);
+      break;
+    case BinaryFn::sub:
+      if (b.needs(0)) ga = detail::sum_to_shape(g, sa);
+      if (b.needs(1)) gb = detail::sum_to_shape(mul(g, -1.0), sb);
+      break;
+    case BinaryFn::mul:  // each input's gradient needs the other input
+      if (b.needs(0)) ga = detail::sum_to_shape(mul(g, b.saved("b")), sa);
+      if (b.needs(1)) gb = detail::sum_to_shape(mul(g, b.saved("a")), sb);
+      break;
+    case BinaryFn::div: {
+      const Tensor gq = div(g, b.saved("b"));  // d/da = 1/b
+      if (b.needs(0)) ga = detail::sum_to_shape(gq, sa);
+      // d/db = -a/b^2 = -(a/b)/b = -out/b
+      if (b.needs(1)) gb = detail::sum_to_shape(mul(mul(gq, b.saved("out")), -1.0), sb);
+      break;
+    }
+  }
+  return {ga, gb};
+}
+
+OpCost cost_binary(const std::vector<Tensor>& in, const BinaryState&) {
+  const double n = double(shape_numel(broadcast_shapes(in[0].sizes(), in[1].sizes(), "cost")));
+  const double es = double(element_size(in[0].dtype()));
+  return {0, n, (double(in[0].numel()) + double(in[1].numel()) + n) * es};
+}
+
+Op<BinaryState> define_binary(const char* name, std::vector<SaveSpec> saves, const char* summary) {
+  return Op<BinaryState>({.name = name, .inputs = {"a", "b"}, .outputs = {{"out"}}, .saves = std::move(saves),
+                          .summary = summary},
+                         {.check = check_binary, .forward = forward_binary, .backward = backward_binary,
+                          .cost = cost_binary},
+                         &binary_kernels());
+}
+
+const Op<BinaryState> kAdd = define_binary("add", {}, "a + b, broadcasting");
+const Op<BinaryState> kSub = define_binary("sub", {}, "a - b, broadcasting");
+const Op<BinaryState> kMul = define_binary(
+    "mul", {{"a", SaveFrom::input, 0, inputs_mask({1})}, {"b", SaveFrom::input, 1, inputs_mask({0})}},
+    "a * b, broadcasting");
+const Op<BinaryState> kDiv = define_binary(
+    "div", {{"b", SaveFrom::input, 1}, {"out", SaveFrom::output, 0, inputs_mask({1})}}, "a / b, broadcasting");
+
+// ---------------------------------------------------------------------------
+// Tensor (op) scalar
+
+struct ScalarState {
+  BinaryFn fn;
+  double s = 0;
+  bool scalar_first = false;  // s (op) a
+};
+
+// s as a one-element tensor of dtype t holds it (t's rounding of float(s)).
+float rounded_scalar(double s, DType t) {
+  return visit_dtype(t, [&](auto tag) { return float(to_double(from_double<decltype(tag)>(s))); });
+}
+
+void check_scalar(const OpDef& op, const std::vector<Tensor>& in, const ScalarState&) {
+  check_floating(op.name(), in[0], "input");
+}
+
+OpResults forward_scalar(const std::vector<Tensor>& in, ScalarState& s) {
+  const Tensor& a = in[0];
+  return {{binary_kernels().run(a.device(), &BinaryKernels::scalar, s.fn, a, rounded_scalar(s.s, a.dtype()),
+                                s.scalar_first)}};
+}
+
+std::vector<Tensor> backward_scalar(const OpBackward<ScalarState>& b) {
+  const ScalarState& s = b.state();
+  if (s.fn == BinaryFn::mul) return {mul(b.grad(), s.s)};
+  if (s.scalar_first) return {mul(b.grad(), -1.0)};  // s - a
+  return {b.grad()};
+}
+
+OpCost cost_scalar(const std::vector<Tensor>& in, const ScalarState&) {
+  const double n = double(in[0].numel());
+  return {0, n, 2 * n * double(element_size(in[0].dtype()))};
+}
+
+Op<ScalarState> define_scalar(const char* name, const char* summary) {
+  return Op<ScalarState>({.name = name, .inputs = {"a"}, .outputs = {{"out"}}, .summary = summary},
+                         {.check = check_scalar, .forward = forward_scalar, .backward = backward_scalar,
+                          .cost = cost_scalar},
+                         &binary_kernels());
+}
+
+const Op<ScalarState> kAddScalar = define_scalar("add_scalar", "a + s (and a - s)");
+const Op<ScalarState> kMulScalar = define_scalar("mul_scalar", "a * s (and a / s)");
+const Op<ScalarState> kRsubScalar = define_scalar("rsub_scalar", "s - a");
+
+// ---------------------------------------------------------------------------
+// CPU kernels (f32)
+
+template <BinaryFn K>
 inline float apply(float a, float b) {
-  if constexpr (K == BinOp::add) return a + b;
-  if constexpr (K == BinOp::sub) return a - b;
-  if constexpr (K == BinOp::mul) return a * b;
+  if constexpr (K == BinaryFn::add) return a + b;
+  if constexpr (K == BinaryFn::sub) return a - b;
+  if constexpr (K == BinaryFn::mul) return a * b;
   return a / b;
 }
 
-// out = a (op) b with broadcasting, computed in f32.
-template <BinOp K>
-Tensor binary_kernel(const char* op, const Tensor& a, const Tensor& b) {
-  check_floating(op, a, "first operand");
-  check_same(op, a, b);
-  check_kernel_device(op, a);
-  const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), op);
-  NoGradGuard ng;
-  if constexpr (kHaveCuda) {
-    if (on_cuda(a)) {
-      // Both operands read in place through their (broadcast) strides.
-      Tensor ea = a.detach().expand(shape), eb = b.detach().expand(shape);
-      Tensor out = empty(shape, TensorOptions(a.dtype(), a.device()));
-      cuda::binary(cuda_op(K), out.raw_data(), ea.raw_data(), layout_of(op, ea), eb.raw_data(),
-                   layout_of(op, eb), a.dtype(), cuda_stream());
-      return out;
-    }
-  }
-  Tensor af = a.dtype() == DType::f32 ? a.detach() : a.detach().to(DType::f32);
-  Tensor bf = b.dtype() == DType::f32 ? b.detach() : b.detach().to(DType::f32);
+// out = a (K) b with broadcasting.
+template <BinaryFn K>
+Tensor binary_f32(const Tensor& a, const Tensor& b) {
+  const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), "binary kernel");
+  Tensor af = a.detach(), bf = b.detach();
   Tensor out = empty(shape, DType::f32);
   float* po = out.data<float>();
   const float* pa = af.data<float>();
@@ -86,147 +183,39 @@ Tensor binary_kernel(const char* op, const Tensor& a, const Tensor& b) {
       }
     });
   }
-  return from_f32(out, a.dtype());
+  return out;
 }
 
-Tensor scalar_like(const Tensor& a, double s) {
-  return full({}, s, TensorOptions(a.dtype(), a.device()));
-}
-
-// s as a one-element tensor of dtype t holds it (t's rounding of float(s)).
-float rounded_scalar(double s, DType t) {
-  return dispatch_dtype(t, [&](auto tag) { return float(to_double(from_double<decltype(tag)>(s))); });
-}
-
-// a (op) s, or s (op) a when scalar_first, for a scalar s taken in a's dtype.
-template <BinOp K>
-Tensor scalar_kernel(const char* op, const Tensor& a, double s, bool scalar_first) {
-  check_defined(op, a, "input");
-  if constexpr (kHaveCuda) {
-    if (on_cuda(a)) {
-      check_floating(op, a, "input");
-      NoGradGuard ng;
-      Tensor ad = a.detach();
-      Tensor out = empty(a.sizes(), TensorOptions(a.dtype(), a.device()));
-      cuda::binary_scalar(cuda_op(K), out.raw_data(), ad.raw_data(), layout_of(op, ad),
-                          rounded_scalar(s, a.dtype()), scalar_first, a.dtype(), cuda_stream());
-      return out;
-    }
+Tensor binary_cpu(BinaryFn f, const Tensor& a, const Tensor& b) {
+  switch (f) {
+    case BinaryFn::add: return binary_f32<BinaryFn::add>(a, b);
+    case BinaryFn::sub: return binary_f32<BinaryFn::sub>(a, b);
+    case BinaryFn::mul: return binary_f32<BinaryFn::mul>(a, b);
+    case BinaryFn::div: return binary_f32<BinaryFn::div>(a, b);
   }
-  return scalar_first ? binary_kernel<K>(op, scalar_like(a, s).expand(a.sizes()), a)
-                      : binary_kernel<K>(op, a, scalar_like(a, s));
+  throw Error("binary kernel: unknown function");
 }
+
+// The scalar as a one-element tensor, through the broadcasting kernel.
+Tensor scalar_cpu(BinaryFn f, const Tensor& a, float s, bool scalar_first) {
+  const Tensor st = full({}, double(s), DType::f32);
+  return scalar_first ? binary_cpu(f, st.expand(a.sizes()), a) : binary_cpu(f, a, st);
+}
+
+const KernelRegistration<BinaryKernels> kCpu(binary_kernels(), DeviceType::CPU, {binary_cpu, scalar_cpu},
+                                             KernelDTypes::f32);
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) {
-  return dispatch1("add", {a, b}, [&] {
-    Tensor out = binary_kernel<BinOp::add>("add", a, b);
-    if (auto node = autograd::make_node("add", {&a, &b})) {
-      node->backward_fn = [sa = a.sizes(), sb = b.sizes()](Node& n, std::vector<Tensor>& g) {
-        return std::vector<Tensor>{n.needs_input_grad(0) ? detail::sum_to_shape(g[0], sa) : Tensor(),
-                                   n.needs_input_grad(1) ? detail::sum_to_shape(g[0], sb) : Tensor()};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
-}
+Tensor add(const Tensor& a, const Tensor& b) { return kAdd.call1({a, b}, {BinaryFn::add}); }
+Tensor sub(const Tensor& a, const Tensor& b) { return kSub.call1({a, b}, {BinaryFn::sub}); }
+Tensor mul(const Tensor& a, const Tensor& b) { return kMul.call1({a, b}, {BinaryFn::mul}); }
+Tensor div(const Tensor& a, const Tensor& b) { return kDiv.call1({a, b}, {BinaryFn::div}); }
 
-Tensor sub(const Tensor& a, const Tensor& b) {
-  return dispatch1("sub", {a, b}, [&] {
-    Tensor out = binary_kernel<BinOp::sub>("sub", a, b);
-    if (auto node = autograd::make_node("sub", {&a, &b})) {
-      node->backward_fn = [sa = a.sizes(), sb = b.sizes()](Node& n, std::vector<Tensor>& g) {
-        return std::vector<Tensor>{
-            n.needs_input_grad(0) ? detail::sum_to_shape(g[0], sa) : Tensor(),
-            n.needs_input_grad(1) ? detail::sum_to_shape(mul(g[0], -1.0), sb) : Tensor()};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
-}
-
-Tensor mul(const Tensor& a, const Tensor& b) {
-  return dispatch1("mul", {a, b}, [&] {
-    Tensor out = binary_kernel<BinOp::mul>("mul", a, b);
-    if (auto node = autograd::make_node("mul", {&a, &b})) {
-      // Each input's gradient needs the other input.
-      node->save(node->needs_input_grad(1) ? a : Tensor());
-      node->save(node->needs_input_grad(0) ? b : Tensor());
-      node->backward_fn = [sa = a.sizes(), sb = b.sizes()](Node& n, std::vector<Tensor>& g) {
-        Tensor ga, gb;
-        if (n.needs_input_grad(0)) ga = detail::sum_to_shape(mul(g[0], n.saved(1)), sa);
-        if (n.needs_input_grad(1)) gb = detail::sum_to_shape(mul(g[0], n.saved(0)), sb);
-        return std::vector<Tensor>{ga, gb};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
-}
-
-Tensor div(const Tensor& a, const Tensor& b) {
-  return dispatch1("div", {a, b}, [&] {
-    Tensor out = binary_kernel<BinOp::div>("div", a, b);
-    if (auto node = autograd::make_node("div", {&a, &b})) {
-      node->save(b);
-      node->save(node->needs_input_grad(1) ? out : Tensor(), /*is_output=*/true);
-      node->backward_fn = [sa = a.sizes(), sb = b.sizes()](Node& n, std::vector<Tensor>& g) {
-        Tensor ga, gb;
-        Tensor bb = n.saved(0);
-        Tensor gq = div(g[0], bb);  // d/da = 1/b
-        if (n.needs_input_grad(0)) ga = detail::sum_to_shape(gq, sa);
-        // d/db = -a/b^2 = -(a/b)/b = -out/b
-        if (n.needs_input_grad(1)) gb = detail::sum_to_shape(mul(mul(gq, n.saved(1)), -1.0), sb);
-        return std::vector<Tensor>{ga, gb};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
-}
-
-Tensor add(const Tensor& a, double s) {
-  return dispatch1("add_scalar", {a}, [&] {
-    Tensor out = scalar_kernel<BinOp::add>("add_scalar", a, s, false);
-    if (auto node = autograd::make_node("add_scalar", {&a})) {
-      node->backward_fn = [](Node&, std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
-}
-
+Tensor add(const Tensor& a, double s) { return kAddScalar.call1({a}, {BinaryFn::add, s}); }
 Tensor sub(const Tensor& a, double s) { return add(a, -s); }
-
-Tensor mul(const Tensor& a, double s) {
-  return dispatch1("mul_scalar", {a}, [&] {
-    Tensor out = scalar_kernel<BinOp::mul>("mul_scalar", a, s, false);
-    if (auto node = autograd::make_node("mul_scalar", {&a})) {
-      node->backward_fn = [s](Node&, std::vector<Tensor>& g) {
-        return std::vector<Tensor>{mul(g[0], s)};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
-}
-
+Tensor mul(const Tensor& a, double s) { return kMulScalar.call1({a}, {BinaryFn::mul, s}); }
 Tensor div(const Tensor& a, double s) { return mul(a, 1.0 / s); }
-
-Tensor rsub(const Tensor& a, double s) {
-  return dispatch1("rsub_scalar", {a}, [&] {
-    Tensor out = scalar_kernel<BinOp::sub>("rsub_scalar", a, s, true);
-    if (auto node = autograd::make_node("rsub_scalar", {&a})) {
-      node->backward_fn = [](Node&, std::vector<Tensor>& g) {
-        return std::vector<Tensor>{mul(g[0], -1.0)};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
-}
+Tensor rsub(const Tensor& a, double s) { return kRsubScalar.call1({a}, {BinaryFn::sub, s, true}); }
 
 }  // namespace remat

@@ -3,7 +3,10 @@
 // device. Gradients reduce over broadcast dims back to each operand's shape.
 #pragma once
 
+#include <cstdint>
+
 #include "engine/tensor.h"
+#include "ops/kernel_table.h"
 
 namespace remat {
 
@@ -30,5 +33,16 @@ inline Tensor operator/(const Tensor& a, double s) { return div(a, s); }
 inline Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
 inline Tensor operator+(double s, const Tensor& a) { return add(a, s); }
 inline Tensor operator-(double s, const Tensor& a) { return rsub(a, s); }
+
+enum class BinaryFn : std::uint8_t { add, sub, mul, div };
+
+// The kernels a device registers for the arithmetic ops.
+struct BinaryKernels {
+  // out = a (f) b with broadcasting (shapes already checked), a and b in any layout.
+  Tensor (*binary)(BinaryFn f, const Tensor& a, const Tensor& b);
+  // out = a (f) s, or s (f) a when scalar_first; s is already rounded to a's dtype.
+  Tensor (*scalar)(BinaryFn f, const Tensor& a, float s, bool scalar_first);
+};
+KernelTable<BinaryKernels>& binary_kernels();
 
 }  // namespace remat

@@ -5,6 +5,7 @@
 
 #include "engine/rng.h"
 #include "engine/tensor.h"
+#include "ops/kernel_table.h"
 
 namespace remat {
 
@@ -14,5 +15,14 @@ namespace remat {
 // of that draw, so restoring the generator's state replays the same mask.
 // With !training or p == 0 returns `x` itself. p must be in [0, 1).
 Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen = nullptr);
+
+// The kernel a device registers for dropout (forward and backward alike).
+struct DropoutKernels {
+  // x (any layout) times the mask of Philox stream `state`, scaled by
+  // 1 / (1 - p): out[i] = (u_i >= p) ? x[i] * scale : 0, with u_i the
+  // stream's i-th uniform (the same words on every device).
+  Tensor (*apply)(const Tensor& x, double p, RngState state);
+};
+KernelTable<DropoutKernels>& dropout_kernels();
 
 }  // namespace remat

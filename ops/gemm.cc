@@ -83,7 +83,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 }
 
 namespace {
-void run_gemm(const GemmArgs& g, bool one_thread) {
+void run_gemm(const PairedGemm& g, bool one_thread) {
   if (!one_thread) {
     gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, g.a, g.lda, g.b, g.ldb, 0.0f, g.c, g.ldc);
     return;
@@ -99,7 +99,7 @@ void run_gemm(const GemmArgs& g, bool one_thread) {
 }
 }  // namespace
 
-void gemm_pair(const GemmArgs& first, const GemmArgs& second) {
+void gemm_pair(const PairedGemm& first, const PairedGemm& second) {
   if (num_threads() < 2 || omp_in_parallel() || gemm_backend() != GemmBackend::openblas) {
     run_gemm(first, false);
     run_gemm(second, false);

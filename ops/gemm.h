@@ -29,7 +29,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 // two single-threaded GEMMs waste less to synchronisation than two
 // two-thread ones on small shapes. Each product's result depends only on
 // its own shape (a single-threaded OpenBLAS run), never on the team size.
-struct GemmArgs {
+struct PairedGemm {
   bool trans_a = false, trans_b = false;
   std::int64_t m = 0, n = 0, k = 0;
   const float* a = nullptr;
@@ -39,6 +39,6 @@ struct GemmArgs {
   float* c = nullptr;
   std::int64_t ldc = 0;
 };
-void gemm_pair(const GemmArgs& first, const GemmArgs& second);
+void gemm_pair(const PairedGemm& first, const PairedGemm& second);
 
 }  // namespace remat::ops_detail

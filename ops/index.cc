@@ -1,15 +1,13 @@
-// index_select, gather, scatter_add and index_add: each op's forward and
-// backward side by side, with the CPU kernels here and the CUDA launchers
-// (and the host-side source lists they need) in index_cuda.cc.
+// index_select, gather, scatter_add and index_add: each op's definition,
+// forward and backward side by side, and the CPU kernels.
 #include "ops/index.h"
 
 #include <algorithm>
 #include <array>
 #include <utility>
 
-#include "cuda/runtime.h"
-#include "ops/index_cuda.h"
 #include "ops/kernel_util.h"
+#include "ops/op.h"
 
 namespace remat {
 
@@ -87,18 +85,16 @@ std::int64_t grain_for(std::int64_t k) {
 
 }  // namespace
 
-Tensor ops_detail::host_index(const Tensor& index) {
+Tensor host_index(const Tensor& index) {
   NoGradGuard ng;
-  if constexpr (kHaveCuda) {
-    if (on_cuda(index)) {
-      Tensor c = contiguous_detached(index);
-      Tensor host = empty(c.sizes(), TensorOptions(c.dtype(), kCPU));
-      cuda::copy_device_to_host(host.raw_data(), c.raw_data(), c.nbytes(), cuda_stream());
-      return host.dtype() == DType::i64 ? host : host.to(DType::i64);
-    }
-  }
-  Tensor ix = index.dtype() == DType::i64 ? index.detach() : index.detach().to(DType::i64);
+  Tensor ix = index.detach().to(kCPU);
+  ix = ix.dtype() == DType::i64 ? ix : ix.to(DType::i64);
   return ix.contiguous();
+}
+
+KernelTable<IndexKernels>& index_kernels() {
+  static KernelTable<IndexKernels> t("index ops");
+  return t;
 }
 
 namespace {
@@ -137,7 +133,7 @@ void gather_core(const Tensor& out, const Tensor& x, const Tensor& idx, std::int
   const Split so = split_strides(out, d), sx = split_strides(x, d);
   const Split si = idx_1d ? Split{Shape(rest.size(), 0), 1} : split_strides(idx, d);
   const std::int64_t* pi = idx.data<std::int64_t>();
-  dispatch_dtype(x.dtype(), [&](auto tag) {
+  visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T* po = static_cast<T*>(out.raw_data());
     const T* px = static_cast<const T*>(x.raw_data());
@@ -193,9 +189,8 @@ std::int64_t checked_dim(const char* op, const Tensor& x, std::int64_t dim) {
   return wrap_dim(dim, x.dim(), op);
 }
 
-// Throws unless `index` is on x's device (CPU or CUDA).
+// Throws unless `index` is on x's device.
 void check_index_device(const char* op, const Tensor& index, const Tensor& x) {
-  check_kernel_device(op, index);
   REMAT_CHECK(index.device() == x.device(), DeviceError, op, ": index ", describe(index),
               " and input ", describe(x), " must be on one device");
 }
@@ -227,181 +222,243 @@ void check_scatter_shapes(const char* op, const Tensor& x, std::int64_t d, const
   }
 }
 
+// ---------------------------------------------------------------------------
+// CPU kernels (gathers copy any dtype; scatter-adds sum in f32)
+
+// The index as the CPU kernels read it: the checked host copy, or index itself.
+Tensor cpu_index(const Tensor& index, const Tensor& host) { return host.defined() ? host : host_index(index); }
+
+void select_cpu(Tensor& out, const Tensor& x, const Tensor& index, const Tensor& host, std::int64_t d) {
+  const Tensor idx = cpu_index(index, host);
+  gather_core(out, x.detach(), idx, d, drop_dim(out.sizes(), d), idx.numel(), true);
+}
+
+void gather_cpu(Tensor& out, const Tensor& x, const Tensor& index, const Tensor& host, std::int64_t d) {
+  const Tensor idx = cpu_index(index, host);
+  gather_core(out, x.detach(), idx, d, drop_dim(idx.sizes(), d), idx.size(d), false);
+}
+
+Tensor index_add_cpu(const Tensor& x, const Tensor& src, const Tensor& index, const Tensor& host, std::int64_t d) {
+  const Tensor idx = cpu_index(index, host);
+  Tensor acc = f32_copy(x);
+  scatter_add_core(acc, src, idx, d, drop_dim(x.sizes(), d), idx.numel(), true);
+  return acc;
+}
+
+Tensor scatter_add_cpu(const Tensor& x, const Tensor& src, const Tensor& index, const Tensor& host, std::int64_t d) {
+  const Tensor idx = cpu_index(index, host);
+  Tensor acc = f32_copy(x);
+  scatter_add_core(acc, src, idx, d, drop_dim(idx.sizes(), d), idx.size(d), false);
+  return acc;
+}
+
+Tensor select_backward_cpu(const Tensor& g, const Tensor& index, const Shape& xs, std::int64_t d, DType) {
+  Tensor gx = zeros(xs, DType::f32);
+  const Tensor ic = host_index(index);
+  scatter_add_core(gx, g, ic, d, drop_dim(xs, d), ic.numel(), true);
+  return gx;
+}
+
+Tensor gather_backward_cpu(const Tensor& g, const Tensor& index, const Shape& xs, std::int64_t d, DType) {
+  const Tensor ic = host_index(index);
+  Tensor gx = zeros(xs, DType::f32);
+  scatter_add_core(gx, g, ic, d, drop_dim(ic.sizes(), d), ic.size(d), false);
+  return gx;
+}
+
+const KernelRegistration<IndexKernels> kCpu(index_kernels(), DeviceType::CPU,
+                                            {select_cpu, gather_cpu, index_add_cpu, scatter_add_cpu,
+                                             select_backward_cpu, gather_backward_cpu},
+                                            KernelDTypes::native);
+
+// ---------------------------------------------------------------------------
+// The ops
+
+struct IndexState {
+  std::int64_t dim = 0;  // as given; the forward wraps it (negative dims count from the end)
+};
+
+// Gathers move elements; scatter-adds add one value per source element.
+OpCost gather_cost(const std::vector<Tensor>& in, const IndexState&) {
+  return {0, 0, 2 * double(in[1].numel()) * double(element_size(in[0].dtype()))};
+}
+
+OpCost scatter_cost(const std::vector<Tensor>& in, const IndexState&) {
+  const double es = double(element_size(in[0].dtype()));
+  return {0, double(in[2].numel()), (2 * double(in[0].numel()) + double(in[2].numel())) * es};
+}
+
+// index_select
+
+void check_select(const OpDef& op, const std::vector<Tensor>& in, const IndexState& s) {
+  const Tensor &x = in[0], &index = in[1];
+  check_defined(op.name(), x, "input");
+  checked_dim(op.name(), x, s.dim);
+  check_1d_index(op.name(), index, x);
+}
+
+OpResults select(const std::vector<Tensor>& in, IndexState& s) {
+  const Tensor &x = in[0], &index = in[1];
+  const std::int64_t d = s.dim = wrap_dim(s.dim, x.dim(), "index_select");
+  const Tensor idx = checked_index("index_select", index, x, d);
+  Shape shape = x.sizes();
+  shape[std::size_t(d)] = idx.numel();
+  Tensor out = empty(shape, TensorOptions(x.dtype(), x.device()));
+  index_kernels().run(x.device(), &IndexKernels::select, out, x, index, idx, d);
+  return {{out}};
+}
+
+std::vector<Tensor> select_backward(const OpBackward<IndexState>& b) {
+  return {index_kernels().run(b.grad().device(), &IndexKernels::select_backward, b.grad(), b.saved("index"),
+                              b.input(0).sizes, b.state().dim, b.input(0).dtype),
+          Tensor()};
+}
+
+const Op<IndexState> kIndexSelect({.name = "index_select",
+                                   .inputs = {"x", "index"},
+                                   .outputs = {{"out", as_computed()}},
+                                   .saves = {{"index", SaveFrom::input, 1}},
+                                   .summary = "entries of one dim picked by a 1-D index (any dtype)"},
+                                  {.check = check_select, .forward = select, .backward = select_backward,
+                                   .cost = gather_cost},
+                                  &index_kernels());
+
+// gather
+
+void check_gather(const OpDef& op, const std::vector<Tensor>& in, const IndexState& s) {
+  const Tensor &x = in[0], &index = in[1];
+  check_defined(op.name(), x, "input");
+  const std::int64_t d = checked_dim(op.name(), x, s.dim);
+  check_scatter_shapes(op.name(), x, d, index, nullptr);
+}
+
+OpResults gather_fwd(const std::vector<Tensor>& in, IndexState& s) {
+  const Tensor &x = in[0], &index = in[1];
+  const std::int64_t d = s.dim = wrap_dim(s.dim, x.dim(), "gather");
+  const Tensor idx = checked_index("gather", index, x, d);
+  Tensor out = empty(index.sizes(), TensorOptions(x.dtype(), x.device()));
+  index_kernels().run(x.device(), &IndexKernels::gather, out, x, index, idx, d);
+  return {{out}};
+}
+
+std::vector<Tensor> gather_backward(const OpBackward<IndexState>& b) {
+  return {index_kernels().run(b.grad().device(), &IndexKernels::gather_backward, b.grad(), b.saved("index"),
+                              b.input(0).sizes, b.state().dim, b.input(0).dtype),
+          Tensor()};
+}
+
+const Op<IndexState> kGather({.name = "gather",
+                              .inputs = {"x", "index"},
+                              .outputs = {{"out", as_computed()}},
+                              .saves = {{"index", SaveFrom::input, 1}},
+                              .summary = "torch.gather: x's entries picked along a dim by a full index"},
+                             {.check = check_gather, .forward = gather_fwd, .backward = gather_backward,
+                              .cost = gather_cost},
+                             &index_kernels());
+
+// scatter_add
+
+void check_scatter_add(const OpDef& op, const std::vector<Tensor>& in, const IndexState& s) {
+  const Tensor &x = in[0], &index = in[1], &src = in[2];
+  check_floating(op.name(), x, "input");
+  check_defined(op.name(), src, "src");
+  check_same(op.name(), x, src);
+  const std::int64_t d = checked_dim(op.name(), x, s.dim);
+  check_scatter_shapes(op.name(), x, d, index, &src);
+}
+
+OpResults scatter_add_fwd(const std::vector<Tensor>& in, IndexState& s) {
+  const Tensor &x = in[0], &index = in[1], &src = in[2];
+  const std::int64_t d = s.dim = wrap_dim(s.dim, x.dim(), "scatter_add");
+  const Tensor idx = checked_index("scatter_add", index, x, d);
+  return {{index_kernels().run(x.device(), &IndexKernels::scatter_add, x, src, index, idx, d)}};
+}
+
+// dx = g; dsrc = gather(g, d, index), zero where index does not reach into src.
+std::vector<Tensor> scatter_add_backward(const OpBackward<IndexState>& b) {
+  const Tensor& g = b.grad();
+  Tensor gsrc;
+  if (b.needs(2)) {
+    const Tensor& ix = b.saved("index");
+    const Shape& ss = b.input(2).sizes;
+    const bool full = ix.sizes() == ss;
+    gsrc = full ? empty(ss, TensorOptions(g.dtype(), g.device())) : zeros(ss, TensorOptions(g.dtype(), g.device()));
+    Tensor target = gsrc;
+    for (std::int64_t k = 0; k < ix.dim(); ++k) target = target.narrow(k, 0, ix.size(k));
+    index_kernels().run(g.device(), &IndexKernels::gather, target, g, ix, Tensor(), b.state().dim);
+  }
+  return {b.needs(0) ? g : Tensor(), Tensor(), gsrc};
+}
+
+const Op<IndexState> kScatterAdd({.name = "scatter_add",
+                                  .inputs = {"x", "index", "src"},
+                                  .outputs = {{"out"}},
+                                  .saves = {{"index", SaveFrom::input, 1, inputs_mask({2})}},
+                                  .summary = "a copy of x with src added at a full index's positions"},
+                                 {.check = check_scatter_add, .forward = scatter_add_fwd,
+                                  .backward = scatter_add_backward, .cost = scatter_cost},
+                                 &index_kernels());
+
+// index_add
+
+void check_index_add(const OpDef& op, const std::vector<Tensor>& in, const IndexState& s) {
+  const Tensor &x = in[0], &index = in[1], &src = in[2];
+  check_floating(op.name(), x, "input");
+  check_defined(op.name(), src, "src");
+  check_same(op.name(), x, src);
+  const std::int64_t d = checked_dim(op.name(), x, s.dim);
+  check_1d_index(op.name(), index, x);
+  Shape want = x.sizes();
+  want[std::size_t(d)] = index.numel();
+  REMAT_CHECK(src.sizes() == want, ShapeError, op.name(), ": src ", describe(src), " must have shape ",
+              shape_str(want), " (the input ", describe(x), " with dim ", d, " of size ", index.numel(),
+              ", the number of indices)");
+}
+
+OpResults index_add_fwd(const std::vector<Tensor>& in, IndexState& s) {
+  const Tensor &x = in[0], &index = in[1], &src = in[2];
+  const std::int64_t d = s.dim = wrap_dim(s.dim, x.dim(), "index_add");
+  const Tensor idx = checked_index("index_add", index, x, d);
+  return {{index_kernels().run(x.device(), &IndexKernels::index_add, x, src, index, idx, d)}};
+}
+
+// dx = g; dsrc = index_select(g, d, index).
+std::vector<Tensor> index_add_backward(const OpBackward<IndexState>& b) {
+  const Tensor& g = b.grad();
+  Tensor gsrc;
+  if (b.needs(2)) {
+    const Tensor& ix = b.saved("index");
+    Shape shape = g.sizes();
+    shape[std::size_t(b.state().dim)] = ix.numel();
+    gsrc = empty(shape, TensorOptions(g.dtype(), g.device()));
+    index_kernels().run(g.device(), &IndexKernels::select, gsrc, g, ix, Tensor(), b.state().dim);
+  }
+  return {b.needs(0) ? g : Tensor(), Tensor(), gsrc};
+}
+
+const Op<IndexState> kIndexAdd({.name = "index_add",
+                                .inputs = {"x", "index", "src"},
+                                .outputs = {{"out"}},
+                                .saves = {{"index", SaveFrom::input, 1, inputs_mask({2})}},
+                                .summary = "a copy of x with src's slices added at a 1-D index's slices"},
+                               {.check = check_index_add, .forward = index_add_fwd, .backward = index_add_backward,
+                                .cost = scatter_cost},
+                               &index_kernels());
+
 }  // namespace
 
 Tensor index_select(const Tensor& x, std::int64_t dim, const Tensor& index) {
-  check_defined("index_select", x, "input");
-  check_kernel_device("index_select", x);
-  const std::int64_t d = checked_dim("index_select", x, dim);
-  check_1d_index("index_select", index, x);
-  return dispatch1("index_select", {x, index}, [&] {
-    Tensor idx = checked_index("index_select", index, x, d);
-    Shape shape = x.sizes();
-    shape[std::size_t(d)] = idx.numel();
-    Tensor out = empty(shape, TensorOptions(x.dtype(), x.device()));
-    {
-      NoGradGuard ng;
-      if (on_cuda(x))
-        cuda_index_select("index_select", out, x.detach(), index.detach(), d);
-      else
-        gather_core(out, x.detach(), idx, d, drop_dim(shape, d), idx.numel(), true);
-    }
-    if (auto node = autograd::make_node("index_select", {&x})) {
-      node->save(index);
-      node->backward_fn = [xs = x.sizes(), d, dt = x.dtype()](Node& n, std::vector<Tensor>& g) {
-        Tensor ix = n.saved(0);
-        if (on_cuda(g[0])) {
-          Tensor gx = cuda_zeros(xs, dt, g[0].device());
-          cuda_index_add("index_select backward", gx, g[0], ix, d, nullptr);
-          return std::vector<Tensor>{gx};
-        }
-        Tensor gx = zeros(xs, DType::f32);
-        Tensor ic = ix.dtype() == DType::i64 ? ix.contiguous() : ix.to(DType::i64).contiguous();
-        scatter_add_core(gx, g[0], ic, d, drop_dim(xs, d), ic.numel(), true);
-        return std::vector<Tensor>{from_f32(gx, dt)};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
+  return kIndexSelect.call1({x, index}, {dim});
 }
 
-Tensor gather(const Tensor& x, std::int64_t dim, const Tensor& index) {
-  check_defined("gather", x, "input");
-  check_kernel_device("gather", x);
-  const std::int64_t d = checked_dim("gather", x, dim);
-  check_scatter_shapes("gather", x, d, index, nullptr);
-  return dispatch1("gather", {x, index}, [&] {
-    Tensor idx = checked_index("gather", index, x, d);
-    Tensor out = empty(index.sizes(), TensorOptions(x.dtype(), x.device()));
-    {
-      NoGradGuard ng;
-      if (on_cuda(x))
-        cuda_gather("gather", out, x.detach(), index.detach(), d);
-      else
-        gather_core(out, x.detach(), idx, d, drop_dim(index.sizes(), d), index.size(d), false);
-    }
-    if (auto node = autograd::make_node("gather", {&x})) {
-      node->save(index);
-      node->backward_fn = [xs = x.sizes(), d, dt = x.dtype()](Node& n, std::vector<Tensor>& g) {
-        Tensor ix = n.saved(0);
-        if (on_cuda(g[0])) {
-          Tensor gx = cuda_zeros(xs, dt, g[0].device());
-          cuda_scatter_add("gather backward", gx, g[0], ix, d, nullptr);
-          return std::vector<Tensor>{gx};
-        }
-        Tensor ic = ix.dtype() == DType::i64 ? ix.contiguous() : ix.to(DType::i64).contiguous();
-        Tensor gx = zeros(xs, DType::f32);
-        scatter_add_core(gx, g[0], ic, d, drop_dim(ic.sizes(), d), ic.size(d), false);
-        return std::vector<Tensor>{from_f32(gx, dt)};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
-}
+Tensor gather(const Tensor& x, std::int64_t dim, const Tensor& index) { return kGather.call1({x, index}, {dim}); }
 
 Tensor scatter_add(const Tensor& x, std::int64_t dim, const Tensor& index, const Tensor& src) {
-  check_floating("scatter_add", x, "input");
-  check_defined("scatter_add", src, "src");
-  check_same("scatter_add", x, src);
-  check_kernel_device("scatter_add", x);
-  const std::int64_t d = checked_dim("scatter_add", x, dim);
-  check_scatter_shapes("scatter_add", x, d, index, &src);
-  return dispatch1("scatter_add", {x, index, src}, [&] {
-    Tensor idx = checked_index("scatter_add", index, x, d);
-    Tensor out;
-    if (on_cuda(x)) {
-      NoGradGuard ng;
-      out = cuda_copy("scatter_add", x.detach());
-      cuda_scatter_add("scatter_add", out, src.detach(), index.detach(), d, &idx);
-    } else {
-      Tensor acc = f32_copy(x);
-      scatter_add_core(acc, src, idx, d, drop_dim(index.sizes(), d), index.size(d), false);
-      NoGradGuard ng;
-      out = from_f32(acc, x.dtype());
-    }
-    if (auto node = autograd::make_node("scatter_add", {&x, &src})) {
-      node->save(node->needs_input_grad(1) ? index : Tensor());
-      node->backward_fn = [d, ss = src.sizes()](Node& n, std::vector<Tensor>& g) {
-        Tensor gsrc;
-        if (n.needs_input_grad(1)) {
-          Tensor ix = n.saved(0);
-          if (on_cuda(g[0])) {
-            const bool full = ix.sizes() == ss;
-            gsrc = full ? empty(ss, TensorOptions(g[0].dtype(), g[0].device()))
-                        : cuda_zeros(ss, g[0].dtype(), g[0].device());
-            Tensor target = gsrc;
-            for (std::int64_t k = 0; k < ix.dim(); ++k) target = target.narrow(k, 0, ix.size(k));
-            cuda_gather("scatter_add backward", target, g[0], ix, d);
-            return std::vector<Tensor>{n.needs_input_grad(0) ? g[0] : Tensor(), gsrc};
-          }
-          Tensor ic = ix.dtype() == DType::i64 ? ix.contiguous() : ix.to(DType::i64).contiguous();
-          // dsrc = gather(g, d, index), zero where index does not reach into src.
-          const bool full = ic.sizes() == ss;
-          gsrc = full ? empty(ss, g[0].dtype()) : zeros(ss, g[0].dtype());
-          Tensor target = gsrc;
-          for (std::int64_t k = 0; k < ic.dim(); ++k) target = target.narrow(k, 0, ic.size(k));
-          gather_core(target, g[0], ic, d, drop_dim(ic.sizes(), d), ic.size(d), false);
-        }
-        return std::vector<Tensor>{n.needs_input_grad(0) ? g[0] : Tensor(), gsrc};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
+  return kScatterAdd.call1({x, index, src}, {dim});
 }
 
 Tensor index_add(const Tensor& x, std::int64_t dim, const Tensor& index, const Tensor& src) {
-  check_floating("index_add", x, "input");
-  check_defined("index_add", src, "src");
-  check_same("index_add", x, src);
-  check_kernel_device("index_add", x);
-  const std::int64_t d = checked_dim("index_add", x, dim);
-  check_1d_index("index_add", index, x);
-  Shape want = x.sizes();
-  want[std::size_t(d)] = index.numel();
-  REMAT_CHECK(src.sizes() == want, ShapeError, "index_add: src ", describe(src),
-              " must have shape ", shape_str(want), " (the input ", describe(x), " with dim ", d,
-              " of size ", index.numel(), ", the number of indices)");
-  return dispatch1("index_add", {x, index, src}, [&] {
-    Tensor idx = checked_index("index_add", index, x, d);
-    Tensor out;
-    if (on_cuda(x)) {
-      NoGradGuard ng;
-      out = cuda_copy("index_add", x.detach());
-      cuda_index_add("index_add", out, src.detach(), index.detach(), d, &idx);
-    } else {
-      Tensor acc = f32_copy(x);
-      scatter_add_core(acc, src, idx, d, drop_dim(x.sizes(), d), idx.numel(), true);
-      NoGradGuard ng;
-      out = from_f32(acc, x.dtype());
-    }
-    if (auto node = autograd::make_node("index_add", {&x, &src})) {
-      node->save(node->needs_input_grad(1) ? index : Tensor());
-      node->backward_fn = [d](Node& n, std::vector<Tensor>& g) {
-        Tensor gsrc;
-        if (n.needs_input_grad(1)) {
-          Tensor ix = n.saved(0);
-          if (on_cuda(g[0])) {
-            Shape shape = g[0].sizes();
-            shape[std::size_t(d)] = ix.numel();
-            gsrc = empty(shape, TensorOptions(g[0].dtype(), g[0].device()));
-            cuda_index_select("index_add backward", gsrc, g[0], ix, d);
-            return std::vector<Tensor>{n.needs_input_grad(0) ? g[0] : Tensor(), gsrc};
-          }
-          Tensor ic = ix.dtype() == DType::i64 ? ix.contiguous() : ix.to(DType::i64).contiguous();
-          Shape shape = g[0].sizes();
-          shape[std::size_t(d)] = ic.numel();
-          gsrc = empty(shape, g[0].dtype());
-          gather_core(gsrc, g[0], ic, d, drop_dim(shape, d), ic.numel(), true);
-        }
-        return std::vector<Tensor>{n.needs_input_grad(0) ? g[0] : Tensor(), gsrc};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
+  return kIndexAdd.call1({x, index, src}, {dim});
 }
 
 }  // namespace remat

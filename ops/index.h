@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "engine/tensor.h"
+#include "ops/kernel_table.h"
 
 namespace remat {
 
@@ -31,5 +32,29 @@ Tensor scatter_add(const Tensor& x, std::int64_t dim, const Tensor& index, const
 // `dim`. index is 1-D (or 0-D) with k entries; src has x's shape with size k
 // at `dim` and x's dtype. Gradients: dx = g, dsrc = index_select(g, dim, index).
 Tensor index_add(const Tensor& x, std::int64_t dim, const Tensor& index, const Tensor& src);
+
+// The kernels a device registers for the index ops (operands in their own
+// dtypes). `index` is on the operands' device (i32 or i64, values checked to
+// be in range); `host` is its checked copy on the CPU (i64, contiguous) when
+// the caller has one, else undefined. d is a wrapped dim.
+struct IndexKernels {
+  // out (x's dtype, x's shape with the index's length at d; any layout) = index_select(x, d, index).
+  void (*select)(Tensor& out, const Tensor& x, const Tensor& index, const Tensor& host, std::int64_t d);
+  // out (the index's shape, x's dtype; any layout) = gather(x, d, index).
+  void (*gather)(Tensor& out, const Tensor& x, const Tensor& index, const Tensor& host, std::int64_t d);
+  // A copy of x with src's slices added at a 1-D index's slices along d (sums in f32).
+  Tensor (*index_add)(const Tensor& x, const Tensor& src, const Tensor& index, const Tensor& host, std::int64_t d);
+  // A copy of x with src added at a full index's positions along d (sums in f32).
+  Tensor (*scatter_add)(const Tensor& x, const Tensor& src, const Tensor& index, const Tensor& host,
+                        std::int64_t d);
+  // index_select's input gradient [xs]: g's slices added into zeros at the index (dtype: the input's).
+  Tensor (*select_backward)(const Tensor& g, const Tensor& index, const Shape& xs, std::int64_t d, DType dtype);
+  // gather's input gradient [xs]: g scatter-added into zeros at the index.
+  Tensor (*gather_backward)(const Tensor& g, const Tensor& index, const Shape& xs, std::int64_t d, DType dtype);
+};
+KernelTable<IndexKernels>& index_kernels();
+
+// `index` as a contiguous i64 tensor on the CPU (no copy for one already).
+Tensor host_index(const Tensor& index);
 
 }  // namespace remat

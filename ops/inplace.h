@@ -5,7 +5,10 @@
 // op saved for backward and later modified here makes that backward throw.
 #pragma once
 
+#include <cstdint>
+
 #include "engine/tensor.h"
+#include "ops/kernel_table.h"
 
 namespace remat {
 
@@ -19,5 +22,16 @@ Tensor& mul_(Tensor& x, const Tensor& y);
 Tensor& zero_(Tensor& x);
 // Copies src (broadcast to dst's shape, converted to dst's dtype) into dst.
 Tensor& copy_(Tensor& dst, const Tensor& src);
+
+enum class UpdateFn : std::uint8_t { add, mul, scale };
+
+// The kernels a device registers for the in-place updates.
+struct InplaceKernels {
+  // In place through x's layout: x = x + alpha * y (add), x * y (mul) or
+  // x * alpha (scale; y is x). y has x's sizes (broadcast by stride 0) and
+  // does not overlap x except as x itself. Computed in f32, rounded to x's dtype.
+  void (*update)(UpdateFn f, Tensor& x, const Tensor& y, float alpha);
+};
+KernelTable<InplaceKernels>& inplace_kernels();
 
 }  // namespace remat

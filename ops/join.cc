@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "cuda/copy.h"
 #include "ops/kernel_util.h"
+#include "ops/op.h"
 
 namespace remat {
 
@@ -23,32 +23,14 @@ void check_list(const char* op, const std::vector<Tensor>& xs) {
     REMAT_CHECK(xs[i].device() == xs[0].device(), DeviceError, op, ": tensor ", i, " is ",
                 describe(xs[i]), " but tensor 0 is ", describe(xs[0]),
                 "; all tensors must be on one device");
-    check_kernel_device(op, xs[i]);
   }
 }
 
-// The concatenation of `xs` along `d` (shapes already checked), copied as raw
-// elements of any dtype.
-Tensor cat_kernel(const std::vector<Tensor>& xs, std::int64_t d, const Shape& shape) {
-  NoGradGuard ng;
+// The CPU kernel: contiguous inputs as one memcpy per (outer row, input),
+// the rest through the strided copy.
+Tensor cat_cpu(const std::vector<Tensor>& xs, std::int64_t d, const Shape& shape) {
   Tensor out = empty(shape, TensorOptions(xs[0].dtype(), xs[0].device()));
   if (out.numel() == 0) return out;
-  if constexpr (kHaveCuda) {
-    if (on_cuda(out)) {
-      // Each input is copied into its narrowed view of the output (any layout).
-      std::int64_t off = 0;
-      for (const auto& x : xs) {
-        const std::int64_t len = x.size(d);
-        if (len > 0) {
-          const Tensor dst = out.narrow(d, off, len);
-          cuda::copy_strided(dst.raw_data(), dst.dtype(), layout_of("cat", dst), x.raw_data(), x.dtype(),
-                             layout_of("cat", x), cuda_stream());
-        }
-        off += len;
-      }
-      return out;
-    }
-  }
   std::int64_t outer = 1, inner = 1;
   for (std::int64_t k = 0; k < d; ++k) outer *= shape[std::size_t(k)];
   for (std::int64_t k = d + 1; k < std::int64_t(shape.size()); ++k) inner *= shape[std::size_t(k)];
@@ -84,61 +66,107 @@ Tensor cat_kernel(const std::vector<Tensor>& xs, std::int64_t d, const Shape& sh
   return out;
 }
 
-std::vector<Tensor> split_impl(const Tensor& x, const std::vector<std::int64_t>& sizes,
-                               std::int64_t d) {
-  return dispatch("split", {x}, [&] {
-    std::vector<Tensor> out;
-    std::int64_t off = 0;
-    for (auto s : sizes) {
-      out.push_back(x.narrow(d, off, s));
-      off += s;
-    }
-    return out;
-  });
+const KernelRegistration<CatKernels> kCpu(cat_kernels(), DeviceType::CPU, {cat_cpu}, KernelDTypes::native);
+
+// ---------------------------------------------------------------------------
+// cat
+
+struct CatState {
+  std::int64_t dim = 0;  // as given; the forward wraps it
+};
+
+// The shape of the result; throws ShapeError naming the first mismatch.
+Shape cat_shape(const char* op, const std::vector<Tensor>& xs, std::int64_t d) {
+  const Tensor& x0 = xs[0];
+  Shape shape = x0.sizes();
+  shape[std::size_t(d)] = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    bool ok = xs[i].dim() == x0.dim();
+    for (std::int64_t k = 0; ok && k < x0.dim(); ++k) ok = k == d || xs[i].size(k) == x0.size(k);
+    REMAT_CHECK(ok, ShapeError, op, ": tensor ", i, " has shape ", shape_str(xs[i].sizes()), " but tensor 0 has shape ",
+                shape_str(x0.sizes()), "; sizes must match except in dim ", d);
+    shape[std::size_t(d)] += xs[i].size(d);
+  }
+  return shape;
+}
+
+void check_cat(const OpDef& op, const std::vector<Tensor>& xs, const CatState& s) {
+  check_list(op.name(), xs);
+  REMAT_CHECK(xs[0].dim() >= 1, ShapeError, op.name(), ": tensors must have at least one dim, got ", describe(xs[0]),
+              " (use stack to join scalars)");
+  cat_shape(op.name(), xs, wrap_dim(s.dim, xs[0].dim(), op.name()));
+}
+
+OpResults cat_fwd(const std::vector<Tensor>& xs, CatState& s) {
+  s.dim = wrap_dim(s.dim, xs[0].dim(), "cat");
+  return {{cat_kernels().run(xs[0].device(), &CatKernels::cat, xs, s.dim, cat_shape("cat", xs, s.dim))}};
+}
+
+// Each input's gradient is its slice of g.
+std::vector<Tensor> cat_backward(const OpBackward<CatState>& b) {
+  const std::int64_t d = b.state().dim;
+  std::vector<Tensor> grads;
+  std::int64_t off = 0;
+  for (std::size_t i = 0; i < b.num_inputs(); ++i) {
+    const std::int64_t len = b.input(i).sizes[std::size_t(d)];
+    grads.push_back(b.needs(i) ? b.grad().narrow(d, off, len) : Tensor());
+    off += len;
+  }
+  return grads;
+}
+
+OpCost cat_cost(const std::vector<Tensor>& xs, const CatState&) {
+  double n = 0;
+  for (const Tensor& x : xs) n += double(x.numel());
+  return {0, 0, 2 * n * double(element_size(xs[0].dtype()))};
+}
+
+const Op<CatState> kCat({.name = "cat",
+                         .inputs = {"tensors"},
+                         .variadic = true,
+                         .outputs = {{"out", as_computed()}},
+                         .summary = "concatenation along a dim (any dtype)"},
+                        {.check = check_cat, .forward = cat_fwd, .backward = cat_backward, .cost = cat_cost},
+                        &cat_kernels());
+
+// ---------------------------------------------------------------------------
+// split: views (narrow), differentiable as views are
+
+struct SplitState {
+  std::vector<std::int64_t> sizes;
+  std::int64_t dim = 0;  // wrapped
+};
+
+OpResults split_fwd(const std::vector<Tensor>& in, SplitState& s) {
+  std::vector<Tensor> out;
+  std::int64_t off = 0;
+  for (auto n : s.sizes) {
+    out.push_back(in[0].narrow(s.dim, off, n));
+    off += n;
+  }
+  return {out};
+}
+
+const Op<SplitState> kSplit({.name = "split",
+                             .inputs = {"x"},
+                             .outputs = {{"parts", as_computed()}},
+                             .variadic_outputs = true,
+                             .autograd = OpAutograd::inner,
+                             .summary = "views of consecutive slices along a dim"},
+                            {.forward = split_fwd});
+
+std::vector<Tensor> split_impl(const Tensor& x, const std::vector<std::int64_t>& sizes, std::int64_t d) {
+  return kSplit({x}, {sizes, d});
 }
 
 }  // namespace
 
-Tensor cat(const std::vector<Tensor>& xs, std::int64_t dim) {
-  check_list("cat", xs);
-  const Tensor& x0 = xs[0];
-  REMAT_CHECK(x0.dim() >= 1, ShapeError, "cat: tensors must have at least one dim, got ",
-              describe(x0), " (use stack to join scalars)");
-  const std::int64_t d = wrap_dim(dim, x0.dim(), "cat");
-  Shape shape = x0.sizes();
-  shape[std::size_t(d)] = 0;
-  std::vector<std::int64_t> lens;
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    bool ok = xs[i].dim() == x0.dim();
-    for (std::int64_t k = 0; ok && k < x0.dim(); ++k)
-      ok = k == d || xs[i].size(k) == x0.size(k);
-    REMAT_CHECK(ok, ShapeError, "cat: tensor ", i, " has shape ", shape_str(xs[i].sizes()),
-                " but tensor 0 has shape ", shape_str(x0.sizes()),
-                "; sizes must match except in dim ", d);
-    lens.push_back(xs[i].size(d));
-    shape[std::size_t(d)] += xs[i].size(d);
-  }
-  return dispatch1("cat", xs, [&] {
-    Tensor out = cat_kernel(xs, d, shape);
-    std::vector<const Tensor*> inputs;
-    for (const auto& x : xs) inputs.push_back(&x);
-    if (auto node = autograd::make_node("cat", inputs)) {
-      // Each input's gradient is its slice of g: only the sizes are needed.
-      node->backward_fn = [d, lens](Node& n, std::vector<Tensor>& g) {
-        std::vector<Tensor> grads;
-        std::int64_t off = 0;
-        for (std::size_t i = 0; i < lens.size(); ++i) {
-          grads.push_back(n.needs_input_grad(i) ? g[0].narrow(d, off, lens[i]) : Tensor());
-          off += lens[i];
-        }
-        return grads;
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
+KernelTable<CatKernels>& cat_kernels() {
+  static KernelTable<CatKernels> t("cat");
+  return t;
 }
 
+Tensor cat(const std::vector<Tensor>& xs, std::int64_t dim) { return kCat.call1(xs, {dim}); }
 std::vector<Tensor> split(const Tensor& x, std::int64_t split_size, std::int64_t dim) {
   check_defined("split", x, "input");
   REMAT_CHECK(x.dim() >= 1, ShapeError, "split: cannot split a 0-dim tensor (", describe(x), ")");

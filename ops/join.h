@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/tensor.h"
+#include "ops/kernel_table.h"
 
 namespace remat {
 
@@ -26,5 +27,12 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<std::int64_t>& size
 // Stacks `xs` (at least one, all the same shape) along a new dim `dim`
 // (-(ndim+1)..ndim): cat of each input unsqueezed at `dim`.
 Tensor stack(const std::vector<Tensor>& xs, std::int64_t dim);
+
+// The kernel a device registers for cat (elements copied raw, any dtype).
+struct CatKernels {
+  // The concatenation of xs (one dtype and device; shapes checked) along d into a new contiguous tensor of `shape`.
+  Tensor (*cat)(const std::vector<Tensor>& xs, std::int64_t d, const Shape& shape);
+};
+KernelTable<CatKernels>& cat_kernels();
 
 }  // namespace remat

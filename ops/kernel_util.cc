@@ -2,7 +2,6 @@
 
 #include <sstream>
 
-#include "engine/device_layout.h"
 
 namespace remat::ops_detail {
 
@@ -36,26 +35,6 @@ void check_same(const char* op, const Tensor& a, const Tensor& b) {
               describe(a), " and ", describe(b), " (cast one with .to(dtype))");
   REMAT_CHECK(a.device() == b.device(), DeviceError, op, ": operands are on different devices: ",
               describe(a), " and ", describe(b));
-}
-
-void check_cpu(const char* op, const Tensor& t) {
-  REMAT_CHECK(t.device().is_cpu(), DeviceError, op, ": no kernel for ", t.device(),
-              " yet (got ", describe(t), ")");
-}
-
-void check_kernel_device(const char* op, const Tensor& t) {
-  REMAT_CHECK(t.device().is_cpu() || t.device().is_cuda(), DeviceError, op, ": no kernel for ",
-              t.device(), " (got ", describe(t), ")");
-}
-
-void no_cuda_kernel(const char* op) {
-  throw DeviceError(std::string(op) + ": no CUDA device: this build of remat has no CUDA back end");
-}
-
-cuda::Strided layout_of(const char* op, const Tensor& t) {
-  REMAT_CHECK(t.dim() <= cuda::kMaxDims, ShapeError, op, ": CUDA kernels take at most ",
-              cuda::kMaxDims, " dims, got ", describe(t));
-  return detail::device_layout(t);
 }
 
 Tensor contiguous_detached(const Tensor& t) {

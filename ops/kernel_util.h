@@ -1,6 +1,6 @@
-// Helpers shared by the CPU kernels of ops/: operand checks with clear
-// messages, f32 staging for 16-bit dtypes, and parallel loops over
-// contiguous ranges. Internal to ops/.
+// Helpers shared by op definitions and every device's op kernels (ops/,
+// cuda/): operand checks with clear messages, contiguous and f32 copies, and
+// the CPU kernels' parallel loops and deterministic lane sums.
 #pragma once
 
 #include <algorithm>
@@ -8,11 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/config.h"
-#include "cuda/strided.h"
 #include "engine/autograd.h"
-#include "engine/device_runtime.h"
-#include "engine/dispatch.h"
 #include "engine/error.h"
 #include "engine/parallel_for.h"
 #include "engine/tensor.h"
@@ -30,30 +26,6 @@ void check_floating(const char* op, const Tensor& t, const char* what);
 void check_index(const char* op, const Tensor& t, const char* what);
 // Throws DTypeError / DeviceError unless a and b share dtype and device.
 void check_same(const char* op, const Tensor& a, const Tensor& b);
-// Throws DeviceError unless `t` is on the CPU (the only back end of these kernels).
-void check_cpu(const char* op, const Tensor& t);
-// Throws DeviceError unless `t` is on the CPU or a CUDA device (ops with
-// kernels for both call this instead of check_cpu).
-void check_kernel_device(const char* op, const Tensor& t);
-
-// True in a build with the CUDA back end. Each op's CUDA branch sits next to
-// its CPU one inside `if constexpr (kHaveCuda) { if (on_cuda(x)) ... }`; a
-// helper that launches cuda/ kernels (a *_cuda function) has its whole body
-// inside `if constexpr (kHaveCuda) { ... } else { no_cuda_kernel(op); }`, so
-// calling it needs no guard. Without the toolkit those statements are
-// discarded, the cuda/ functions they name need no definition, and the build
-// links without stubs (cuda/config.h). No CUDA tensor exists in such a build.
-using cuda::kHaveCuda;
-// Thrown by a CUDA-only helper reached in a build without CUDA (which cannot
-// happen: such a build has no CUDA tensors).
-[[noreturn]] void no_cuda_kernel(const char* op);
-// True if `t` lives on a CUDA device: the op runs its cuda/ kernel.
-inline bool on_cuda(const Tensor& t) { return t.device().is_cuda(); }
-// `t`'s sizes and strides as cuda/ kernels take them; throws ShapeError
-// naming `op` for more than cuda::kMaxDims dims.
-cuda::Strided layout_of(const char* op, const Tensor& t);
-// The stream the op's CUDA kernels go on (the thread's current stream).
-inline StreamId cuda_stream() { return current_stream(); }
 // `t` detached and contiguous in its own dtype and device (no copy if it is).
 Tensor contiguous_detached(const Tensor& t);
 
@@ -105,14 +77,6 @@ inline float lane_dot(const float* a, const float* b, std::int64_t n) {
     for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
   for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-// The op's kernel result: a replacement a dispatch hook offered for this call
-// (a selective checkpoint replay's cached output), else compute().
-template <typename Fn>
-std::vector<Tensor> kernel_or_cached(Fn&& compute) {
-  if (auto r = take_kernel_outputs()) return std::move(*r);
-  return compute();
 }
 
 }  // namespace remat::ops_detail

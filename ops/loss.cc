@@ -1,15 +1,21 @@
+// cross_entropy: its definition and CPU kernels.
 #include "ops/loss.h"
 
 #include <Eigen/Core>
 #include <cmath>
 #include <vector>
 
-#include "cuda/softmax.h"
 #include "ops/kernel_util.h"
+#include "ops/op.h"
 
 namespace remat {
 
 using namespace ops_detail;
+
+KernelTable<CrossEntropyKernels>& cross_entropy_kernels() {
+  static KernelTable<CrossEntropyKernels> t("cross_entropy");
+  return t;
+}
 
 namespace {
 
@@ -27,42 +33,18 @@ std::int64_t read_targets(const Tensor& targets, std::int64_t classes, std::int6
     const std::int64_t v = out[std::size_t(i)];
     if (v == ignore_index) continue;
     REMAT_CHECK(v >= 0 && v < classes, ShapeError, "cross_entropy: target ", v, " at position ", i,
-                " is out of range for ", classes, " classes (expected 0..", classes - 1,
-                " or ignore_index ", ignore_index, ")");
+                " is out of range for ", classes, " classes (expected 0..", classes - 1, " or ignore_index ",
+                ignore_index, ")");
     ++count;
   }
   return count;
 }
 
-struct CeForward {
-  Tensor loss;  // 0-dim f32
-  Tensor lse;   // f32 [rows]
-};
+// ---------------------------------------------------------------------------
+// CPU kernels (f32)
 
-// ce_forward on CUDA (targets already checked on the host): the per-row
-// losses are summed in a fixed order on the device.
-CeForward ce_forward_cuda(const Tensor& logits, const Tensor& targets, std::int64_t count,
-                          std::int64_t ignore_index) {
-  if constexpr (kHaveCuda) {
-    NoGradGuard ng;
-    const std::int64_t c = logits.size(-1);
-    const std::int64_t rows = targets.numel();
-    Tensor lc = contiguous_detached(logits), tc = contiguous_detached(targets);
-    CeForward f{empty({}, TensorOptions(DType::f32, logits.device())),
-                empty({rows}, TensorOptions(DType::f32, logits.device()))};
-    Tensor row_loss = empty({rows}, TensorOptions(DType::f32, logits.device()));
-    cuda::cross_entropy_forward(f.loss.data<float>(), f.lse.data<float>(), lc.raw_data(), lc.dtype(),
-                                tc.raw_data(), tc.dtype(), rows, c, ignore_index, count,
-                                row_loss.data<float>(), cuda_stream());
-    return f;
-  } else {
-    no_cuda_kernel("cross_entropy");
-  }
-}
-
-CeForward ce_forward(const Tensor& logits, const std::vector<std::int64_t>& tg,
-                     std::int64_t count, std::int64_t ignore_index) {
-  NoGradGuard ng;
+std::vector<Tensor> forward_cpu(const Tensor& logits, const Tensor&, const std::vector<std::int64_t>& tg,
+                                std::int64_t count, std::int64_t ignore_index) {
   const std::int64_t c = logits.size(-1);
   const std::int64_t rows = std::int64_t(tg.size());
   Tensor lf = f32_contiguous(logits);
@@ -88,23 +70,9 @@ CeForward ce_forward(const Tensor& logits, const std::vector<std::int64_t>& tg,
   return {full({}, mean, DType::f32), lse};
 }
 
-// dlogits = (softmax - onehot(target)) * g / count for counted rows, 0 for ignored ones.
-Tensor ce_backward(const Tensor& g, const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                   std::int64_t count, std::int64_t ignore_index) {
-  NoGradGuard ng;
+Tensor backward_cpu(const Tensor& g, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                    std::int64_t count, std::int64_t ignore_index) {
   const std::int64_t c = logits.size(-1);
-  if constexpr (kHaveCuda) {
-    if (on_cuda(logits)) {
-      Tensor lc = contiguous_detached(logits), tc = contiguous_detached(targets);
-      Tensor sc = contiguous_detached(lse);
-      Tensor gc = contiguous_detached(g.dtype() == DType::f32 ? g : g.detach().to(DType::f32));
-      Tensor dl = empty(logits.sizes(), TensorOptions(logits.dtype(), logits.device()));
-      cuda::cross_entropy_backward(dl.raw_data(), gc.data<float>(), lc.raw_data(), sc.data<float>(),
-                                   lc.dtype(), tc.raw_data(), tc.dtype(), tc.numel(), c, ignore_index, count,
-                                   cuda_stream());
-      return dl;
-    }
-  }
   std::vector<std::int64_t> tg;
   read_targets(targets, c, ignore_index, tg);
   const std::int64_t rows = std::int64_t(tg.size());
@@ -126,42 +94,68 @@ Tensor ce_backward(const Tensor& g, const Tensor& logits, const Tensor& targets,
       pd[r * c + t] -= scale;
     }
   });
-  return from_f32(dl, logits.dtype());
+  return dl;
 }
+
+const KernelRegistration<CrossEntropyKernels> kCpu(cross_entropy_kernels(), DeviceType::CPU,
+                                                   {forward_cpu, backward_cpu}, KernelDTypes::f32);
+
+// ---------------------------------------------------------------------------
+// The op
+
+struct CrossEntropyState {
+  std::int64_t ignore_index = -100;
+  std::int64_t count = 0;  // targets that count, set by the forward
+};
+
+void check(const OpDef& op, const std::vector<Tensor>& in, const CrossEntropyState&) {
+  const Tensor &logits = in[0], &targets = in[1];
+  check_floating(op.name(), logits, "logits");
+  check_index(op.name(), targets, "targets");
+  REMAT_CHECK(targets.device() == logits.device(), DeviceError, op.name(), ": targets ", describe(targets),
+              " and logits ", describe(logits), " are on different devices");
+  REMAT_CHECK(logits.dim() >= 1, ShapeError, op.name(), ": logits must be [..., C], got ", describe(logits));
+  const Shape lead(logits.sizes().begin(), logits.sizes().end() - 1);
+  REMAT_CHECK(targets.sizes() == lead, ShapeError, op.name(), ": targets ", describe(targets),
+              " do not match logits ", describe(logits), " (expected targets of shape ", shape_str(lead), ")");
+}
+
+OpResults forward(const std::vector<Tensor>& in, CrossEntropyState& s) {
+  const Tensor &logits = in[0], &targets = in[1];
+  std::vector<std::int64_t> tg;
+  s.count = read_targets(targets, logits.size(-1), s.ignore_index, tg);
+  std::vector<Tensor> f = cross_entropy_kernels().run(logits.device(), &CrossEntropyKernels::forward, logits,
+                                                      targets, tg, s.count, s.ignore_index);
+  return {{f[0]}, {f[1]}};
+}
+
+std::vector<Tensor> backward(const OpBackward<CrossEntropyState>& b) {
+  const CrossEntropyState& s = b.state();
+  return {cross_entropy_kernels().run(b.grad().device(), &CrossEntropyKernels::backward, b.grad(),
+                                      b.saved("logits"), b.saved("targets"), b.saved("lse"), s.count,
+                                      s.ignore_index),
+          Tensor()};
+}
+
+OpCost cost(const std::vector<Tensor>& in, const CrossEntropyState&) {
+  const double n = double(in[0].numel());
+  return {0, 4 * n, n * double(element_size(in[0].dtype()))};
+}
+
+const Op<CrossEntropyState> kCrossEntropy(
+    {.name = "cross_entropy",
+     .inputs = {"logits", "targets"},
+     .outputs = {{"loss", always(DType::f32)}},
+     .saves = {{"logits", SaveFrom::input, 0},
+               {"targets", SaveFrom::input, 1},
+               {"lse", SaveFrom::intermediate, 0}},
+     .summary = "mean -log_softmax(logits)[target] over counted positions"},
+    {.check = check, .forward = forward, .backward = backward, .cost = cost}, &cross_entropy_kernels());
 
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index) {
-  check_floating("cross_entropy", logits, "logits");
-  check_index("cross_entropy", targets, "targets");
-  check_kernel_device("cross_entropy", logits);
-  REMAT_CHECK(targets.device() == logits.device(), DeviceError, "cross_entropy: targets ",
-              describe(targets), " and logits ", describe(logits), " are on different devices");
-  REMAT_CHECK(logits.dim() >= 1, ShapeError, "cross_entropy: logits must be [..., C], got ",
-              describe(logits));
-  const Shape lead(logits.sizes().begin(), logits.sizes().end() - 1);
-  REMAT_CHECK(targets.sizes() == lead, ShapeError, "cross_entropy: targets ", describe(targets),
-              " do not match logits ", describe(logits), " (expected targets of shape ",
-              shape_str(lead), ")");
-  const std::int64_t classes = logits.size(-1);
-  std::vector<std::int64_t> tg;
-  const std::int64_t count = read_targets(targets, classes, ignore_index, tg);
-  return dispatch1("cross_entropy", {logits, targets}, [&] {
-    CeForward f = on_cuda(logits) ? ce_forward_cuda(logits, targets, count, ignore_index)
-                                  : ce_forward(logits, tg, count, ignore_index);
-    Tensor out = f.loss;
-    if (auto node = autograd::make_node("cross_entropy", {&logits, &targets})) {
-      node->save(logits);
-      node->save(targets);
-      node->save(f.lse);
-      node->backward_fn = [count, ignore_index](Node& n, std::vector<Tensor>& g) {
-        return std::vector<Tensor>{
-            ce_backward(g[0], n.saved(0), n.saved(1), n.saved(2), count, ignore_index), Tensor()};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
+  return kCrossEntropy.call1({logits, targets}, {ignore_index, 0});
 }
 
 }  // namespace remat

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/tensor.h"
+#include "ops/kernel_table.h"
 
 namespace remat {
 
@@ -39,5 +40,13 @@ double multi_tensor_sum_squares(const std::vector<Tensor>& tensors, Device devic
 
 // x *= scale (f32) for every element of every tensor, in place (no version bump).
 void multi_tensor_scale_(const std::vector<Tensor>& tensors, float scale, Device device);
+
+// The kernels a device registers for the functions above (the same contracts).
+struct MultiTensorKernels {
+  void (*adamw)(const std::vector<AdamWTensors>& tensors, const AdamWStepScalars& s, Device device);
+  double (*sum_squares)(const std::vector<Tensor>& tensors, Device device);
+  void (*scale)(const std::vector<Tensor>& tensors, float scale, Device device);
+};
+KernelTable<MultiTensorKernels>& multi_tensor_kernels();
 
 }  // namespace remat

@@ -9,7 +9,6 @@
 
 #include <immintrin.h>
 
-#include "cuda/mxfp8.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/parallel_for.h"
@@ -41,9 +40,10 @@ std::uint8_t e4m3_encode(float v) {
 
 }  // namespace ops_detail
 
-using ops_detail::cuda_stream;
-using ops_detail::kHaveCuda;
-using ops_detail::on_cuda;
+KernelTable<Mxfp8Kernels>& mxfp8_kernels() {
+  static KernelTable<Mxfp8Kernels> t("mxfp8 codec");
+  return t;
+}
 
 namespace {
 
@@ -166,6 +166,33 @@ void with_float_type(DType t, Fn&& fn) {
   }
 }
 
+// The CPU codec: one pass over x, each block scanned for its maximum and
+// then encoded while in cache.
+Tensor quantize_cpu(const Tensor& src) {
+  const std::int64_t n = src.numel();
+  Tensor packed = empty({mxfp8_packed_numel(n)}, DType::fp8_e4m3);
+  auto* codes = static_cast<std::uint8_t*>(packed.raw_data());
+  with_float_type(src.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    quantize_rows(src.data<T>(), n, codes, codes + n);
+  });
+  return packed;
+}
+
+Tensor dequantize_cpu(const Tensor& packed, const Shape& sizes, DType dtype) {
+  const std::int64_t n = shape_numel(sizes);
+  Tensor out = empty(sizes, dtype);
+  const auto* codes = static_cast<const std::uint8_t*>(packed.raw_data());
+  with_float_type(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    dequantize_rows(codes, codes + n, n, out.data<T>());
+  });
+  return out;
+}
+
+const KernelRegistration<Mxfp8Kernels> kCpu(mxfp8_kernels(), DeviceType::CPU, {quantize_cpu, dequantize_cpu},
+                                            KernelDTypes::native);
+
 }  // namespace
 
 std::int64_t mxfp8_packed_numel(std::int64_t n) { return n + (n + kMxBlock - 1) / kMxBlock; }
@@ -175,23 +202,7 @@ Tensor mxfp8_quantize(const Tensor& x) {
               "mxfp8_quantize: expected an f32, bf16 or f16 tensor, got ", x.dtype(), " of shape ",
               shape_str(x.sizes()));
   const Tensor src = x.detach().contiguous();
-  const std::int64_t n = src.numel();
-  if constexpr (kHaveCuda) {
-    if (on_cuda(src)) {
-      Tensor packed = empty({mxfp8_packed_numel(n)}, TensorOptions(DType::fp8_e4m3, src.device()));
-      cuda::mxfp8_quantize(static_cast<std::uint8_t*>(packed.raw_data()), src.raw_data(), src.dtype(), n,
-                           cuda_stream());
-      return packed;
-    }
-  }
-  REMAT_CHECK(src.device().is_cpu(), DeviceError, "mxfp8_quantize: no codec for a tensor on ", src.device());
-  Tensor packed = empty({mxfp8_packed_numel(n)}, DType::fp8_e4m3);
-  auto* codes = static_cast<std::uint8_t*>(packed.raw_data());
-  with_float_type(src.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    quantize_rows(src.data<T>(), n, codes, codes + n);
-  });
-  return packed;
+  return mxfp8_kernels().run(src.device(), &Mxfp8Kernels::quantize, src);
 }
 
 Tensor mxfp8_dequantize(const Tensor& packed, const Shape& sizes, DType dtype) {
@@ -202,21 +213,7 @@ Tensor mxfp8_dequantize(const Tensor& packed, const Shape& sizes, DType dtype) {
               shape_str(sizes), ", got ", packed.defined() ? packed.numel() : 0);
   REMAT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, DTypeError,
               "mxfp8_dequantize: expected f32, bf16 or f16 to decode into, got ", dtype);
-  if constexpr (kHaveCuda) {
-    if (on_cuda(packed)) {
-      Tensor out = empty(sizes, TensorOptions(dtype, packed.device()));
-      cuda::mxfp8_dequantize(out.raw_data(), dtype, static_cast<const std::uint8_t*>(packed.raw_data()), n,
-                             cuda_stream());
-      return out;
-    }
-  }
-  Tensor out = empty(sizes, dtype);
-  const auto* codes = static_cast<const std::uint8_t*>(packed.raw_data());
-  with_float_type(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    dequantize_rows(codes, codes + n, n, out.data<T>());
-  });
-  return out;
+  return mxfp8_kernels().run(packed.device(), &Mxfp8Kernels::dequantize, packed, sizes, dtype);
 }
 
 }  // namespace remat

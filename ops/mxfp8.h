@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "engine/tensor.h"
+#include "ops/kernel_table.h"
 
 namespace remat {
 
@@ -32,6 +33,15 @@ Tensor mxfp8_quantize(const Tensor& x);
 // bf16 or f16) on packed's device (the same bits on the CPU and CUDA). Throws
 // Error if `packed` does not fit `sizes`.
 Tensor mxfp8_dequantize(const Tensor& packed, const Shape& sizes, DType dtype);
+
+// The kernels a device registers for the codec (the same bits on every device).
+struct Mxfp8Kernels {
+  // x (contiguous f32, bf16 or f16) packed as above.
+  Tensor (*quantize)(const Tensor& x);
+  // The values of `packed` as a contiguous tensor of shape `sizes` and `dtype`.
+  Tensor (*dequantize)(const Tensor& packed, const Shape& sizes, DType dtype);
+};
+KernelTable<Mxfp8Kernels>& mxfp8_kernels();
 
 namespace ops_detail {
 // One value to e4m3 bits, round to nearest even, saturating at 448

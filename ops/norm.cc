@@ -6,9 +6,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/elementwise.h"
-#include "cuda/norm.h"
 #include "ops/kernel_util.h"
+#include "ops/op.h"
 
 namespace remat {
 
@@ -49,64 +48,18 @@ std::int64_t num_rows(const Tensor& x) {
   return shape_numel(Shape(x.sizes().begin(), x.sizes().end() - 1));
 }
 
-void check_param(const char* op, const Tensor& x, const Tensor& p, const char* what) {
-  check_floating(op, p, what);
-  REMAT_CHECK(p.dtype() == x.dtype(), DTypeError, op, ": ", what, " ", describe(p),
-              " must have the input's dtype (input ", describe(x), ")");
-  REMAT_CHECK(p.device() == x.device(), DeviceError, op, ": ", what, " ", describe(p),
-              " and input ", describe(x), " are on different devices");
-  REMAT_CHECK(p.dim() == 1 && p.size(0) == x.size(-1), ShapeError, op, ": ", what, " must be [",
-              x.size(-1), "] (the input's last dim), got ", describe(p), " for input ", describe(x));
-}
-
-void check_input(const char* op, const Tensor& x) {
-  check_floating(op, x, "input");
-  check_kernel_device(op, x);
-  REMAT_CHECK(x.dim() >= 1, ShapeError, op, ": input must have at least 1 dim (normalised over ",
-              "the last), got ", describe(x));
-}
-
-// For the CUDA kernels: `t` detached and contiguous in `dtype` (undefined stays undefined).
-Tensor cuda_operand(const Tensor& t, DType dtype) {
-  if (!t.defined()) return t;
-  return contiguous_detached(t.dtype() == dtype ? t : t.detach().to(dtype));
-}
-
-// Raw pointer of a possibly undefined tensor (null when undefined).
-const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
-
-// A CUDA f32 workspace of n floats on `device` (undefined for n == 0).
-Tensor cuda_workspace(std::int64_t n, Device device) {
-  return n > 0 ? empty({n}, TensorOptions(DType::f32, device)) : Tensor();
-}
-
 // ---------------------------------------------------------------------------
 // RMSNorm
 
-struct RmsForward {
-  Tensor y;     // x's shape; f32 on the CPU, x's dtype on CUDA
-  Tensor rstd;  // f32 [rows]
-};
-
-RmsForward rms_forward(const Tensor& x, const Tensor& w, float eps) {
-  NoGradGuard ng;
+// {y, rstd}: y = x * rstd * w in f32, rstd f32 [rows].
+std::vector<Tensor> rms_forward_cpu(const Tensor& x, const Tensor& w, float eps) {
   const std::int64_t d = x.size(-1), rows = num_rows(x);
-  if constexpr (kHaveCuda) {
-    if (on_cuda(x)) {
-      Tensor xc = cuda_operand(x, x.dtype()), wc = cuda_operand(w, x.dtype());
-      RmsForward f{empty(x.sizes(), TensorOptions(x.dtype(), x.device())),
-                   empty({rows}, TensorOptions(DType::f32, x.device()))};
-      cuda::rms_norm_forward(f.y.raw_data(), f.rstd.data<float>(), xc.raw_data(), wc.raw_data(), x.dtype(),
-                             rows, d, eps, cuda_stream());
-      return f;
-    }
-  }
   Tensor xf = f32_contiguous(x), wf = f32_contiguous(w);
-  RmsForward f{empty(x.sizes(), DType::f32), empty({rows}, DType::f32)};
+  Tensor y = empty(x.sizes(), DType::f32), rstd = empty({rows}, DType::f32);
   const float* px = xf.data<float>();
   const float* pw = wf.data<float>();
-  float* py = f.y.data<float>();
-  float* pr = f.rstd.data<float>();
+  float* py = y.data<float>();
+  float* pr = rstd.data<float>();
   const float inv_d = d > 0 ? 1.0f / float(d) : 0.0f;
   parallel_rows(rows, d, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
@@ -117,30 +70,13 @@ RmsForward rms_forward(const Tensor& x, const Tensor& w, float eps) {
       for (std::int64_t j = 0; j < d; ++j) yr[j] = (xr[j] * rs) * pw[j];
     }
   });
-  return f;
+  return {y, rstd};
 }
 
 // dx = rstd * (g*w - x * rstd^2 * sum(g*w*x) / d); dw = sum over rows of g * x * rstd.
-std::vector<Tensor> rms_backward(const Tensor& g, const Tensor& x, const Tensor& w,
-                                 const Tensor& rstd, bool need_dx, bool need_dw) {
-  NoGradGuard ng;
+std::vector<Tensor> rms_backward_cpu(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                     bool need_dx, bool need_dw) {
   const std::int64_t d = x.size(-1), rows = num_rows(x);
-  if constexpr (kHaveCuda) {
-    if (on_cuda(x)) {
-      const DType dt = x.dtype();
-      const TensorOptions opts(dt, x.device());
-      Tensor gc = cuda_operand(g, dt), xc = cuda_operand(x, dt);
-      Tensor wc = need_dx ? cuda_operand(w, dt) : Tensor();
-      Tensor rc = cuda_operand(rstd, DType::f32);
-      Tensor dx = need_dx ? empty(x.sizes(), opts) : Tensor();
-      Tensor dw = need_dw ? empty({d}, opts) : Tensor();
-      Tensor work = cuda_workspace(need_dw ? cuda::norm_param_grad_workspace(rows, d) : 0, x.device());
-      cuda::rms_norm_backward(need_dx ? dx.raw_data() : nullptr, need_dw ? dw.raw_data() : nullptr,
-                              gc.raw_data(), xc.raw_data(), ptr_or_null(wc), rc.data<float>(), dt, rows, d,
-                              work.defined() ? work.data<float>() : nullptr, cuda_stream());
-      return {dx, dw};
-    }
-  }
   Tensor gf = f32_contiguous(g), xf = f32_contiguous(x), rf = f32_contiguous(rstd);
   Tensor wf = need_dx ? f32_contiguous(w) : Tensor();  // saved only when dx is needed
   const float* pg = gf.data<float>();
@@ -175,9 +111,7 @@ std::vector<Tensor> rms_backward(const Tensor& g, const Tensor& x, const Tensor&
   if (need_dw) {
     dw = empty({d}, DType::f32);
     sum_partials(partial, blocks, d, dw.data<float>());
-    dw = from_f32(dw, x.dtype());
   }
-  if (need_dx) dx = from_f32(dx, x.dtype());
   return {dx, dw};
 }
 
@@ -360,11 +294,6 @@ void dw_row(float* part, const T* gy, const T* h, float rs, std::int64_t d) {
   for (; j < d; ++j) part[j] += float(gy[j]) * (float(h[j]) * rs);
 }
 
-struct AddRmsForward {
-  Tensor h, y;  // x's shape and dtype
-  Tensor rstd;  // f32 [rows]
-};
-
 // Per row: h = x + r, written while the squares of its rounded values
 // accumulate; then rstd and y as rms_forward computes them from h.
 template <typename T>
@@ -381,30 +310,18 @@ void add_rms_forward_rows(T* ph, T* py, float* pr, const T* px, const T* pres, c
   });
 }
 
-AddRmsForward add_rms_forward(const Tensor& x, const Tensor& res, const Tensor& w, float eps) {
-  NoGradGuard ng;
+// {h, y, rstd}: h and y in x's dtype, rstd f32 [rows].
+std::vector<Tensor> add_rms_forward_cpu(const Tensor& x, const Tensor& res, const Tensor& w, float eps) {
   const DType dt = x.dtype();
   const std::int64_t d = x.size(-1), rows = num_rows(x);
-  if constexpr (kHaveCuda) {
-    if (on_cuda(x)) {
-      // Not fused on CUDA yet: add's kernel (operands read through their
-      // strides), then rms_norm's, so the bits are those of the two ops.
-      Tensor xd = x.detach(), rd = res.detach();
-      Tensor h = empty(x.sizes(), TensorOptions(dt, x.device()));
-      cuda::binary(cuda::BinaryOp::add, h.raw_data(), xd.raw_data(), layout_of("add_rms_norm", xd),
-                   rd.raw_data(), layout_of("add_rms_norm", rd), dt, cuda_stream());
-      RmsForward f = rms_forward(h, w, eps);
-      return {h, f.y, f.rstd};
-    }
-  }
   Tensor xc = contiguous_detached(x), rc = contiguous_detached(res), wf = f32_contiguous(w);
-  AddRmsForward f{empty(x.sizes(), dt), empty(x.sizes(), dt), empty({rows}, DType::f32)};
+  Tensor h = empty(x.sizes(), dt), y = empty(x.sizes(), dt), rstd = empty({rows}, DType::f32);
   with_float_type(dt, [&](auto tag) {
     using T = decltype(tag);
-    add_rms_forward_rows<T>(f.h.data<T>(), f.y.data<T>(), f.rstd.data<float>(), xc.data<T>(),
-                            rc.data<T>(), wf.data<float>(), rows, d, eps);
+    add_rms_forward_rows<T>(h.data<T>(), y.data<T>(), rstd.data<float>(), xc.data<T>(), rc.data<T>(),
+                            wf.data<float>(), rows, d, eps);
   });
-  return f;
+  return {h, y, rstd};
 }
 
 // Per row of a block of block_rows(d) rows: dn = rms_backward's dx of
@@ -451,26 +368,10 @@ void add_rms_backward_rows(T* pdh, float* partial, const T* pgh, const T* pgy, c
 // {dh, dw}: dh (the gradient of x and of residual) when need_dh, dw when
 // need_dw. w is needed (defined) only for dh. Gradients in a dtype other than
 // h's are staged in f32 and dh is rounded once at the end.
-std::vector<Tensor> add_rms_backward(const Tensor& gh, const Tensor& gy, const Tensor& h, const Tensor& w,
-                                     const Tensor& rstd, bool need_dh, bool need_dw) {
-  NoGradGuard ng;
+std::vector<Tensor> add_rms_backward_cpu(const Tensor& gh, const Tensor& gy, const Tensor& h, const Tensor& w,
+                                         const Tensor& rstd, bool need_dh, bool need_dw) {
   const DType dt = h.dtype();
   const std::int64_t d = h.size(-1), rows = num_rows(h);
-  if constexpr (kHaveCuda) {
-    if (on_cuda(h)) {
-      // rms_norm's backward kernel, then add's kernel for grad_h + dn: the
-      // unfused graph's kernels (not fused on CUDA yet).
-      std::vector<Tensor> g = rms_backward(gy, h, w, rstd, need_dh, need_dw);
-      Tensor dh;
-      if (need_dh) {
-        Tensor a = cuda_operand(gh, dt);
-        dh = empty(h.sizes(), TensorOptions(dt, h.device()));
-        cuda::binary(cuda::BinaryOp::add, dh.raw_data(), a.raw_data(), layout_of("add_rms_norm", a),
-                     g[0].raw_data(), layout_of("add_rms_norm", g[0]), dt, cuda_stream());
-      }
-      return {dh, g[1]};
-    }
-  }
   const bool same = gy.dtype() == dt && (!need_dh || gh.dtype() == dt);
   const DType kt = same ? dt : DType::f32;  // the kernel's storage type
   auto stage = [&](const Tensor& t) { return same ? contiguous_detached(t) : f32_contiguous(t); };
@@ -491,7 +392,7 @@ std::vector<Tensor> add_rms_backward(const Tensor& gh, const Tensor& gy, const T
   if (need_dw) {
     dw = empty({d}, DType::f32);
     sum_partials(partial, blocks, d, dw.data<float>());
-    dw = from_f32(dw, dt);
+    dw = dw.to(dt);
   }
   if (need_dh && kt != dt) dh = dh.to(dt);
   return {dh, dw};
@@ -500,37 +401,19 @@ std::vector<Tensor> add_rms_backward(const Tensor& gh, const Tensor& gy, const T
 // ---------------------------------------------------------------------------
 // LayerNorm
 
-struct LnForward {
-  Tensor y;     // x's shape; f32 on the CPU, x's dtype on CUDA
-  Tensor mean;  // f32 [rows]
-  Tensor rstd;  // f32 [rows]
-};
-
-LnForward ln_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
-  NoGradGuard ng;
+// {y, mean, rstd}: y in f32, mean and rstd f32 [rows]; w and b may be undefined.
+std::vector<Tensor> ln_forward_cpu(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
   const std::int64_t d = x.size(-1), rows = num_rows(x);
-  if constexpr (kHaveCuda) {
-    if (on_cuda(x)) {
-      const DType dt = x.dtype();
-      Tensor xc = cuda_operand(x, dt), wc = cuda_operand(w, dt), bc = cuda_operand(b, dt);
-      LnForward f{empty(x.sizes(), TensorOptions(dt, x.device())),
-                  empty({rows}, TensorOptions(DType::f32, x.device())),
-                  empty({rows}, TensorOptions(DType::f32, x.device()))};
-      cuda::layer_norm_forward(f.y.raw_data(), f.mean.data<float>(), f.rstd.data<float>(), xc.raw_data(),
-                               ptr_or_null(wc), ptr_or_null(bc), dt, rows, d, eps, cuda_stream());
-      return f;
-    }
-  }
   Tensor xf = f32_contiguous(x);
   Tensor wf = w.defined() ? f32_contiguous(w) : Tensor();
   Tensor bf = b.defined() ? f32_contiguous(b) : Tensor();
-  LnForward f{empty(x.sizes(), DType::f32), empty({rows}, DType::f32), empty({rows}, DType::f32)};
+  Tensor y = empty(x.sizes(), DType::f32), mean = empty({rows}, DType::f32), rstd = empty({rows}, DType::f32);
   const float* px = xf.data<float>();
   const float* pw = w.defined() ? wf.data<float>() : nullptr;
   const float* pb = b.defined() ? bf.data<float>() : nullptr;
-  float* py = f.y.data<float>();
-  float* pm = f.mean.data<float>();
-  float* pr = f.rstd.data<float>();
+  float* py = y.data<float>();
+  float* pm = mean.data<float>();
+  float* pr = rstd.data<float>();
   const float inv_d = d > 0 ? 1.0f / float(d) : 0.0f;
   parallel_rows(rows, d, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
@@ -552,39 +435,16 @@ LnForward ln_forward(const Tensor& x, const Tensor& w, const Tensor& b, float ep
       }
     }
   });
-  return f;
+  return {y, mean, rstd};
 }
 
 // With xhat = (x - mean) * rstd and gw = g * w (g without weight):
 // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)); dw = sum g * xhat; db = sum g.
 // x, mean and rstd are undefined when only db is needed; w when dx is not needed.
-std::vector<Tensor> ln_backward(const Tensor& g, const Tensor& x, const Tensor& w,
-                                const Tensor& mean, const Tensor& rstd, DType dtype,
-                                bool need_dx, bool need_dw, bool need_db) {
-  NoGradGuard ng;
+std::vector<Tensor> ln_backward_cpu(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                    const Tensor& rstd, DType, bool need_dx, bool need_dw, bool need_db) {
   const std::int64_t d = g.size(-1), rows = num_rows(g);
   const bool need_x = need_dx || need_dw;
-  if constexpr (kHaveCuda) {
-    if (on_cuda(g)) {
-      const TensorOptions opts(dtype, g.device());
-      Tensor gc = cuda_operand(g, dtype);
-      Tensor xc = need_x ? cuda_operand(x, dtype) : Tensor();
-      Tensor wc = need_dx ? cuda_operand(w, dtype) : Tensor();
-      Tensor mc = need_x ? cuda_operand(mean, DType::f32) : Tensor();
-      Tensor rc = need_x ? cuda_operand(rstd, DType::f32) : Tensor();
-      Tensor dx = need_dx ? empty(g.sizes(), opts) : Tensor();
-      Tensor dw = need_dw ? empty({d}, opts) : Tensor();
-      Tensor db = need_db ? empty({d}, opts) : Tensor();
-      const std::int64_t per = cuda::norm_param_grad_workspace(rows, d);
-      Tensor work = cuda_workspace(per * ((need_dw ? 1 : 0) + (need_db ? 1 : 0)), g.device());
-      cuda::layer_norm_backward(need_dx ? dx.raw_data() : nullptr, need_dw ? dw.raw_data() : nullptr,
-                                need_db ? db.raw_data() : nullptr, gc.raw_data(), ptr_or_null(xc),
-                                ptr_or_null(wc), need_x ? mc.data<float>() : nullptr,
-                                need_x ? rc.data<float>() : nullptr, dtype, rows, d,
-                                work.defined() ? work.data<float>() : nullptr, cuda_stream());
-      return {dx, dw, db};
-    }
-  }
   Tensor gf = f32_contiguous(g);
   Tensor xf = need_x ? f32_contiguous(x) : Tensor();
   Tensor wf = need_dx && w.defined() ? f32_contiguous(w) : Tensor();
@@ -639,101 +499,179 @@ std::vector<Tensor> ln_backward(const Tensor& g, const Tensor& x, const Tensor& 
   if (need_dw) {
     dw = empty({d}, DType::f32);
     sum_partials(part_w, blocks, d, dw.data<float>());
-    dw = from_f32(dw, dtype);
   }
   if (need_db) {
     db = empty({d}, DType::f32);
     sum_partials(part_b, blocks, d, db.data<float>());
-    db = from_f32(db, dtype);
   }
-  if (need_dx) dx = from_f32(dx, dtype);
   return {dx, dw, db};
 }
+
+const KernelRegistration<NormKernels> kCpu(norm_kernels(), DeviceType::CPU,
+                                           {rms_forward_cpu, rms_backward_cpu, ln_forward_cpu, ln_backward_cpu},
+                                           KernelDTypes::f32);
+// The fused residual add reads and writes the tensors' own dtype (above).
+const KernelRegistration<AddRmsNormKernels> kCpuAdd(add_rms_norm_kernels(), DeviceType::CPU,
+                                                    {add_rms_forward_cpu, add_rms_backward_cpu},
+                                                    KernelDTypes::native);
+
+// ---------------------------------------------------------------------------
+// The ops
+
+struct NormState {
+  float eps;
+};
+
+void check_param(const char* op, const Tensor& x, const Tensor& p, const char* what) {
+  check_floating(op, p, what);
+  REMAT_CHECK(p.dtype() == x.dtype(), DTypeError, op, ": ", what, " ", describe(p),
+              " must have the input's dtype (input ", describe(x), ")");
+  REMAT_CHECK(p.device() == x.device(), DeviceError, op, ": ", what, " ", describe(p), " and input ", describe(x),
+              " are on different devices");
+  REMAT_CHECK(p.dim() == 1 && p.size(0) == x.size(-1), ShapeError, op, ": ", what, " must be [", x.size(-1),
+              "] (the input's last dim), got ", describe(p), " for input ", describe(x));
+}
+
+void check_input(const char* op, const Tensor& x) {
+  check_floating(op, x, "input");
+  REMAT_CHECK(x.dim() >= 1, ShapeError, op, ": input must have at least 1 dim (normalised over ",
+              "the last), got ", describe(x));
+}
+
+// Per element: a multiply-add for the statistics, two multiplies for the output.
+OpCost norm_cost(const std::vector<Tensor>& in, const NormState&) {
+  const double n = double(in[0].numel());
+  return {0, 4 * n, 2 * n * double(element_size(in[0].dtype()))};
+}
+
+// RMSNorm
+
+void check_rms(const OpDef& op, const std::vector<Tensor>& in, const NormState&) {
+  check_input(op.name(), in[0]);
+  check_param(op.name(), in[0], in[1], "weight");
+}
+
+OpResults rms_forward(const std::vector<Tensor>& in, NormState& s) {
+  std::vector<Tensor> f = norm_kernels().run(in[0].device(), &NormKernels::rms_forward, in[0], in[1], s.eps);
+  return {{f[0]}, {f[1]}};
+}
+
+std::vector<Tensor> rms_backward(const OpBackward<NormState>& b) {
+  return norm_kernels().run(b.grad().device(), &NormKernels::rms_backward, b.grad(), b.saved("x"),
+                            b.saved("weight"), b.saved("rstd"), b.needs(0), b.needs(1));
+}
+
+const Op<NormState> kRmsNorm({.name = "rms_norm",
+                              .inputs = {"x", "weight"},
+                              .outputs = {{"y"}},
+                              .saves = {{"x", SaveFrom::input, 0},
+                                        {"weight", SaveFrom::input, 1, inputs_mask({0})},  // only dx needs it
+                                        {"rstd", SaveFrom::intermediate, 0}},
+                              .summary = "x * rsqrt(mean(x^2) + eps) * weight over the last dim"},
+                             {.check = check_rms, .forward = rms_forward, .backward = rms_backward,
+                              .cost = norm_cost},
+                             &norm_kernels());
+
+// The residual add and RMSNorm, fused
+
+void check_add_rms(const OpDef& op, const std::vector<Tensor>& in, const NormState&) {
+  const Tensor &x = in[0], &residual = in[1];
+  check_floating(op.name(), x, "x");
+  REMAT_CHECK(x.dim() >= 1, ShapeError, op.name(),
+              ": x must have at least 1 dim (normalised over the last), got ", describe(x));
+  check_defined(op.name(), residual, "residual");
+  REMAT_CHECK(residual.dtype() == x.dtype(), DTypeError, op.name(), ": residual ", describe(residual),
+              " must have x's dtype (x ", describe(x), ")");
+  REMAT_CHECK(residual.device() == x.device(), DeviceError, op.name(), ": residual ", describe(residual),
+              " and x ", describe(x), " are on different devices");
+  REMAT_CHECK(residual.sizes() == x.sizes(), ShapeError, op.name(), ": residual ", describe(residual),
+              " must have x's shape (x ", describe(x), "; h = x + residual does not broadcast)");
+  check_param(op.name(), x, in[2], "weight");
+}
+
+OpResults add_rms_forward(const std::vector<Tensor>& in, NormState& s) {
+  std::vector<Tensor> f =
+      add_rms_norm_kernels().run(in[0].device(), &AddRmsNormKernels::forward, in[0], in[1], in[2], s.eps);
+  return {{f[0], f[1]}, {f[2]}};
+}
+
+std::vector<Tensor> add_rms_backward(const OpBackward<NormState>& b) {
+  const bool need_dh = b.needs(0) || b.needs(1);
+  std::vector<Tensor> r = add_rms_norm_kernels().run(b.grad(0).device(), &AddRmsNormKernels::backward, b.grad(0),
+                                                     b.grad(1), b.saved("h"), b.saved("weight"), b.saved("rstd"),
+                                                     need_dh, b.needs(2));
+  // x and residual get the same tensor, as add's backward hands them.
+  return {b.needs(0) ? r[0] : Tensor(), b.needs(1) ? r[0] : Tensor(), r[1]};
+}
+
+// What rms_norm(h, weight) saves; add saves nothing.
+const Op<NormState> kAddRmsNorm({.name = "add_rms_norm",
+                                 .inputs = {"x", "residual", "weight"},
+                                 .outputs = {{"h"}, {"y"}},
+                                 .saves = {{"h", SaveFrom::output, 0},
+                                           {"weight", SaveFrom::input, 2, inputs_mask({0, 1})},  // only dh needs it
+                                           {"rstd", SaveFrom::intermediate, 0}},
+                                 .summary = "h = x + residual and y = rms_norm(h, weight), fused"},
+                                {.check = check_add_rms, .forward = add_rms_forward, .backward = add_rms_backward,
+                                 .cost = norm_cost},
+                                &add_rms_norm_kernels());
+
+// LayerNorm
+
+void check_ln(const OpDef& op, const std::vector<Tensor>& in, const NormState&) {
+  check_input(op.name(), in[0]);
+  if (in[1].defined()) check_param(op.name(), in[0], in[1], "weight");
+  if (in[2].defined()) check_param(op.name(), in[0], in[2], "bias");
+}
+
+OpResults ln_forward(const std::vector<Tensor>& in, NormState& s) {
+  std::vector<Tensor> f =
+      norm_kernels().run(in[0].device(), &NormKernels::ln_forward, in[0], in[1], in[2], s.eps);
+  return {{f[0]}, {f[1], f[2]}};
+}
+
+std::vector<Tensor> ln_backward(const OpBackward<NormState>& b) {
+  return norm_kernels().run(b.grad().device(), &NormKernels::ln_backward, b.grad(), b.saved("x"),
+                            b.saved("weight"), b.saved("mean"), b.saved("rstd"), b.input(0).dtype, b.needs(0),
+                            b.needs(1), b.needs(2));
+}
+
+// db needs only the incoming gradient; dx and dw need x and the statistics.
+const Op<NormState> kLayerNorm({.name = "layer_norm",
+                                .inputs = {"x", "weight", "bias"},
+                                .outputs = {{"y"}},
+                                .saves = {{"x", SaveFrom::input, 0, inputs_mask({0, 1})},
+                                          {"weight", SaveFrom::input, 1, inputs_mask({0})},  // only dx needs it
+                                          {"mean", SaveFrom::intermediate, 0, inputs_mask({0, 1})},
+                                          {"rstd", SaveFrom::intermediate, 1, inputs_mask({0, 1})}},
+                                .summary = "(x - mean) * rsqrt(var + eps) * weight + bias over the last dim"},
+                               {.check = check_ln, .forward = ln_forward, .backward = ln_backward,
+                                .cost = norm_cost},
+                               &norm_kernels());
 
 }  // namespace
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
-  check_input("rms_norm", x);
-  check_param("rms_norm", x, weight, "weight");
-  return dispatch1("rms_norm", {x, weight}, [&] {
-    RmsForward f = rms_forward(x, weight, float(eps));
-    Tensor out = from_f32(f.y, x.dtype());
-    if (auto node = autograd::make_node("rms_norm", {&x, &weight})) {
-      node->save(x);
-      node->save(node->needs_input_grad(0) ? weight : Tensor());  // only dx needs it
-      node->save(f.rstd);
-      node->backward_fn = [](Node& n, std::vector<Tensor>& g) {
-        return rms_backward(g[0], n.saved(0), n.saved(1), n.saved(2), n.needs_input_grad(0),
-                            n.needs_input_grad(1));
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
+  return kRmsNorm.call1({x, weight}, {float(eps)});
 }
 
 AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps) {
-  constexpr const char* op = "add_rms_norm";
-  check_floating(op, x, "x");
-  check_kernel_device(op, x);
-  REMAT_CHECK(x.dim() >= 1, ShapeError, op, ": x must have at least 1 dim (normalised over the last), got ",
-              describe(x));
-  check_defined(op, residual, "residual");
-  REMAT_CHECK(residual.dtype() == x.dtype(), DTypeError, op, ": residual ", describe(residual),
-              " must have x's dtype (x ", describe(x), ")");
-  REMAT_CHECK(residual.device() == x.device(), DeviceError, op, ": residual ", describe(residual),
-              " and x ", describe(x), " are on different devices");
-  REMAT_CHECK(residual.sizes() == x.sizes(), ShapeError, op, ": residual ", describe(residual),
-              " must have x's shape (x ", describe(x), "; h = x + residual does not broadcast)");
-  check_param(op, x, weight, "weight");
-  std::vector<Tensor> out = dispatch(op, {x, residual, weight}, [&] {
-    AddRmsForward f = add_rms_forward(x, residual, weight, float(eps));
-    if (auto node = autograd::make_node(op, {&x, &residual, &weight})) {
-      // What rms_norm(h, weight) saves; add saves nothing.
-      const bool need_dh = node->needs_input_grad(0) || node->needs_input_grad(1);
-      node->save(f.h, /*is_output=*/true);
-      node->save(need_dh ? weight : Tensor());  // only dh needs it
-      node->save(f.rstd);
-      node->backward_fn = [](Node& n, std::vector<Tensor>& g) {
-        const bool need_dh = n.needs_input_grad(0) || n.needs_input_grad(1);
-        std::vector<Tensor> r = add_rms_backward(g[0], g[1], n.saved(0), n.saved(1), n.saved(2), need_dh,
-                                                 n.needs_input_grad(2));
-        // x and residual get the same tensor, as add's backward hands them.
-        return std::vector<Tensor>{n.needs_input_grad(0) ? r[0] : Tensor(),
-                                   n.needs_input_grad(1) ? r[0] : Tensor(), r[1]};
-      };
-      autograd::set_history({&f.h, &f.y}, node);
-    }
-    return std::vector<Tensor>{f.h, f.y};
-  });
+  std::vector<Tensor> out = kAddRmsNorm({x, residual, weight}, {float(eps)});
   return AddRmsNorm{out[0], out[1]};
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  check_input("layer_norm", x);
-  if (weight.defined()) check_param("layer_norm", x, weight, "weight");
-  if (bias.defined()) check_param("layer_norm", x, bias, "bias");
-  std::vector<Tensor> inputs{x};
-  if (weight.defined()) inputs.push_back(weight);
-  if (bias.defined()) inputs.push_back(bias);
-  return dispatch1("layer_norm", inputs, [&] {
-    LnForward f = ln_forward(x, weight, bias, float(eps));
-    Tensor out = from_f32(f.y, x.dtype());
-    if (auto node = autograd::make_node("layer_norm", {&x, &weight, &bias})) {
-      // db needs only the incoming gradient; dx and dw need x and the statistics.
-      const bool need_x = node->needs_input_grad(0) || node->needs_input_grad(1);
-      node->save(need_x ? x : Tensor());
-      node->save(node->needs_input_grad(0) ? weight : Tensor());  // only dx needs it
-      node->save(need_x ? f.mean : Tensor());
-      node->save(need_x ? f.rstd : Tensor());
-      node->backward_fn = [dt = x.dtype()](Node& n, std::vector<Tensor>& g) {
-        return ln_backward(g[0], n.saved(0), n.saved(1), n.saved(2), n.saved(3), dt,
-                           n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2));
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
+  return kLayerNorm.call1({x, weight, bias}, {float(eps)});
+}
+
+KernelTable<NormKernels>& norm_kernels() {
+  static KernelTable<NormKernels> t("rms_norm / layer_norm");
+  return t;
+}
+
+KernelTable<AddRmsNormKernels>& add_rms_norm_kernels() {
+  static KernelTable<AddRmsNormKernels> t("add_rms_norm");
+  return t;
 }
 
 }  // namespace remat

@@ -5,7 +5,10 @@
 // they do not depend on the thread count.
 #pragma once
 
+#include <vector>
+
 #include "engine/tensor.h"
+#include "ops/kernel_table.h"
 
 namespace remat {
 
@@ -34,5 +37,33 @@ AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w
 // (biased variance). weight and bias [d] may each be undefined (no scale / no
 // shift). Saves x, weight and the per-row mean and rstd (f32) for backward.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+
+// The kernels a device registers for rms_norm and layer_norm. x [rows.., d];
+// statistics are f32, one per row.
+struct NormKernels {
+  // {y, rstd}: y = x * rstd * weight.
+  std::vector<Tensor> (*rms_forward)(const Tensor& x, const Tensor& weight, float eps);
+  // {dx, dw} (each undefined unless asked for; weight is undefined without dx).
+  std::vector<Tensor> (*rms_backward)(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                                      bool need_dx, bool need_dw);
+  // {y, mean, rstd}; weight and bias may be undefined.
+  std::vector<Tensor> (*ln_forward)(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps);
+  // {dx, dw, db}; x, mean and rstd are undefined when only db is asked for,
+  // weight when dx is not. `dtype`: x's dtype.
+  std::vector<Tensor> (*ln_backward)(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                     const Tensor& rstd, DType dtype, bool need_dx, bool need_dw, bool need_db);
+};
+KernelTable<NormKernels>& norm_kernels();
+
+// The kernels a device registers for add_rms_norm (they take the operands'
+// own dtypes on every device).
+struct AddRmsNormKernels {
+  // {h, y, rstd}.
+  std::vector<Tensor> (*forward)(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps);
+  // {dh, dw} from the gradients of h and y; weight is undefined without dh.
+  std::vector<Tensor> (*backward)(const Tensor& gh, const Tensor& gy, const Tensor& h, const Tensor& weight,
+                                  const Tensor& rstd, bool need_dh, bool need_dw);
+};
+KernelTable<AddRmsNormKernels>& add_rms_norm_kernels();
 
 }  // namespace remat

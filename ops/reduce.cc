@@ -4,9 +4,9 @@
 #include <cmath>
 #include <limits>
 
-#include "cuda/reduce.h"
 #include "ops/binary.h"
 #include "ops/kernel_util.h"
+#include "ops/op.h"
 
 namespace remat {
 
@@ -35,34 +35,7 @@ struct Folded {
   Shape out_shape, keep_shape;
 };
 
-// The output shapes of a reduction of x over rd, with and without keepdim.
-void reduced_shapes(const Tensor& x, const std::vector<std::int64_t>& rd, Shape& out_shape,
-                    Shape& keep_shape) {
-  std::vector<bool> is_red(std::size_t(x.dim()), false);
-  for (auto d : rd) is_red[std::size_t(d)] = true;
-  for (std::int64_t d = 0; d < x.dim(); ++d) {
-    keep_shape.push_back(is_red[std::size_t(d)] ? 1 : x.size(d));
-    if (!is_red[std::size_t(d)]) out_shape.push_back(x.size(d));
-  }
-}
-
-// For the CUDA kernels: t's layout split into the kept dims (in order) and the
-// reduced dims rd (sorted), as cuda/reduce.h takes them.
-void split_layout(const char* op, const Tensor& t, const std::vector<std::int64_t>& rd,
-                  cuda::Strided& kept, cuda::Strided& reduced) {
-  const cuda::Strided l = layout_of(op, t);
-  std::vector<bool> is_red(std::size_t(l.dim), false);
-  for (auto d : rd) is_red[std::size_t(d)] = true;
-  kept.dim = reduced.dim = 0;
-  for (int d = 0; d < l.dim; ++d) {
-    cuda::Strided& s = is_red[std::size_t(d)] ? reduced : kept;
-    s.sizes[s.dim] = l.sizes[d];
-    s.strides[s.dim] = l.strides[d];
-    ++s.dim;
-  }
-}
-
-Folded fold(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd) {
+Folded fold(const Tensor& x, const std::vector<std::int64_t>& rd) {
   Folded f;
   Shape perm;
   std::vector<bool> is_red(std::size_t(x.dim()), false);
@@ -81,38 +54,13 @@ Folded fold(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd
     perm.push_back(d);
     f.inner *= x.size(d);
   }
-  check_cpu(op, x);
-  NoGradGuard ng;
   f.mat = f32_contiguous(x.detach().permute(perm));
   return f;
 }
 
-// sum_kernel on CUDA: the result in x's dtype, straight from x's layout.
-Tensor sum_cuda(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd, bool keepdim,
-                float scale) {
-  if constexpr (kHaveCuda) {
-    Shape out_shape, keep_shape;
-    reduced_shapes(x, rd, out_shape, keep_shape);
-    cuda::Strided kept, reduced;
-    split_layout(op, x, rd, kept, reduced);
-    Tensor out = empty(keepdim ? keep_shape : out_shape, TensorOptions(x.dtype(), x.device()));
-    const std::int64_t ws = cuda::reduce_sum_workspace(kept, reduced);
-    Tensor work = ws > 0 ? empty({ws}, TensorOptions(DType::f32, x.device())) : Tensor();
-    cuda::reduce_sum(out.raw_data(), x.raw_data(), x.dtype(), kept, reduced, scale,
-                     ws > 0 ? work.data<float>() : nullptr, cuda_stream());
-    return out;
-  } else {
-    no_cuda_kernel(op);
-  }
-}
-
-Tensor sum_kernel(const char* op, const Tensor& x, const std::vector<std::int64_t>& rd,
-                  bool keepdim, float scale) {
-  check_kernel_device(op, x);
-  if constexpr (kHaveCuda) {
-    if (on_cuda(x)) return sum_cuda(op, x, rd, keepdim, scale);
-  }
-  Folded f = fold(op, x, rd);
+// The CPU sum (f32): in f32 lanes, scaled.
+Tensor sum_cpu(const Tensor& x, const std::vector<std::int64_t>& rd, bool keepdim, float scale) {
+  Folded f = fold(x, rd);
   Tensor out = empty(keepdim ? f.keep_shape : f.out_shape, DType::f32);
   const float* p = f.mat.data<float>();
   float* o = out.data<float>();
@@ -136,7 +84,7 @@ Tensor sum_kernel(const char* op, const Tensor& x, const std::vector<std::int64_
     for (std::int64_t r = 0; r < f.outer; ++r)
       o[r] = lane_sum(partial.data() + r * nb, nb) * scale;
   }
-  return from_f32(out, x.dtype());
+  return out;
 }
 
 // Gradient of a sum/mean: g (reduced shape) broadcast back to x's shape.
@@ -145,25 +93,71 @@ Tensor expand_back(const Tensor& g, const Shape& keep_shape, const Shape& x_shap
   return scale != 1.0 ? mul(e, scale) : e.contiguous();
 }
 
-Tensor sum_impl(const char* name, const Tensor& x, const Shape& dims, bool keepdim, bool is_mean) {
-  check_floating(name, x, "input");
-  const auto rd = reduced_dims(name, x, dims);
-  std::int64_t count = 1;
-  for (auto d : rd) count *= x.size(d);
-  const double scale = is_mean ? 1.0 / double(std::max<std::int64_t>(count, 1)) : 1.0;
-  return dispatch1(name, {x}, [&] {
-    Tensor out = sum_kernel(name, x, rd, keepdim, float(scale));
-    if (auto node = autograd::make_node(name, {&x})) {
-      Shape keep = x.sizes();
-      for (auto d : rd) keep[std::size_t(d)] = 1;
-      node->backward_fn = [keep, xs = x.sizes(), scale](Node&, std::vector<Tensor>& g) {
-        return std::vector<Tensor>{expand_back(g[0], keep, xs, scale)};
-      };
-      autograd::set_history(out, node);
+// The CPU max (f32 values, i64 first-occurrence indices) over rd (one dim or none).
+std::vector<Tensor> max_cpu(const Tensor& x, const std::vector<std::int64_t>& rd, bool keepdim) {
+  Folded f = fold(x, rd);
+  Tensor values = empty(keepdim ? f.keep_shape : f.out_shape, DType::f32);
+  Tensor index = empty(keepdim ? f.keep_shape : f.out_shape, DType::i64);
+  const float* p = f.mat.data<float>();
+  float* v = values.data<float>();
+  std::int64_t* ix = index.data<std::int64_t>();
+  const std::int64_t inner = f.inner;
+  parallel_rows(f.outer, inner, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* row = p + r * inner;
+      std::int64_t best = 0;
+      for (std::int64_t i = 1; i < inner; ++i)
+        if (row[i] > row[best] || (std::isnan(row[i]) && !std::isnan(row[best]))) best = i;
+      v[r] = row[best];
+      ix[r] = best;
     }
-    return out;
   });
+  return {values, index};
 }
+
+// max's input gradient (f32): each reduced row's gradient at its argmax, zeros elsewhere.
+Tensor max_backward_cpu(const Tensor& g, const Tensor& index, const Shape& xs, std::int64_t d, bool keepdim,
+                        DType) {
+  Tensor idx = index, gg = g;
+  if (!keepdim && !xs.empty()) {
+    idx = idx.unsqueeze(d);
+    gg = gg.unsqueeze(d);
+  }
+  Tensor gx = zeros(xs, DType::f32);
+  Tensor gf = f32_contiguous(gg);
+  Tensor ic = idx.contiguous();
+  // Scatter each reduced row's gradient to its argmax.
+  Shape perm;
+  for (std::int64_t k = 0; k < std::int64_t(xs.size()); ++k)
+    if (k != d) perm.push_back(k);
+  if (!xs.empty()) perm.push_back(d);
+  Tensor gxp = xs.empty() ? gx : gx.permute(perm);  // view: writes land in gx
+  const std::int64_t inner = xs.empty() ? 1 : xs[std::size_t(d)];
+  const std::int64_t rows = gx.numel() / std::max<std::int64_t>(inner, 1);
+  Tensor gsrc = xs.empty() ? gf : gf.permute(perm).contiguous();
+  Tensor isrc = xs.empty() ? ic : ic.permute(perm).contiguous();
+  const float* pg = gsrc.data<float>();
+  const std::int64_t* pi = isrc.data<std::int64_t>();
+  float* base = gx.data<float>();
+  const Shape& st = gxp.strides();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    // Offset of row r in gx through the permuted view.
+    std::int64_t off = 0, rem = r;
+    for (std::int64_t k = std::int64_t(perm.size()) - 2; k >= 0; --k) {
+      const std::int64_t sz = gxp.size(k);
+      off += (rem % sz) * st[std::size_t(k)];
+      rem /= sz;
+    }
+    base[off + pi[r] * (xs.empty() ? 0 : st.back())] += pg[r];
+  }
+  return gx;
+}
+
+const KernelRegistration<ReduceKernels> kCpu(reduce_kernels(), DeviceType::CPU,
+                                             {sum_cpu, max_cpu, max_backward_cpu}, KernelDTypes::f32);
+
+// ---------------------------------------------------------------------------
+// The ops
 
 Shape all_dims(const Tensor& x) {
   Shape d;
@@ -171,115 +165,104 @@ Shape all_dims(const Tensor& x) {
   return d;
 }
 
+// sum and mean
+
+struct SumState {
+  Shape dims;            // as given
+  bool keepdim = false;
+  bool mean = false;
+  std::vector<std::int64_t> rd = {};  // the reduced dims, set by the forward
+  double scale = 1.0;            // 1 / count for mean, set by the forward
+};
+
+void check_sum(const OpDef& op, const std::vector<Tensor>& in, const SumState& s) {
+  check_floating(op.name(), in[0], "input");
+  reduced_dims(op.name(), in[0], s.dims);
+}
+
+OpResults sum_fwd(const std::vector<Tensor>& in, SumState& s) {
+  const Tensor& x = in[0];
+  s.rd = reduced_dims(s.mean ? "mean" : "sum", x, s.dims);
+  std::int64_t count = 1;
+  for (auto d : s.rd) count *= x.size(d);
+  s.scale = s.mean ? 1.0 / double(std::max<std::int64_t>(count, 1)) : 1.0;
+  return {{reduce_kernels().run(x.device(), &ReduceKernels::sum, x, s.rd, s.keepdim, float(s.scale))}};
+}
+
+// g (reduced shape) broadcast back to x's shape.
+std::vector<Tensor> sum_backward(const OpBackward<SumState>& b) {
+  Shape keep = b.input(0).sizes;
+  for (auto d : b.state().rd) keep[std::size_t(d)] = 1;
+  return {expand_back(b.grad(), keep, b.input(0).sizes, b.state().scale)};
+}
+
+OpCost sum_cost(const std::vector<Tensor>& in, const SumState&) {
+  const double n = double(in[0].numel());
+  return {0, n, n * double(element_size(in[0].dtype()))};
+}
+
+Op<SumState> define_sum(const char* name, const char* summary) {
+  return Op<SumState>({.name = name, .inputs = {"x"}, .outputs = {{"out"}}, .summary = summary},
+                      {.check = check_sum, .forward = sum_fwd, .backward = sum_backward, .cost = sum_cost},
+                      &reduce_kernels());
+}
+
+const Op<SumState> kSum = define_sum("sum", "sum over dims, f32 lanes in a fixed order");
+const Op<SumState> kMean = define_sum("mean", "mean over dims");
+
+// max
+
+struct MaxState {
+  std::int64_t dim = 0;  // as given; the forward wraps it
+  bool keepdim = false;
+};
+
+void check_max(const OpDef& op, const std::vector<Tensor>& in, const MaxState& s) {
+  const Tensor& x = in[0];
+  check_floating(op.name(), x, "input");
+  const std::int64_t d = wrap_dim(s.dim, x.dim(), op.name());
+  REMAT_CHECK(x.dim() == 0 || x.size(d) > 0, ShapeError, op.name(), ": dim ", d, " of ", describe(x), " is empty");
+}
+
+OpResults max_fwd(const std::vector<Tensor>& in, MaxState& s) {
+  const Tensor& x = in[0];
+  s.dim = wrap_dim(s.dim, x.dim(), "max");
+  const std::vector<std::int64_t> rd = x.dim() == 0 ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{s.dim};
+  return {reduce_kernels().run(x.device(), &ReduceKernels::max, x, rd, s.keepdim)};
+}
+
+std::vector<Tensor> max_backward(const OpBackward<MaxState>& b) {
+  return {reduce_kernels().run(b.grad().device(), &ReduceKernels::max_backward, b.grad(), b.saved("index"),
+                               b.input(0).sizes, b.state().dim, b.state().keepdim, b.input(0).dtype)};
+}
+
+OpCost max_cost(const std::vector<Tensor>& in, const MaxState&) {
+  const double n = double(in[0].numel());
+  return {0, n, n * double(element_size(in[0].dtype()))};
+}
+
+const Op<MaxState> kMax({.name = "max",
+                         .inputs = {"x"},
+                         .outputs = {{"values"}, {"index", always(DType::i64), false}},
+                         .saves = {{"index", SaveFrom::output, 1}},
+                         .summary = "maximum over a dim and its first index; the gradient flows to that index"},
+                        {.check = check_max, .forward = max_fwd, .backward = max_backward, .cost = max_cost},
+                        &reduce_kernels());
+
 }  // namespace
 
-Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
-  return sum_impl("sum", x, dims, keepdim, false);
+KernelTable<ReduceKernels>& reduce_kernels() {
+  static KernelTable<ReduceKernels> t("reductions");
+  return t;
 }
-Tensor sum(const Tensor& x) { return sum_impl("sum", x, all_dims(x), false, false); }
-Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
-  return sum_impl("mean", x, dims, keepdim, true);
-}
-Tensor mean(const Tensor& x) { return sum_impl("mean", x, all_dims(x), false, true); }
+
+Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) { return kSum.call1({x}, {dims, keepdim, false}); }
+Tensor sum(const Tensor& x) { return kSum.call1({x}, {all_dims(x), false, false}); }
+Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) { return kMean.call1({x}, {dims, keepdim, true}); }
+Tensor mean(const Tensor& x) { return kMean.call1({x}, {all_dims(x), false, true}); }
 
 std::pair<Tensor, Tensor> max(const Tensor& x, std::int64_t dim, bool keepdim) {
-  check_floating("max", x, "input");
-  const std::int64_t d = wrap_dim(dim, x.dim(), "max");
-  REMAT_CHECK(x.dim() == 0 || x.size(d) > 0, ShapeError, "max: dim ", d, " of ",
-              describe(x), " is empty");
-  check_kernel_device("max", x);
-  const std::vector<std::int64_t> rd =
-      x.dim() == 0 ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{d};
-  auto outs = dispatch("max", {x}, [&] {
-    Tensor out, index;
-    if (on_cuda(x)) {
-      if constexpr (kHaveCuda) {
-        Shape out_shape, keep_shape;
-        reduced_shapes(x, rd, out_shape, keep_shape);
-        cuda::Strided kept, reduced;
-        split_layout("max", x, rd, kept, reduced);
-        out = empty(keepdim ? keep_shape : out_shape, TensorOptions(x.dtype(), x.device()));
-        index = empty(keepdim ? keep_shape : out_shape, TensorOptions(DType::i64, x.device()));
-        cuda::reduce_max(out.raw_data(), index.data<std::int64_t>(), x.raw_data(), x.dtype(), kept,
-                         reduced.numel(), reduced.dim > 0 ? reduced.strides[0] : 0, cuda_stream());
-      } else {
-        no_cuda_kernel("max");
-      }
-    } else {
-      Folded f = fold("max", x, rd);
-      Tensor values = empty(keepdim ? f.keep_shape : f.out_shape, DType::f32);
-      index = empty(keepdim ? f.keep_shape : f.out_shape, DType::i64);
-      const float* p = f.mat.data<float>();
-      float* v = values.data<float>();
-      std::int64_t* ix = index.data<std::int64_t>();
-      const std::int64_t inner = f.inner;
-      parallel_rows(f.outer, inner, [&](std::int64_t r0, std::int64_t r1) {
-        for (std::int64_t r = r0; r < r1; ++r) {
-          const float* row = p + r * inner;
-          std::int64_t best = 0;
-          for (std::int64_t i = 1; i < inner; ++i)
-            if (row[i] > row[best] || (std::isnan(row[i]) && !std::isnan(row[best]))) best = i;
-          v[r] = row[best];
-          ix[r] = best;
-        }
-      });
-      out = from_f32(values, x.dtype());
-    }
-    if (auto node = autograd::make_node("max", {&x})) {
-      node->save(index, true);
-      node->backward_fn = [xs = x.sizes(), d, keepdim, dt = x.dtype(), rd](Node& n, std::vector<Tensor>& g) {
-        Tensor idx = n.saved(0);
-        if constexpr (kHaveCuda) {
-          if (on_cuda(idx)) {
-            // Zeros, then each output's gradient written at its argmax.
-            Tensor gx = zeros(xs, TensorOptions(dt, idx.device()));
-            Tensor gc = contiguous_detached(g[0].dtype() == dt ? g[0] : g[0].to(dt));
-            Tensor ic = contiguous_detached(idx);
-            cuda::Strided kept, reduced;
-            split_layout("max", gx, rd, kept, reduced);
-            cuda::reduce_max_backward(gx.raw_data(), kept, reduced.dim > 0 ? reduced.strides[0] : 0,
-                                      gc.raw_data(), ic.data<std::int64_t>(), dt, cuda_stream());
-            return std::vector<Tensor>{gx};
-          }
-        }
-        Tensor gg = g[0];
-        if (!keepdim && !xs.empty()) {
-          idx = idx.unsqueeze(d);
-          gg = gg.unsqueeze(d);
-        }
-        Tensor gx = zeros(xs, DType::f32);
-        Tensor gf = f32_contiguous(gg);
-        Tensor ic = idx.contiguous();
-        // Scatter each reduced row's gradient to its argmax.
-        Shape perm;
-        for (std::int64_t k = 0; k < std::int64_t(xs.size()); ++k)
-          if (k != d) perm.push_back(k);
-        if (!xs.empty()) perm.push_back(d);
-        Tensor gxp = xs.empty() ? gx : gx.permute(perm);  // view: writes land in gx
-        const std::int64_t inner = xs.empty() ? 1 : xs[std::size_t(d)];
-        const std::int64_t rows = gx.numel() / std::max<std::int64_t>(inner, 1);
-        Tensor gsrc = xs.empty() ? gf : gf.permute(perm).contiguous();
-        Tensor isrc = xs.empty() ? ic : ic.permute(perm).contiguous();
-        const float* pg = gsrc.data<float>();
-        const std::int64_t* pi = isrc.data<std::int64_t>();
-        float* base = gx.data<float>();
-        const Shape& st = gxp.strides();
-        for (std::int64_t r = 0; r < rows; ++r) {
-          // Offset of row r in gx through the permuted view.
-          std::int64_t off = 0, rem = r;
-          for (std::int64_t k = std::int64_t(perm.size()) - 2; k >= 0; --k) {
-            const std::int64_t sz = gxp.size(k);
-            off += (rem % sz) * st[std::size_t(k)];
-            rem /= sz;
-          }
-          base[off + pi[r] * (xs.empty() ? 0 : st.back())] += pg[r];
-        }
-        return std::vector<Tensor>{from_f32(gx, dt)};
-      };
-      autograd::set_history(out, node);
-    }
-    return std::vector<Tensor>{out, index};
-  });
+  std::vector<Tensor> outs = kMax({x}, {dim, keepdim});
   return {outs[0], outs[1]};
 }
 

@@ -2,9 +2,12 @@
 // results do not depend on thread count or memory alignment.
 #pragma once
 
+#include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "engine/tensor.h"
+#include "ops/kernel_table.h"
 
 namespace remat {
 
@@ -19,5 +22,19 @@ Tensor mean(const Tensor& x);
 std::pair<Tensor, Tensor> max(const Tensor& x, std::int64_t dim, bool keepdim = false);
 // Maximum over `dim` (values only).
 Tensor amax(const Tensor& x, std::int64_t dim, bool keepdim = false);
+
+// The kernels a device registers for the reductions. rd: the reduced dims,
+// sorted and distinct.
+struct ReduceKernels {
+  // The sum over rd times `scale` (x's shape without rd, or with size 1 there when keepdim).
+  Tensor (*sum)(const Tensor& x, const std::vector<std::int64_t>& rd, bool keepdim, float scale);
+  // {values, i64 index of the first maximum} over rd (one dim, or none for a 0-dim x; NaN is the largest).
+  std::vector<Tensor> (*max)(const Tensor& x, const std::vector<std::int64_t>& rd, bool keepdim);
+  // max's input gradient [xs]: g at each row's index along d, zeros elsewhere
+  // (dtype: the input's, or f32 for the runner to round).
+  Tensor (*max_backward)(const Tensor& g, const Tensor& index, const Shape& xs, std::int64_t d, bool keepdim,
+                         DType dtype);
+};
+KernelTable<ReduceKernels>& reduce_kernels();
 
 }  // namespace remat

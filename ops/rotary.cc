@@ -1,38 +1,28 @@
+// rotary_embedding: its definition and CPU kernel.
 #include "ops/rotary.h"
 
 #include <cmath>
 #include <vector>
 
-#include "cuda/rotary.h"
 #include "ops/kernel_util.h"
+#include "ops/op.h"
 
 namespace remat {
 
 using namespace ops_detail;
 
+KernelTable<RotaryKernels>& rotary_kernels() {
+  static KernelTable<RotaryKernels> t("rotary_embedding");
+  return t;
+}
+
 namespace {
 
-// Rotates every row of x [..., S, D] by its position's angles; sign -1 rotates
-// backwards (the inverse, used for the gradient).
-Tensor rotary_kernel(const Tensor& x, double theta, std::int64_t position_offset, float sign) {
-  NoGradGuard ng;
+// ---------------------------------------------------------------------------
+// CPU kernel (f32)
+
+Tensor rotate_cpu(const Tensor& x, double theta, std::int64_t position_offset, float sign) {
   const std::int64_t seq = x.size(-2), d = x.size(-1), half = d / 2;
-  if constexpr (kHaveCuda) {
-    if (on_cuda(x)) {
-      // The cos / sin table on the device (f32 [2, seq, half]), then the rows
-      // rotated reading x through its strides.
-      Tensor xd = x.detach();
-      Tensor table = empty({2, seq, half}, TensorOptions(DType::f32, x.device()));
-      float* cs = table.data<float>();
-      float* sn = cs + seq * half;
-      const StreamId stream = cuda_stream();
-      cuda::rotary_table(cs, sn, seq, half, theta, position_offset, sign, stream);
-      Tensor out = empty(x.sizes(), TensorOptions(x.dtype(), x.device()));
-      cuda::rotary(out.raw_data(), xd.raw_data(), layout_of("rotary_embedding", xd), x.dtype(), cs,
-                   sn, stream);
-      return out;
-    }
-  }
   // cos / sin of pos * inv_freq_i, computed in double, per (s, i).
   std::vector<float> cs(std::size_t(seq * half)), sn(std::size_t(seq * half));
   for (std::int64_t i = 0; i < half; ++i) {
@@ -62,30 +52,53 @@ Tensor rotary_kernel(const Tensor& x, double theta, std::int64_t position_offset
       }
     }
   });
-  return from_f32(out, x.dtype());
+  return out;
 }
+
+const KernelRegistration<RotaryKernels> kCpu(rotary_kernels(), DeviceType::CPU, {rotate_cpu}, KernelDTypes::f32);
+
+// ---------------------------------------------------------------------------
+// The op
+
+struct RotaryState {
+  double theta = 10000.0;
+  std::int64_t position_offset = 0;
+};
+
+void check(const OpDef& op, const std::vector<Tensor>& in, const RotaryState& s) {
+  const Tensor& x = in[0];
+  check_floating(op.name(), x, "input");
+  REMAT_CHECK(x.dim() >= 2, ShapeError, op.name(), ": input must be [..., S, D], got ", describe(x));
+  REMAT_CHECK(x.size(-1) % 2 == 0, ShapeError, op.name(), ": the last dim (head dim D) must be even, got ",
+              describe(x));
+  REMAT_CHECK(s.theta > 0.0 && std::isfinite(s.theta), Error, op.name(), ": theta must be positive and finite, got ",
+              s.theta);
+}
+
+OpResults forward(const std::vector<Tensor>& in, RotaryState& s) {
+  return {{rotary_kernels().run(in[0].device(), &RotaryKernels::rotate, in[0], s.theta, s.position_offset, 1.0f)}};
+}
+
+std::vector<Tensor> backward(const OpBackward<RotaryState>& b) {
+  const RotaryState& s = b.state();
+  return {rotary_kernels().run(b.grad().device(), &RotaryKernels::rotate, b.grad(), s.theta, s.position_offset,
+                               -1.0f)};
+}
+
+OpCost cost(const std::vector<Tensor>& in, const RotaryState&) {
+  const double n = double(in[0].numel());
+  return {0, 3 * n, 2 * n * double(element_size(in[0].dtype()))};
+}
+
+const Op<RotaryState> kRotary({.name = "rotary_embedding", .inputs = {"x"}, .outputs = {{"y"}},
+                               .summary = "rotary position embedding over the last two dims [S, D]"},
+                              {.check = check, .forward = forward, .backward = backward, .cost = cost},
+                              &rotary_kernels());
 
 }  // namespace
 
 Tensor rotary_embedding(const Tensor& x, double theta, std::int64_t position_offset) {
-  check_floating("rotary_embedding", x, "input");
-  check_kernel_device("rotary_embedding", x);
-  REMAT_CHECK(x.dim() >= 2, ShapeError, "rotary_embedding: input must be [..., S, D], got ",
-              describe(x));
-  REMAT_CHECK(x.size(-1) % 2 == 0, ShapeError,
-              "rotary_embedding: the last dim (head dim D) must be even, got ", describe(x));
-  REMAT_CHECK(theta > 0.0 && std::isfinite(theta), Error,
-              "rotary_embedding: theta must be positive and finite, got ", theta);
-  return dispatch1("rotary_embedding", {x}, [&] {
-    Tensor out = rotary_kernel(x, theta, position_offset, 1.0f);
-    if (auto node = autograd::make_node("rotary_embedding", {&x})) {
-      node->backward_fn = [theta, position_offset](Node&, std::vector<Tensor>& g) {
-        return std::vector<Tensor>{rotary_kernel(g[0], theta, position_offset, -1.0f)};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
+  return kRotary.call1({x}, {theta, position_offset});
 }
 
 }  // namespace remat

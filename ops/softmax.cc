@@ -1,31 +1,23 @@
+// softmax and log_softmax: their definitions and CPU kernels.
 #include "ops/softmax.h"
 
 #include <Eigen/Core>
 #include <cmath>
 
-#include "cuda/softmax.h"
 #include "ops/kernel_util.h"
+#include "ops/op.h"
 
 namespace remat {
 
 using namespace ops_detail;
 
-namespace {
+KernelTable<SoftmaxKernels>& softmax_kernels() {
+  static KernelTable<SoftmaxKernels> t("softmax");
+  return t;
+}
 
-using ArrayMap = Eigen::Map<Eigen::ArrayXf>;
-using ConstArrayMap = Eigen::Map<const Eigen::ArrayXf>;
-
-// A tensor with `dim` moved last, as a contiguous f32 [rows, n] matrix, and
-// how to put a result of that layout back.
-struct RowLayout {
-  std::int64_t dim = 0;
-  bool moved = false;  // dim was not the last one
-  Shape perm, inverse;
-  std::int64_t rows = 0, n = 1;
-};
-
-RowLayout row_layout(const Tensor& x, std::int64_t dim, const char* op) {
-  RowLayout l;
+SoftmaxRows softmax_rows(const Tensor& x, std::int64_t dim, const char* op) {
+  SoftmaxRows l;
   const std::int64_t nd = x.dim();
   l.dim = wrap_dim(dim, nd, op);
   l.n = nd == 0 ? 1 : x.size(l.dim);
@@ -41,43 +33,27 @@ RowLayout row_layout(const Tensor& x, std::int64_t dim, const char* op) {
   return l;
 }
 
-// `t` in row layout (contiguous f32). Call under NoGradGuard.
-Tensor to_rows(const Tensor& t, const RowLayout& l) {
+namespace {
+
+using ArrayMap = Eigen::Map<Eigen::ArrayXf>;
+using ConstArrayMap = Eigen::Map<const Eigen::ArrayXf>;
+
+// ---------------------------------------------------------------------------
+// CPU kernels (f32)
+
+// `t` in row layout (contiguous f32).
+Tensor to_rows(const Tensor& t, const SoftmaxRows& l) {
   Tensor v = t.detach();
   if (l.moved) v = v.permute(l.perm);
   return f32_contiguous(v);
 }
 
-// A row-layout f32 result back in the original layout, as `dtype`.
-Tensor from_rows(const Tensor& rows, const RowLayout& l, DType dtype) {
-  Tensor out = l.moved ? rows.permute(l.inverse).contiguous() : rows;
-  return from_f32(out, dtype);
-}
-
-// For the CUDA kernels: `t` in row layout, contiguous in `dtype`. Call under NoGradGuard.
-Tensor to_rows_cuda(const Tensor& t, const RowLayout& l, DType dtype) {
-  Tensor v = t.detach();
-  if (v.dtype() != dtype) v = v.to(dtype);
-  if (l.moved) v = v.permute(l.perm);
-  return contiguous_detached(v);
-}
-
-// A row-layout CUDA result back in the original layout.
-Tensor from_rows_cuda(const Tensor& rows, const RowLayout& l) {
+// A row-layout result back in the original layout.
+Tensor from_rows(const Tensor& rows, const SoftmaxRows& l) {
   return l.moved ? rows.permute(l.inverse).contiguous() : rows;
 }
 
-// Forward over rows: softmax, or log_softmax when `log`.
-Tensor softmax_kernel(const Tensor& x, const RowLayout& l, bool log) {
-  NoGradGuard ng;
-  if constexpr (kHaveCuda) {
-    if (on_cuda(x)) {
-      Tensor xr = to_rows_cuda(x, l, x.dtype());
-      Tensor out = empty(xr.sizes(), TensorOptions(x.dtype(), x.device()));
-      cuda::softmax_forward(out.raw_data(), xr.raw_data(), x.dtype(), l.rows, l.n, log, cuda_stream());
-      return from_rows_cuda(out, l);
-    }
-  }
+Tensor forward_cpu(const Tensor& x, const SoftmaxRows& l, bool log) {
   Tensor xr = to_rows(x, l);
   Tensor out = empty(xr.sizes(), DType::f32);
   const float* px = xr.data<float>();
@@ -98,21 +74,10 @@ Tensor softmax_kernel(const Tensor& x, const RowLayout& l, bool log) {
       }
     }
   });
-  return from_rows(out, l, x.dtype());
+  return from_rows(out, l);
 }
 
-// dx = y * (g - sum(g * y)) for softmax; dx = g - exp(y) * sum(g) for log_softmax.
-Tensor softmax_backward_kernel(const Tensor& g, const Tensor& y, const RowLayout& l, bool log,
-                               DType dtype) {
-  NoGradGuard ng;
-  if constexpr (kHaveCuda) {
-    if (on_cuda(y)) {
-      Tensor gr = to_rows_cuda(g, l, dtype), yr = to_rows_cuda(y, l, dtype);
-      Tensor dx = empty(gr.sizes(), TensorOptions(dtype, y.device()));
-      cuda::softmax_backward(dx.raw_data(), gr.raw_data(), yr.raw_data(), dtype, l.rows, l.n, log, cuda_stream());
-      return from_rows_cuda(dx, l);
-    }
-  }
+Tensor backward_cpu(const Tensor& g, const Tensor& y, const SoftmaxRows& l, bool log, DType) {
   Tensor gr = to_rows(g, l), yr = to_rows(y, l);
   Tensor dx = empty(gr.sizes(), DType::f32);
   const float* pg = gr.data<float>();
@@ -135,32 +100,55 @@ Tensor softmax_backward_kernel(const Tensor& g, const Tensor& y, const RowLayout
       }
     }
   });
-  return from_rows(dx, l, dtype);
+  return from_rows(dx, l);
 }
 
-Tensor softmax_impl(const char* name, const Tensor& x, std::int64_t dim, bool log) {
-  check_floating(name, x, "input");
-  check_kernel_device(name, x);
-  const RowLayout l = row_layout(x, dim, name);
-  return dispatch1(name, {x}, [&] {
-    Tensor out = softmax_kernel(x, l, log);
-    if (auto node = autograd::make_node(name, {&x})) {
-      node->save(out, /*is_output=*/true);
-      node->backward_fn = [l, log, dt = x.dtype()](Node& n, std::vector<Tensor>& g) {
-        return std::vector<Tensor>{softmax_backward_kernel(g[0], n.saved(0), l, log, dt)};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
+const KernelRegistration<SoftmaxKernels> kCpu(softmax_kernels(), DeviceType::CPU, {forward_cpu, backward_cpu},
+                                              KernelDTypes::f32);
+
+// ---------------------------------------------------------------------------
+// The ops
+
+struct SoftmaxState {
+  std::int64_t dim = -1;
+  bool log = false;
+};
+
+void check(const OpDef& op, const std::vector<Tensor>& in, const SoftmaxState& s) {
+  check_floating(op.name(), in[0], "input");
+  softmax_rows(in[0], s.dim, op.name());
 }
+
+OpResults forward(const std::vector<Tensor>& in, SoftmaxState& s) {
+  const SoftmaxRows l = softmax_rows(in[0], s.dim, "softmax");
+  return {{softmax_kernels().run(in[0].device(), &SoftmaxKernels::forward, in[0], l, s.log)}};
+}
+
+std::vector<Tensor> backward(const OpBackward<SoftmaxState>& b) {
+  const Tensor& y = b.saved("y");
+  const SoftmaxRows l = softmax_rows(y, b.state().dim, "softmax");
+  return {softmax_kernels().run(b.grad().device(), &SoftmaxKernels::backward, b.grad(), y, l, b.state().log,
+                                b.input(0).dtype)};
+}
+
+OpCost cost(const std::vector<Tensor>& in, const SoftmaxState&) {
+  const double n = double(in[0].numel());
+  return {0, 4 * n, 2 * n * double(element_size(in[0].dtype()))};
+}
+
+Op<SoftmaxState> define(const char* name, const char* summary) {
+  return Op<SoftmaxState>({.name = name, .inputs = {"x"}, .outputs = {{"y"}},
+                           .saves = {{"y", SaveFrom::output, 0}}, .summary = summary},
+                          {.check = check, .forward = forward, .backward = backward, .cost = cost},
+                          &softmax_kernels());
+}
+
+const Op<SoftmaxState> kSoftmax = define("softmax", "exp(x - max) / sum(exp(x - max)) over a dim");
+const Op<SoftmaxState> kLogSoftmax = define("log_softmax", "x - max - log(sum(exp(x - max))) over a dim");
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, std::int64_t dim) { return softmax_impl("softmax", x, dim, false); }
-
-Tensor log_softmax(const Tensor& x, std::int64_t dim) {
-  return softmax_impl("log_softmax", x, dim, true);
-}
+Tensor softmax(const Tensor& x, std::int64_t dim) { return kSoftmax.call1({x}, {dim, false}); }
+Tensor log_softmax(const Tensor& x, std::int64_t dim) { return kLogSoftmax.call1({x}, {dim, true}); }
 
 }  // namespace remat

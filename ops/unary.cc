@@ -1,38 +1,104 @@
+// The unary ops: one definition each over shared kernels, and the CPU kernels.
 #include "ops/unary.h"
 
 #include <Eigen/Core>
 #include <cmath>
 
-#include "cuda/elementwise.h"
 #include "ops/kernel_util.h"
+#include "ops/op.h"
 
 namespace remat {
 
 using namespace ops_detail;
+
+KernelTable<UnaryKernels>& unary_kernels() {
+  static KernelTable<UnaryKernels> t("unary ops");
+  return t;
+}
 
 namespace {
 
 using ArrayMap = Eigen::Map<Eigen::ArrayXf>;
 using ConstArrayMap = Eigen::Map<const Eigen::ArrayXf>;
 
-using cuda::UnaryOp;
+// ---------------------------------------------------------------------------
+// The ops
 
-// Applies `fn(in, out)` (Eigen array maps over one chunk) to x in f32; on
-// CUDA the kernel of `code` (param: pow's exponent) does the same.
-template <typename Fn>
-Tensor map_f32(const char* op, const Tensor& x, UnaryOp code, float param, Fn&& fn) {
-  check_floating(op, x, "input");
-  check_kernel_device(op, x);
-  NoGradGuard ng;
-  if constexpr (kHaveCuda) {
-    if (on_cuda(x)) {
-      Tensor xd = x.detach();
-      Tensor out = empty(x.sizes(), TensorOptions(x.dtype(), x.device()));
-      cuda::unary(code, out.raw_data(), xd.raw_data(), layout_of(op, xd), x.dtype(), param,
-                  cuda_stream());
-      return out;
-    }
+struct UnaryState {
+  UnaryFn fn;
+  float param = 0.0f;  // pow's exponent
+};
+
+// Whether the backward of `f` reads the op's output (else its input).
+constexpr bool saves_output(UnaryFn f) {
+  return f == UnaryFn::exp || f == UnaryFn::sqrt || f == UnaryFn::rsqrt || f == UnaryFn::relu ||
+         f == UnaryFn::sigmoid || f == UnaryFn::tanh;
+}
+
+// Vector FLOPs per element (a transcendental counts as one).
+double flops_per_element(UnaryFn f) {
+  switch (f) {
+    case UnaryFn::neg: case UnaryFn::abs: case UnaryFn::relu: return 1;
+    case UnaryFn::gelu: return 8;
+    case UnaryFn::silu: case UnaryFn::sigmoid: return 4;
+    default: return 2;
   }
+}
+
+void check(const OpDef& op, const std::vector<Tensor>& in, const UnaryState&) {
+  check_floating(op.name(), in[0], "input");
+}
+
+OpResults forward(const std::vector<Tensor>& in, UnaryState& s) {
+  return {{unary_kernels().run(in[0].device(), &UnaryKernels::forward, s.fn, in[0], s.param)}};
+}
+
+std::vector<Tensor> backward(const OpBackward<UnaryState>& b) {
+  const UnaryState& s = b.state();
+  if (s.fn == UnaryFn::neg) return {neg(b.grad())};
+  const Tensor& saved = b.saved(saves_output(s.fn) ? "y" : "x");
+  return {unary_kernels().run(b.grad().device(), &UnaryKernels::backward, s.fn, b.grad(), saved, s.param)};
+}
+
+OpCost cost(const std::vector<Tensor>& in, const UnaryState& s) {
+  const double n = double(in[0].numel());
+  return {0, flops_per_element(s.fn) * n, 2 * n * double(element_size(in[0].dtype()))};
+}
+
+// The definition of unary op `name` computing `f`.
+Op<UnaryState> define(const char* name, UnaryFn f, const char* summary) {
+  std::vector<SaveSpec> saves;
+  if (f != UnaryFn::neg)
+    saves.push_back(saves_output(f) ? SaveSpec{"y", SaveFrom::output, 0} : SaveSpec{"x", SaveFrom::input, 0});
+  return Op<UnaryState>({.name = name, .inputs = {"x"}, .outputs = {{"y"}}, .saves = saves, .summary = summary},
+                        {.check = check, .forward = forward, .backward = backward, .cost = cost},
+                        &unary_kernels());
+}
+
+// Definitions (and so the op table's entries) made in the order the ops run
+// here; the state names the function.
+const Op<UnaryState> kNeg = define("neg", UnaryFn::neg, "-x");
+const Op<UnaryState> kExp = define("exp", UnaryFn::exp, "e^x");
+const Op<UnaryState> kLog = define("log", UnaryFn::log, "natural log");
+const Op<UnaryState> kSqrt = define("sqrt", UnaryFn::sqrt, "square root");
+const Op<UnaryState> kRsqrt = define("rsqrt", UnaryFn::rsqrt, "1 / sqrt(x)");
+const Op<UnaryState> kPow = define("pow", UnaryFn::pow, "x ** p, scalar p");
+const Op<UnaryState> kAbs = define("abs", UnaryFn::abs, "absolute value");
+const Op<UnaryState> kRelu = define("relu", UnaryFn::relu, "max(x, 0)");
+const Op<UnaryState> kGelu = define("gelu", UnaryFn::gelu, "GELU, tanh approximation");
+const Op<UnaryState> kSilu = define("silu", UnaryFn::silu, "x * sigmoid(x)");
+const Op<UnaryState> kSigmoid = define("sigmoid", UnaryFn::sigmoid, "1 / (1 + e^-x)");
+const Op<UnaryState> kTanh = define("tanh", UnaryFn::tanh, "tanh");
+
+// ---------------------------------------------------------------------------
+// CPU kernels (f32)
+
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluC = 0.044715f;
+
+// Applies fn(in, out) (Eigen array maps over one block) to x.
+template <typename Fn>
+Tensor map(const Tensor& x, Fn&& fn) {
   Tensor xf = f32_contiguous(x);
   Tensor out = empty(x.sizes(), DType::f32);
   const float* px = xf.data<float>();
@@ -42,32 +108,12 @@ Tensor map_f32(const char* op, const Tensor& x, UnaryOp code, float param, Fn&& 
     ArrayMap o(po + i0, i1 - i0);
     fn(in, o);
   });
-  return from_f32(out, x.dtype());
+  return out;
 }
 
-// Same for two inputs of one shape (used by backward kernels: a is the
-// incoming gradient, b the saved tensor; the result has a's dtype). On CUDA
-// the backward kernel of `code` computes the same formula.
+// The same over two tensors of one shape (a: the gradient, b: the saved tensor).
 template <typename Fn>
-Tensor map2_f32(const char* op, const Tensor& a, const Tensor& b, UnaryOp code, float param,
-                Fn&& fn) {
-  check_kernel_device(op, a);
-  NoGradGuard ng;
-  if constexpr (kHaveCuda) {
-    if (on_cuda(a)) {
-      REMAT_CHECK(a.device() == b.device(), DeviceError, op, ": gradient ", describe(a),
-                  " and saved tensor ", describe(b), " are on different devices");
-      REMAT_CHECK(a.sizes() == b.sizes(), ShapeError, op, ": gradient ", describe(a),
-                  " and saved tensor ", describe(b), " have different shapes");
-      // Mixed dtypes: both in f32 (as the CPU computes), one rounding to a's dtype.
-      const DType dt = a.dtype() == b.dtype() ? a.dtype() : DType::f32;
-      Tensor ad = a.detach().to(dt), bd = b.detach().to(dt);
-      Tensor out = empty(a.sizes(), TensorOptions(dt, a.device()));
-      cuda::unary_backward(code, out.raw_data(), ad.raw_data(), layout_of(op, ad), bd.raw_data(),
-                           layout_of(op, bd), dt, param, cuda_stream());
-      return out.to(a.dtype());
-    }
-  }
+Tensor map2(const Tensor& a, const Tensor& b, Fn&& fn) {
   Tensor af = f32_contiguous(a), bf = f32_contiguous(b);
   Tensor out = empty(a.sizes(), DType::f32);
   const float* pa = af.data<float>();
@@ -78,173 +124,79 @@ Tensor map2_f32(const char* op, const Tensor& a, const Tensor& b, UnaryOp code, 
     ArrayMap o(po + i0, i1 - i0);
     fn(x, y, o);
   });
-  return from_f32(out, a.dtype());
-}
-
-// Records a one-input op whose backward is bw(saved, grad) on one saved
-// tensor (the input, or the output when save_output).
-template <typename Bw>
-Tensor finish(const char* name, const Tensor& x, Tensor out, bool save_output, Bw bw) {
-  if (auto node = autograd::make_node(name, {&x})) {
-    node->save(save_output ? out : x, save_output);
-    node->backward_fn = [bw](Node& n, std::vector<Tensor>& g) {
-      return std::vector<Tensor>{bw(n.saved(0), g[0])};
-    };
-    autograd::set_history(out, node);
-  }
   return out;
 }
 
-constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluC = 0.044715f;
+Tensor forward_cpu(UnaryFn f, const Tensor& x, float p) {
+  switch (f) {
+    case UnaryFn::neg: return map(x, [](const auto& in, auto& o) { o = -in; });
+    case UnaryFn::exp: return map(x, [](const auto& in, auto& o) { o = in.exp(); });
+    case UnaryFn::log: return map(x, [](const auto& in, auto& o) { o = in.log(); });
+    case UnaryFn::sqrt: return map(x, [](const auto& in, auto& o) { o = in.sqrt(); });
+    case UnaryFn::rsqrt: return map(x, [](const auto& in, auto& o) { o = in.rsqrt(); });
+    case UnaryFn::pow: return map(x, [p](const auto& in, auto& o) { o = in.pow(p); });
+    case UnaryFn::abs: return map(x, [](const auto& in, auto& o) { o = in.abs(); });
+    case UnaryFn::relu: return map(x, [](const auto& in, auto& o) { o = in.max(0.0f); });
+    case UnaryFn::gelu:
+      return map(x, [](const auto& in, auto& o) {
+        o = 0.5f * in * (1.0f + (kGeluK * (in + kGeluC * in * in * in)).tanh());
+      });
+    case UnaryFn::silu: return map(x, [](const auto& in, auto& o) { o = in / (1.0f + (-in).exp()); });
+    case UnaryFn::sigmoid: return map(x, [](const auto& in, auto& o) { o = 1.0f / (1.0f + (-in).exp()); });
+    case UnaryFn::tanh: return map(x, [](const auto& in, auto& o) { o = in.tanh(); });
+  }
+  throw Error("unary forward: unknown function");
+}
+
+// g * f' from the saved tensor s (y or x, see saves_output).
+Tensor backward_cpu(UnaryFn f, const Tensor& g, const Tensor& s, float p) {
+  switch (f) {
+    case UnaryFn::exp: return map2(g, s, [](const auto& gg, const auto& yy, auto& o) { o = gg * yy; });
+    case UnaryFn::log: return map2(g, s, [](const auto& gg, const auto& xx, auto& o) { o = gg / xx; });
+    case UnaryFn::sqrt: return map2(g, s, [](const auto& gg, const auto& yy, auto& o) { o = gg * 0.5f / yy; });
+    case UnaryFn::rsqrt:  // d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
+      return map2(g, s, [](const auto& gg, const auto& yy, auto& o) { o = gg * (-0.5f) * yy * yy * yy; });
+    case UnaryFn::pow:
+      return map2(g, s, [p](const auto& gg, const auto& xx, auto& o) { o = gg * p * xx.pow(p - 1.0f); });
+    case UnaryFn::abs: return map2(g, s, [](const auto& gg, const auto& xx, auto& o) { o = gg * xx.sign(); });
+    case UnaryFn::relu:
+      return map2(g, s, [](const auto& gg, const auto& yy, auto& o) { o = (yy > 0.0f).select(gg, 0.0f); });
+    case UnaryFn::gelu:
+      return map2(g, s, [](const auto& gg, const auto& xx, auto& o) {
+        const Eigen::ArrayXf t = (kGeluK * (xx + kGeluC * xx * xx * xx)).tanh();
+        const Eigen::ArrayXf dinner = kGeluK * (1.0f + 3.0f * kGeluC * xx * xx);
+        o = gg * (0.5f * (1.0f + t) + 0.5f * xx * (1.0f - t * t) * dinner);
+      });
+    case UnaryFn::silu:
+      return map2(g, s, [](const auto& gg, const auto& xx, auto& o) {
+        const Eigen::ArrayXf sg = 1.0f / (1.0f + (-xx).exp());
+        o = gg * sg * (1.0f + xx * (1.0f - sg));
+      });
+    case UnaryFn::sigmoid:
+      return map2(g, s, [](const auto& gg, const auto& yy, auto& o) { o = gg * yy * (1.0f - yy); });
+    case UnaryFn::tanh:
+      return map2(g, s, [](const auto& gg, const auto& yy, auto& o) { o = gg * (1.0f - yy * yy); });
+    case UnaryFn::neg: break;
+  }
+  throw Error("unary backward: no kernel for this function");
+}
+
+const KernelRegistration<UnaryKernels> kCpu(unary_kernels(), DeviceType::CPU, {forward_cpu, backward_cpu},
+                                            KernelDTypes::f32);
 
 }  // namespace
 
-Tensor neg(const Tensor& x) {
-  return dispatch1("neg", {x}, [&] {
-    Tensor out = map_f32("neg", x, UnaryOp::neg, 0.0f, [](const auto& in, auto& o) { o = -in; });
-    if (auto node = autograd::make_node("neg", {&x})) {
-      node->backward_fn = [](Node&, std::vector<Tensor>& g) {
-        return std::vector<Tensor>{neg(g[0])};
-      };
-      autograd::set_history(out, node);
-    }
-    return out;
-  });
-}
-
-Tensor exp(const Tensor& x) {
-  return dispatch1("exp", {x}, [&] {
-    Tensor out =
-        map_f32("exp", x, UnaryOp::exp, 0.0f, [](const auto& in, auto& o) { o = in.exp(); });
-    return finish("exp", x, out, true, [](const Tensor& y, const Tensor& g) {
-      return map2_f32("exp_backward", g, y, UnaryOp::exp, 0.0f,
-                      [](const auto& gg, const auto& yy, auto& o) { o = gg * yy; });
-    });
-  });
-}
-
-Tensor log(const Tensor& x) {
-  return dispatch1("log", {x}, [&] {
-    Tensor out =
-        map_f32("log", x, UnaryOp::log, 0.0f, [](const auto& in, auto& o) { o = in.log(); });
-    return finish("log", x, out, false, [](const Tensor& xs, const Tensor& g) {
-      return map2_f32("log_backward", g, xs, UnaryOp::log, 0.0f,
-                      [](const auto& gg, const auto& xx, auto& o) { o = gg / xx; });
-    });
-  });
-}
-
-Tensor sqrt(const Tensor& x) {
-  return dispatch1("sqrt", {x}, [&] {
-    Tensor out =
-        map_f32("sqrt", x, UnaryOp::sqrt, 0.0f, [](const auto& in, auto& o) { o = in.sqrt(); });
-    return finish("sqrt", x, out, true, [](const Tensor& y, const Tensor& g) {
-      return map2_f32("sqrt_backward", g, y, UnaryOp::sqrt, 0.0f,
-                      [](const auto& gg, const auto& yy, auto& o) { o = gg * 0.5f / yy; });
-    });
-  });
-}
-
-Tensor rsqrt(const Tensor& x) {
-  return dispatch1("rsqrt", {x}, [&] {
-    Tensor out =
-        map_f32("rsqrt", x, UnaryOp::rsqrt, 0.0f, [](const auto& in, auto& o) { o = in.rsqrt(); });
-    return finish("rsqrt", x, out, true, [](const Tensor& y, const Tensor& g) {
-      // d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
-      return map2_f32(
-          "rsqrt_backward", g, y, UnaryOp::rsqrt, 0.0f,
-          [](const auto& gg, const auto& yy, auto& o) { o = gg * (-0.5f) * yy * yy * yy; });
-    });
-  });
-}
-
-Tensor pow(const Tensor& x, double p) {
-  return dispatch1("pow", {x}, [&] {
-    const float pf = float(p);
-    Tensor out =
-        map_f32("pow", x, UnaryOp::pow, pf, [pf](const auto& in, auto& o) { o = in.pow(pf); });
-    return finish("pow", x, out, false, [pf](const Tensor& xs, const Tensor& g) {
-      return map2_f32(
-          "pow_backward", g, xs, UnaryOp::pow, pf,
-          [pf](const auto& gg, const auto& xx, auto& o) { o = gg * pf * xx.pow(pf - 1.0f); });
-    });
-  });
-}
-
-Tensor abs(const Tensor& x) {
-  return dispatch1("abs", {x}, [&] {
-    Tensor out =
-        map_f32("abs", x, UnaryOp::abs, 0.0f, [](const auto& in, auto& o) { o = in.abs(); });
-    return finish("abs", x, out, false, [](const Tensor& xs, const Tensor& g) {
-      return map2_f32("abs_backward", g, xs, UnaryOp::abs, 0.0f,
-                      [](const auto& gg, const auto& xx, auto& o) { o = gg * xx.sign(); });
-    });
-  });
-}
-
-Tensor relu(const Tensor& x) {
-  return dispatch1("relu", {x}, [&] {
-    Tensor out =
-        map_f32("relu", x, UnaryOp::relu, 0.0f, [](const auto& in, auto& o) { o = in.max(0.0f); });
-    return finish("relu", x, out, true, [](const Tensor& y, const Tensor& g) {
-      return map2_f32(
-          "relu_backward", g, y, UnaryOp::relu, 0.0f,
-          [](const auto& gg, const auto& yy, auto& o) { o = (yy > 0.0f).select(gg, 0.0f); });
-    });
-  });
-}
-
-Tensor gelu(const Tensor& x) {
-  return dispatch1("gelu", {x}, [&] {
-    Tensor out = map_f32("gelu", x, UnaryOp::gelu, 0.0f, [](const auto& in, auto& o) {
-      o = 0.5f * in * (1.0f + (kGeluK * (in + kGeluC * in * in * in)).tanh());
-    });
-    return finish("gelu", x, out, false, [](const Tensor& xs, const Tensor& g) {
-      return map2_f32("gelu_backward", g, xs, UnaryOp::gelu, 0.0f,
-                      [](const auto& gg, const auto& xx, auto& o) {
-                        const Eigen::ArrayXf t = (kGeluK * (xx + kGeluC * xx * xx * xx)).tanh();
-                        const Eigen::ArrayXf dinner = kGeluK * (1.0f + 3.0f * kGeluC * xx * xx);
-                        o = gg * (0.5f * (1.0f + t) + 0.5f * xx * (1.0f - t * t) * dinner);
-                      });
-    });
-  });
-}
-
-Tensor sigmoid(const Tensor& x) {
-  return dispatch1("sigmoid", {x}, [&] {
-    Tensor out = map_f32("sigmoid", x, UnaryOp::sigmoid, 0.0f,
-                         [](const auto& in, auto& o) { o = 1.0f / (1.0f + (-in).exp()); });
-    return finish("sigmoid", x, out, true, [](const Tensor& y, const Tensor& g) {
-      return map2_f32("sigmoid_backward", g, y, UnaryOp::sigmoid, 0.0f,
-                      [](const auto& gg, const auto& yy, auto& o) { o = gg * yy * (1.0f - yy); });
-    });
-  });
-}
-
-Tensor tanh(const Tensor& x) {
-  return dispatch1("tanh", {x}, [&] {
-    Tensor out =
-        map_f32("tanh", x, UnaryOp::tanh, 0.0f, [](const auto& in, auto& o) { o = in.tanh(); });
-    return finish("tanh", x, out, true, [](const Tensor& y, const Tensor& g) {
-      return map2_f32("tanh_backward", g, y, UnaryOp::tanh, 0.0f,
-                      [](const auto& gg, const auto& yy, auto& o) { o = gg * (1.0f - yy * yy); });
-    });
-  });
-}
-
-Tensor silu(const Tensor& x) {
-  return dispatch1("silu", {x}, [&] {
-    Tensor out = map_f32("silu", x, UnaryOp::silu, 0.0f,
-                         [](const auto& in, auto& o) { o = in / (1.0f + (-in).exp()); });
-    return finish("silu", x, out, false, [](const Tensor& xs, const Tensor& g) {
-      return map2_f32("silu_backward", g, xs, UnaryOp::silu, 0.0f,
-                      [](const auto& gg, const auto& xx, auto& o) {
-                        const Eigen::ArrayXf s = 1.0f / (1.0f + (-xx).exp());
-                        o = gg * s * (1.0f + xx * (1.0f - s));
-                      });
-    });
-  });
-}
+Tensor neg(const Tensor& x) { return kNeg.call1({x}, {UnaryFn::neg}); }
+Tensor exp(const Tensor& x) { return kExp.call1({x}, {UnaryFn::exp}); }
+Tensor log(const Tensor& x) { return kLog.call1({x}, {UnaryFn::log}); }
+Tensor sqrt(const Tensor& x) { return kSqrt.call1({x}, {UnaryFn::sqrt}); }
+Tensor rsqrt(const Tensor& x) { return kRsqrt.call1({x}, {UnaryFn::rsqrt}); }
+Tensor pow(const Tensor& x, double p) { return kPow.call1({x}, {UnaryFn::pow, float(p)}); }
+Tensor abs(const Tensor& x) { return kAbs.call1({x}, {UnaryFn::abs}); }
+Tensor relu(const Tensor& x) { return kRelu.call1({x}, {UnaryFn::relu}); }
+Tensor gelu(const Tensor& x) { return kGelu.call1({x}, {UnaryFn::gelu}); }
+Tensor silu(const Tensor& x) { return kSilu.call1({x}, {UnaryFn::silu}); }
+Tensor sigmoid(const Tensor& x) { return kSigmoid.call1({x}, {UnaryFn::sigmoid}); }
+Tensor tanh(const Tensor& x) { return kTanh.call1({x}, {UnaryFn::tanh}); }
 
 }  // namespace remat

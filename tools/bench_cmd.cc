@@ -21,7 +21,8 @@
 #include "checkpoint/plan.h"
 #include "engine/autograd.h"
 #include "engine/device_runtime.h"
-#include "engine/dispatch.h"
+#include "engine/op_def.h"
+#include "engine/op_hooks.h"
 #include "engine/json.h"
 #include "engine/parallel_for.h"
 #include "models/decoder.h"
@@ -49,26 +50,16 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-// Counts forward FLOPs of matmuls and attention run inside recompute replays.
-class ReplayFlops final : public DispatchHook {
+// Counts the matrix-product FLOPs of the ops run inside recompute replays,
+// from each op's cost in the op table (engine/op_def.h): the matmuls' and
+// the fused attention's two products, as model_flops counts them.
+class ReplayFlops final : public OpHook {
  public:
-  void after(const OpCall& call, const std::vector<Tensor>& outputs) override {
-    if (!in_recompute() || depth_ > 0) return;
-    const std::string name = call.name;
-    if (name == "matmul" && call.inputs.size() == 2) {
-      const Tensor& a = call.inputs[0];
-      const Tensor& b = call.inputs[1];
-      const double m = double(a.numel() / a.size(-1)), k = double(a.size(-1)), n = double(b.size(-1));
-      flops += 2 * m * n * k;
-    } else if (name == "scaled_dot_product_attention" && !outputs.empty()) {
-      const Tensor& q = call.inputs[0];
-      flops += 4.0 * double(q.size(0) * q.size(1)) * double(q.size(2)) * double(q.size(2)) * double(q.size(3));
-    }
+  void after(const OpCall& call, const std::vector<Tensor>& /*outputs*/) override {
+    if (!in_recompute() || !call.op) return;
+    flops += call.op->cost(call).matmul_flops;
   }
   double flops = 0;
-
- private:
-  int depth_ = 0;
 };
 
 // Parameters that do matmul work for each token: everything but the
@@ -330,7 +321,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
   Corpus corpus = generated_corpus(seed, std::int64_t(1) << 20, c.seq + 2);
   BatchSampler sampler(corpus.train, c.batch, c.seq, seed + 1);
   auto flops_hook = std::make_shared<ReplayFlops>();
-  DispatchHookScope hook(flops_hook);
+  OpHookScope hook(flops_hook);
   auto& alloc = allocator_for(device);
 
   std::vector<double> step_ms, fwd_ms, bwd_ms, replay_flops, replay_wall, offloaded, offload_wait, compressed;

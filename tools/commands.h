@@ -24,6 +24,8 @@ int run_eval(const std::vector<std::string>& args);
 int run_generate(const std::vector<std::string>& args);
 // ./remat export: a training state as a Hugging Face model folder.
 int run_export(const std::vector<std::string>& args);
+// ./remat ops: the op table, as a table or markdown.
+int run_ops(const std::vector<std::string>& args);
 // The per-process measurement ./remat bench starts (internal).
 int run_bench_worker(const std::vector<std::string>& args);
 

@@ -61,6 +61,7 @@ const std::map<std::string, Command>& commands() {
       {"eval", {"validation loss and perplexity of a training state", remat::tools::run_eval}},
       {"generate", {"sample text from a training state or a Hugging Face model (KV cache)", remat::tools::run_generate}},
       {"export", {"write a training state as a Hugging Face model folder", remat::tools::run_export}},
+      {"ops", {"the op table: every op, its inputs, saves, kernels and flags", remat::tools::run_ops}},
       {"bench-worker", {"(internal) one measurement process of bench", remat::tools::run_bench_worker}},
       {"bench-pipeline-worker", {"(internal) one pipeline job of bench --pp", remat::tools::run_bench_pipeline_worker}},
   };

@@ -7,7 +7,7 @@
 #include "checkpoint/checkpoint.h"
 #include "engine/allocator.h"
 #include "engine/autograd.h"
-#include "engine/dispatch.h"
+#include "engine/op_hooks.h"
 #include "engine/parallel_for.h"
 #include "engine/recompute_context.h"
 #include "models/decoder.h"
@@ -33,7 +33,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // "replay"; the first op after a replay resumes the phase that was running),
 // and snapshots the bytes held for backward whenever the allocator's peak
 // has grown since the last op boundary.
-class StepWatcher final : public DispatchHook {
+class StepWatcher final : public OpHook {
  public:
   explicit StepWatcher(CachingAllocator& alloc) : alloc_(alloc), best_peak_(alloc.stats().allocated_peak) {}
 
@@ -183,7 +183,7 @@ int run_mem(const std::vector<std::string>& args) {
   double loss = 0;
   alloc.enable_history(std::size_t(capacity));
   try {
-    DispatchHookScope scope(watcher);
+    OpHookScope scope(watcher);
     loss = train_step(watcher.get());
   } catch (...) {
     alloc.enable_history(0);

@@ -7,7 +7,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/plan.h"
 #include "engine/autograd.h"
-#include "engine/dispatch.h"
+#include "engine/op_hooks.h"
 #include "ops/attention.h"
 #include "ops/inplace.h"
 #include "ops/ops.h"
@@ -31,7 +31,7 @@ std::vector<float> v(const Tensor& t) { return t.to_vector<float>(); }
 // allocation can reuse its address), and counts, inside replays, the calls
 // whose output is one of those storages (the kernel was skipped and the
 // forward's result handed back) and those that computed a new one.
-struct KernelWatch final : DispatchHook {
+struct KernelWatch final : OpHook {
   std::set<std::string> names;
   std::vector<Tensor> forward_outputs;
   std::map<std::string, int> reused, ran;
@@ -85,7 +85,7 @@ Run run_attn(const AttnBlock& b, const Tensor& x, const CheckpointOptions* o) {
                                                                     "scaled_dot_product_attention"});
   Run r;
   {
-    DispatchHookScope scope(watch);
+    OpHookScope scope(watch);
     reset_checkpoint_counters();
     Tensor y = o ? checkpoint([&b](const Tensor& t) { return b(t); }, x, *o) : b(x);
     const auto rep = saved_bytes_report();

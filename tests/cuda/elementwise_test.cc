@@ -76,11 +76,11 @@ void check_forward_bits(const std::string& what, const DeviceFn& f,
   CHECK(identical(yc, yd));
 }
 
-using BinaryFn = std::function<Tensor(const Tensor&, const Tensor&)>;
+using TensorPairFn = std::function<Tensor(const Tensor&, const Tensor&)>;
 
 struct NamedBinary {
   const char* name;
-  BinaryFn fn;
+  TensorPairFn fn;
 };
 
 const std::vector<NamedBinary>& binary_ops() {
@@ -136,7 +136,7 @@ TEST_CASE("CUDA binary ops match the CPU: same shapes, broadcasting, transposed 
         Tensor b = std::string(op.name) == "div" ? divisor(k.b, seed + 50, dt)
                                                  : normal(k.b, seed + 50, dt);
         const bool ta = k.transpose_a, tb = k.transpose_b;
-        const BinaryFn fn = op.fn;
+        const TensorPairFn fn = op.fn;
         const DeviceFn f = [fn, ta, tb](const std::vector<Tensor>& in) {
           return fn(ta ? in[0].t() : in[0], tb ? in[1].t() : in[1]);
         };
@@ -150,7 +150,7 @@ TEST_CASE("CUDA binary ops match the CPU: same shapes, broadcasting, transposed 
 TEST_CASE("CUDA binary ops: f16, large tensors and empty tensors", "[cuda][elementwise]") {
   for (const auto& op : binary_ops()) {
     INFO(op.name);
-    const BinaryFn fn = op.fn;
+    const TensorPairFn fn = op.fn;
     const DeviceFn f = [fn](const std::vector<Tensor>& in) { return fn(in[0], in[1]); };
     const bool is_div = std::string(op.name) == "div";
     // f16: the CPU's rounding too.

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "engine/autograd.h"
-#include "engine/dispatch.h"
+#include "engine/op_hooks.h"
 #include "ops/ops.h"
 
 using namespace remat;
@@ -242,26 +242,26 @@ TEST_CASE("views are differentiable", "[autograd]") {
 }
 
 TEST_CASE("the dispatch point lets hooks observe and intercept ops", "[autograd][dispatch]") {
-  struct Recorder : DispatchHook {
+  struct Recorder : OpHook {
     std::vector<std::string> names;
     void after(const OpCall& call, const std::vector<Tensor>&) override { names.push_back(call.name); }
   };
-  struct ReplaceExp : DispatchHook {
+  struct ReplaceExp : OpHook {
     std::optional<std::vector<Tensor>> before(const OpCall& call) override {
       if (std::string(call.name) == "exp") return std::vector<Tensor>{full(call.inputs[0].sizes(), 42.0)};
       return std::nullopt;
     }
   };
   auto rec = std::make_shared<Recorder>();
-  const auto ops0 = ops_dispatched();
+  const auto ops0 = ops_called();
   {
-    DispatchHookScope s1(rec);
-    DispatchHookScope s2(std::make_shared<ReplaceExp>());
+    OpHookScope s1(rec);
+    OpHookScope s2(std::make_shared<ReplaceExp>());
     Tensor y = exp(from_vector<float>({1, 2})) + 1.0;
     CHECK(vals(y) == std::vector<float>{43, 43});
   }
   CHECK(rec->names == std::vector<std::string>{"exp", "add_scalar"});
-  CHECK(ops_dispatched() - ops0 == 2);
+  CHECK(ops_called() - ops0 == 2);
 }
 
 TEST_CASE("backward runs newest node first and counts nodes", "[autograd]") {

@@ -7,7 +7,7 @@
 #include "checkpoint/checkpoint.h"
 #include "engine/autograd.h"
 #include "engine/custom_op.h"
-#include "engine/dispatch.h"
+#include "engine/op_hooks.h"
 #include "engine/gradcheck.h"
 #include "engine/rng.h"
 #include "ops/ops.h"
@@ -134,7 +134,7 @@ TEST_CASE("custom op inside a checkpoint region is replayed, bit-identical", "[c
 }
 
 TEST_CASE("custom op goes through dispatch and the saved-bytes registry by name", "[custom_op]") {
-  struct Names : DispatchHook {
+  struct Names : OpHook {
     std::vector<std::string> seen;
     std::optional<std::vector<Tensor>> before(const OpCall& c) override {
       seen.emplace_back(c.name);
@@ -145,7 +145,7 @@ TEST_CASE("custom op goes through dispatch and the saved-bytes registry by name"
   Tensor a = randn_leaf({2, 3}, 4), b = randn_leaf({2, 3}, 5);
   Tensor y;
   {
-    DispatchHookScope scope(names);
+    OpHookScope scope(names);
     y = tanh_mul()({a, b})[0];
   }
   REQUIRE(!names->seen.empty());

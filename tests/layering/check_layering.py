@@ -4,7 +4,7 @@
 Every top-level folder is a layer; a file may include headers of its own
 folder and of folders in lower layers only:
 
-    engine < cuda < ops < checkpoint, parallel < moe < models < train, tokenizer
+    engine < ops < cuda < checkpoint, parallel < moe < models < train, tokenizer
            < tools < api < examples
 
 checkpoint and parallel share a layer and may not include each other, and
@@ -28,8 +28,10 @@ import sys
 
 LAYERS = [
     ["engine"],
-    ["cuda"],
+    # ops/ defines every op and its CPU kernels; cuda/ registers its kernels
+    # for them (ops/kernel_table.h), so no op file includes a cuda/ header.
     ["ops"],
+    ["cuda"],
     ["checkpoint", "parallel"],
     ["moe"],
     ["models"],

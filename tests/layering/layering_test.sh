@@ -23,7 +23,7 @@ echo '#include "train/trainer.h"' >> "$tmp/copy/ops/ops.h"
 $py $checker --root "$tmp/copy" > "$tmp/copy.txt" 2>&1
 rc=$?
 check "an include added up the order fails the check, naming file, line and both layers" \
-  '[ $rc -eq 1 ] && grep -qxF "ops/ops.h:$line: #include \"train/trainer.h\": ops (layer 2) may not include train (layer 6), a layer above it" "$tmp/copy.txt"' \
+  '[ $rc -eq 1 ] && grep -qxF "ops/ops.h:$line: #include \"train/trainer.h\": ops (layer 1) may not include train (layer 6), a layer above it" "$tmp/copy.txt"' \
   || cat "$tmp/copy.txt"
 check "only the added include is reported" '[ "$(grep -c "#include" "$tmp/copy.txt")" -eq 1 ]' || cat "$tmp/copy.txt"
 
@@ -60,7 +60,7 @@ check "an include sideways within a layer fails" \
   '[ $rc -eq 1 ] && grep -qxF "checkpoint/plan.cc:3: #include \"parallel/group.h\": checkpoint (layer 3) may not include parallel (layer 3), the same layer as it" "$tmp/bad.txt"' \
   || cat "$tmp/bad.txt"
 check "an include up the order through a relative path fails" \
-  'grep -qxF "engine/alloc.cc:2: #include \"../cuda/kernel.cuh\": engine (layer 0) may not include cuda (layer 1), a layer above it" "$tmp/bad.txt"'
+  'grep -qxF "engine/alloc.cc:2: #include \"../cuda/kernel.cuh\": engine (layer 0) may not include cuda (layer 2), a layer above it" "$tmp/bad.txt"'
 check "an include of another folder's internal header fails" \
   'grep -qxF "moe/dispatch.cc:1: #include \"ops/internal.h\": moe (layer 4) may not include a header internal to ops/ (its opening comment says so)" "$tmp/bad.txt"'
 check "api may not include examples" 'grep -q "^api/remat.h:1: .*api (layer 8) may not include examples (layer 9)" "$tmp/bad.txt"'
