@@ -72,14 +72,8 @@ OpCost cost_of(const std::string& op, const std::function<void()>& fn) {
   return sum->total;
 }
 
-// The cases. `work` (FLOPs or bytes per call) is given where the row's
-// figure is defined by hand (the causal half of attention, the fused
-// add_rms_norm's traffic for both of its rows); otherwise it is the op's own
-// cost for one call: matrix-product FLOPs (GFLOP/s) for products, bytes
-// (GB/s) for everything else.
-std::vector<BenchOpCase> make_cases() {
-  std::vector<BenchOpCase> c;
-  // GEMMs through matmul, on both CPU back ends.
+// GEMMs through matmul, on both CPU back ends, and the attention scores' bmm.
+void add_gemm_cases(std::vector<BenchOpCase>& c) {
   struct GemmShape {
     const char* name;
     std::int64_t m, n, k;
@@ -109,8 +103,11 @@ std::vector<BenchOpCase> make_cases() {
                  Tensor q = rnd({B * H, S, Dh}, 3), k = rnd({B * H, S, Dh}, 4);
                  return std::function<void()>([q, k] { bmm(q, k.transpose(1, 2)); });
                }});
+}
 
-  // Memory-bound ops at the MLP's width.
+// Memory-bound elementwise, reduction and shape ops at the MLP's width, then
+// the in-place ones.
+void add_elementwise_cases(std::vector<BenchOpCase>& c) {
   auto xy = [] { return std::pair{rnd({T, ffn}, 5), rnd({T, ffn}, 6)}; };
   auto mem = [&](const char* name, const char* op, std::function<void(const Tensor&, const Tensor&)> fn) {
     c.push_back({"memory", name, op, "", [xy, fn] {
@@ -157,8 +154,11 @@ std::vector<BenchOpCase> make_cases() {
   inplace("mul_scalar_    [1024x1376]", "mul_scalar_", [](Tensor& x, const Tensor&) { mul_(x, 1.0); });
   inplace("zero_          [1024x1376]", "zero_", [](Tensor& x, const Tensor&) { zero_(x); });
   inplace("copy_          [1024x1376]", "copy_", [](Tensor& x, const Tensor& y) { copy_(x, y); });
+}
 
-  // Normalisations, the residual stream's width.
+// Normalisations at the residual stream's width, the fused residual add +
+// RMSNorm against its two ops.
+void add_norm_cases(std::vector<BenchOpCase>& c) {
   c.push_back({"memory", "rms_norm       [1024x512]", "rms_norm", "", [] {
                  Tensor hs = rnd({T, d}, 7), w = ones({d});
                  return std::function<void()>([hs, w] { rms_norm(hs, w); });
@@ -200,6 +200,10 @@ std::vector<BenchOpCase> make_cases() {
                    grad({h, rms_norm(h, wl)}, {xl, rl, wl}, {ga, gb});
                  });
                }, fb_bytes});
+}
+
+// Softmaxes over attention scores, the loss over a large vocabulary, rotary.
+void add_softmax_loss_cases(std::vector<BenchOpCase>& c) {
   c.push_back({"memory", "softmax        [8192x256]", "softmax", "", [] {
                  Tensor sc = rnd({B * H * S, S}, 8);
                  return std::function<void()>([sc] { softmax(sc); });
@@ -216,8 +220,10 @@ std::vector<BenchOpCase> make_cases() {
                  Tensor q = rnd({B, H, S, Dh}, 10);
                  return std::function<void()>([q] { rotary_embedding(q); });
                }});
+}
 
-  // Row movement: embeddings, indexing, an MoE block's dispatch and combine.
+// Row movement: embeddings, indexing, an MoE block's dispatch and combine.
+void add_row_movement_cases(std::vector<BenchOpCase>& c) {
   c.push_back({"memory", "embedding      [256x512] ids [1024]", "embedding", "", [] {
                  Tensor w = rnd({V, d}, 17), ids = remainder_ids(T, V);
                  return std::function<void()>([w, ids] { embedding(w, ids); });
@@ -252,11 +258,13 @@ std::vector<BenchOpCase> make_cases() {
                  auto r = moe_routing();
                  return std::function<void()>([y, w, r] { moe_combine_rows(y, w, *r); });
                }});
+}
 
-  // Fused causal attention: forward, backward alone (the graph kept, grad()
-  // of q, k, v) and both. FLOPs are the causal half of the products: 2 in the
-  // forward (Q K^T, P V), 5 in the backward (Q K^T again, dO V^T, dS K,
-  // P^T dO, dS^T Q). REMAT_SIMD=avx2 times the AVX2 kernels on an AVX-512 CPU.
+// Fused causal attention: forward, backward alone (the graph kept, grad()
+// of q, k, v) and both. FLOPs are the causal half of the products: 2 in the
+// forward (Q K^T, P V), 5 in the backward (Q K^T again, dO V^T, dS K,
+// P^T dO, dS^T Q). REMAT_SIMD=avx2 times the AVX2 kernels on an AVX-512 CPU.
+void add_attention_cases(std::vector<BenchOpCase>& c) {
   const double fwd_flops = 4.0 * double(B * H) * double(S) * double(S) * double(Dh) / 2.0;
   auto qkv = [] { return std::tuple{rnd({B, H, S, Dh}, 10), rnd({B, H, S, Dh}, 11), rnd({B, H, S, Dh}, 12)}; };
   c.push_back({"attention", "sdpa forward   [4x8x256x64] causal", "scaled_dot_product_attention", "fused", [qkv] {
@@ -279,6 +287,21 @@ std::vector<BenchOpCase> make_cases() {
                    backward({o}, {go});
                  });
                }, fwd_flops * 3.5, 1});
+}
+
+// The cases. `work` (FLOPs or bytes per call) is given where the row's
+// figure is defined by hand (the causal half of attention, the fused
+// add_rms_norm's traffic for both of its rows); otherwise it is the op's own
+// cost for one call: matrix-product FLOPs (GFLOP/s) for products, bytes
+// (GB/s) for everything else.
+std::vector<BenchOpCase> make_cases() {
+  std::vector<BenchOpCase> c;
+  add_gemm_cases(c);
+  add_elementwise_cases(c);
+  add_norm_cases(c);
+  add_softmax_loss_cases(c);
+  add_row_movement_cases(c);
+  add_attention_cases(c);
   return c;
 }
 

@@ -106,47 +106,47 @@ int run_bench_pipeline_worker(const std::vector<std::string>& args) {
   return 0;
 }
 
-int run_pipeline_bench(const PipelineBenchSpec& s) {
-  const ModelConfig c = ModelConfig::load(s.config);
-  REMAT_CHECK(s.pp >= 2 && s.pp <= c.n_layers, Error, "bench --pp ", s.pp, ": config ", c.name, " has ", c.n_layers,
-              " blocks; every stage needs at least one");
-  for (const std::string& sc : s.schedules) parse_pipeline_schedule(sc);  // bad names before any run
-  const std::int64_t P = s.pp, M = s.micro_batches, batch = s.micro_rows * M;
-  std::vector<Variant> variants;
-  for (const std::string& sc : s.schedules)
-    for (const std::string& plan : s.plans) variants.push_back({sc, plan});
-  const auto order = bench_order(std::int64_t(variants.size()), s.repeats);
-  const double theory = double(P - 1) / double(M + P - 1);
-  std::printf("remat bench: config %s, %lld pipeline stages x %lld micro-batches of %lld sequence(s), %d thread(s) "
-              "per stage, %lld repeats x (%lld warm-up + %lld timed steps); %zu jobs in a balanced interleaved order\n",
-              c.name.c_str(), static_cast<long long>(P), static_cast<long long>(M),
-              static_cast<long long>(s.micro_rows), std::max<int>(1, s.threads / int(P)),
-              static_cast<long long>(s.repeats), static_cast<long long>(s.warmup), static_cast<long long>(s.steps),
-              order.size());
-  std::fflush(stdout);
-  std::vector<std::map<std::string, std::vector<double>>> got(variants.size());
+namespace {
+
+// Each variant's result fields over its repeats, and one --json object per job.
+struct PipelineRuns {
+  std::vector<std::map<std::string, std::vector<double>>> got;
   std::vector<JsonObject> runs;
+};
+
+// Runs the jobs in `order`, a line per job.
+PipelineRuns run_jobs(const PipelineBenchSpec& s, const std::vector<Variant>& variants,
+                      const std::vector<BenchSlot>& order, std::int64_t batch) {
+  PipelineRuns r;
+  r.got.resize(variants.size());
   for (const BenchSlot& slot : order) {
     const Variant& v = variants[std::size_t(slot.variant)];
-    const auto r = run_pipeline_worker(s, v, batch);
-    for (const auto& [k, val] : r) got[std::size_t(slot.variant)][k].push_back(val);
+    const auto res = run_pipeline_worker(s, v, batch);
+    for (const auto& [k, val] : res) r.got[std::size_t(slot.variant)][k].push_back(val);
     JsonObject run;
     run.set("variant", v.name()).set("repeat", slot.repeat).set("position", slot.position).set("slot", slot.slot);
-    run.set("step_ms", r.at("step_ms"));
-    runs.push_back(run);
+    run.set("step_ms", res.at("step_ms"));
+    r.runs.push_back(run);
     std::printf("  [%2lld/%zu] %-22s repeat %lld: step %.0f ms\n", static_cast<long long>(slot.position + 1),
-                order.size(), v.name().c_str(), static_cast<long long>(slot.repeat + 1), r.at("step_ms"));
+                order.size(), v.name().c_str(), static_cast<long long>(slot.repeat + 1), res.at("step_ms"));
     std::fflush(stdout);
   }
+  return r;
+}
 
+// The per-stage table: a line per stage of each variant, next to the
+// bubble's arithmetic `theory`; each variant's --json row.
+std::vector<JsonObject> stage_table(const PipelineBenchSpec& s, const ModelConfig& c,
+                                    const std::vector<Variant>& variants, const PipelineRuns& r, double theory) {
+  const std::int64_t P = s.pp, M = s.micro_batches;
   std::vector<JsonObject> rows;
   std::printf("\n%-20s %8s %5s %7s %9s %9s %9s %8s %8s %8s %7s %8s %9s\n", "variant", "step ms", "stage", "blocks",
               "peak MiB", "activ.", "in-flight", "fwd ms", "bwd ms", "idle ms", "bubble", "(P-1)/", "sent MiB");
   std::printf("%-20s %8s %5s %7s %9s %9s %9s %8s %8s %8s %7s %8s %9s\n", "", "", "", "", "", "MiB", "", "", "", "", "",
               "(M+P-1)", "");
   for (std::size_t i = 0; i < variants.size(); ++i) {
-    auto med = [&](const std::string& k) { return median(got[i].at(k)); };
-    const auto& sv = got[i].at("step_ms");
+    auto med = [&](const std::string& k) { return median(r.got[i].at(k)); };
+    const auto& sv = r.got[i].at("step_ms");
     const double step = med("step_ms");
     JsonObject row;
     row.set("variant", variants[i].name()).set("schedule", variants[i].schedule).set("plan", variants[i].plan);
@@ -176,18 +176,47 @@ int run_pipeline_bench(const PipelineBenchSpec& s) {
   std::printf("(medians over repeats of each job's median step; in-flight: micro-batches a stage held activations "
               "for at once; idle: waiting for a neighbour; bubble: idle / (forward + backward + idle), next to "
               "(P - 1) / (M + P - 1) for equal stages and free messages)\n");
-  if (!s.json_path.empty()) {
-    JsonObject doc;
-    doc.set("config", c.name).set("pp", P).set("grad_accum", M).set("micro_batch_rows", s.micro_rows);
-    doc.set("threads_per_stage", std::max<int>(1, s.threads / int(P))).set("repeats", s.repeats);
-    doc.set("warmup", s.warmup).set("steps", s.steps).set("order", "williams").set("dtype", s.dtype);
-    doc.set_raw("rows", json_array(rows));
-    doc.set_raw("runs", json_array(runs));
-    std::ofstream out(s.json_path);
-    REMAT_CHECK(out.good(), IOError, "bench: cannot write ", s.json_path);
-    out << doc.str() << "\n";
-    std::printf("wrote %s\n", s.json_path.c_str());
-  }
+  return rows;
+}
+
+void write_pipeline_json(const PipelineBenchSpec& s, const ModelConfig& c, const std::vector<JsonObject>& rows,
+                         const std::vector<JsonObject>& runs) {
+  const std::int64_t P = s.pp;
+  JsonObject doc;
+  doc.set("config", c.name).set("pp", P).set("grad_accum", s.micro_batches).set("micro_batch_rows", s.micro_rows);
+  doc.set("threads_per_stage", std::max<int>(1, s.threads / int(P))).set("repeats", s.repeats);
+  doc.set("warmup", s.warmup).set("steps", s.steps).set("order", "williams").set("dtype", s.dtype);
+  doc.set_raw("rows", json_array(rows));
+  doc.set_raw("runs", json_array(runs));
+  std::ofstream out(s.json_path);
+  REMAT_CHECK(out.good(), IOError, "bench: cannot write ", s.json_path);
+  out << doc.str() << "\n";
+  std::printf("wrote %s\n", s.json_path.c_str());
+}
+
+}  // namespace
+
+int run_pipeline_bench(const PipelineBenchSpec& s) {
+  const ModelConfig c = ModelConfig::load(s.config);
+  REMAT_CHECK(s.pp >= 2 && s.pp <= c.n_layers, Error, "bench --pp ", s.pp, ": config ", c.name, " has ", c.n_layers,
+              " blocks; every stage needs at least one");
+  for (const std::string& sc : s.schedules) parse_pipeline_schedule(sc);  // bad names before any run
+  const std::int64_t P = s.pp, M = s.micro_batches, batch = s.micro_rows * M;
+  std::vector<Variant> variants;
+  for (const std::string& sc : s.schedules)
+    for (const std::string& plan : s.plans) variants.push_back({sc, plan});
+  const auto order = bench_order(std::int64_t(variants.size()), s.repeats);
+  const double theory = double(P - 1) / double(M + P - 1);
+  std::printf("remat bench: config %s, %lld pipeline stages x %lld micro-batches of %lld sequence(s), %d thread(s) "
+              "per stage, %lld repeats x (%lld warm-up + %lld timed steps); %zu jobs in a balanced interleaved order\n",
+              c.name.c_str(), static_cast<long long>(P), static_cast<long long>(M),
+              static_cast<long long>(s.micro_rows), std::max<int>(1, s.threads / int(P)),
+              static_cast<long long>(s.repeats), static_cast<long long>(s.warmup), static_cast<long long>(s.steps),
+              order.size());
+  std::fflush(stdout);
+  const PipelineRuns r = run_jobs(s, variants, order, batch);
+  const std::vector<JsonObject> rows = stage_table(s, c, variants, r, theory);
+  if (!s.json_path.empty()) write_pipeline_json(s, c, rows, r.runs);
   return 0;
 }
 

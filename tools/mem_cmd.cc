@@ -75,103 +75,182 @@ class StepWatcher final : public OpHook {
   SavedBytesReport snapshot_;
 };
 
-}  // namespace
+// The command's own flags, checked once.
+struct MemOptions {
+  std::string stem;  // --out without a trailing .json or .html
+  std::int64_t steps_before = 0, capacity = 0;
+  std::uint64_t seed = 0;
+};
 
-int run_mem(const std::vector<std::string>& args) {
-  Flags f("mem", "the allocator history over one training step as JSON and HTML", args,
-          with_auto_plan_flags({text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
-           text_flag("recompute", "recompute plan, as for train", "none"),
-           text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
-           int_flag("seed", "seed for weights, data and dropout", 0, {.min = 0}),
-           int_flag("steps-before", "training steps run before the recorded one, so optimizer state exists", 1,
-                    {.min = 0}),
-           text_flag("out", "write FILE.json and FILE.html (a trailing .json or .html is dropped) (required)"),
-           int_flag("capacity", "allocator history capacity in events", std::int64_t(1) << 20, {.min = 1}),
-           threads_flag_spec()}));
+std::vector<FlagSpec> mem_flag_specs() {
+  return with_auto_plan_flags(
+      {text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
+       text_flag("recompute", "recompute plan, as for train", "none"),
+       text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
+       int_flag("seed", "seed for weights, data and dropout", 0, {.min = 0}),
+       int_flag("steps-before", "training steps run before the recorded one, so optimizer state exists", 1,
+                {.min = 0}),
+       text_flag("out", "write FILE.json and FILE.html (a trailing .json or .html is dropped) (required)"),
+       int_flag("capacity", "allocator history capacity in events", std::int64_t(1) << 20, {.min = 1}),
+       threads_flag_spec()});
+}
+
+MemOptions mem_options(const Flags& f) {
   REMAT_CHECK(f.has("out"), Error, "--out FILE is required (writes FILE.json and FILE.html)");
-  std::string stem = f.get("out");
-  if (ends_with(stem, ".html"))
-    stem.resize(stem.size() - 5);
-  else if (ends_with(stem, ".json"))
-    stem.resize(stem.size() - 5);
-  REMAT_CHECK(!stem.empty() && !ends_with(stem, "/"), Error, "--out '", f.get("out"),
+  MemOptions m;
+  m.stem = f.get("out");
+  if (ends_with(m.stem, ".html"))
+    m.stem.resize(m.stem.size() - 5);
+  else if (ends_with(m.stem, ".json"))
+    m.stem.resize(m.stem.size() - 5);
+  REMAT_CHECK(!m.stem.empty() && !ends_with(m.stem, "/"), Error, "--out '", f.get("out"),
               "' names no file (expected e.g. --out out/tiny-mem)");
-  const std::int64_t steps_before = f.get_int("steps-before");
-  const std::int64_t capacity = f.get_int("capacity");
+  m.steps_before = f.get_int("steps-before");
+  m.capacity = f.get_int("capacity");
   apply_threads_flag(f);
-  const auto seed = std::uint64_t(f.get_int("seed"));
+  m.seed = std::uint64_t(f.get_int("seed"));
+  return m;
+}
 
-  // The run the trainer would do (train/trainer.cc), step by step here so the
-  // phases can be marked: same corpus, model, plan, AdamW, schedule and clip.
+// The trainer's options for the recorded run (the plan resolved: auto is
+// profiled and chosen here).
+TrainOptions mem_train_options(const Flags& f, std::uint64_t seed) {
   TrainOptions o;
   o.config = ModelConfig::load(f.get("config"));
   o.config.validate();
   o.seed = seed;
   o.recompute = resolve_recompute(f, f.get("recompute"), o.config, "f32", kCPU, seed);
-  const ModelConfig& c = o.config;
-  RecomputePlan plan = RecomputePlan::parse(o.recompute, c.n_layers);
-  if (f.has("offload-dir")) plan.offload_dir = f.get("offload-dir");
+  return o;
+}
 
-  // Open the outputs first: a bad path should not cost a training step.
-  const std::string json_path = stem + ".json", html_path = stem + ".html";
-  std::ofstream json_out(json_path), html_out(html_path);
-  REMAT_CHECK(json_out.good(), IOError, "--out: cannot write ", json_path);
-  REMAT_CHECK(html_out.good(), IOError, "--out: cannot write ", html_path);
-  // Whatever fails from here on leaves no half-written outputs behind.
-  struct RemoveUnlessKept {
-    std::vector<std::string> paths;
-    bool keep = false;
-    ~RemoveUnlessKept() {
-      if (!keep)
-        for (const auto& p : paths) std::remove(p.c_str());
+// FILE.json and FILE.html, opened first (a bad path should not cost a
+// training step); whatever fails before keep() leaves no half-written
+// outputs behind.
+class MemOutputs {
+ public:
+  explicit MemOutputs(const std::string& stem)
+      : json_path_(stem + ".json"), html_path_(stem + ".html"), json_(json_path_), html_(html_path_) {
+    REMAT_CHECK(json_.good(), IOError, "--out: cannot write ", json_path_);
+    REMAT_CHECK(html_.good(), IOError, "--out: cannot write ", html_path_);
+  }
+  ~MemOutputs() {
+    if (!kept_) {
+      std::remove(json_path_.c_str());
+      std::remove(html_path_.c_str());
     }
-  } cleanup{{json_path, html_path}};
+  }
+  MemOutputs(const MemOutputs&) = delete;
+  MemOutputs& operator=(const MemOutputs&) = delete;
 
-  Corpus corpus = generated_corpus(o.seed);
-  manual_seed(o.seed);
-  DecoderModel model(c, o.seed);
-  apply_recompute_plan(model, plan);
-  AdamWOptions ao;
-  ao.weight_decay = o.weight_decay;
-  AdamW optimizer(model.named_parameters(), ao);
-  BatchSampler sampler(corpus.train, c.batch, c.seq, o.seed + 1);
-  model.train(true);
+  // Writes both files and keeps them. IOError if a write fails.
+  void write_and_keep(const std::string& json, const std::string& html) {
+    json_ << json;
+    html_ << html;
+    json_.close();
+    html_.close();
+    REMAT_CHECK(json_.good(), IOError, "writing ", json_path_, " failed");
+    REMAT_CHECK(html_.good(), IOError, "writing ", html_path_, " failed");
+    kept_ = true;
+  }
+  const std::string& json_path() const { return json_path_; }
+  const std::string& html_path() const { return html_path_; }
 
-  auto& alloc = allocator_for(kCPU);
-  std::int64_t step = 0;
+ private:
+  std::string json_path_, html_path_;
+  std::ofstream json_, html_;
+  bool kept_ = false;
+};
+
+// The run the trainer would do (train/trainer.cc), step by step here so the
+// phases can be marked: same corpus, model, plan, AdamW, schedule and clip.
+class MemTrainer {
+ public:
+  MemTrainer(const TrainOptions& o, const RecomputePlan& plan)
+      : o_(o), corpus_(generated_corpus(o.seed)), alloc_(allocator_for(kCPU)) {
+    const ModelConfig& c = o.config;
+    manual_seed(o.seed);
+    model_ = std::make_unique<DecoderModel>(c, o.seed);
+    apply_recompute_plan(*model_, plan);
+    AdamWOptions ao;
+    ao.weight_decay = o.weight_decay;
+    optimizer_ = std::make_unique<AdamW>(model_->named_parameters(), ao);
+    sampler_ = std::make_unique<BatchSampler>(corpus_.train, c.batch, c.seq, o.seed + 1);
+    model_->train(true);
+  }
+
   // One training step as Trainer::run does it; `w` (when recording) marks
-  // the phases.
-  auto train_step = [&](StepWatcher* w) {
+  // the phases. Returns the loss.
+  double step(StepWatcher* w) {
     auto phase = [&](const char* name) {
       if (w) w->phase(name);
     };
-    const double lr = cosine_lr(step, o.warmup, o.steps, o.lr, o.min_lr);
+    const double lr = cosine_lr(step_, o_.warmup, o_.steps, o_.lr, o_.min_lr);
     phase("zero_grad");
-    Tensor batch = sampler.next();
-    model.zero_grad();
+    Tensor batch = sampler_->next();
+    model_->zero_grad();
     double loss;
     {
       CategoryScope cat(MemoryCategory::activation);
       phase("forward");
-      auto out = model.forward_loss(batch);
+      auto out = model_->forward_loss(batch);
       loss = out.loss.item();
       phase("backward");
       out.loss.backward();
     }
     phase("optimizer");
-    clip_grad_norm(model.parameters(), o.clip);
-    optimizer.step(lr);
-    ++step;
+    clip_grad_norm(model_->parameters(), o_.clip);
+    optimizer_->step(lr);
+    ++step_;
     if (w) w->check_peak();
-    alloc.mark("end");
+    alloc_.mark("end");
     return loss;
-  };
+  }
 
-  for (std::int64_t i = 0; i < steps_before; ++i) train_step(nullptr);
+  DecoderModel& model() { return *model_; }
+  CachingAllocator& alloc() { return alloc_; }
 
-  // Record one step.
+ private:
+  const TrainOptions& o_;
+  Corpus corpus_;
+  CachingAllocator& alloc_;
+  std::unique_ptr<DecoderModel> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<BatchSampler> sampler_;
+  std::int64_t step_ = 0;
+};
+
+// The offload and compression figures over all steps, when the plan has them.
+void add_hook_info(const DecoderModel& model, MemRecording& rec) {
+  if (const auto& off = model.model->blocks->offload_hooks()) {
+    off->check();
+    rec.info.emplace_back("offloaded to the spill file (all steps)", format_bytes(off->stats().bytes_written));
+    rec.info.emplace_back("offload wait (all steps)", std::to_string(double(off->stats().wait_ns) * 1e-6) + " ms");
+  }
+  if (const auto& comp = model.model->blocks->compress_hooks())
+    rec.info.emplace_back("compressed saves (all steps)", format_bytes(comp->stats().compressed_bytes) + " (from " +
+                                                  format_bytes(comp->stats().original_bytes) + ")");
+}
+
+// The line about the peak and the files written.
+void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs& out) {
+  const TimelinePoint& peak = t.points.at(t.peak_point);
+  std::int64_t replays = 0;
+  for (const auto& ph : t.phases) replays += ph.name == "replay";
+  std::printf("mem: %s, recompute %s: peak allocated %s at %.2f ms (%s%s%s), reserved peak %s, %zu events, "
+              "%lld replay phases\n",
+              rec.config.c_str(), rec.plan.c_str(), format_bytes(peak.allocated).c_str(), double(peak.t_ns) / 1e6,
+              t.peak_phase.c_str(), t.peak_tag.empty() ? "" : ", op ", t.peak_tag.c_str(),
+              format_bytes(t.reserved_peak).c_str(), rec.events.size(), static_cast<long long>(replays));
+  std::printf("  wrote %s and %s\n", out.json_path().c_str(), out.html_path().c_str());
+}
+
+// One step recorded: the allocator history (at most `capacity` events) from
+// the bytes held before it, what was held for backward at the peak, and the
+// facts the page shows. *allocated_peak: the allocator's own peak over it.
+MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOptions& m, std::int64_t* allocated_peak) {
+  CachingAllocator& alloc = run.alloc();
   MemRecording rec;
-  rec.config = c.name;
+  rec.config = o.config.name;
   rec.plan = o.recompute;
   alloc.reset_peak();
   reset_saved_bytes_peak();
@@ -181,60 +260,56 @@ int run_mem(const std::vector<std::string>& args) {
   rec.initial_reserved = before.reserved_bytes;
   auto watcher = std::make_shared<StepWatcher>(alloc);
   double loss = 0;
-  alloc.enable_history(std::size_t(capacity));
+  alloc.enable_history(std::size_t(m.capacity));
   try {
     OpHookScope scope(watcher);
-    loss = train_step(watcher.get());
+    loss = run.step(watcher.get());
   } catch (...) {
     alloc.enable_history(0);
     throw;
   }
   rec.events = alloc.history();
   alloc.enable_history(0);
-  const MemoryStats after = alloc.stats();
+  *allocated_peak = alloc.stats().allocated_peak;
   const CheckpointCounters cc = checkpoint_counters();
-  REMAT_CHECK(std::int64_t(rec.events.size()) < capacity || rec.events.empty() || rec.events.front().seq == 0, Error,
-              "the step made more than --capacity ", capacity,
+  REMAT_CHECK(std::int64_t(rec.events.size()) < m.capacity || rec.events.empty() || rec.events.front().seq == 0,
+              Error, "the step made more than --capacity ", m.capacity,
               " allocator events and the oldest were lost; run again with a larger --capacity");
   rec.saved_at_peak_by_op = watcher->saved_at_peak().bytes_by_op;
   rec.saved_at_peak_total = watcher->saved_at_peak().live_bytes;
-  rec.info = {{"seed", std::to_string(seed)},
-              {"steps before", std::to_string(steps_before)},
+  rec.info = {{"seed", std::to_string(m.seed)},
+              {"steps before", std::to_string(m.steps_before)},
               {"loss", std::to_string(loss)},
-              {"parameters", std::to_string(model.num_parameters())},
+              {"parameters", std::to_string(run.model().num_parameters())},
               {"replays", std::to_string(cc.replays)},
               {"recomputed ops", std::to_string(cc.ops_recomputed)},
               {"saved-bytes peak", format_bytes(saved_bytes_report().peak_bytes)},
               {"threads", std::to_string(num_threads())}};
-  if (const auto& off = model.model->blocks->offload_hooks()) {
-    off->check();
-    rec.info.emplace_back("offloaded to the spill file (all steps)", format_bytes(off->stats().bytes_written));
-    rec.info.emplace_back("offload wait (all steps)", std::to_string(double(off->stats().wait_ns) * 1e-6) + " ms");
-  }
-  if (const auto& comp = model.model->blocks->compress_hooks())
-    rec.info.emplace_back("compressed saves (all steps)", format_bytes(comp->stats().compressed_bytes) + " (from " +
-                                                  format_bytes(comp->stats().original_bytes) + ")");
+  add_hook_info(run.model(), rec);
+  return rec;
+}
+
+}  // namespace
+
+int run_mem(const std::vector<std::string>& args) {
+  Flags f("mem", "the allocator history over one training step as JSON and HTML", args, mem_flag_specs());
+  const MemOptions m = mem_options(f);
+  const TrainOptions o = mem_train_options(f, m.seed);
+  RecomputePlan plan = RecomputePlan::parse(o.recompute, o.config.n_layers);
+  if (f.has("offload-dir")) plan.offload_dir = f.get("offload-dir");
+  MemOutputs out(m.stem);
+
+  MemTrainer run(o, plan);
+  for (std::int64_t i = 0; i < m.steps_before; ++i) run.step(nullptr);
+  std::int64_t allocated_peak = 0;
+  const MemRecording rec = record_step(run, o, m, &allocated_peak);
 
   const Timeline t = build_timeline(rec);
   const TimelinePoint& peak = t.points.at(t.peak_point);
-  REMAT_CHECK(peak.allocated == after.allocated_peak, Error, "the recorded events peak at ", peak.allocated,
-              " bytes but the allocator's peak over the step is ", after.allocated_peak);
-  json_out << timeline_json(rec, t);
-  html_out << timeline_html(rec, t);
-  json_out.close();
-  html_out.close();
-  REMAT_CHECK(json_out.good(), IOError, "writing ", json_path, " failed");
-  REMAT_CHECK(html_out.good(), IOError, "writing ", html_path, " failed");
-  cleanup.keep = true;
-
-  std::int64_t replays = 0;
-  for (const auto& ph : t.phases) replays += ph.name == "replay";
-  std::printf("mem: %s, recompute %s: peak allocated %s at %.2f ms (%s%s%s), reserved peak %s, %zu events, "
-              "%lld replay phases\n",
-              c.name.c_str(), o.recompute.c_str(), format_bytes(peak.allocated).c_str(), double(peak.t_ns) / 1e6,
-              t.peak_phase.c_str(), t.peak_tag.empty() ? "" : ", op ", t.peak_tag.c_str(),
-              format_bytes(t.reserved_peak).c_str(), rec.events.size(), static_cast<long long>(replays));
-  std::printf("  wrote %s and %s\n", json_path.c_str(), html_path.c_str());
+  REMAT_CHECK(peak.allocated == allocated_peak, Error, "the recorded events peak at ", peak.allocated,
+              " bytes but the allocator's peak over the step is ", allocated_peak);
+  out.write_and_keep(timeline_json(rec, t), timeline_html(rec, t));
+  print_summary(rec, t, out);
   return 0;
 }
 

@@ -27,6 +27,181 @@ namespace remat::tools {
 
 namespace {
 
+// The command's flags, checked once.
+struct PlanOptions {
+  std::vector<std::string> budget_texts;  // --memory-budget's items
+  std::string config;                     // as given (the bench workers load it again)
+  ModelConfig model;
+  DType dtype = DType::f32;
+  Device device;
+  std::uint64_t seed = 0;
+  bool lossy = false;
+  bool several() const { return budget_texts.size() > 1; }
+};
+
+std::vector<FlagSpec> plan_flag_specs() {
+  std::vector<FlagSpec> specs = {
+      text_flag("config", "model config name or FILE.json", "bench-dense"),
+      text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
+      text_flag("device", "cpu, cuda or cuda:N", "cpu"),
+      int_flag("seed", "seed", 0, {.min = 0}),
+      text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
+      text_flag("json", "write the profile, the choice and (with --measure) the measurements to FILE"),
+      bool_flag("measure", "also run the chosen plan and the alternatives in fresh processes (bench workers, in an "
+                "interleaved order) and print predicted next to measured"),
+      int_flag("repeats", "with --measure: processes per plan", 2, {.min = 1}),
+      int_flag("warmup", "with --measure: untimed warm-up steps per process", 1, {.min = 0}),
+      int_flag("steps", "with --measure: timed steps per process", 3, {.min = 1}),
+      threads_flag_spec()};
+  for (auto& s : auto_plan_flag_specs()) specs.push_back(s);
+  return specs;
+}
+
+PlanOptions plan_options(const Flags& f) {
+  REMAT_CHECK(f.has("memory-budget"), Error, "plan: --memory-budget B is required (bytes with a unit, e.g. 1.5GiB, "
+              "or N% of plan none's activation bytes; several as a comma list)");
+  PlanOptions o;
+  {
+    std::stringstream in(f.get("memory-budget"));
+    for (std::string b; std::getline(in, b, ',');) o.budget_texts.push_back(b);
+  }
+  for (const auto& b : o.budget_texts)
+    REMAT_CHECK(!b.empty(), Error, "plan: --memory-budget '", f.get("memory-budget"), "' has an empty item");
+  o.config = f.get("config");
+  o.model = ModelConfig::load(o.config);
+  o.dtype = compute_dtype_from_name(f.get("dtype"));
+  o.device = device_flag(f);
+  o.seed = std::uint64_t(f.get_int("seed"));
+  o.lossy = f.get_bool("allow-lossy");
+  return o;
+}
+
+// One line of a budget's table: the chosen plan, an alternative or the
+// smallest-peak plan, with the profile's predictions.
+struct Row {
+  std::string role, plan;
+  std::int64_t peak;
+  double step_ms;
+  std::size_t measured = 0;  // index into the measured plans
+};
+
+// Per budget: the choice (an Error below the smallest peak, naming it; with
+// several budgets that budget is reported and skipped), checked by a run.
+struct Choice {
+  std::string text;
+  std::int64_t budget = 0;
+  std::optional<CheckedPlan> checked;
+  std::string skipped;  // why no plan fits
+  std::vector<Row> rows;
+};
+
+// The medians over one measured plan's processes.
+struct Measured {
+  double peak = 0, step_ms = 0, step_ms_best = 0;
+};
+
+void print_profile(const PlanProfile& prof) {
+  std::printf("profile: %zu components in %.0f s; persistent %s, plan none: peak %s (activations %s), step %.0f ms\n",
+              prof.candidates.size(), prof.seconds, format_mib(prof.persistent).c_str(),
+              format_mib(prof.none_peak).c_str(), format_mib(prof.none_activation_bytes()).c_str(), prof.none_step_ms);
+}
+
+// The plan chosen for budget `text` and its table (chosen, alternatives,
+// smallest peak), and how the checking run went.
+Choice choose_for_budget(const Flags& f, const PlanOptions& o, const PlanProfile& prof, const ProfileOptions& popts,
+                         const std::string& text) {
+  Choice ch;
+  ch.text = text;
+  ch.budget = parse_memory_budget(text, prof);
+  std::printf("\nbudget %s = %s peak allocated\n", text.c_str(), format_mib(ch.budget).c_str());
+  try {
+    ch.checked = checked_choice(f, prof, popts, text);
+  } catch (const Error& e) {
+    if (!o.several()) throw;
+    ch.skipped = e.what();
+    std::printf("  no plan fits: %s\n", e.what());
+    return ch;
+  }
+  const CheckedPlan& checked = *ch.checked;
+  const AutoPlan& a = checked.plan;
+  ch.rows.push_back({"chosen", a.best.plan, a.best.peak, a.predicted_step_ms});
+  for (const auto& r : a.alternatives)
+    ch.rows.push_back({"alternative", r.plan, r.peak, prof.none_step_ms + r.time_ms});
+  if (a.smallest.plan != a.best.plan)
+    ch.rows.push_back({"smallest peak", a.smallest.plan, a.smallest.peak, prof.none_step_ms + a.smallest.time_ms});
+  std::printf("%-14s %-44s %16s %16s\n", "", "plan", "pred. peak MiB", "pred. step ms");
+  for (const Row& r : ch.rows)
+    std::printf("%-14s %-44s %16.1f %16.0f\n", r.role.c_str(), r.plan.c_str(), double(r.peak) / 1048576.0,
+                r.step_ms);
+  std::printf("(predicted from the profile; every plan listed fits the budget but the smallest-peak one, which is "
+              "the least any plan reaches)\n");
+  std::printf("checked: the chosen plan's run in a fresh model peaked at %s (%s the budget less the %.1f%% margin; "
+              "%d choice%s)\n",
+              format_mib(checked.measured_peak).c_str(), checked.checked ? "within" : "above", 100 * a.margin,
+              checked.tries, checked.tries == 1 ? "" : "s");
+  if (checked.history.size() > 1)
+    for (const auto& [plan, peak] : checked.history)
+      std::printf("  run: %-44s peaked at %s\n", plan.c_str(), format_mib(peak).c_str());
+  return ch;
+}
+
+// The distinct plans of every budget's rows, in first-listed order; sets
+// each row's index into them.
+std::vector<std::string> plans_to_measure(std::vector<Choice>& choices) {
+  std::vector<std::string> to_measure;
+  for (Choice& ch : choices)
+    for (Row& r : ch.rows) {
+      const auto it = std::find(to_measure.begin(), to_measure.end(), r.plan);
+      r.measured = std::size_t(it - to_measure.begin());
+      if (it == to_measure.end()) to_measure.push_back(r.plan);
+    }
+  return to_measure;
+}
+
+// --measure: every plan (once, whichever budgets list it) in fresh bench
+// processes, interleaved, a line per process; the medians per plan.
+std::vector<Measured> measure_plans(const Flags& f, const PlanOptions& o, const std::vector<std::string>& plans) {
+  std::vector<std::map<std::string, std::vector<double>>> v(plans.size());
+  const std::int64_t repeats = f.get_int("repeats");
+  const auto order = bench_order(std::int64_t(plans.size()), repeats);
+  std::printf("\nmeasuring %zu plans x %lld processes (%lld warm-up + %lld timed steps each), interleaved\n",
+              plans.size(), static_cast<long long>(repeats), static_cast<long long>(f.get_int("warmup")),
+              static_cast<long long>(f.get_int("steps")));
+  for (const BenchSlot& s : order) {
+    const std::string& plan = plans[std::size_t(s.variant)];
+    const auto m = run_worker(o.config, plan, f.get_int("warmup"), f.get_int("steps"), num_threads(), f.get("seed"),
+                              1, dtype_name(o.dtype), o.device.str(), f.has("offload-dir") ? f.get("offload-dir") : "");
+    for (const auto& [k, val] : m) v[std::size_t(s.variant)][k].push_back(val);
+    std::printf("  [%2lld/%zu] %-44s step %.0f ms, peak %.1f MiB\n", static_cast<long long>(s.position + 1),
+                order.size(), plan.c_str(), m.at("step_ms"), m.at("peak_allocated_bytes") / 1048576.0);
+    std::fflush(stdout);
+  }
+  std::vector<Measured> med(plans.size());
+  for (std::size_t i = 0; i < v.size(); ++i)
+    med[i] = {median(v[i].at("peak_allocated_bytes")), median(v[i].at("step_ms")), median(v[i].at("step_ms_best"))};
+  return med;
+}
+
+// Each budget's rows, predicted next to measured.
+void print_measured(const std::vector<Choice>& choices, const std::vector<Measured>& med) {
+  for (const Choice& ch : choices) {
+    if (ch.rows.empty()) continue;
+    std::printf("\nbudget %s = %s\n%-14s %-44s %11s %11s %7s %9s %9s %7s %9s %7s %5s\n", ch.text.c_str(),
+                format_mib(ch.budget).c_str(), "", "plan", "pred. MiB", "meas. MiB", "error", "pred. ms",
+                "meas. ms", "error", "best ms", "error", "fits");
+    for (const Row& r : ch.rows) {
+      const Measured& m = med[r.measured];
+      std::printf("%-14s %-44s %11.1f %11.1f %6.1f%% %9.0f %9.0f %6.1f%% %9.0f %6.1f%% %5s\n", r.role.c_str(),
+                  r.plan.c_str(), double(r.peak) / 1048576.0, m.peak / 1048576.0,
+                  100 * (double(r.peak) - m.peak) / m.peak, r.step_ms, m.step_ms,
+                  100 * (r.step_ms - m.step_ms) / m.step_ms, m.step_ms_best,
+                  100 * (r.step_ms - m.step_ms_best) / m.step_ms_best, m.peak <= double(ch.budget) ? "yes" : "NO");
+    }
+  }
+  std::printf("(measured: medians over the processes; best ms: each process's fastest timed step, median over "
+              "them; error = (predicted - measured) / measured)\n");
+}
+
 JsonObject candidate_json(const ProfiledCandidate& c) {
   JsonObject j;
   j.set("component", c.component.empty() ? std::string("none") : c.component).set("plan", c.plan);
@@ -44,233 +219,124 @@ JsonObject candidate_json(const ProfiledCandidate& c) {
   return j;
 }
 
-}  // namespace
+// The --json document: the choice per budget (one budget: its keys at the top
+// level; several: `budgets`, one object per budget with those keys, or
+// `skipped`, why no plan fits), then the profile it was planned from.
+class PlanJson {
+ public:
+  // `med`: the measured medians per plan (null without --measure).
+  PlanJson(const PlanOptions& o, const PlanProfile& prof, const std::vector<Choice>& choices,
+           const std::vector<Measured>* med)
+      : o_(o), prof_(prof), choices_(choices), med_(med) {}
 
-int run_plan(const std::vector<std::string>& args) {
-  std::vector<FlagSpec> specs = {
-      text_flag("config", "model config name or FILE.json", "bench-dense"),
-      text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
-      text_flag("device", "cpu, cuda or cuda:N", "cpu"),
-      int_flag("seed", "seed", 0, {.min = 0}),
-      text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
-      text_flag("json", "write the profile, the choice and (with --measure) the measurements to FILE"),
-      bool_flag("measure", "also run the chosen plan and the alternatives in fresh processes (bench workers, in an "
-                "interleaved order) and print predicted next to measured"),
-      int_flag("repeats", "with --measure: processes per plan", 2, {.min = 1}),
-      int_flag("warmup", "with --measure: untimed warm-up steps per process", 1, {.min = 0}),
-      int_flag("steps", "with --measure: timed steps per process", 3, {.min = 1}),
-      threads_flag_spec()};
-  for (auto& s : auto_plan_flag_specs()) specs.push_back(s);
-  Flags f("plan", "the plan --recompute auto would choose for --memory-budget (one budget or a comma list, planned "
-          "from one profile), with predictions", args, specs);
-  apply_threads_flag(f);
-  REMAT_CHECK(f.has("memory-budget"), Error, "plan: --memory-budget B is required (bytes with a unit, e.g. 1.5GiB, "
-              "or N% of plan none's activation bytes; several as a comma list)");
-  std::vector<std::string> budget_texts;
-  {
-    std::stringstream in(f.get("memory-budget"));
-    for (std::string b; std::getline(in, b, ',');) budget_texts.push_back(b);
-  }
-  for (const auto& b : budget_texts)
-    REMAT_CHECK(!b.empty(), Error, "plan: --memory-budget '", f.get("memory-budget"), "' has an empty item");
-  const std::string config = f.get("config");
-  const ModelConfig c = ModelConfig::load(config);
-  const std::string dtype = f.get("dtype");
-  compute_dtype_from_name(dtype);
-  const Device device = device_flag(f);
-  const auto seed = std::uint64_t(f.get_int("seed"));
-  const bool lossy = f.get_bool("allow-lossy");
-  const bool several = budget_texts.size() > 1;
-
-  std::printf("remat plan: config %s, %d threads; profiling %lld rounds of each plan component on every block\n",
-              c.name.c_str(), num_threads(), static_cast<long long>(f.get_int("profile-rounds")));
-  std::fflush(stdout);
-  const ProfileOptions popts = profile_options_for_flags(f, c, dtype, device, seed, true);
-  const PlanProfile prof = profile_plans(popts);
-  for (const auto& b : budget_texts) parse_memory_budget(b, prof);  // a bad text is an error before any choice
-  std::printf("profile: %zu components in %.0f s; persistent %s, plan none: peak %s (activations %s), step %.0f ms\n",
-              prof.candidates.size(), prof.seconds, format_mib(prof.persistent).c_str(),
-              format_mib(prof.none_peak).c_str(), format_mib(prof.none_activation_bytes()).c_str(), prof.none_step_ms);
-
-  // Per budget: the choice (an Error below the smallest peak, naming it; with
-  // several budgets that budget is reported and skipped), checked by a run.
-  struct Row {
-    std::string role, plan;
-    std::int64_t peak;
-    double step_ms;
-    std::size_t measured = 0;  // index into the measured plans
-  };
-  struct Choice {
-    std::string text;
-    std::int64_t budget = 0;
-    std::optional<CheckedPlan> checked;
-    std::string skipped;  // why no plan fits
-    std::vector<Row> rows;
-  };
-  std::vector<Choice> choices;
-  std::vector<std::string> to_measure;  // distinct plans over every budget, in first-listed order
-  for (const auto& text : budget_texts) {
-    Choice ch;
-    ch.text = text;
-    ch.budget = parse_memory_budget(text, prof);
-    std::printf("\nbudget %s = %s peak allocated\n", text.c_str(), format_mib(ch.budget).c_str());
-    try {
-      ch.checked = checked_choice(f, prof, popts, text);
-    } catch (const Error& e) {
-      if (!several) throw;
-      ch.skipped = e.what();
-      std::printf("  no plan fits: %s\n", e.what());
-      choices.push_back(std::move(ch));
-      continue;
-    }
-    const CheckedPlan& checked = *ch.checked;
-    const AutoPlan& a = checked.plan;
-    ch.rows.push_back({"chosen", a.best.plan, a.best.peak, a.predicted_step_ms});
-    for (const auto& r : a.alternatives)
-      ch.rows.push_back({"alternative", r.plan, r.peak, prof.none_step_ms + r.time_ms});
-    if (a.smallest.plan != a.best.plan)
-      ch.rows.push_back({"smallest peak", a.smallest.plan, a.smallest.peak, prof.none_step_ms + a.smallest.time_ms});
-    std::printf("%-14s %-44s %16s %16s\n", "", "plan", "pred. peak MiB", "pred. step ms");
-    for (auto& r : ch.rows) {
-      std::printf("%-14s %-44s %16.1f %16.0f\n", r.role.c_str(), r.plan.c_str(), double(r.peak) / 1048576.0,
-                  r.step_ms);
-      const auto it = std::find(to_measure.begin(), to_measure.end(), r.plan);
-      r.measured = std::size_t(it - to_measure.begin());
-      if (it == to_measure.end()) to_measure.push_back(r.plan);
-    }
-    std::printf("(predicted from the profile; every plan listed fits the budget but the smallest-peak one, which is "
-                "the least any plan reaches)\n");
-    std::printf("checked: the chosen plan's run in a fresh model peaked at %s (%s the budget less the %.1f%% margin; "
-                "%d choice%s)\n",
-                format_mib(checked.measured_peak).c_str(), checked.checked ? "within" : "above", 100 * a.margin,
-                checked.tries, checked.tries == 1 ? "" : "s");
-    if (checked.history.size() > 1)
-      for (const auto& [plan, peak] : checked.history)
-        std::printf("  run: %-44s peaked at %s\n", plan.c_str(), format_mib(peak).c_str());
-    choices.push_back(std::move(ch));
-  }
-
-  // --measure: every listed plan (once, whichever budgets list it) in fresh
-  // processes, interleaved; then each budget's rows, predicted next to measured.
-  std::vector<std::map<std::string, std::vector<double>>> v(to_measure.size());
-  const bool measure = f.get_bool("measure") && !to_measure.empty();
-  if (measure) {
-    const std::int64_t repeats = f.get_int("repeats");
-    const auto order = bench_order(std::int64_t(to_measure.size()), repeats);
-    std::printf("\nmeasuring %zu plans x %lld processes (%lld warm-up + %lld timed steps each), interleaved\n",
-                to_measure.size(), static_cast<long long>(repeats), static_cast<long long>(f.get_int("warmup")),
-                static_cast<long long>(f.get_int("steps")));
-    for (const BenchSlot& s : order) {
-      const std::string& plan = to_measure[std::size_t(s.variant)];
-      const auto m = run_worker(config, plan, f.get_int("warmup"), f.get_int("steps"), num_threads(), f.get("seed"),
-                                1, dtype, device.str(), f.has("offload-dir") ? f.get("offload-dir") : "");
-      for (const auto& [k, val] : m) v[std::size_t(s.variant)][k].push_back(val);
-      std::printf("  [%2lld/%zu] %-44s step %.0f ms, peak %.1f MiB\n", static_cast<long long>(s.position + 1),
-                  order.size(), plan.c_str(), m.at("step_ms"), m.at("peak_allocated_bytes") / 1048576.0);
-      std::fflush(stdout);
-    }
-  }
-  // Medians over each measured plan's processes.
-  struct Measured {
-    double peak = 0, step_ms = 0, step_ms_best = 0;
-  };
-  std::vector<Measured> med(to_measure.size());
-  if (measure)
-    for (std::size_t i = 0; i < v.size(); ++i)
-      med[i] = {median(v[i].at("peak_allocated_bytes")), median(v[i].at("step_ms")), median(v[i].at("step_ms_best"))};
-  auto row_json = [&](const Row& r, std::int64_t budget) {
-    JsonObject j;
-    j.set("role", r.role).set("plan", r.plan).set("predicted_peak_bytes", r.peak).set("predicted_step_ms", r.step_ms);
-    if (measure) {
-      const Measured& m = med[r.measured];
-      j.set("peak_allocated_bytes", m.peak).set("step_ms", m.step_ms).set("step_ms_best", m.step_ms_best);
-      j.set("peak_error", (double(r.peak) - m.peak) / m.peak).set("step_error", (r.step_ms - m.step_ms) / m.step_ms);
-      j.set("step_error_best", (r.step_ms - m.step_ms_best) / m.step_ms_best).set("fits", m.peak <= double(budget));
-    }
-    return j;
-  };
-  if (measure) {
-    for (const Choice& ch : choices) {
-      if (ch.rows.empty()) continue;
-      std::printf("\nbudget %s = %s\n%-14s %-44s %11s %11s %7s %9s %9s %7s %9s %7s %5s\n", ch.text.c_str(),
-                  format_mib(ch.budget).c_str(), "", "plan", "pred. MiB", "meas. MiB", "error", "pred. ms",
-                  "meas. ms", "error", "best ms", "error", "fits");
-      for (const Row& r : ch.rows) {
-        const Measured& m = med[r.measured];
-        std::printf("%-14s %-44s %11.1f %11.1f %6.1f%% %9.0f %9.0f %6.1f%% %9.0f %6.1f%% %5s\n", r.role.c_str(),
-                    r.plan.c_str(), double(r.peak) / 1048576.0, m.peak / 1048576.0,
-                    100 * (double(r.peak) - m.peak) / m.peak, r.step_ms, m.step_ms,
-                    100 * (r.step_ms - m.step_ms) / m.step_ms, m.step_ms_best,
-                    100 * (r.step_ms - m.step_ms_best) / m.step_ms_best, m.peak <= double(ch.budget) ? "yes" : "NO");
-      }
-    }
-    std::printf("(measured: medians over the processes; best ms: each process's fastest timed step, median over "
-                "them; error = (predicted - measured) / measured)\n");
-  }
-
-  if (f.has("json")) {
-    // One budget: its keys at the top level. Several: `budgets`, one object
-    // per budget with those keys (or `skipped`, why no plan fits).
-    auto budget_keys = [&](JsonObject& j, const Choice& ch) {
-      j.set("memory_budget", ch.text).set("budget_bytes", ch.budget);
-      if (!ch.checked) {
-        j.set("skipped", ch.skipped);
-        return;
-      }
-      const AutoPlan& a = ch.checked->plan;
-      j.set("chosen_plan", a.best.plan).set("predicted_peak_bytes", a.best.peak);
-      j.set("predicted_step_ms", a.predicted_step_ms).set("checked_peak_bytes", ch.checked->measured_peak);
-      j.set("margin", a.margin).set("planned_budget_bytes", a.planned_budget);
-      std::vector<JsonObject> plans, measured_rows;
-      for (const auto& r : ch.rows) {
-        JsonObject p;
-        p.set("role", r.role).set("plan", r.plan).set("predicted_peak_bytes", r.peak);
-        p.set("predicted_step_ms", r.step_ms);
-        plans.push_back(p);
-        if (measure) measured_rows.push_back(row_json(r, ch.budget));
-      }
-      j.set_raw("plans", json_array(plans));
-      if (measure) j.set_raw("measured", json_array(measured_rows));
-    };
+  void write(const std::string& path) const {
     JsonObject doc;
-    doc.set("config", c.name);
-    if (!several) budget_keys(doc, choices[0]);
-    doc.set("allow_lossy", lossy).set("persistent_bytes", prof.persistent).set("none_peak_bytes", prof.none_peak);
-    doc.set("none_activation_bytes", prof.none_activation_bytes()).set("none_step_ms", prof.none_step_ms);
-    if (several) {
+    doc.set("config", o_.model.name);
+    if (!o_.several()) budget_keys(doc, choices_[0]);
+    doc.set("allow_lossy", o_.lossy).set("persistent_bytes", prof_.persistent).set("none_peak_bytes", prof_.none_peak);
+    doc.set("none_activation_bytes", prof_.none_activation_bytes()).set("none_step_ms", prof_.none_step_ms);
+    if (o_.several()) {
       std::vector<JsonObject> per;
-      for (const Choice& ch : choices) {
+      for (const Choice& ch : choices_) {
         JsonObject j;
         budget_keys(j, ch);
         per.push_back(j);
       }
       doc.set_raw("budgets", json_array(per));
     }
+    profile_keys(doc);
+    std::ofstream out(path);
+    REMAT_CHECK(out.good(), IOError, "plan: cannot write ", path);
+    out << doc.str() << "\n";
+    std::printf("wrote %s\n", path.c_str());
+  }
+
+ private:
+  void budget_keys(JsonObject& j, const Choice& ch) const {
+    j.set("memory_budget", ch.text).set("budget_bytes", ch.budget);
+    if (!ch.checked) {
+      j.set("skipped", ch.skipped);
+      return;
+    }
+    const AutoPlan& a = ch.checked->plan;
+    j.set("chosen_plan", a.best.plan).set("predicted_peak_bytes", a.best.peak);
+    j.set("predicted_step_ms", a.predicted_step_ms).set("checked_peak_bytes", ch.checked->measured_peak);
+    j.set("margin", a.margin).set("planned_budget_bytes", a.planned_budget);
+    std::vector<JsonObject> plans, measured_rows;
+    for (const auto& r : ch.rows) {
+      JsonObject p;
+      p.set("role", r.role).set("plan", r.plan).set("predicted_peak_bytes", r.peak);
+      p.set("predicted_step_ms", r.step_ms);
+      plans.push_back(p);
+      if (med_) measured_rows.push_back(measured_row(r, ch.budget));
+    }
+    j.set_raw("plans", json_array(plans));
+    if (med_) j.set_raw("measured", json_array(measured_rows));
+  }
+
+  JsonObject measured_row(const Row& r, std::int64_t budget) const {
+    JsonObject j;
+    j.set("role", r.role).set("plan", r.plan).set("predicted_peak_bytes", r.peak).set("predicted_step_ms", r.step_ms);
+    const Measured& m = (*med_)[r.measured];
+    j.set("peak_allocated_bytes", m.peak).set("step_ms", m.step_ms).set("step_ms_best", m.step_ms_best);
+    j.set("peak_error", (double(r.peak) - m.peak) / m.peak).set("step_error", (r.step_ms - m.step_ms) / m.step_ms);
+    j.set("step_error_best", (r.step_ms - m.step_ms_best) / m.step_ms_best).set("fits", m.peak <= double(budget));
+    return j;
+  }
+
+  // The planner's bases, every candidate and the traced step's saves.
+  void profile_keys(JsonObject& doc) const {
     JsonObject bases;
-    bases.set("forward_base", prof.forward_base).set("block_forward_base", prof.block_forward_base);
-    bases.set("fixed_peak", prof.fixed_peak);
+    bases.set("forward_base", prof_.forward_base).set("block_forward_base", prof_.block_forward_base);
+    bases.set("fixed_peak", prof_.fixed_peak);
     std::string bb = "[";
-    for (std::size_t i = 0; i < prof.backward_bases.size(); ++i)
-      bb += (i ? ", " : "") + std::to_string(prof.backward_bases[i]);
+    for (std::size_t i = 0; i < prof_.backward_bases.size(); ++i)
+      bb += (i ? ", " : "") + std::to_string(prof_.backward_bases[i]);
     bases.set_raw("backward_bases", bb + "]");
     doc.set_raw("bases", bases.str());
     std::vector<JsonObject> cands;
-    for (const auto& cand : prof.candidates) cands.push_back(candidate_json(cand));
+    for (const auto& cand : prof_.candidates) cands.push_back(candidate_json(cand));
     doc.set_raw("candidates", json_array(cands));
     std::vector<JsonObject> saves;
-    for (const auto& s : prof.saves) {
+    for (const auto& s : prof_.saves) {
       JsonObject j;
       j.set("block", s.block).set("op", s.op).set("bytes", s.bytes).set("is_output", s.is_output);
       j.set("saved_at", s.saved_at).set("released_at", s.released_at);
       saves.push_back(j);
     }
     doc.set_raw("saves", json_array(saves));
-    const std::string path = f.get("json");
-    std::ofstream out(path);
-    REMAT_CHECK(out.good(), IOError, "plan: cannot write ", path);
-    out << doc.str() << "\n";
-    std::printf("wrote %s\n", path.c_str());
   }
+
+  const PlanOptions& o_;
+  const PlanProfile& prof_;
+  const std::vector<Choice>& choices_;
+  const std::vector<Measured>* med_;
+};
+
+}  // namespace
+
+int run_plan(const std::vector<std::string>& args) {
+  Flags f("plan", "the plan --recompute auto would choose for --memory-budget (one budget or a comma list, planned "
+          "from one profile), with predictions", args, plan_flag_specs());
+  apply_threads_flag(f);
+  const PlanOptions o = plan_options(f);
+  std::printf("remat plan: config %s, %d threads; profiling %lld rounds of each plan component on every block\n",
+              o.model.name.c_str(), num_threads(), static_cast<long long>(f.get_int("profile-rounds")));
+  std::fflush(stdout);
+  const ProfileOptions popts = profile_options_for_flags(f, o.model, dtype_name(o.dtype), o.device, o.seed, true);
+  const PlanProfile prof = profile_plans(popts);
+  for (const auto& b : o.budget_texts) parse_memory_budget(b, prof);  // a bad text is an error before any choice
+  print_profile(prof);
+
+  std::vector<Choice> choices;
+  for (const auto& text : o.budget_texts) choices.push_back(choose_for_budget(f, o, prof, popts, text));
+  const std::vector<std::string> to_measure = plans_to_measure(choices);
+  std::optional<std::vector<Measured>> measured;
+  if (f.get_bool("measure") && !to_measure.empty()) {
+    measured = measure_plans(f, o, to_measure);
+    print_measured(choices, *measured);
+  }
+  if (f.has("json")) PlanJson(o, prof, choices, measured ? &*measured : nullptr).write(f.get("json"));
   return 0;
 }
 

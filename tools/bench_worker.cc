@@ -1,0 +1,339 @@
+// The measurement processes of ./remat bench: starting one and reading its
+// result (the parent's side), and the `bench-worker` process itself, which
+// runs untimed warm-up steps, then timed training steps, and prints one
+// "BENCH-RESULT {json}" line.
+#include "tools/bench_worker.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/plan.h"
+#include "engine/autograd.h"
+#include "engine/device_runtime.h"
+#include "engine/json.h"
+#include "engine/op_def.h"
+#include "engine/op_hooks.h"
+#include "models/decoder.h"
+#include "models/recompute.h"
+#include "moe/dispatch.h"
+#include "parallel/grad_reducer.h"
+#include "tools/args.h"
+#include "tools/bench_flops.h"
+#include "tools/commands.h"
+#include "tools/json.h"
+#include "train/data.h"
+#include "train/optimizer.h"
+#include "train/parallel_layout.h"
+
+namespace remat::tools {
+
+std::string run_capture(const std::string& cmd, const char* what, int* rc) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REMAT_CHECK(p != nullptr, Error, "bench: cannot start ", what);
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  *rc = ::pclose(p);
+  return out;
+}
+
+std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
+                                         std::int64_t steps, int threads, const std::string& seed,
+                                         std::int64_t ep, const std::string& dtype,
+                                         const std::string& device, const std::string& offload_dir) {
+  std::string launcher;
+  if (ep > 1) {
+    launcher = "mpirun --oversubscribe " + std::string(::geteuid() == 0 ? "--allow-run-as-root " : "") + "-np " +
+               std::to_string(ep) + " ";
+    threads = std::max<int>(1, threads / int(ep));
+  }
+  std::string cmd = launcher + "'/proc/" + std::to_string(::getpid()) + "/exe' bench-worker --config '" + config +
+                    "' --recompute '" + plan + "' --warmup " + std::to_string(warmup) + " --steps " +
+                    std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " + seed +
+                    " --ep " + std::to_string(ep) + " --dtype " + dtype + " --device " + device +
+                    (offload_dir.empty() ? "" : " --offload-dir '" + offload_dir + "'") + " 2>&1";
+  return run_bench_result(cmd, "bench: worker for plan " + plan);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+std::map<std::string, double> run_bench_result(const std::string& cmd, const std::string& what) {
+  int rc = 0;
+  const std::string out = run_capture(cmd, what.c_str(), &rc);
+  const auto pos = out.find("BENCH-RESULT ");
+  REMAT_CHECK(rc == 0 && pos != std::string::npos, Error, what, " failed:\n", out);
+  std::string line = out.substr(pos + 13);
+  line = line.substr(0, line.find('\n'));
+  const Json parsed = Json::parse(line, what + ": its output");
+  std::map<std::string, double> r;
+  for (const auto& [k, val] : parsed.members()) r[k] = val.as_number();
+  return r;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// Counts the matrix-product FLOPs of the ops run inside recompute replays,
+// from each op's cost in the op table (engine/op_def.h): the matmuls' and
+// the fused attention's two products, as model_flops counts them.
+class ReplayFlops final : public OpHook {
+ public:
+  void after(const OpCall& call, const std::vector<Tensor>& /*outputs*/) override {
+    if (!in_recompute() || !call.op) return;
+    flops += call.op->cost(call).matmul_flops;
+  }
+  double flops = 0;
+};
+
+// The worker's flags.
+struct WorkerOptions {
+  ModelConfig config;
+  std::string plan;
+  std::int64_t warmup = 0, steps = 0, ep = 1;
+  std::uint64_t seed = 0;
+  DType dtype = DType::f32;
+  Device device;
+  std::optional<std::string> offload_dir;
+};
+
+WorkerOptions worker_options(const std::vector<std::string>& args) {
+  Flags f("bench-worker", "(internal) one measurement process of bench: prints BENCH-RESULT {json}", args,
+          {text_flag("config", "model config name or FILE.json", "bench-dense"),
+           text_flag("recompute", "one recompute plan", "none"),
+           int_flag("warmup", "untimed warm-up steps", 2, {.min = 0}),
+           int_flag("steps", "timed steps", 5, {.min = 1}),
+           threads_flag_spec(),
+           int_flag("seed", "seed", 0, {.min = 0}),
+           int_flag("ep", "expert parallel degree (the processes under mpirun)", 1, {.min = 1}),
+           text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
+           text_flag("device", "cpu, cuda or cuda:N", "cpu"),
+           text_flag("offload-dir", "directory for the offload plans' spill file")});
+  apply_threads_flag(f);
+  WorkerOptions o;
+  o.config = ModelConfig::load(f.get("config"));
+  o.plan = f.get("recompute");
+  o.warmup = f.get_int("warmup");
+  o.steps = f.get_int("steps");
+  o.seed = std::uint64_t(f.get_int("seed"));
+  o.device = device_flag(f);
+  o.ep = f.get_int("ep");
+  o.dtype = compute_dtype_from_name(f.get("dtype"));
+  if (f.has("offload-dir")) o.offload_dir = f.get("offload-dir");
+  return o;
+}
+
+// The model as the worker measures it: its share of the experts (--ep), the
+// compute dtype and the recompute plan, on the device.
+void prepare_model(DecoderModel& model, const ParallelLayout& layout, const WorkerOptions& o) {
+  model.set_compute_dtype(o.dtype);
+  apply_parallel_layout(model, layout, /*reuse_routing_metadata=*/true);
+  RecomputePlan parsed = RecomputePlan::parse(o.plan, o.config.n_layers);
+  if (o.offload_dir) parsed.offload_dir = *o.offload_dir;
+  apply_recompute_plan(model, parsed);
+  model.to(o.device);
+}
+
+// Each timed step's figures, and the highest peaks over them.
+struct WorkerSeries {
+  std::vector<double> step_ms, fwd_ms, bwd_ms, replay_flops, replay_wall, offloaded, offload_wait, compressed;
+  std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
+  CommCounters comm_step;  // the last timed step's collectives
+};
+
+// The counters a step's figures are differences of, read before it.
+struct CounterMarks {
+  CommCounters comm;
+  std::int64_t ops_recomputed = 0, replay_ns = 0, replay_bytes_moved = 0;
+  OffloadStats offload;
+  CompressHooks::Stats compress;
+};
+
+struct StepTimes {
+  double forward_ms = 0, backward_ms = 0, step_ms = 0;
+};
+
+// The training steps of one worker process: forward, backward (with the
+// gradient all-reduce of --ep's replicated parameters), clipping and AdamW,
+// as ./remat train runs them, each step timed and its memory and counters
+// recorded.
+class WorkerSteps {
+ public:
+  WorkerSteps(DecoderModel& model, AdamW& opt, const ParallelLayout& layout, ProcessGroup& world,
+              const WorkerOptions& o)
+      : model_(model), opt_(opt), layout_(layout), world_(world), device_(o.device),
+        offload_(model.model->blocks->offload_hooks()), compress_(model.model->blocks->compress_hooks()),
+        reducer_(make_grad_reducer(layout, model.named_parameters(), 25ll << 20)),
+        corpus_(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
+        sampler_(corpus_.train, o.config.batch, o.config.seq, o.seed + 1),
+        flops_hook_(std::make_shared<ReplayFlops>()), hook_(flops_hook_), alloc_(allocator_for(o.device)) {}
+
+  // One step; its figures go to the series when `timed`.
+  void step(bool timed) {
+    Tensor batch = sampler_.next();
+    batch = batch_shard(batch, world_).to(device_);
+    model_.zero_grad();
+    synchronize(device_);
+    const CounterMarks before = mark();
+    const StepTimes times = train(batch);
+    if (offload_) offload_->check();
+    if (timed) record(before, times);
+  }
+
+  const WorkerSeries& series() const { return series_; }
+
+ private:
+  // Reads the counters and resets the allocator's peak and the replay FLOPs.
+  CounterMarks mark() {
+    CounterMarks m;
+    m.comm = layout_.counters();
+    alloc_.reset_peak();
+    m.ops_recomputed = checkpoint_counters().ops_recomputed;
+    m.replay_ns = checkpoint_counters().replay_ns;
+    m.replay_bytes_moved = dispatch_counters().replay_bytes_moved;
+    flops_hook_->flops = 0;
+    m.offload = offload_ ? offload_->stats() : OffloadStats{};
+    m.compress = compress_ ? compress_->stats() : CompressHooks::Stats{};
+    return m;
+  }
+
+  // Forward, backward and the update, timed (the device synchronised).
+  StepTimes train(const Tensor& batch) {
+    const int W = world_.size();
+    StepTimes t;
+    const auto t0 = Clock::now();
+    Tensor loss;
+    RngShardScope shard(world_.rank(), W);
+    {
+      CategoryScope cat(MemoryCategory::activation);
+      loss = model_.forward_loss(batch).loss;
+      (void)loss.item();
+    }
+    t.forward_ms = ms_since(t0);
+    const auto t1 = Clock::now();
+    {
+      CategoryScope cat(MemoryCategory::activation);
+      if (reducer_) reducer_->prepare();
+      const TensorOptions seed_opts(loss.dtype(), loss.device());
+      loss.backward(W > 1 ? full({}, 1.0 / double(W), seed_opts) : Tensor());
+      if (reducer_) reducer_->finish();
+      synchronize(device_);
+    }
+    t.backward_ms = ms_since(t1);
+    loss = Tensor();
+    clip_grad_norm(model_.parameters(), 1.0);
+    opt_.step(1e-3);
+    synchronize(device_);
+    t.step_ms = ms_since(t0);
+    return t;
+  }
+
+  // Appends a timed step's figures (counters taken since `m`).
+  void record(const CounterMarks& m, const StepTimes& t) {
+    WorkerSeries& s = series_;
+    const OffloadStats off1 = offload_ ? offload_->stats() : OffloadStats{};
+    s.offloaded.push_back(
+        double((off1.bytes_written + off1.bytes_to_host) - (m.offload.bytes_written + m.offload.bytes_to_host)));
+    s.offload_wait.push_back(double(off1.wait_ns - m.offload.wait_ns) * 1e-6);
+    s.compressed.push_back(compress_ ? double(compress_->stats().compressed_bytes - m.compress.compressed_bytes)
+                                     : 0.0);
+    const auto st = alloc_.stats();
+    s.step_ms.push_back(t.step_ms);
+    s.fwd_ms.push_back(t.forward_ms);
+    s.bwd_ms.push_back(t.backward_ms);
+    s.replay_flops.push_back(flops_hook_->flops);
+    s.replay_wall.push_back(double(checkpoint_counters().replay_ns - m.replay_ns) * 1e-6);
+    s.peak_alloc = std::max(s.peak_alloc, st.allocated_peak);
+    s.peak_res = std::max(s.peak_res, st.reserved_peak);
+    // Persistent: parameters, their gradient buffers and optimizer state
+    // (constant from the first step on); activations: the rest of the peak.
+    s.persistent = persistent_bytes(model_.named_parameters(), opt_);
+    s.activations = std::max(s.activations, st.allocated_peak - s.persistent);
+    s.ops = checkpoint_counters().ops_recomputed - m.ops_recomputed;
+    s.replayed = dispatch_counters().replay_bytes_moved - m.replay_bytes_moved;
+    s.comm_step = layout_.counters() - m.comm;
+    // With several ranks: what really crossed between ranks again.
+    if (world_.size() > 1) s.replayed = s.comm_step.bytes_in(CommPhase::replay);
+  }
+
+  DecoderModel& model_;
+  AdamW& opt_;
+  const ParallelLayout& layout_;
+  ProcessGroup& world_;
+  Device device_;
+  const std::shared_ptr<OffloadHooks>& offload_;
+  const std::shared_ptr<CompressHooks>& compress_;
+  std::unique_ptr<GradReducer> reducer_;
+  Corpus corpus_;
+  BatchSampler sampler_;
+  std::shared_ptr<ReplayFlops> flops_hook_;
+  OpHookScope hook_;
+  CachingAllocator& alloc_;
+  WorkerSeries series_;
+};
+
+// The BENCH-RESULT object: medians over the timed steps, the highest peaks,
+// the FLOPs, and with several ranks rank 0's collectives per phase.
+JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const ParallelLayout& layout, int W,
+                         Device device) {
+  const ModelConfig& c = model.config();
+  JsonObject j;
+  j.set("step_ms", median(s.step_ms)).set("forward_ms", median(s.fwd_ms)).set("backward_ms", median(s.bwd_ms));
+  j.set("step_ms_best", min_of(s.step_ms));
+  // A GEMM peak probe while the cores are warm from the steps: bench keeps the
+  // highest figure of all (short bursts of other load lower any one of them).
+  if (device.is_cpu()) j.set("gemm_peak_flops", measure_peak_flops(5));
+  j.set("replay_wall_ms", median(s.replay_wall));
+  j.set("offloaded_bytes", median(s.offloaded)).set("offload_ms", median(s.offload_wait));
+  j.set("compressed_saved_bytes", median(s.compressed));
+  j.set("peak_allocated_bytes", s.peak_alloc).set("peak_reserved_bytes", s.peak_res);
+  j.set("persistent_bytes", s.persistent).set("activation_bytes", s.activations);
+  j.set("recomputed_ops", s.ops).set("replayed_comm_bytes", s.replayed);
+  // Rank 0's replayed FLOPs stand for each rank's: times W for the job's.
+  j.set("model_flops", model_flops(model, layout.ep)).set("replay_flops", median(s.replay_flops) * double(W));
+  j.set("tokens", double(c.batch * c.seq));
+  if (W > 1) {
+    const CommCounters& comm = s.comm_step;
+    j.set("ranks", double(W));
+    j.set("comm_bytes_forward", double(comm.bytes_in(CommPhase::forward)));
+    j.set("comm_bytes_backward", double(comm.bytes_in(CommPhase::backward)));
+    j.set("comm_bytes_replay", double(comm.bytes_in(CommPhase::replay)));
+    j.set("all_to_all_bytes_forward", double(comm.bytes_of(CollectiveKind::all_to_all, CommPhase::forward)));
+    j.set("all_to_all_bytes_replay", double(comm.bytes_of(CollectiveKind::all_to_all, CommPhase::replay)));
+    j.set("all_to_all_calls_replay", double(comm.calls_of(CollectiveKind::all_to_all, CommPhase::replay)));
+  }
+  return j;
+}
+
+}  // namespace
+
+int run_bench_worker(const std::vector<std::string>& args) {
+  const WorkerOptions o = worker_options(args);
+  // Several processes (--ep under mpirun): each rank takes its share of the
+  // batch and of the experts, as `./remat train` does.
+  auto world = world_group();
+  const ParallelLayout layout = make_parallel_layout(world, o.ep, o.config);
+  manual_seed(o.seed);
+  DecoderModel model(o.config, o.seed, layout.placement());
+  prepare_model(model, layout, o);
+  AdamW opt(model.named_parameters());
+  WorkerSteps steps(model, opt, layout, *world, o);
+  for (std::int64_t i = 0; i < o.warmup + o.steps; ++i) steps.step(/*timed=*/i >= o.warmup);
+  if (world->rank() != 0) return 0;  // rank 0 reports
+  std::printf("BENCH-RESULT %s\n", worker_result(steps.series(), model, layout, world->size(), o.device).str().c_str());
+  return 0;
+}
+
+}  // namespace remat::tools
