@@ -1,6 +1,7 @@
 // The training loop: model, AdamW, schedule, data, evaluation, and state
 // saved to / resumed from safetensors so that a resumed run continues
-// bit-identically.
+// bit-identically (train/trainer.cc builds and runs; train/trainer_state.cc
+// saves and resumes).
 #pragma once
 
 #include <functional>
@@ -103,26 +104,30 @@ class Trainer {
   struct Groups;
 
   // ---- building (the constructor's steps)
-  Groups split_job() const;
-  void build_model(const RecomputePlan& plan, const ProcessGroup& world);
-  void build_pipeline(std::shared_ptr<ProcessGroup> pipeline_group);
-  void build_optimizer();
+  Groups split_job() const;  // --pp: stage-major pipelines and replicas (Error for a layout that cannot run)
+  void build_model(const RecomputePlan& plan, const ProcessGroup& world);  // seeded or --model weights, on the device
+  void build_pipeline(std::shared_ptr<ProcessGroup> pipeline_group);  // this rank's stage (split or balanced)
+  void build_optimizer();  // gradient reducer, AdamW over this rank's parameters, the batch sampler
 
   // ---- one step of run()
-  StepStart begin_step();
+  StepStart begin_step();  // resets the peaks, draws the batch, zeroes gradients, snapshots the counters
+  // Every micro-batch's forward and backward (one path for both layouts):
+  // the step's loss; s gets aux_loss, routing, boundary bytes, pipeline_in_flight.
   StepLoss micro_steps(const Tensor& batch, std::int64_t attempt, StepStats& s);
-  double local_micro_steps(const Tensor& batch, std::int64_t attempt, StepStats& s);
+  double local_micro_steps(const Tensor& batch, std::int64_t attempt, StepStats& s);  // this process's blocks
   double pipeline_micro_steps(const Tensor& batch, std::int64_t attempt, StepStats& s,
-                              PipelineStage::StepResult& timing);
+                              PipelineStage::StepResult& timing);  // the stage's schedule
+  // Adds a micro-batch's loss (mean over ranks) to the step's; false when it is not finite.
   bool add_micro_loss(std::int64_t attempt, std::int64_t micro, double local, double aux, double& loss,
                       StepStats& s) const;
-  double backward_seed(std::int64_t attempt) const;
+  double backward_seed(std::int64_t attempt) const;  // 1/(ranks x micro-batches) of the loss scale
+  // The non-finite policy, the loss scaler, clipping and AdamW: step_ advances unless s.skipped.
   void apply_update(double loss, double lr, std::int64_t attempt, RunState& run, StepStats& s);
-  double grad_norm() const;
-  void collect_counters(const StepStart& start, StepStats& s) const;
+  double grad_norm() const;  // the global gradient norm, the same bits on every rank
+  void collect_counters(const StepStart& start, StepStats& s) const;  // offload, compression, recompute, MoE bytes
   void collect_stats(const StepStart& start, const RunState& run, double lr, const StepLoss& loss, StepStats& s);
-  void evaluate_and_save(std::int64_t stop, StepStats& s);
-  std::string stop_note() const;
+  void evaluate_and_save(std::int64_t stop, StepStats& s);  // on eval_every / save_every steps and the last
+  std::string stop_note() const;  // what a stopped run says about the state on disk
 
   // This rank's parameters (a pipeline stage's own), in the model's order.
   std::vector<std::pair<std::string, Tensor>> owned_parameters() const;
