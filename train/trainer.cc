@@ -41,10 +41,18 @@ struct Trainer::Groups {
   std::shared_ptr<ProcessGroup> pipeline;  // --pp: this replica's stages (null without)
 };
 
-Trainer::Trainer(TrainOptions opts)
-    : opts_(std::move(opts)),
-      scaler_(opts_.dtype == DType::f16,
-              {opts_.loss_scale_init, opts_.loss_scale_growth_interval, opts_.loss_scale_min}) {
+namespace {
+// f16 computes with dynamic loss scaling; bf16 and f32 do not scale.
+LossScaler loss_scaler_for(const TrainOptions& o) {
+  LossScaler::Options so;
+  so.init = o.loss_scale_init;
+  so.growth_interval = o.loss_scale_growth_interval;
+  so.min = o.loss_scale_min;
+  return LossScaler(o.dtype == DType::f16, so);
+}
+}  // namespace
+
+Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scaler_for(opts_)) {
   validate_train_options(opts_);
   opts_.config.validate();
   const auto& c = opts_.config;
