@@ -128,6 +128,12 @@ class DecoderModel : public Module {
   // Collected from the MoE layers during forward_loss.
   mutable std::vector<Tensor> aux_terms_, z_terms_;
   mutable std::vector<MoELayerStats> stats_;
+
+ public:
+  // The blocks' stack (model->blocks): its recompute plan and the plan's
+  // offload and compression hooks, for those that read them without
+  // reaching through the module tree.
+  const BlockStack& block_stack() const { return *model->blocks; }
 };
 
 }  // namespace remat

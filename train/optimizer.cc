@@ -332,13 +332,22 @@ double cosine_lr(std::int64_t step, std::int64_t warmup, std::int64_t total, dou
   return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-double schedule_lr(const std::string& schedule, std::int64_t step, std::int64_t warmup, std::int64_t total,
-                   double max_lr, double min_lr) {
-  if (schedule == "cosine") return cosine_lr(step, warmup, total, max_lr, min_lr);
-  REMAT_CHECK(schedule == "linear" || schedule == "constant", Error, "--schedule '", schedule,
-              "': expected cosine, linear or constant");
+LrSchedule parse_lr_schedule(const std::string& name) {
+  if (name == "cosine") return LrSchedule::cosine;
+  if (name == "linear") return LrSchedule::linear;
+  if (name == "constant") return LrSchedule::constant;
+  throw Error("TrainOptions.schedule (--schedule) must be cosine, linear or constant, got '" + name + "'");
+}
+
+const char* lr_schedule_name(LrSchedule s) {
+  return s == LrSchedule::cosine ? "cosine" : s == LrSchedule::linear ? "linear" : "constant";
+}
+
+double schedule_lr(LrSchedule schedule, std::int64_t step, std::int64_t warmup, std::int64_t total, double max_lr,
+                   double min_lr) {
+  if (schedule == LrSchedule::cosine) return cosine_lr(step, warmup, total, max_lr, min_lr);
   if (warmup > 0 && step < warmup) return max_lr * double(step + 1) / double(warmup);
-  if (schedule == "constant") return max_lr;
+  if (schedule == LrSchedule::constant) return max_lr;
   if (step >= total) return min_lr;
   const double progress = double(step - warmup) / double(std::max<std::int64_t>(total - warmup, 1));
   return max_lr + (min_lr - max_lr) * progress;

@@ -79,10 +79,17 @@ void scale_grads(const std::vector<Tensor>& params, float factor);
 // Linear warm-up from 0 to max_lr over `warmup` steps, then cosine decay to
 // min_lr at `total` steps (constant after). `step` counts from 0.
 double cosine_lr(std::int64_t step, std::int64_t warmup, std::int64_t total, double max_lr, double min_lr);
-// The schedule named `schedule`: "cosine" (cosine_lr), "linear" (the same
-// warm-up, then a straight line from max_lr to min_lr at `total`) or
-// "constant" (the warm-up, then max_lr). Throws Error for another name.
-double schedule_lr(const std::string& schedule, std::int64_t step, std::int64_t warmup, std::int64_t total,
-                   double max_lr, double min_lr);
+// The learning-rate schedule after the warm-up (TrainOptions::schedule).
+enum class LrSchedule {
+  cosine,    // cosine_lr: to min_lr at `total`
+  linear,    // the same warm-up, then a straight line from max_lr to min_lr at `total`
+  constant,  // the warm-up, then max_lr
+};
+// "cosine", "linear" or "constant"; Error naming TrainOptions.schedule (--schedule) and the value otherwise.
+LrSchedule parse_lr_schedule(const std::string& name);
+const char* lr_schedule_name(LrSchedule s);
+// The learning rate of `schedule` at `step` (from 0), after `warmup` steps of linear warm-up.
+double schedule_lr(LrSchedule schedule, std::int64_t step, std::int64_t warmup, std::int64_t total, double max_lr,
+                   double min_lr);
 
 }  // namespace remat

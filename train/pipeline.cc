@@ -92,6 +92,19 @@ std::vector<std::int64_t> balanced_stages(const std::vector<std::int64_t>& block
   return bounds;
 }
 
+std::vector<std::int64_t> balanced_stages(const DecoderModel& model, std::int64_t stages) {
+  const std::string layers = "model.layers.";
+  std::vector<std::int64_t> block_params(std::size_t(model.config().n_layers), 0);
+  std::int64_t embedding = 0, head = model.output_weight().numel();
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (name.rfind("model.embed_tokens.", 0) == 0) embedding += p.numel();
+    if (name.rfind("model.norm.", 0) == 0) head += p.numel();
+    if (name.rfind(layers, 0) == 0)
+      block_params[std::size_t(std::stoll(name.substr(layers.size())))] += p.numel();
+  }
+  return balanced_stages(block_params, embedding, head, stages);
+}
+
 std::vector<std::int64_t> parse_pp_split(const std::string& text, std::int64_t blocks, std::int64_t stages) {
   std::vector<std::int64_t> bounds = {0};
   std::stringstream ss(text);
@@ -137,7 +150,7 @@ PipelineStage::PipelineStage(DecoderModel& model, std::shared_ptr<ProcessGroup> 
     if (owner(name) == stage_) owned_.emplace_back(name, p);
   // A block-level region across a stage boundary cannot run: refused here,
   // on every rank, before any stage waits for another.
-  for (const auto& region : model.model->blocks->plan().block_regions)
+  for (const auto& region : model.block_stack().plan().block_regions)
     for (std::int64_t b = 1; b < P; ++b)
       REMAT_CHECK(!(region.front() < bounds_[std::size_t(b)] && region.back() >= bounds_[std::size_t(b)]), Error,
                   "--pp ", P, ": the recompute plan's region over blocks ", region.front(), "-", region.back(),
@@ -211,24 +224,17 @@ std::vector<std::pair<std::string, Tensor>> PipelineStage::gather_to_first(
 
 std::vector<std::pair<std::string, Tensor>> PipelineStage::parameters() const { return owned_; }
 
-std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::int64_t M, double seed, bool train,
-                                                    StepResult* timing,
-                                                    const std::function<void()>& before_last_backward) {
-  using Clock = std::chrono::steady_clock;
-  auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
-  double idle = 0;  // waiting for a neighbour
-  auto timed_recv = [&](Tensor& t, int src, int tag) {
-    const auto t0 = Clock::now();
-    group_->recv(t, src, tag);
-    idle += ms_since(t0);
-  };
-  const std::int64_t P = stages(), s = stage_, b0 = bounds_[std::size_t(s)], b1 = bounds_[std::size_t(s + 1)];
-  const bool first = s == 0, last = s == P - 1;
-  REMAT_CHECK(batch.dim() == 2 && batch.size(0) % M == 0, ShapeError, "pipeline: a batch of ",
-              shape_str(batch.sizes()), " does not split into ", M, " micro-batches");
-  const std::int64_t rows = batch.size(0) / M, S = batch.size(1) - 1, d = model_.config().d_model;
-  const DType act = model_.compute_dtype();
-  const auto& cfg = model_.config();
+// ---- one pass of the schedule ----------------------------------------------------
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+}  // namespace
+
+// One forward_backward call: its micro-batches' tensors, the sends in flight
+// and the time spent waiting for a neighbour. Hidden states go to the next
+// stage with tag 2m (micro-batch m), their gradients back with tag 2m + 1.
+struct PipelineStage::Pass {
   // A micro-batch's tensors live from its forward to its backward; the loss
   // values are read at once, so nothing of it outlives its backward.
   struct Micro {
@@ -236,71 +242,96 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
     DecoderModel::LossTerms terms;
     float ce_value = 0;
     std::vector<float> aux_values, z_values;
+    void release_tensors() {
+      x = y = ce = Tensor();
+      terms = DecoderModel::LossTerms{};
+    }
   };
-  std::vector<Micro> mb(static_cast<std::size_t>(M));
-  // Sends in flight with the tensor each reads (freed as each completes).
+  // A send in flight with the tensor it reads (freed as it completes).
   struct Pending {
     std::shared_ptr<CommWork> work;
     Tensor buffer;
   };
+
+  PipelineStage& stage;
+  const Tensor& batch;
+  const std::int64_t micro_batches, rows, seq;
+  const double seed;
+  const bool train;
+  StepResult* timing;  // null: not timed (evaluation)
+  const bool first, last;
+  std::vector<Micro> mb;
   std::vector<Pending> pending;
-  auto send = [&](const Tensor& t, int dst, int tag) {
+  double idle = 0;        // ms waiting for a neighbour
+  std::int64_t held = 0;  // micro-batches forwarded, backward not yet run
+
+  Pass(PipelineStage& st, const Tensor& b, std::int64_t M, double sd, bool tr, StepResult* tm)
+      : stage(st), batch(b), micro_batches(M), rows(b.size(0) / M), seq(b.size(1) - 1), seed(sd), train(tr),
+        timing(tm), first(st.stage_ == 0), last(st.stage_ == st.stages() - 1), mb(std::size_t(M)) {}
+
+  // A blocking receive, its wait counted as idle.
+  void recv(Tensor& t, int src, int tag) {
+    const auto t0 = Clock::now();
+    stage.group_->recv(t, src, tag);
+    idle += ms_since(t0);
+  }
+  // A non-blocking send of a contiguous copy of `t`.
+  void send(const Tensor& t, int dst, int tag) {
     Tensor c = t.contiguous();
-    pending.push_back({group_->isend(c, dst, tag), c});
+    pending.push_back({stage.group_->isend(c, dst, tag), c});
     if (timing) timing->sent_bytes += std::int64_t(c.nbytes());
-  };
-  auto reap = [&] {
+  }
+  // Frees the sends that completed.
+  void reap() {
     pending.erase(std::remove_if(pending.begin(), pending.end(), [](Pending& p) { return p.work->test(); }),
                   pending.end());
-  };
-  // Evaluation: the forward of one micro-batch (the whole batch), no backward.
-  const auto ops = train ? pipeline_ops(schedule_, P, s, M) : std::vector<PipelineOp>{{true, 0}};
-  std::int64_t held = 0;
-  // Random draws keyed by (micro-batch, block), whatever order they run in.
-  Generator& gen = default_generator(batch.device());
-  const RngState streams = gen.state();
-  const std::int64_t units = cfg.n_layers;
-  for (std::size_t k = 0; k < ops.size(); ++k) {
-    const PipelineOp& op = ops[k];
-    Micro& u = mb[std::size_t(op.micro)];
-    RngStreamScope keyed(gen, streams, op.micro, units);
-    const Tensor rows_m = batch.narrow(0, op.micro * rows, rows);
-    const auto op_start = Clock::now();
-    const double idle_before = idle;
-    auto account = [&](double& bucket) {
-      if (timing) bucket += ms_since(op_start) - (idle - idle_before);
-    };
-    if (op.forward) {
-      BlockStack::SaveHooksScope hooks(*model_.model->blocks);
-      if (first) {
-        u.x = model_.embed(rows_m.narrow(1, 0, S).contiguous());
-      } else {
-        u.x = empty({rows, S, d}, act);
-        timed_recv(u.x, int(s - 1), int(2 * op.micro));
-        if (train) u.x.set_requires_grad(true);
-      }
-      u.y = model_.run_blocks(u.x, b0, b1);
-      u.terms = model_.take_loss_terms();
-      for (const Tensor& a : u.terms.aux) u.aux_values.push_back(float(a.item()));
-      for (const Tensor& z : u.terms.z) u.z_values.push_back(float(z.item()));
-      if (last) {
-        u.ce = cross_entropy(model_.head(u.y), rows_m.narrow(1, 1, S).contiguous());
-        u.ce_value = float(u.ce.item());
-      } else {
-        send(u.y, int(s + 1), int(2 * op.micro));
-      }
-      if (!train) u = Micro{Tensor(), Tensor(), Tensor(), {}, u.ce_value, u.aux_values, u.z_values};
-      reap();
-      ++held;
-      if (timing) {
-        timing->peak_in_flight = std::max(timing->peak_in_flight, held);
-        account(timing->forward_ms);
-      }
-      continue;
+  }
+  // Waits for every send (counted as idle).
+  void drain() {
+    const auto t0 = Clock::now();
+    for (Pending& p : pending) p.work->wait();
+    idle += ms_since(t0);
+    pending.clear();
+  }
+
+  // Forward of micro-batch m: the embedding or the previous stage's hidden
+  // states, this stage's blocks, then the loss (last stage) or a send.
+  void forward(std::int64_t m) {
+    Micro& u = mb[std::size_t(m)];
+    DecoderModel& model = stage.model_;
+    const std::int64_t s = stage.stage_;
+    const Tensor tokens = batch.narrow(0, m * rows, rows);
+    BlockStack::SaveHooksScope hooks(model.block_stack());
+    if (first) {
+      u.x = model.embed(tokens.narrow(1, 0, seq).contiguous());
+    } else {
+      u.x = empty({rows, seq, model.config().d_model}, model.compute_dtype());
+      recv(u.x, int(s - 1), int(2 * m));
+      if (train) u.x.set_requires_grad(true);
     }
-    // Backward of micro-batch m: the output's gradient (or the loss seed)
-    // and the MoE layers' loss terms, seeded as one process's loss would
-    // seed them (d loss / d aux_i = seed * aux_coef).
+    u.y = model.run_blocks(u.x, stage.bounds_[std::size_t(s)], stage.bounds_[std::size_t(s + 1)]);
+    u.terms = model.take_loss_terms();
+    for (const Tensor& a : u.terms.aux) u.aux_values.push_back(float(a.item()));
+    for (const Tensor& z : u.terms.z) u.z_values.push_back(float(z.item()));
+    if (last) {
+      u.ce = cross_entropy(model.head(u.y), tokens.narrow(1, 1, seq).contiguous());
+      u.ce_value = float(u.ce.item());
+    } else {
+      send(u.y, int(s + 1), int(2 * m));
+    }
+    if (!train) u.release_tensors();
+    reap();
+    ++held;
+    if (timing) timing->peak_in_flight = std::max(timing->peak_in_flight, held);
+  }
+
+  // Backward of micro-batch m: the output's gradient (or the loss seed) and
+  // the MoE layers' loss terms, seeded as one process's loss would seed them
+  // (d loss / d aux_i = seed * aux_coef); the input's gradient goes back.
+  void backward(std::int64_t m, const std::function<void()>& before) {
+    Micro& u = mb[std::size_t(m)];
+    const auto& cfg = stage.model_.config();
+    const std::int64_t s = stage.stage_;
     const Tensor seed_t = full({}, seed, TensorOptions(DType::f32, kCPU));
     std::vector<Tensor> roots, grads;
     if (last) {
@@ -308,64 +339,90 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
       grads.push_back(seed_t);
     } else {
       Tensor g = empty(u.y.sizes(), u.y.dtype());
-      timed_recv(g, int(s + 1), int(2 * op.micro + 1));
+      recv(g, int(s + 1), int(2 * m + 1));
       roots.push_back(u.y);
       grads.push_back(g);
     }
     for (const Tensor& a : u.terms.aux) roots.push_back(a), grads.push_back(mul(seed_t, cfg.aux_coef));
     for (const Tensor& z : u.terms.z) roots.push_back(z), grads.push_back(mul(seed_t, cfg.z_coef));
-    if (before_last_backward && k + 1 == ops.size()) before_last_backward();
+    if (before) before();
     remat::backward(roots, grads);
     roots.clear();
     grads.clear();
-    if (!first) send(u.x.grad(), int(s - 1), int(2 * op.micro + 1));
+    if (!first) send(u.x.grad(), int(s - 1), int(2 * m + 1));
     --held;
-    // This micro-batch's activations, graph and loss terms go.
-    u.x = u.y = u.ce = Tensor();
-    u.terms = DecoderModel::LossTerms{};
+    u.release_tensors();  // this micro-batch's activations, graph and loss terms go
     reap();
-    if (timing) account(timing->backward_ms);
   }
-  gen.set_state(rng_streams_end(streams, std::int64_t(train ? M : 1), units));
-  const auto drain = Clock::now();
-  for (Pending& p : pending) p.work->wait();
-  idle += ms_since(drain);
-  if (timing) timing->idle_ms = idle;
-  pending.clear();
 
   // Every micro-batch's ce (the last stage's) and every stage's loss terms,
-  // gathered to every rank: [ce_0 .. ce_{M-1}, then per micro-batch the
-  // stage's aux values, then its z values], padded to the longest stage.
-  const std::int64_t per_stage_terms = *std::max_element(moe_layers_.begin(), moe_layers_.end());
-  const bool with_z = cfg.z_coef > 0;
-  const std::int64_t used = train ? M : 1;
-  const std::int64_t width = used * (1 + per_stage_terms * (with_z ? 2 : 1));
-  std::vector<float> mine(std::size_t(width), 0.0f);
-  for (std::int64_t m = 0; m < used; ++m) {
-    const Micro& u = mb[std::size_t(m)];
-    if (last) mine[std::size_t(m)] = u.ce_value;
-    std::size_t at = std::size_t(used + m * per_stage_terms * (with_z ? 2 : 1));
-    for (float a : u.aux_values) mine[at++] = a;
-    for (float z : u.z_values) mine[at++] = z;
-  }
-  const std::vector<float> all = group_->all_gather(from_vector<float>(mine, {width})).to_vector<float>();
-  std::vector<double> out;  // loss_0.., then aux_0..
-  std::vector<double> aux_values;
-  for (std::int64_t m = 0; m < used; ++m) {
-    std::vector<Tensor> aux, z;
-    for (std::int64_t st = 0; st < P; ++st) {
-      std::size_t at = std::size_t(st * width + used + m * per_stage_terms * (with_z ? 2 : 1));
-      for (std::int64_t i = 0; i < moe_layers_[std::size_t(st)]; ++i) aux.push_back(full({}, double(all[at++])));
-      if (with_z)
-        for (std::int64_t i = 0; i < moe_layers_[std::size_t(st)]; ++i) z.push_back(full({}, double(all[at++])));
+  // gathered to every rank and combined as one process's forward_loss:
+  // the losses (ce when not training) of the `used` micro-batches, then their aux.
+  std::vector<double> losses(std::int64_t used) const {
+    // Per stage: [ce_0 .. ce_{used-1}, then per micro-batch the stage's aux
+    // values, then its z values], padded to the longest stage.
+    const auto& moe_layers = stage.moe_layers_;
+    const std::int64_t per_stage_terms = *std::max_element(moe_layers.begin(), moe_layers.end());
+    const DecoderModel& model = stage.model_;
+    const bool with_z = model.config().z_coef > 0;
+    const std::int64_t terms = per_stage_terms * (with_z ? 2 : 1);
+    const std::int64_t width = used * (1 + terms), P = stage.stages();
+    std::vector<float> mine(std::size_t(width), 0.0f);
+    for (std::int64_t m = 0; m < used; ++m) {
+      const Micro& u = mb[std::size_t(m)];
+      if (last) mine[std::size_t(m)] = u.ce_value;
+      std::size_t at = std::size_t(used + m * terms);
+      for (float a : u.aux_values) mine[at++] = a;
+      for (float z : u.z_values) mine[at++] = z;
     }
-    const Tensor ce = full({}, double(all[std::size_t((P - 1) * width + m)]));
-    const DecoderModel::Output o = model_.combine_loss(ce, aux, z);
-    out.push_back(train ? o.loss.item() : o.ce.item());
-    aux_values.push_back(o.aux.item());
+    const std::vector<float> all = stage.group_->all_gather(from_vector<float>(mine, {width})).to_vector<float>();
+    std::vector<double> out, aux_values;  // loss_0.., then aux_0..
+    for (std::int64_t m = 0; m < used; ++m) {
+      std::vector<Tensor> aux, z;
+      for (std::int64_t st = 0; st < P; ++st) {
+        std::size_t at = std::size_t(st * width + used + m * terms);
+        for (std::int64_t i = 0; i < moe_layers[std::size_t(st)]; ++i) aux.push_back(full({}, double(all[at++])));
+        if (with_z)
+          for (std::int64_t i = 0; i < moe_layers[std::size_t(st)]; ++i) z.push_back(full({}, double(all[at++])));
+      }
+      const Tensor ce = full({}, double(all[std::size_t((P - 1) * width + m)]));
+      const DecoderModel::Output o = model.combine_loss(ce, aux, z);
+      out.push_back(train ? o.loss.item() : o.ce.item());
+      aux_values.push_back(o.aux.item());
+    }
+    out.insert(out.end(), aux_values.begin(), aux_values.end());
+    return out;
   }
-  out.insert(out.end(), aux_values.begin(), aux_values.end());
-  return out;
+};
+
+std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::int64_t M, double seed, bool train,
+                                                    StepResult* timing,
+                                                    const std::function<void()>& before_last_backward) {
+  REMAT_CHECK(batch.dim() == 2 && batch.size(0) % M == 0, ShapeError, "pipeline: a batch of ",
+              shape_str(batch.sizes()), " does not split into ", M, " micro-batches");
+  Pass pass(*this, batch, M, seed, train, timing);
+  // Evaluation: the forward of one micro-batch (the whole batch), no backward.
+  const auto ops = train ? pipeline_ops(schedule_, stages(), stage_, M) : std::vector<PipelineOp>{{true, 0}};
+  // Random draws keyed by (micro-batch, block), whatever order they run in.
+  Generator& gen = default_generator(batch.device());
+  const RngState streams = gen.state();
+  const std::int64_t units = model_.config().n_layers;
+  for (std::size_t k = 0; k < ops.size(); ++k) {
+    const PipelineOp& op = ops[k];
+    RngStreamScope keyed(gen, streams, op.micro, units);
+    const auto op_start = Clock::now();
+    const double idle_before = pass.idle;
+    if (op.forward)
+      pass.forward(op.micro);
+    else
+      pass.backward(op.micro, k + 1 == ops.size() ? before_last_backward : std::function<void()>());
+    if (timing)  // computing time: the op's, less its waits
+      (op.forward ? timing->forward_ms : timing->backward_ms) += ms_since(op_start) - (pass.idle - idle_before);
+  }
+  gen.set_state(rng_streams_end(streams, std::int64_t(train ? M : 1), units));
+  pass.drain();
+  if (timing) timing->idle_ms = pass.idle;
+  return pass.losses(train ? M : 1);
 }
 
 PipelineStage::StepResult PipelineStage::step(const Tensor& batch, std::int64_t micro_batches, double seed,
@@ -375,6 +432,19 @@ PipelineStage::StepResult PipelineStage::step(const Tensor& batch, std::int64_t 
   r.loss.assign(v.begin(), v.begin() + micro_batches);
   r.aux.assign(v.begin() + micro_batches, v.end());
   return r;
+}
+
+PipelineStageStats PipelineStage::stage_stats(const StepResult& r) const {
+  PipelineStageStats mine;
+  mine.stage = stage_;
+  mine.first_block = bounds_[std::size_t(stage_)];
+  mine.end_block = bounds_[std::size_t(stage_ + 1)];
+  mine.in_flight = r.peak_in_flight;
+  mine.forward_ms = r.forward_ms;
+  mine.backward_ms = r.backward_ms;
+  mine.idle_ms = r.idle_ms;
+  mine.sent_bytes = r.sent_bytes;
+  return mine;
 }
 
 std::vector<PipelineStageStats> PipelineStage::gather_stats(const PipelineStageStats& mine) {

@@ -51,6 +51,10 @@ std::int64_t max_in_flight(const std::vector<PipelineOp>& ops);
 std::vector<std::int64_t> balanced_stages(const std::vector<std::int64_t>& block_params, std::int64_t first_extra,
                                           std::int64_t last_extra, std::int64_t stages);
 
+// balanced_stages of `model`'s blocks (by parameter count), the embedding
+// on the first stage, the final norm and the LM head on the last.
+std::vector<std::int64_t> balanced_stages(const DecoderModel& model, std::int64_t stages);
+
 // --pp-split "3,6": the P - 1 inner boundaries, increasing, each in
 // (0, blocks); returns all P + 1. Error naming the value otherwise.
 std::vector<std::int64_t> parse_pp_split(const std::string& text, std::int64_t blocks, std::int64_t stages);
@@ -116,6 +120,8 @@ class PipelineStage {
   // backward (a data-parallel reducer arms there). A collective over the group.
   StepResult step(const Tensor& batch, std::int64_t micro_batches, double seed,
                   const std::function<void()>& before_last_backward = {});
+  // This stage's figures from its step's result (the memory figures left 0).
+  PipelineStageStats stage_stats(const StepResult& r) const;
   // Every stage's figures (this one's `mine`), in stage order, on every rank. A collective.
   std::vector<PipelineStageStats> gather_stats(const PipelineStageStats& mine);
   // Cross-entropy of `batch` as one micro-batch, forward only (no grad), on every rank.
@@ -126,6 +132,7 @@ class PipelineStage {
   double sum_over_stages(const std::vector<double>& partials);
 
  private:
+  struct Pass;  // one forward_backward call's state (train/pipeline.cc)
   std::vector<double> forward_backward(const Tensor& batch, std::int64_t micro_batches, double seed, bool train,
                                        StepResult* timing, const std::function<void()>& before_last_backward);
   DecoderModel& model_;

@@ -116,7 +116,7 @@ TEST_CASE("training on the GPU lowers the loss like the CPU", "[cuda]") {
     o.warmup = 5;
     o.eval_every = 0;
     o.eval_batches = 1;
-    o.dtype = dtype;
+    o.dtype = compute_dtype_from_name(dtype);
     o.device = device;
     Trainer t(o);
     std::vector<double> losses;

@@ -98,13 +98,13 @@ TEST_CASE("grad accumulation and schedules: bad options name the flag", "[train]
   o.grad_accum = 0;
   CHECK_THROWS_WITH(Trainer(o), Catch::Contains("grad_accum (--grad-accum)"));
   o.grad_accum = 1;
-  o.schedule = "exp";
-  CHECK_THROWS_WITH(Trainer(o), Catch::Contains("--schedule") && Catch::Contains("cosine, linear or constant"));
-  CHECK(schedule_lr("constant", 50, 10, 100, 1.0, 0.1) == 1.0);
-  CHECK(schedule_lr("linear", 10, 10, 110, 1.0, 0.0) == Approx(1.0));
-  CHECK(schedule_lr("linear", 60, 10, 110, 1.0, 0.0) == Approx(0.5));
-  CHECK(schedule_lr("linear", 200, 10, 110, 1.0, 0.1) == 0.1);
-  CHECK(schedule_lr("cosine", 60, 10, 110, 1.0, 0.0) == Approx(0.5));
-  CHECK(schedule_lr("linear", 4, 10, 110, 1.0, 0.0) == Approx(0.5));  // warm-up: (4 + 1) / 10
-  CHECK_THROWS_WITH(schedule_lr("step", 1, 1, 2, 1, 0), Catch::Contains("cosine, linear or constant"));
+  CHECK_THROWS_WITH(parse_lr_schedule("exp"), Catch::Contains("--schedule") && Catch::Contains("cosine, linear or constant"));
+  CHECK(parse_lr_schedule("linear") == LrSchedule::linear);
+  CHECK(std::string(lr_schedule_name(LrSchedule::constant)) == "constant");
+  CHECK(schedule_lr(LrSchedule::constant, 50, 10, 100, 1.0, 0.1) == 1.0);
+  CHECK(schedule_lr(LrSchedule::linear, 10, 10, 110, 1.0, 0.0) == Approx(1.0));
+  CHECK(schedule_lr(LrSchedule::linear, 60, 10, 110, 1.0, 0.0) == Approx(0.5));
+  CHECK(schedule_lr(LrSchedule::linear, 200, 10, 110, 1.0, 0.1) == 0.1);
+  CHECK(schedule_lr(LrSchedule::cosine, 60, 10, 110, 1.0, 0.0) == Approx(0.5));
+  CHECK(schedule_lr(LrSchedule::linear, 4, 10, 110, 1.0, 0.0) == Approx(0.5));  // warm-up: (4 + 1) / 10
 }

@@ -97,7 +97,7 @@ TEST_CASE("training in bf16 lowers the loss like f32", "[train][bf16]") {
     o.warmup = 5;
     o.eval_every = 0;
     o.eval_batches = 1;
-    o.dtype = dtype;
+    o.dtype = compute_dtype_from_name(dtype);
     Trainer t(o);
     std::vector<double> losses;
     t.run([&](const StepStats& s) { losses.push_back(s.loss); });

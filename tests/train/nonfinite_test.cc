@@ -80,12 +80,16 @@ TEST_CASE("TrainOptions are validated by the Trainer, naming the option and the 
   rejects([](TrainOptions& o) { o.warmup = -1; }, "warmup", "-1");
   rejects([](TrainOptions& o) { o.eval_batches = 0; }, "eval_batches", "0");
   rejects([](TrainOptions& o) { o.bucket_bytes = 0; }, "bucket_bytes", "0");
-  rejects([](TrainOptions& o) { o.on_nonfinite = "ignore"; }, "on_nonfinite", "'ignore'");
   rejects([](TrainOptions& o) { o.max_nonfinite_skips = 0; }, "max_nonfinite_skips", "0");
   rejects([](TrainOptions& o) { o.loss_scale_init = kNaN; }, "loss_scale_init", "nan");
   rejects([](TrainOptions& o) { o.loss_scale_init = 0.5; }, "loss_scale_init must be >= loss_scale_min", "0.5");
   rejects([](TrainOptions& o) { o.loss_scale_min = 0; }, "loss_scale_min", "0");
   rejects([](TrainOptions& o) { o.loss_scale_growth_interval = 0; }, "loss_scale_growth_interval", "0");
+  // Names are enums in TrainOptions, parsed at the edge with the same messages.
+  CHECK_THROWS_WITH(parse_nonfinite_action("ignore"),
+                    Catch::Contains("TrainOptions.on_nonfinite") && Catch::Contains("got 'ignore'"));
+  CHECK(parse_nonfinite_action("skip") == NonFiniteAction::skip);
+  CHECK(std::string(nonfinite_action_name(NonFiniteAction::stop)) == "stop");
   // A finite but huge learning rate is accepted (it is the run that fails).
   TrainOptions ok = small_options(4);
   ok.lr = 1e30;
@@ -185,7 +189,7 @@ TEST_CASE("--on-nonfinite skip drops the update, counts it, retries the step on 
     t.run([&](const StepStats& s) { ref.push_back(s); });
   }
   TrainOptions o = small_options(8);
-  o.on_nonfinite = "skip";
+  o.on_nonfinite = NonFiniteAction::skip;
   o.max_nonfinite_skips = 3;
   int loss_faults = 0, seed_faults = 0;
   double faulted_local_loss = 0;
@@ -243,7 +247,7 @@ TEST_CASE("a run with skipped steps saves and resumes bit-identically (skips adv
   auto options = [](std::int64_t stop_after, const std::string& save, const std::string& resume) {
     TrainOptions o = small_options(8);
     o.config.dropout = 0.1;  // the dropout stream has to be restored too
-    o.on_nonfinite = "skip";
+    o.on_nonfinite = NonFiniteAction::skip;
     o.stop_after = stop_after;
     o.save_dir = save;
     o.resume_dir = resume;
@@ -276,7 +280,7 @@ TEST_CASE("a run with skipped steps saves and resumes bit-identically (skips adv
 TEST_CASE("--on-nonfinite skip stops after max_nonfinite_skips skipped steps in a row", "[train][nonfinite]") {
   const std::string dir = temp_dir();
   TrainOptions o = small_options(10);
-  o.on_nonfinite = "skip";
+  o.on_nonfinite = NonFiniteAction::skip;
   o.max_nonfinite_skips = 3;
   o.save_dir = dir;
   o.save_every = 1;
@@ -302,7 +306,7 @@ TEST_CASE("--on-nonfinite skip stops after max_nonfinite_skips skipped steps in 
 TEST_CASE("f32 and bf16 do not scale the loss", "[train][f16]") {
   for (const std::string dtype : {"f32", "bf16"}) {
     TrainOptions o = small_options(3);
-    o.dtype = dtype;
+    o.dtype = compute_dtype_from_name(dtype);
     Trainer t(o);
     CHECK(t.loss_scale() == 1.0);
     t.run([&](const StepStats& s) {
@@ -322,7 +326,7 @@ TEST_CASE("training in f16 with dynamic loss scaling lowers the loss like f32", 
     o.warmup = 5;
     o.eval_every = 0;
     o.eval_batches = 1;
-    o.dtype = dtype;
+    o.dtype = compute_dtype_from_name(dtype);
     o.group = single_process_group();
     Trainer t(o);
     t.run([&](const StepStats& s) { stats.push_back(s); });
@@ -348,7 +352,7 @@ TEST_CASE("training in f16 with dynamic loss scaling lowers the loss like f32", 
 TEST_CASE("the f16 loss scale halves on an overflow (skipping the step) and doubles after the interval",
           "[train][f16]") {
   TrainOptions o = small_options(12);
-  o.dtype = "f16";
+  o.dtype = DType::f16;
   o.loss_scale_init = 1024;
   o.loss_scale_growth_interval = 4;
   int faults = 0;
@@ -393,7 +397,7 @@ TEST_CASE("the f16 loss scale halves on an overflow (skipping the step) and doub
 TEST_CASE("an f16 run saved and resumed continues with the same loss scale and bits", "[train][f16]") {
   auto options = [] {
     TrainOptions o = small_options(8);
-    o.dtype = "f16";
+    o.dtype = DType::f16;
     o.loss_scale_init = 1024;
     o.loss_scale_growth_interval = 3;
     return o;
@@ -433,7 +437,7 @@ TEST_CASE("an f16 loss scale that collapses below loss_scale_min stops the run; 
           "[train][f16]") {
   {
     TrainOptions o = small_options(10);
-    o.dtype = "f16";
+    o.dtype = DType::f16;
     o.loss_scale_init = 4;
     o.loss_scale_min = 1;
     o.fault_seed = [](std::int64_t step, double& seed) {
@@ -453,7 +457,7 @@ TEST_CASE("an f16 loss scale that collapses below loss_scale_min stops the run; 
   }
   {
     TrainOptions o = small_options(10);
-    o.dtype = "f16";
+    o.dtype = DType::f16;
     o.fault_loss = [](std::int64_t step, double& loss) {
       if (step == 2) loss = kInf;
     };
@@ -472,7 +476,7 @@ TEST_CASE("every rank takes the same decision when one rank's values go bad", "[
   auto options = [&](const std::string& on_nonfinite) {
     TrainOptions o = small_options(6);
     o.group = world;
-    o.on_nonfinite = on_nonfinite;
+    o.on_nonfinite = parse_nonfinite_action(on_nonfinite);
     o.fault_loss = [&, n = 0](std::int64_t step, double& loss) mutable {
       if (world->rank() == bad && step == 3 && n++ == 0) loss = kNaN;
     };
