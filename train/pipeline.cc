@@ -233,7 +233,7 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
   // values are read at once, so nothing of it outlives its backward.
   struct Micro {
     Tensor x, y, ce;
-    DecoderModel::LossTerms terms;
+    MoETerms terms;
     float ce_value = 0;
     std::vector<float> aux_values, z_values;
   };
@@ -279,8 +279,7 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
         timed_recv(u.x, int(s - 1), int(2 * op.micro));
         if (train) u.x.set_requires_grad(true);
       }
-      u.y = model_.run_blocks(u.x, b0, b1);
-      u.terms = model_.take_loss_terms();
+      u.y = model_.run_blocks(u.x, b0, b1, u.terms);
       for (const Tensor& a : u.terms.aux) u.aux_values.push_back(float(a.item()));
       for (const Tensor& z : u.terms.z) u.z_values.push_back(float(z.item()));
       if (last) {
@@ -322,7 +321,7 @@ std::vector<double> PipelineStage::forward_backward(const Tensor& batch, std::in
     --held;
     // This micro-batch's activations, graph and loss terms go.
     u.x = u.y = u.ce = Tensor();
-    u.terms = DecoderModel::LossTerms{};
+    u.terms = MoETerms{};
     reap();
     if (timing) account(timing->backward_ms);
   }

@@ -307,7 +307,7 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
         const double micro = global_mean(local);
         loss += micro / double(M);
         s.aux_loss += out.aux.item() / double(M);  // global-batch statistics already
-        if (m == M - 1) s.routing = model_->routing_stats();  // (the last micro-batch's)
+        if (m == M - 1) s.routing = out.routing;  // (the last micro-batch's)
         const auto report = saved_bytes_report();
         auto it = report.bytes_by_op.find("checkpoint_boundary");
         s.boundary_bytes = std::max(s.boundary_bytes, it == report.bytes_by_op.end() ? 0 : it->second);
