@@ -78,8 +78,10 @@ class MoELayer : public Module {
   MoELayer(const ModelConfig& c, std::int64_t layer, Generator& gen, ExpertPlacement placement = {});
   // x [B, S, d] -> [B, S, d], the parts "moe" (the whole layer),
   // "moe_expert" (the routed experts) and "shared_experts" run through
-  // `parts`. The loss terms and metrics go to the MoETermsScope open on this
-  // thread, in the original pass only (never in a replay).
+  // `parts` (which must outlive the backward: a replay of part "moe" runs
+  // its inner parts through it). The loss terms and metrics go to the
+  // MoETermsScope open on this thread, in the original pass only (never in
+  // a replay).
   Tensor forward(const Tensor& x, const PartRunner& parts = PartRunner::direct()) const;
 
   std::shared_ptr<Linear> gate;
