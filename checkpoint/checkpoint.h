@@ -12,6 +12,19 @@
 //
 // Reentrant: the region records one node; its backward replays the whole
 // function with grad enabled and differentiates it on its own.
+//
+// Early stop is an exception: the replay's save hook throws an internal
+// StopReplay once the last needed tensor is regenerated, and it unwinds
+// through whatever the region's function is running (op bodies, saved-tensor
+// hooks, op hooks, nested regions, user code). The contract every op body
+// and hook keeps, so that this (or any other exception) is harmless: an
+// exception thrown through it leaves the tape (no half-built node or
+// history), the saved tensors (no pack without its record), the allocator
+// (no block leaked or counted twice) and the hook, policy, RNG and grad-mode
+// scopes as they were before the call. Only RAII achieves that: state is
+// changed by scope objects whose destructors undo it, or committed after
+// the last thing that can throw; nothing is left half-done (ops/op.h states
+// the op runner's side of it).
 #pragma once
 
 #include <functional>

@@ -166,243 +166,337 @@ const std::vector<std::string>& RecomputePlan::builtin_sub_regions() {
   return names;
 }
 
-RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layers,
-                                   const std::vector<std::string>& sub_regions) {
+namespace {
+
+// Parses one plan string. Each component (split at '+') claims blocks (block-
+// level regions) or sub-block parts (module regions) of the plan, or turns on
+// offload / compression; a claim that overlaps an earlier one is an error
+// naming both. The checks that need every component (keep_last, hooks on
+// recomputed parts, module regions inside block regions) run at the end.
+class PlanParser {
+ public:
+  PlanParser(const std::string& spec, std::int64_t n_layers, const std::vector<std::string>& sub_regions)
+      : n_layers_(n_layers), sub_regions_(sub_regions), bad_{spec, sub_regions} {
+    plan_.spec = spec;
+  }
+
+  RecomputePlan parse() {
+    if (plan_.spec.empty()) bad_("empty plan");
+    plan_.n_layers = n_layers_;
+    plan_.block_modules.assign(std::size_t(n_layers_), {});
+    if (plan_.spec == "none") return plan_;
+    owner_.assign(std::size_t(n_layers_), -1);
+    components_ = split(plan_.spec, '+');
+    for (std::size_t c = 0; c < components_.size(); ++c) component(c);
+    if (keep_last_) apply_keep_last();
+    check_hook_modules(offload_comp_, plan_.offload_modules, plan_.offload_range);
+    check_hook_modules(compress_comp_, plan_.compress_modules, plan_.compress_range);
+    check_modules_outside_block_regions();
+    return plan_;
+  }
+
+ private:
+  // One component: its index, its text without the @range, and the blocks
+  // it applies to (all of them unless ranged).
+  struct Term {
+    std::size_t index = 0;
+    std::string text;
+    std::int64_t lo = 0, hi = 0;
+    bool ranged = false;
+    const std::string& full(const PlanParser& p) const { return p.components_[index]; }
+  };
+
+  using Regions = std::vector<std::vector<std::int64_t>>;
+
+  bool offered(const std::string& n) const {
+    return std::find(sub_regions_.begin(), sub_regions_.end(), n) != sub_regions_.end();
+  }
+
+  // Splits off the @range and hands the component to the step for its kind.
+  void component(std::size_t c) {
+    Term t{c, components_[c], 0, n_layers_ - 1, false};
+    if (const auto at = t.text.find('@'); at != std::string::npos) {
+      parse_range(components_[c], t.text.substr(at + 1), t.lo, t.hi);
+      t.ranged = true;
+      t.text = t.text.substr(0, at);
+    }
+    if (t.text == "keep_last") return keep_last_term(t);
+    if (t.text == "offload" || t.text.rfind("offload:", 0) == 0) return offload_term(t);
+    if (t.text.rfind("compress:", 0) == 0) return compress_term(t);
+    region_term(t);
+  }
+
+  // "@A-B" or "@A" after a component: the blocks it applies to.
+  void parse_range(const std::string& comp, const std::string& text, std::int64_t& lo, std::int64_t& hi) const {
+    const auto dash = text.find('-');
+    lo = parse_int(bad_, "'" + comp + "': @", text.substr(0, dash));
+    hi = dash == std::string::npos ? lo : parse_int(bad_, "'" + comp + "': @A-", text.substr(dash + 1));
+    if (lo > hi || hi >= n_layers_)
+      bad_("'" + comp + "': block range @" + text + " needs A <= B < " + std::to_string(n_layers_) +
+           " (the model has " + std::to_string(n_layers_) + " blocks)");
+  }
+
+  void keep_last_term(const Term& t) {
+    if (t.ranged) bad_("'keep_last' takes no @range (it is about the last block)");
+    if (keep_last_) bad_("'keep_last' given twice");
+    keep_last_ = true;
+  }
+
+  // offload[:NAMES]
+  void offload_term(const Term& t) {
+    if (plan_.offload) bad_("'" + offload_comp_ + "' and '" + t.full(*this) + "': offload given twice");
+    plan_.offload = true;
+    offload_comp_ = t.full(*this);
+    if (t.ranged) plan_.offload_range = std::make_pair(t.lo, t.hi);
+    if (t.text != "offload") plan_.offload_modules = hook_modules(t.text, t.text.substr(8));
+  }
+
+  // compress:FMT[:NAMES|all]
+  void compress_term(const Term& t) {
+    if (plan_.compress) bad_("'" + compress_comp_ + "' and '" + t.full(*this) + "': compress given twice");
+    const std::string rest = t.text.substr(9);
+    const auto colon2 = rest.find(':');
+    const std::string fmt = rest.substr(0, colon2);
+    if (fmt != "bf16" && fmt != "fp8") bad_("'" + t.text + "': unknown format '" + fmt + "' (bf16 or fp8)");
+    plan_.compress = true;
+    plan_.compress_format = compress_format_from_name(fmt);
+    compress_comp_ = t.full(*this);
+    if (t.ranged) plan_.compress_range = std::make_pair(t.lo, t.hi);
+    if (colon2 == std::string::npos) return;
+    if (rest.substr(colon2 + 1) == "all")
+      plan_.compress_all = true;  // every floating save, not only matmul inputs and boundaries
+    else
+      plan_.compress_modules = hook_modules(t.text, rest.substr(colon2 + 1));
+  }
+
+  // Sub-regions named by offload:/compress: (their saves get the hooks).
+  std::set<std::string> hook_modules(const std::string& comp, const std::string& list) const {
+    std::set<std::string> out;
+    for (const auto& name : split(list, ',')) {
+      if (!offered(name)) bad_("'" + comp + "' names '" + name + "', which is not a sub-region the blocks offer");
+      if (name == "moe_act")
+        bad_("'" + comp + "': moe_act is an output-discard of the expert activation and keeps no saves of its own");
+      out.insert(name);
+    }
+    return out;
+  }
+
+  // The components that make regions: none, per_block, chunk, selected:,
+  // uniform:, block:, a standalone sub-region, selective:.
+  void region_term(const Term& t) {
+    const auto colon = t.text.find(':');
+    const std::string head = t.text.substr(0, colon);
+    const std::string arg = colon == std::string::npos ? "" : t.text.substr(colon + 1);
+    const bool has_arg = colon != std::string::npos;
+    if (t.text == "none") {
+      if (components_.size() > 1) bad_("'none' cannot be combined");
+    } else if (t.text == "per_block") {
+      claim_blocks(t.index, each(t.lo, t.hi));
+    } else if (t.text == "chunk") {
+      std::vector<std::int64_t> all;
+      for (std::int64_t i = t.lo; i <= t.hi; ++i) all.push_back(i);
+      claim_blocks(t.index, {all});
+    } else if ((head == "selected" || head == "block") && has_arg && t.ranged) {
+      bad_("'" + t.full(*this) + "': " + head + ":... names its blocks itself and takes no @range");
+    } else if (head == "selected" && has_arg) {
+      selected_term(t, arg);
+    } else if (head == "uniform" && has_arg) {
+      uniform_term(t, arg);
+    } else if (head == "block" && has_arg) {
+      block_term(t, arg);
+    } else if (standalone(t.text) && offered(t.text)) {
+      claim_module(t.index, t.text, t.lo, t.hi);
+    } else if (head == "selective" && has_arg) {
+      for (const auto& name : split(arg, ',')) selective_name(t, name);
+    } else {
+      bad_("unknown component '" + t.full(*this) + "'" +
+           (!standalone(t.text) && offered(t.text) ? " (a sub-region: write selective:" + t.text + ")" : ""));
+    }
+  }
+
+  // selected:I,J,...: one region per named block.
+  void selected_term(const Term& t, const std::string& arg) {
+    Regions r;
+    for (const auto& s : split(arg, ',')) {
+      const std::int64_t i = parse_int(bad_, "selected", s);
+      if (i >= n_layers_)
+        bad_("block " + s + " does not exist (the model has " + std::to_string(n_layers_) + " blocks)");
+      r.push_back({i});
+    }
+    claim_blocks(t.index, r);
+  }
+
+  // uniform:N: consecutive groups of N blocks of the range.
+  void uniform_term(const Term& t, const std::string& arg) {
+    const std::int64_t g = parse_int(bad_, "uniform", arg);
+    if (g < 1 || g > t.hi - t.lo + 1) bad_("uniform:N needs 1 <= N <= " + std::to_string(t.hi - t.lo + 1));
+    Regions r;
+    for (std::int64_t i = t.lo; i <= t.hi; i += g) {
+      std::vector<std::int64_t> grp;
+      for (std::int64_t j = i; j < std::min(t.hi + 1, i + g); ++j) grp.push_back(j);
+      r.push_back(grp);
+    }
+    claim_blocks(t.index, r);
+  }
+
+  // block:N: the first N blocks, one region each.
+  void block_term(const Term& t, const std::string& arg) {
+    const std::int64_t n = parse_int(bad_, "block", arg);
+    if (n > n_layers_) bad_("block:N needs N <= " + std::to_string(n_layers_));
+    Regions r;
+    for (std::int64_t i = 0; i < n; ++i) r.push_back({i});
+    claim_blocks(t.index, r);
+  }
+
+  // One name of selective:NAMES: an op policy (per-block regions) or a
+  // sub-region the blocks offer.
+  void selective_name(const Term& t, const std::string& name) {
+    if (name == "save_matmul" || name == "save_attention" || name.rfind("save_ops=", 0) == 0) {
+      if (plan_.policy && !t.ranged) bad_("only one op policy per plan (or give each its @range)");
+      plan_.policy = op_policy(name);
+      plan_.policy_name = name;
+      claim_blocks(t.index, each(t.lo, t.hi), plan_.policy, name);
+    } else if (!standalone(name) && offered(name)) {
+      claim_module(t.index, name, t.lo, t.hi);
+    } else {
+      bad_("unknown selective name '" + name + "' in '" + t.text + "' (" +
+           (standalone(name) && offered(name) ? "'" + name + "' is a component of its own, without selective:"
+                                              : "neither a sub-region the blocks offer nor an op policy") + ")");
+    }
+  }
+
+  // save_matmul, save_attention or save_ops=OP/OP/...
+  Policy op_policy(const std::string& name) const {
+    if (name == "save_matmul") return save_matmul_outputs();
+    if (name == "save_attention") return save_attention_outputs();
+    auto ops = split(name.substr(9), '/');
+    if (ops.empty() || ops[0].empty())
+      bad_("save_ops= needs op names, e.g. save_ops=matmul/scaled_dot_product_attention");
+    for (const auto& op : ops)
+      if (!replay_cacheable(op))
+        bad_("save_ops=: op '" + op +
+             "' cannot hand back cached outputs (a replay would run its kernel anyway); "
+             "valid ops: " + replay_cacheable_list());
+    return save_ops(ops);
+  }
+
+  // One region per block of [lo, hi].
+  static Regions each(std::int64_t lo, std::int64_t hi) {
+    Regions r;
+    for (std::int64_t i = lo; i <= hi; ++i) r.push_back({i});
+    return r;
+  }
+
+  // Component `comp` makes `regions` block-level regions (each block in one region only).
+  void claim_blocks(std::size_t comp, const Regions& regions, const Policy& policy = nullptr,
+                    const std::string& policy_name = "") {
+    for (const auto& r : regions)
+      for (auto b : r) {
+        if (owner_[std::size_t(b)] >= 0)
+          bad_("'" + components_[std::size_t(owner_[std::size_t(b)])] + "' and '" + components_[comp] +
+               "' overlap at block " + std::to_string(b) + " (a block can be in only one region)");
+        owner_[std::size_t(b)] = std::int64_t(comp);
+      }
+    for (const auto& r : regions) {
+      plan_.block_regions.push_back(r);
+      plan_.region_policies.push_back(policy);
+      plan_.region_policy_names.push_back(policy_name);
+    }
+  }
+
+  // Component `comp` makes `module` a region in blocks lo..hi (each sub-block
+  // part in one module region only).
+  void claim_module(std::size_t comp, const std::string& module, std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t b = lo; b <= hi; ++b)
+      for (const auto& p : parts_of(module)) {
+        auto it = part_owner_.find({b, p});
+        if (it != part_owner_.end())
+          bad_("'" + it->second + "' and '" + components_[comp] + "' overlap (both cover " + p +
+               (lo == 0 && hi == n_layers_ - 1 ? std::string() : " in block " + std::to_string(b)) + ")");
+        part_owner_[{b, p}] = components_[comp];
+      }
+    for (std::int64_t b = lo; b <= hi; ++b) plan_.block_modules[std::size_t(b)].insert(module);
+    plan_.modules.insert(module);
+  }
+
+  // keep_last: the last block leaves its block-level region (its backward
+  // starts right after the forward, so replaying it would redo work to free
+  // memory that is needed again at once).
+  void apply_keep_last() {
+    std::int64_t last = -1;
+    for (const auto& r : plan_.block_regions)
+      for (auto b : r) last = std::max(last, b);
+    if (last < 0) bad_("'keep_last' needs block-level regions (per_block, chunk, uniform:N, ...) to take the last block from");
+    for (auto& r : plan_.block_regions) r.erase(std::remove(r.begin(), r.end(), last), r.end());
+    for (std::size_t i = plan_.block_regions.size(); i-- > 0;)
+      if (plan_.block_regions[i].empty()) {
+        plan_.block_regions.erase(plan_.block_regions.begin() + std::ptrdiff_t(i));
+        plan_.region_policies.erase(plan_.region_policies.begin() + std::ptrdiff_t(i));
+        plan_.region_policy_names.erase(plan_.region_policy_names.begin() + std::ptrdiff_t(i));
+      }
+    owner_[std::size_t(last)] = -1;
+  }
+
+  // Hooks on sub-regions that a region recomputes have nothing to pack.
+  void check_hook_modules(const std::string& comp, const std::set<std::string>& mods,
+                          const std::optional<std::pair<std::int64_t, std::int64_t>>& range) const {
+    if (mods.empty()) return;
+    const std::int64_t lo = range ? range->first : 0, hi = range ? range->second : n_layers_ - 1;
+    for (const auto& m : mods)
+      for (std::int64_t b = lo; b <= hi; ++b)
+        for (const auto& r : plan_.block_modules[std::size_t(b)]) {
+          const auto pm = parts_of(m), pr = parts_of(r);
+          for (const auto& p : pm)
+            if (pr.count(p))
+              bad_("'" + comp + "' and the '" + r + "' regions: " + m + "'s saves are recomputed there, not kept, so " +
+                   "there is nothing to " + (comp.rfind("offload", 0) == 0 ? "offload" : "compress"));
+        }
+    bool any_plain_block = false;
+    for (std::int64_t b = lo; b <= hi; ++b) any_plain_block = any_plain_block || owner_[std::size_t(b)] < 0;
+    const std::string base = comp.substr(0, comp.find('@'));
+    if (!any_plain_block)
+      bad_("'" + comp + "': every block " + (range ? "of its range " : "") + "is in a block-level region, so the " +
+           "saves inside its sub-regions are recomputed, not kept; use '" + base.substr(0, base.rfind(':')) +
+           "' (without names) to act on the regions' boundaries");
+  }
+
+  // Module regions live inside blocks: they cannot share a block with a block region.
+  void check_modules_outside_block_regions() const {
+    for (std::int64_t b = 0; b < n_layers_; ++b)
+      if (owner_[std::size_t(b)] >= 0 && !plan_.block_modules[std::size_t(b)].empty())
+        bad_("'" + components_[std::size_t(owner_[std::size_t(b)])] + "' and the module regions (" +
+             *plan_.block_modules[std::size_t(b)].begin() + ") overlap at block " + std::to_string(b) +
+             " (module regions would nest inside the block's region)");
+  }
+
+  const std::int64_t n_layers_;
+  const std::vector<std::string>& sub_regions_;
+  const Bad bad_;
+  RecomputePlan plan_;
+  std::vector<std::string> components_;
+  std::vector<std::int64_t> owner_;  // block -> index of the component whose region holds it, or -1
+  std::map<std::pair<std::int64_t, std::string>, std::string> part_owner_;  // (block, sub-block part) -> component
+  std::string offload_comp_, compress_comp_;  // the components that turned them on
+  bool keep_last_ = false;
+};
+
+// Sub-region names are usable in a plan: letters, digits and '_', not
+// "save_*" (op policies) nor "all" (compress:FMT:all).
+void check_sub_region_names(const std::vector<std::string>& sub_regions) {
   for (const auto& n : sub_regions)
     REMAT_CHECK(!n.empty() && n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") ==
                                   std::string::npos && n.rfind("save_", 0) != 0 && n != "all",
                 Error, "recompute plans: sub-region name '", n,
                 "' is not usable in a plan (names are letters, digits and '_', do not start with 'save_', "
                 "which names op policies, and are not 'all', which compress:FMT:all means)");
-  const Bad bad{spec, sub_regions};
-  auto offered = [&](const std::string& n) {
-    return std::find(sub_regions.begin(), sub_regions.end(), n) != sub_regions.end();
-  };
-  RecomputePlan plan;
-  plan.spec = spec;
-  if (spec.empty()) bad("empty plan");
-  plan.n_layers = n_layers;
-  plan.block_modules.assign(std::size_t(n_layers), {});
-  if (spec == "none") return plan;
-  std::vector<std::int64_t> owner(std::size_t(n_layers), -1);  // block -> component index
-  std::vector<std::string> components = split(spec, '+');
-  auto claim_blocks = [&](std::size_t comp, const std::vector<std::vector<std::int64_t>>& regions,
-                          const Policy& policy = nullptr, const std::string& policy_name = "") {
-    for (const auto& r : regions)
-      for (auto b : r) {
-        if (owner[std::size_t(b)] >= 0)
-          bad("'" + components[std::size_t(owner[std::size_t(b)])] + "' and '" + components[comp] +
-                        "' overlap at block " + std::to_string(b) + " (a block can be in only one region)");
-        owner[std::size_t(b)] = std::int64_t(comp);
-      }
-    for (const auto& r : regions) {
-      plan.block_regions.push_back(r);
-      plan.region_policies.push_back(policy);
-      plan.region_policy_names.push_back(policy_name);
-    }
-  };
-  // One region per block of [lo, hi].
-  auto each = [&](std::int64_t lo, std::int64_t hi) {
-    std::vector<std::vector<std::int64_t>> r;
-    for (std::int64_t i = lo; i <= hi; ++i) r.push_back({i});
-    return r;
-  };
-  std::map<std::pair<std::int64_t, std::string>, std::string> part_owner;  // (block, sub-block part) -> component
-  auto claim_module = [&](std::size_t comp, const std::string& module, std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t b = lo; b <= hi; ++b)
-      for (const auto& p : parts_of(module)) {
-        auto it = part_owner.find({b, p});
-        if (it != part_owner.end())
-          bad("'" + it->second + "' and '" + components[comp] + "' overlap (both cover " + p +
-              (lo == 0 && hi == n_layers - 1 ? std::string() : " in block " + std::to_string(b)) + ")");
-        part_owner[{b, p}] = components[comp];
-      }
-    for (std::int64_t b = lo; b <= hi; ++b) plan.block_modules[std::size_t(b)].insert(module);
-    plan.modules.insert(module);
-  };
-  // "@A-B" or "@A" after a component: the blocks it applies to.
-  auto parse_range = [&](const std::string& comp, const std::string& text, std::int64_t& lo, std::int64_t& hi) {
-    const auto dash = text.find('-');
-    lo = parse_int(bad, "'" + comp + "': @", text.substr(0, dash));
-    hi = dash == std::string::npos ? lo : parse_int(bad, "'" + comp + "': @A-", text.substr(dash + 1));
-    if (lo > hi || hi >= n_layers)
-      bad("'" + comp + "': block range @" + text + " needs A <= B < " + std::to_string(n_layers) + " (the model has " +
-          std::to_string(n_layers) + " blocks)");
-  };
+}
 
-  // Sub-regions named by offload:/compress: (their saves get the hooks).
-  auto hook_modules = [&](const std::string& comp, const std::string& list) {
-    std::set<std::string> out;
-    for (const auto& name : split(list, ',')) {
-      if (!offered(name)) bad("'" + comp + "' names '" + name + "', which is not a sub-region the blocks offer");
-      if (name == "moe_act")
-        bad("'" + comp + "': moe_act is an output-discard of the expert activation and keeps no saves of its own");
-      out.insert(name);
-    }
-    return out;
-  };
-  std::string offload_comp, compress_comp;
-  bool keep_last = false;
-  for (std::size_t c = 0; c < components.size(); ++c) {
-    std::string comp = components[c];
-    std::int64_t lo = 0, hi = n_layers - 1;
-    bool ranged = false;
-    if (const auto at = comp.find('@'); at != std::string::npos) {
-      parse_range(components[c], comp.substr(at + 1), lo, hi);
-      ranged = true;
-      comp = comp.substr(0, at);
-    }
-    if (comp == "keep_last") {
-      if (ranged) bad("'keep_last' takes no @range (it is about the last block)");
-      if (keep_last) bad("'keep_last' given twice");
-      keep_last = true;
-      continue;
-    }
-    if (comp == "offload" || comp.rfind("offload:", 0) == 0) {
-      if (plan.offload) bad("'" + offload_comp + "' and '" + components[c] + "': offload given twice");
-      plan.offload = true;
-      offload_comp = components[c];
-      if (ranged) plan.offload_range = std::make_pair(lo, hi);
-      if (comp != "offload") plan.offload_modules = hook_modules(comp, comp.substr(8));
-      continue;
-    }
-    if (comp.rfind("compress:", 0) == 0) {
-      if (plan.compress) bad("'" + compress_comp + "' and '" + components[c] + "': compress given twice");
-      const std::string rest = comp.substr(9);
-      const auto colon2 = rest.find(':');
-      const std::string fmt = rest.substr(0, colon2);
-      if (fmt != "bf16" && fmt != "fp8") bad("'" + comp + "': unknown format '" + fmt + "' (bf16 or fp8)");
-      plan.compress = true;
-      plan.compress_format = compress_format_from_name(fmt);
-      compress_comp = components[c];
-      if (ranged) plan.compress_range = std::make_pair(lo, hi);
-      if (colon2 != std::string::npos) {
-        if (rest.substr(colon2 + 1) == "all")
-          plan.compress_all = true;  // every floating save, not only matmul inputs and boundaries
-        else
-          plan.compress_modules = hook_modules(comp, rest.substr(colon2 + 1));
-      }
-      continue;
-    }
-    const auto colon = comp.find(':');
-    const std::string head = comp.substr(0, colon);
-    const std::string arg = colon == std::string::npos ? "" : comp.substr(colon + 1);
-    if (comp == "none") {
-      if (components.size() > 1) bad("'none' cannot be combined");
-    } else if (comp == "per_block") {
-      claim_blocks(c, each(lo, hi));
-    } else if (comp == "chunk") {
-      std::vector<std::int64_t> all;
-      for (std::int64_t i = lo; i <= hi; ++i) all.push_back(i);
-      claim_blocks(c, {all});
-    } else if ((head == "selected" || head == "block") && colon != std::string::npos && ranged) {
-      bad("'" + components[c] + "': " + head + ":... names its blocks itself and takes no @range");
-    } else if (head == "selected" && colon != std::string::npos) {
-      std::vector<std::vector<std::int64_t>> r;
-      for (const auto& s : split(arg, ',')) {
-        const std::int64_t i = parse_int(bad, "selected", s);
-        if (i >= n_layers) bad("block " + s + " does not exist (the model has " + std::to_string(n_layers) + " blocks)");
-        r.push_back({i});
-      }
-      claim_blocks(c, r);
-    } else if (head == "uniform" && colon != std::string::npos) {
-      const std::int64_t g = parse_int(bad, "uniform", arg);
-      if (g < 1 || g > hi - lo + 1) bad("uniform:N needs 1 <= N <= " + std::to_string(hi - lo + 1));
-      std::vector<std::vector<std::int64_t>> r;
-      for (std::int64_t i = lo; i <= hi; i += g) {
-        std::vector<std::int64_t> grp;
-        for (std::int64_t j = i; j < std::min(hi + 1, i + g); ++j) grp.push_back(j);
-        r.push_back(grp);
-      }
-      claim_blocks(c, r);
-    } else if (head == "block" && colon != std::string::npos) {
-      const std::int64_t n = parse_int(bad, "block", arg);
-      if (n > n_layers) bad("block:N needs N <= " + std::to_string(n_layers));
-      std::vector<std::vector<std::int64_t>> r;
-      for (std::int64_t i = 0; i < n; ++i) r.push_back({i});
-      claim_blocks(c, r);
-    } else if (standalone(comp) && offered(comp)) {
-      claim_module(c, comp, lo, hi);
-    } else if (head == "selective" && colon != std::string::npos) {
-      for (const auto& name : split(arg, ',')) {
-        if (name == "save_matmul" || name == "save_attention" || name.rfind("save_ops=", 0) == 0) {
-          if (plan.policy && !ranged) bad("only one op policy per plan (or give each its @range)");
-          if (name == "save_matmul") plan.policy = save_matmul_outputs();
-          else if (name == "save_attention") plan.policy = save_attention_outputs();
-          else {
-            auto ops = split(name.substr(9), '/');
-            if (ops.empty() || ops[0].empty())
-              bad("save_ops= needs op names, e.g. save_ops=matmul/scaled_dot_product_attention");
-            for (const auto& op : ops)
-              if (!replay_cacheable(op))
-                bad("save_ops=: op '" + op +
-                              "' cannot hand back cached outputs (a replay would run its kernel anyway); "
-                              "valid ops: " + replay_cacheable_list());
-            plan.policy = save_ops(ops);
-          }
-          plan.policy_name = name;
-          claim_blocks(c, each(lo, hi), plan.policy, name);
-        } else if (!standalone(name) && offered(name)) {
-          claim_module(c, name, lo, hi);
-        } else {
-          bad("unknown selective name '" + name + "' in '" + comp + "' (" +
-              (standalone(name) && offered(name) ? "'" + name + "' is a component of its own, without selective:"
-                                                 : "neither a sub-region the blocks offer nor an op policy") + ")");
-        }
-      }
-    } else {
-      bad("unknown component '" + components[c] + "'" +
-          (!standalone(comp) && offered(comp) ? " (a sub-region: write selective:" + comp + ")" : ""));
-    }
-  }
-  // keep_last: the last block leaves its block-level region (its backward
-  // starts right after the forward, so replaying it would redo work to free
-  // memory that is needed again at once).
-  if (keep_last) {
-    std::int64_t last = -1;
-    for (const auto& r : plan.block_regions)
-      for (auto b : r) last = std::max(last, b);
-    if (last < 0) bad("'keep_last' needs block-level regions (per_block, chunk, uniform:N, ...) to take the last block from");
-    for (auto& r : plan.block_regions) r.erase(std::remove(r.begin(), r.end(), last), r.end());
-    for (std::size_t i = plan.block_regions.size(); i-- > 0;)
-      if (plan.block_regions[i].empty()) {
-        plan.block_regions.erase(plan.block_regions.begin() + std::ptrdiff_t(i));
-        plan.region_policies.erase(plan.region_policies.begin() + std::ptrdiff_t(i));
-        plan.region_policy_names.erase(plan.region_policy_names.begin() + std::ptrdiff_t(i));
-      }
-    owner[std::size_t(last)] = -1;
-  }
-  // Hooks on sub-regions that a region recomputes have nothing to pack.
-  auto check_hook_modules = [&](const std::string& comp, const std::set<std::string>& mods,
-                                const std::optional<std::pair<std::int64_t, std::int64_t>>& range) {
-    if (mods.empty()) return;
-    const std::int64_t lo = range ? range->first : 0, hi = range ? range->second : n_layers - 1;
-    for (const auto& m : mods)
-      for (std::int64_t b = lo; b <= hi; ++b)
-        for (const auto& r : plan.block_modules[std::size_t(b)]) {
-          const auto pm = parts_of(m), pr = parts_of(r);
-          for (const auto& p : pm)
-            if (pr.count(p))
-              bad("'" + comp + "' and the '" + r + "' regions: " + m + "'s saves are recomputed there, not kept, so " +
-                  "there is nothing to " + (comp.rfind("offload", 0) == 0 ? "offload" : "compress"));
-        }
-    bool any_plain_block = false;
-    for (std::int64_t b = lo; b <= hi; ++b) any_plain_block = any_plain_block || owner[std::size_t(b)] < 0;
-    const std::string base = comp.substr(0, comp.find('@'));
-    if (!any_plain_block)
-      bad("'" + comp + "': every block " + (range ? "of its range " : "") + "is in a block-level region, so the " +
-          "saves inside its sub-regions are recomputed, not kept; use '" + base.substr(0, base.rfind(':')) +
-          "' (without names) to act on the regions' boundaries");
-  };
-  check_hook_modules(offload_comp, plan.offload_modules, plan.offload_range);
-  check_hook_modules(compress_comp, plan.compress_modules, plan.compress_range);
-  // Module regions live inside blocks: they cannot share a block with a block region.
-  for (std::int64_t b = 0; b < n_layers; ++b)
-    if (owner[std::size_t(b)] >= 0 && !plan.block_modules[std::size_t(b)].empty())
-      bad("'" + components[std::size_t(owner[std::size_t(b)])] + "' and the module regions (" +
-                    *plan.block_modules[std::size_t(b)].begin() + ") overlap at block " + std::to_string(b) +
-                    " (module regions would nest inside the block's region)");
-  return plan;
+}  // namespace
+
+RecomputePlan RecomputePlan::parse(const std::string& spec, std::int64_t n_layers,
+                                   const std::vector<std::string>& sub_regions) {
+  check_sub_region_names(sub_regions);
+  return PlanParser(spec, n_layers, sub_regions).parse();
 }
 
 }  // namespace remat

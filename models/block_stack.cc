@@ -8,28 +8,24 @@
 
 namespace remat {
 
-void Block::set_regions(const std::set<std::string>& names) {
-  regions_ = names;
-  if (names.empty() && part_hooks_.empty()) {
-    wrap_ = nullptr;
-    return;
+void Block::set_regions(const std::set<std::string>& names) { regions_ = names; }
+
+std::vector<Tensor> Block::Parts::run(const std::string& part, const RegionFn& fn,
+                                      const std::vector<Tensor>& inputs) const {
+  if (auto h = block_.part_hooks_.find(part); h != block_.part_hooks_.end()) {  // (the plan never also makes it a region)
+    std::vector<std::unique_ptr<SavedTensorHooksScope>> scopes;
+    for (const auto& hook : h->second) scopes.push_back(std::make_unique<SavedTensorHooksScope>(hook));
+    return fn(inputs);
   }
-  wrap_ = [names, hooks = part_hooks_](const std::string& part, const RegionFn& fn, const std::vector<Tensor>& in) {
-    if (auto h = hooks.find(part); h != hooks.end()) {  // (the plan never also makes it a region)
-      std::vector<std::unique_ptr<SavedTensorHooksScope>> scopes;
-      for (const auto& hook : h->second) scopes.push_back(std::make_unique<SavedTensorHooksScope>(hook));
-      return fn(in);
-    }
-    if (!names.count(part)) return fn(in);
-    CheckpointOptions o;
-    o.name = part;
-    return checkpoint(fn, in, o);
-  };
+  if (!block_.regions_.count(part)) return fn(inputs);
+  CheckpointOptions o;
+  o.name = part;
+  return checkpoint(fn, inputs, o);
 }
 
 std::vector<Tensor> Block::region(const std::string& name, const RegionFn& fn,
                                   const std::vector<Tensor>& inputs) const {
-  return run_part(wrap_, name, fn, inputs);
+  return parts_.run(name, fn, inputs);
 }
 
 Tensor Block::region(const std::string& name, const std::function<Tensor(const Tensor&)>& fn,

@@ -45,20 +45,21 @@ class Block : public Module {
   virtual std::vector<std::string> sub_regions() const { return {}; }
   // Which sub-regions run as checkpoint regions from now on (BlockStack::
   // set_plan calls it with the plan's module regions; empty: none). A block
-  // whose child modules run named regions of their own overrides it to hand
-  // them region_wrap(), calling Block::set_regions first.
+  // with more per-plan state of its own (the decoder's moe_act) overrides
+  // it, calling Block::set_regions first.
   virtual void set_regions(const std::set<std::string>& names);
   const std::set<std::string>& regions() const { return regions_; }
   // Runs a named part as a checkpoint region (named after the part) when it
-  // is in regions(), else directly; empty when no sub-region is set. For
-  // child modules that take a RegionWrap (models/layers.h).
-  const RegionWrap& region_wrap() const { return wrap_; }
+  // is in regions(), under the part's save hooks when it has some, else
+  // directly. The block owns it; child modules that run named parts of
+  // their own take it by reference in their forward (models/layers.h).
+  const PartRunner& part_runner() const { return parts_; }
   // True if the plan runs part `name` as a region or under save hooks (a
   // block may fuse ops across parts only where neither is the case).
   bool part_wrapped(const std::string& name) const { return regions_.count(name) || part_hooks_.count(name); }
   // Saved-tensor hooks (outermost first) to run named parts under (the
-  // plan's offload:NAMES / compress:FMT:NAMES); set before set_regions,
-  // which builds region_wrap() from both.
+  // plan's offload:NAMES / compress:FMT:NAMES); part_runner() reads them
+  // (and regions()) when a part runs.
   void set_part_hooks(std::map<std::string, std::vector<std::shared_ptr<SavedTensorHooks>>> hooks) {
     part_hooks_ = std::move(hooks);
   }
@@ -72,13 +73,25 @@ class Block : public Module {
   Tensor region(const std::string& name, const std::function<Tensor(const Tensor&)>& fn, const Tensor& x) const;
 
  private:
+  // The PartRunner of this block's parts: regions_ and part_hooks_ as they
+  // are when a part runs (a replay during backward included).
+  class Parts final : public PartRunner {
+   public:
+    explicit Parts(const Block& block) : block_(block) {}
+    std::vector<Tensor> run(const std::string& part, const RegionFn& fn,
+                            const std::vector<Tensor>& inputs) const override;
+
+   private:
+    const Block& block_;
+  };
+
   std::set<std::string> regions_;
   std::map<std::string, std::vector<std::shared_ptr<SavedTensorHooks>>> part_hooks_;
-  RegionWrap wrap_;
+  Parts parts_{*this};
 };
 
 // Watches a stack's forward block by block (the planner's profile,
-// train/plan_profile.h). Not called inside recompute replays.
+// train/auto_plan.h). Not called inside recompute replays.
 class BlockObserver {
  public:
   virtual ~BlockObserver() = default;

@@ -29,11 +29,8 @@ std::vector<std::string> DecoderBlock::sub_regions() const {
 
 void DecoderBlock::set_regions(const std::set<std::string>& names) {
   Block::set_regions(names);
-  self_attn->wrap = region_wrap();
-  if (moe) {
-    moe->wrap = region_wrap();
+  if (moe)
     for (auto& e : moe->experts) e->recompute_activation = names.count("moe_act") > 0;
-  }
 }
 
 namespace {
@@ -44,7 +41,7 @@ RegionFn norm_fn(const RMSNorm& norm) {
 
 Tensor DecoderBlock::attention_part(const Tensor& x) const {
   return region("attention", [this](const std::vector<Tensor>& in) {
-    Tensor a = self_attn->forward(region("layernorm", norm_fn(*input_layernorm), {in[0]})[0]);
+    Tensor a = self_attn->forward(region("layernorm", norm_fn(*input_layernorm), {in[0]})[0], part_runner());
     return std::vector<Tensor>{add(in[0], remat::dropout(a, dropout, training()))};
   }, {x})[0];
 }
@@ -52,7 +49,7 @@ Tensor DecoderBlock::attention_part(const Tensor& x) const {
 Tensor DecoderBlock::mlp_part(const Tensor& h) const {
   Tensor n = region("layernorm", norm_fn(*post_attention_layernorm), {h})[0];
   Tensor m = region("mlp", [this](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{moe ? moe->forward(in[0]) : mlp->forward(in[0])};
+    return std::vector<Tensor>{moe ? moe->forward(in[0], part_runner()) : mlp->forward(in[0])};
   }, {n})[0];
   return add(h, remat::dropout(m, dropout, training()));
 }
@@ -62,11 +59,11 @@ Tensor DecoderBlock::forward(const Tensor& x) const {
   // The attention's residual add and the MLP's norm as one pass
   // (add_rms_norm: the same bits as add then rms_norm, and the same
   // gradients, h having one other consumer, the MLP's residual add).
-  Tensor a = remat::dropout(self_attn->forward(input_layernorm->forward(x)), dropout, training());
+  Tensor a = remat::dropout(self_attn->forward(input_layernorm->forward(x), part_runner()), dropout, training());
   const RMSNorm& pn = *post_attention_layernorm;
   auto [h, n] = add_rms_norm(x, a, weight_as(pn.weight, x), pn.eps);
   Tensor m = region("mlp", [this](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{moe ? moe->forward(in[0]) : mlp->forward(in[0])};
+    return std::vector<Tensor>{moe ? moe->forward(in[0], part_runner()) : mlp->forward(in[0])};
   }, {n})[0];
   return add(h, remat::dropout(m, dropout, training()));
 }
@@ -91,13 +88,6 @@ DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, ExpertPlace
   model = register_module("model", std::make_shared<DecoderStack>(c, gen, placement));
   if (!c.tie_embeddings)
     lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab, c.init_std, gen));
-  for (auto& block : model->layers)
-    if (block->moe)
-      block->moe->sink = [this](const Tensor& aux, const Tensor& z, const MoELayerStats& st) {
-        aux_terms_.push_back(aux);
-        if (z.defined()) z_terms_.push_back(z);
-        stats_.push_back(st);
-      };
 }
 
 DType compute_dtype_from_name(const std::string& name) {
@@ -120,16 +110,9 @@ Tensor DecoderModel::embed(const Tensor& input_ids) const {
 
 Tensor DecoderModel::run_blocks(const Tensor& x) const { return model->blocks->forward(x); }
 
-Tensor DecoderModel::run_blocks(const Tensor& x, std::int64_t begin, std::int64_t end) const {
+Tensor DecoderModel::run_blocks(const Tensor& x, std::int64_t begin, std::int64_t end, MoETerms& terms) const {
+  MoETermsScope collect(terms);
   return model->blocks->forward(x, begin, end);
-}
-
-DecoderModel::LossTerms DecoderModel::take_loss_terms() const {
-  LossTerms t{std::move(aux_terms_), std::move(z_terms_), std::move(stats_)};
-  aux_terms_.clear();
-  z_terms_.clear();
-  stats_.clear();
-  return t;
 }
 
 DecoderModel::Output DecoderModel::combine_loss(const Tensor& ce, const std::vector<Tensor>& aux,
@@ -178,11 +161,7 @@ Tensor DecoderModel::forward_cached(const Tensor& input_ids, KVCache& cache) con
               " layers, the model ", L);
   Tensor x = embed(input_ids);
   for (std::size_t i = 0; i < L; ++i) x = model->layers[i]->forward_cached(x, cache.k[i], cache.v[i]);
-  Tensor logits = head(x);
-  aux_terms_.clear();  // (MoE layers report their routing; generation keeps none of it)
-  z_terms_.clear();
-  stats_.clear();
-  return logits;
+  return head(x);
 }
 
 DecoderModel::Output DecoderModel::forward_loss(const Tensor& tokens) const {
@@ -191,15 +170,16 @@ DecoderModel::Output DecoderModel::forward_loss(const Tensor& tokens) const {
   const std::int64_t S = tokens.size(1) - 1;
   Tensor inputs = tokens.narrow(1, 0, S).contiguous();
   Tensor targets = tokens.narrow(1, 1, S).contiguous();
-  aux_terms_.clear();
-  z_terms_.clear();
-  stats_.clear();
   BlockStack::SaveHooksScope save_hooks(*model->blocks);  // the loss's saves too
-  Tensor logits = forward(inputs);
-  Output out = combine_loss(cross_entropy(logits, targets), aux_terms_, z_terms_);
+  MoETerms terms;
+  Tensor logits;
+  {
+    MoETermsScope collect(terms);
+    logits = forward(inputs);
+  }
+  Output out = combine_loss(cross_entropy(logits, targets), terms.aux, terms.z);
   out.logits = logits;
-  aux_terms_.clear();
-  z_terms_.clear();
+  out.routing = std::move(terms.stats);
   return out;
 }
 

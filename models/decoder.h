@@ -28,7 +28,7 @@ class DecoderBlock : public Block {
   // x [B, S, d] -> [B, S, d].
   Tensor forward(const Tensor& x) const override;
   std::vector<std::string> sub_regions() const override;
-  // Also hands the regions to self_attn and the MoE layer.
+  // Also makes the experts discard their activation when "moe_act" is named.
   void set_regions(const std::set<std::string>& names) override;
   // Incremental decoding (no grad, no dropout, no recompute plan): the
   // block on the positions after those cached in k_cache / v_cache, which it
@@ -78,6 +78,9 @@ class DecoderModel : public Module {
     Tensor ce;      // mean cross-entropy (0-dim)
     Tensor aux;     // sum over MoE layers of the load-balancing loss (0-dim; 0 when dense)
     Tensor loss;    // ce + aux_coef * aux
+    // The MoE layers' routing metrics (forward_loss: one per MoE layer, in
+    // layer order; empty when dense).
+    std::vector<MoELayerStats> routing;
   };
   // tokens [B, S + 1] (i64): inputs tokens[:, :S], targets tokens[:, 1:].
   Output forward_loss(const Tensor& tokens) const;
@@ -87,15 +90,9 @@ class DecoderModel : public Module {
   Tensor embed(const Tensor& input_ids) const;
   // Runs every block under the recompute plan set on model->blocks.
   Tensor run_blocks(const Tensor& x) const;
-  // Pipeline stages: blocks [begin, end) only, under the same plan.
-  Tensor run_blocks(const Tensor& x, std::int64_t begin, std::int64_t end) const;
-  // The MoE layers' loss terms reported since the last forward_loss or
-  // take_loss_terms (in the order the layers ran), cleared by this call.
-  struct LossTerms {
-    std::vector<Tensor> aux, z;
-    std::vector<MoELayerStats> stats;
-  };
-  LossTerms take_loss_terms() const;
+  // Pipeline stages: blocks [begin, end) only, under the same plan; their
+  // MoE layers' loss terms and metrics are appended to `terms`.
+  Tensor run_blocks(const Tensor& x, std::int64_t begin, std::int64_t end, MoETerms& terms) const;
   // The Output of cross-entropy `ce` and the MoE layers' terms (all the
   // model's, in layer order; a pipeline gathers them from its stages):
   // loss = ce + aux_coef * (aux_0 + aux_1 + ...) + z_coef * z_0 + ..., the
@@ -115,9 +112,6 @@ class DecoderModel : public Module {
   // the default), parameters and the loss in f32.
   void set_compute_dtype(DType dtype);
   DType compute_dtype() const { return compute_dtype_; }
-  // Routing metrics of the MoE layers from the last forward_loss (original
-  // pass only, one entry per MoE layer).
-  const std::vector<MoELayerStats>& routing_stats() const { return stats_; }
 
   std::shared_ptr<DecoderStack> model;
   std::shared_ptr<Linear> lm_head;  // null when the embeddings are tied
@@ -125,6 +119,7 @@ class DecoderModel : public Module {
  private:
   ModelConfig config_;
   DType compute_dtype_ = DType::f32;
+<<<<<<< HEAD
   // Collected from the MoE layers during forward_loss.
   mutable std::vector<Tensor> aux_terms_, z_terms_;
   mutable std::vector<MoELayerStats> stats_;
@@ -134,6 +129,8 @@ class DecoderModel : public Module {
   // offload and compression hooks, for those that read them without
   // reaching through the module tree.
   const BlockStack& block_stack() const { return *model->blocks; }
+=======
+>>>>>>> models-split
 };
 
 }  // namespace remat

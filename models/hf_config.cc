@@ -87,12 +87,9 @@ class Reader {
 bool is_null_or_false(const Json& v) { return v.is_null() || (v.type() == Json::Type::boolean && !v.as_bool()); }
 bool is_zero(const Json& v) { return v.is_null() || (v.is_number() && v.as_number() == 0); }
 
-}  // namespace
-
-HfConfig config_from_hf(const Json& j, const std::string& what) {
-  REMAT_CHECK(j.is_object(), Error, what, ": expected a JSON object");
-  Reader r(j, what);
-  // The class: architectures[0] (else model_type).
+// The class: architectures[0] (else model_type), which must agree with model_type.
+const Arch& read_arch(Reader& r) {
+  const std::string& what = r.what();
   const Arch* arch = nullptr;
   std::string cls;
   if (r.has("architectures")) {
@@ -113,17 +110,17 @@ HfConfig config_from_hf(const Json& j, const std::string& what) {
   }
   REMAT_CHECK(model_type.empty() || model_type == arch->model_type, Error, what, ": model_type \"", model_type,
               "\" does not match architecture ", arch->cls, " (\"", arch->model_type, "\")");
-  const std::string a = arch->arch;
+  return *arch;
+}
 
-  ModelConfig c;
-  c.name = a;
-  c.arch = a;
+// Sizes, heads, norm and init (absent keys take the HF config class's
+// defaults, which differ by class); no dropout, no z-loss.
+void read_dims(Reader& r, const std::string& a, ModelConfig& c) {
   c.vocab = r.integer("vocab_size");
   c.d_model = r.integer("hidden_size");
   c.ffn = r.integer("intermediate_size");
   c.n_layers = r.integer("num_hidden_layers");
   c.n_heads = r.integer("num_attention_heads");
-  // Absent keys take the HF config class's defaults, which differ by class.
   const bool mixtral = a == "mixtral";
   const std::int64_t kv_default = mixtral ? 8 : a == "qwen2" ? 32 : a == "qwen2_moe" ? 16 : c.n_heads;
   c.kv_heads = r.integer("num_key_value_heads", kv_default);
@@ -135,9 +132,11 @@ HfConfig config_from_hf(const Json& j, const std::string& what) {
   c.tie_embeddings = r.boolean("tie_word_embeddings", false);
   c.dropout = 0;
   c.z_coef = 0;
+}
 
-  // RoPE: rope_theta, or transformers 5's rope_parameters with the default type.
-  c.rope_theta = r.number("rope_theta", mixtral ? 1e6 : 10000.0);
+// RoPE: rope_theta, or transformers 5's rope_parameters with the default type.
+void read_rope(Reader& r, const std::string& a, ModelConfig& c) {
+  c.rope_theta = r.number("rope_theta", a == "mixtral" ? 1e6 : 10000.0);
   r.only_if("rope_parameters", [&](const Json& v) {
     if (v.is_null()) return true;
     if (!v.is_object()) return false;
@@ -149,6 +148,10 @@ HfConfig config_from_hf(const Json& j, const std::string& what) {
     }
     return true;
   }, "only the default rotary embedding (rope_type \"default\") is implemented");
+}
+
+// Keys whose other values change the math in ways remat does not implement.
+void reject_unsupported(Reader& r, const std::string& a) {
   r.only_if("rope_scaling", [](const Json& v) { return v.is_null(); },
             "scaled rotary embeddings are not implemented; remat uses plain RoPE");
   r.only_if("partial_rotary_factor", [](const Json& v) { return v.is_number() && v.as_number() == 1.0; },
@@ -162,13 +165,20 @@ HfConfig config_from_hf(const Json& j, const std::string& what) {
   if (a == "llama" || a == "mixtral")
     r.only_if("sliding_window", [](const Json& v) { return v.is_null(); },
               "remat's attention is full causal, no sliding window");
+}
 
-  // Biases: Llama's attention_bias covers q, k, v and o; Qwen2 and Qwen2-MoE
-  // always have q/k/v biases and none on o.
+// Biases: Llama's attention_bias covers q, k, v and o; Qwen2 and Qwen2-MoE
+// always have q/k/v biases and none on o.
+void read_biases(Reader& r, const std::string& a, ModelConfig& c) {
   if (a == "llama") c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
   if (a == "qwen2" || a == "qwen2_moe") c.qkv_bias = true;
   if (a == "mixtral") r.only_if("attention_bias", is_null_or_false, "Mixtral's attention has no biases");
+}
 
+// The experts of Qwen2-MoE and Mixtral; for dense classes the MoE keys are
+// only read, so they count as understood.
+void read_moe(Reader& r, const Arch& arch, ModelConfig& c) {
+  const std::string a = arch.arch;
   if (a == "qwen2_moe") {
     c.experts = r.integer("num_experts", 60);
     if (c.experts > 0) {
@@ -180,7 +190,7 @@ HfConfig config_from_hf(const Json& j, const std::string& what) {
       c.sparse_step = r.integer("decoder_sparse_step", 1);
       if (r.has("mlp_only_layers")) {
         const Json& l = r.at("mlp_only_layers");
-        REMAT_CHECK(l.is_array(), Error, what, ": \"mlp_only_layers\" must be an array, got ", l.dump());
+        REMAT_CHECK(l.is_array(), Error, r.what(), ": \"mlp_only_layers\" must be an array, got ", l.dump());
         for (const Json& x : l.items()) c.dense_layers.push_back(x.as_int());
       }
       c.aux_coef = r.number("router_aux_loss_coef", 0.001);
@@ -192,20 +202,36 @@ HfConfig config_from_hf(const Json& j, const std::string& what) {
     c.norm_topk = true;
     c.aux_coef = r.number("router_aux_loss_coef", 0.001);
   }
-  // Read (not needed by the math): only so they count as understood.
   for (const char* k : {"output_router_logits", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                         "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
                         "mlp_only_layers", "router_aux_loss_coef", "num_local_experts"})
-    if (!arch->moe) r.has(k);
+    if (!arch.moe) r.has(k);
+}
 
-  // Everything not read above is kept for export, and named for a note.
+}  // namespace
+
+HfConfig config_from_hf(const Json& j, const std::string& what) {
+  REMAT_CHECK(j.is_object(), Error, what, ": expected a JSON object");
+  Reader r(j, what);
+  const Arch& arch = read_arch(r);
+  const std::string a = arch.arch;
+  ModelConfig c;
+  c.name = a;
+  c.arch = a;
+  read_dims(r, a, c);
+  read_rope(r, a, c);
+  reject_unsupported(r, a);
+  read_biases(r, a, c);
+  read_moe(r, arch, c);
+
+  // Everything not read above is kept for export, and named for a note
+  // (max_position_embeddings and friends are harmless: kept, not modelled).
   HfConfig out;
   Json extra = Json::object();
   for (const std::string& k : r.rest()) {
     extra.set(k, j.at(k));
     out.passed_through.push_back(k);
   }
-  // max_position_embeddings and friends are harmless: kept, not modelled.
   c.hf_extra = extra.dump();
   try {
     c.validate();

@@ -31,10 +31,18 @@ Tensor init_normal(const Shape& shape, double std, Generator& gen) {
 SkipWeightInit::SkipWeightInit() : previous_(tls_skip_weight_init) { tls_skip_weight_init = true; }
 SkipWeightInit::~SkipWeightInit() { tls_skip_weight_init = previous_; }
 
-std::vector<Tensor> run_part(const RegionWrap& wrap, const std::string& part,
-                             const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
-                             const std::vector<Tensor>& inputs) {
-  return wrap ? wrap(part, fn, inputs) : fn(inputs);
+namespace {
+class DirectParts final : public PartRunner {
+ public:
+  std::vector<Tensor> run(const std::string&, const RegionFn& fn, const std::vector<Tensor>& inputs) const override {
+    return fn(inputs);
+  }
+};
+}  // namespace
+
+const PartRunner& PartRunner::direct() {
+  static const DirectParts parts;
+  return parts;
 }
 
 Linear::Linear(std::int64_t in, std::int64_t out, double init_std, Generator& gen, bool with_bias) {
@@ -83,7 +91,7 @@ Tensor SelfAttention::core(const Tensor& q, const Tensor& k, const Tensor& v) co
   return o.transpose(1, 2).reshape({B, S, n_heads * head_dim});
 }
 
-Tensor SelfAttention::forward(const Tensor& x) const {
+Tensor SelfAttention::forward(const Tensor& x, const PartRunner& parts) const {
   const std::int64_t B = x.size(0), S = x.size(1);
   auto heads = [&](const Tensor& t, std::int64_t h) {
     return t.view({B, S, h, head_dim}).transpose(1, 2).contiguous();  // [B, h, S, Dh]
@@ -91,7 +99,7 @@ Tensor SelfAttention::forward(const Tensor& x) const {
   Tensor q = heads(q_proj->forward(x), n_heads);
   Tensor k = heads(k_proj->forward(x), n_kv_heads);
   Tensor v = heads(v_proj->forward(x), n_kv_heads);
-  Tensor o = run_part(wrap, "core_attn", [this](const std::vector<Tensor>& in) {
+  Tensor o = parts.run("core_attn", [this](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{core(in[0], in[1], in[2])};
   }, {q, k, v})[0];
   return o_proj->forward(o);

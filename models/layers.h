@@ -7,23 +7,27 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "engine/rng.h"
 #include "models/config.h"
 #include "models/module.h"
 
 namespace remat {
 
-// Runs a named part of a block (`fn` over `inputs`), possibly as a
-// checkpoint region; set by recompute plans (models/recompute.h). Empty:
-// run the part directly.
-using RegionWrap = std::function<std::vector<Tensor>(
-    const std::string& part, const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
-    const std::vector<Tensor>& inputs)>;
-
-// Runs fn(inputs) through `wrap` when set.
-std::vector<Tensor> run_part(const RegionWrap& wrap, const std::string& part,
-                             const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
-                             const std::vector<Tensor>& inputs);
+// Runs the named parts of a block (attention's core, the MoE layer's parts):
+// as a checkpoint region, under saved-tensor hooks or directly, as the
+// recompute plan says. A Block owns the one for its parts
+// (Block::part_runner(), models/block_stack.h) and hands it by reference to
+// the forward of the child modules that run parts.
+class PartRunner {
+ public:
+  virtual ~PartRunner() = default;
+  // fn(inputs) run as part `part`; returns its outputs.
+  virtual std::vector<Tensor> run(const std::string& part, const RegionFn& fn,
+                                  const std::vector<Tensor>& inputs) const = 0;
+  // Runs every part directly (no plan: generation, a layer on its own).
+  static const PartRunner& direct();
+};
 
 // Mixed precision: parameters stay f32 (the master weights); a layer given
 // bf16 (or f16) input computes in that dtype with a differentiable cast of
@@ -81,8 +85,9 @@ class RMSNorm : public Module {
 class SelfAttention : public Module {
  public:
   SelfAttention(const ModelConfig& c, Generator& gen);
-  // x [B, S, d] -> [B, S, d] (before dropout and the residual).
-  Tensor forward(const Tensor& x) const;
+  // x [B, S, d] -> [B, S, d] (before dropout and the residual); the core
+  // runs as part "core_attn" through `parts`.
+  Tensor forward(const Tensor& x, const PartRunner& parts = PartRunner::direct()) const;
   // The core: q [B, H, S, Dh], k, v [B, Hkv, S, Dh] -> [B, S, H * Dh]
   // (rotary, fused attention, merge heads).
   Tensor core(const Tensor& q, const Tensor& k, const Tensor& v) const;
@@ -96,7 +101,6 @@ class SelfAttention : public Module {
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   std::int64_t n_heads, n_kv_heads, head_dim;
   double rope_theta;
-  RegionWrap wrap;  // "core_attn" regions
 };
 
 // The parameter names of an MLP's three projections: {gate, up, down}.

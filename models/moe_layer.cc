@@ -79,89 +79,136 @@ Tensor MoELayer::routed_experts(const Tensor& xp, const Routing& routing) const 
   return parts.size() == 1 ? parts[0] : cat(parts, 0);
 }
 
-Tensor MoELayer::forward(const Tensor& x_in) const {
-  return run_part(wrap, "moe", [this](const std::vector<Tensor>& in) {
+namespace {
+
+thread_local MoETerms* tls_terms = nullptr;
+
+// A MoE layer's RoutingContext for one forward (or replay): the ranks that
+// share the batch exchange their slot counts (a replay with metadata reuse
+// takes the forward's exchange instead), and unless the routing is random
+// the routes come from a replay memo, so a replay routes as the forward did
+// (same routes, so the same dispatch and combine), whatever its boundary
+// holds. The choice still runs in the replay (a top-k over [T, E], cheap),
+// so the replay dispatches the same ops as the forward (selective policies
+// count them); its result is replaced by the forward's. (Random routing
+// needs no memo: the replay restores the RNG.)
+class LayerRouting final : public RoutingContext {
+ public:
+  LayerRouting(BatchGroup& batch, std::int64_t layer, bool reuse_metadata, bool memo_routes)
+      : batch_(batch), layer_(layer), reuse_metadata_(reuse_metadata), memo_routes_(memo_routes) {}
+
+  bool global() const override { return batch_.ranks() > 1; }
+  std::vector<std::int64_t> global_slots(const std::vector<std::int64_t>& local) override {
+    auto exchange = [&] { return batch_.gather_counts(local); };
+    const std::int64_t reused0 = replay_memos_reused();
+    counts = reuse_metadata_ ? replay_memo<SlotCounts>("moe routing counts", exchange) : exchange();
+    if (replay_memos_reused() > reused0) count_metadata_reuse(std::int64_t(local.size() * sizeof(std::int64_t)));
+    REMAT_CHECK(counts.per_rank.at(counts.rank) == local, CheckpointMismatchError, "MoE layer ", layer_,
+                ": the replay routed this rank's tokens differently from the forward, so the forward's "
+                "exchanged counts cannot be reused");
+    return counts.total();
+  }
+  Tensor global_sum(const Tensor& v) override { return batch_.sum(v); }
+  Tensor select_indices(const std::function<Tensor()>& choose) override {
+    if (!memo_routes_) return choose();
+    Tensor fresh = choose();
+    return replay_memo<Tensor>("moe routes", [&] { return fresh; });
+  }
+
+  // Every rank's slots per expert (set by global_slots).
+  SlotCounts counts;
+
+ private:
+  BatchGroup& batch_;
+  std::int64_t layer_;
+  bool reuse_metadata_, memo_routes_;
+};
+
+}  // namespace
+
+MoETermsScope::MoETermsScope(MoETerms& terms) : previous_(tls_terms) { tls_terms = &terms; }
+MoETermsScope::~MoETermsScope() { tls_terms = previous_; }
+MoETerms* MoETermsScope::current() { return tls_terms; }
+
+Tensor MoELayer::forward(const Tensor& x_in, const PartRunner& parts) const {
+  return parts.run("moe", [this, &parts](const std::vector<Tensor>& in) {
     const Tensor& x = in[0];
     const std::int64_t B = x.size(0), S = x.size(1), d = x.size(2);
-    Tensor t = x.reshape({B * S, d});
-    RouterOptions ro;
-    ro.top_k = config_.top_k;
-    ro.random_routing = config_.random_routing;
-    ro.compute_z_loss = config_.z_coef > 0;
-    ro.normalize_topk = config_.norm_topk;
-    ro.expert_bias = expert_bias;
-    // A replay routes as the forward did (same routes, so the same dispatch
-    // and combine), whatever its boundary holds. The choice still runs in the
-    // replay (a top-k over [T, E], cheap), so the replay dispatches the same
-    // ops as the forward (selective policies count them); its result is
-    // replaced by the forward's. (Random routing needs no memo: the replay
-    // restores the RNG.)
-    if (!config_.random_routing)
-      ro.select_indices = [](const std::function<Tensor()>& choose) {
-        Tensor fresh = choose();
-        return replay_memo<Tensor>("moe routes", [&] { return fresh; });
-      };
-    REMAT_CHECK(dispatcher->first_expert(config_.experts) == first_expert_ &&
-                    dispatcher->local_experts(config_.experts) == std::int64_t(experts.size()),
-                Error, "MoE layer ", layer_, " holds experts [", first_expert_, ", ",
-                first_expert_ + std::int64_t(experts.size()), ") but its dispatcher computes [",
-                dispatcher->first_expert(config_.experts), ", ",
-                dispatcher->first_expert(config_.experts) + dispatcher->local_experts(config_.experts), ")");
-    // Every rank's slots per expert: exchanged between the ranks sharing the
-    // batch (or, in a replay with metadata reuse, the forward's exchange).
-    SlotCounts counts;
-    if (batch->ranks() > 1) {
-      ro.global_slots = [&](const std::vector<std::int64_t>& local) {
-        auto exchange = [&] { return batch->gather_counts(local); };
-        const std::int64_t reused0 = replay_memos_reused();
-        counts = reuse_routing_metadata ? replay_memo<SlotCounts>("moe routing counts", exchange) : exchange();
-        if (replay_memos_reused() > reused0) count_metadata_reuse(std::int64_t(local.size() * sizeof(std::int64_t)));
-        REMAT_CHECK(counts.per_rank.at(counts.rank) == local, CheckpointMismatchError, "MoE layer ", layer_,
-                    ": the replay routed this rank's tokens differently from the forward, so the forward's "
-                    "exchanged counts cannot be reused");
-        return counts.total();
-      };
-      ro.global_sum = [this](const Tensor& v) { return batch->sum(v); };
-    }
-    RouterOutput r = route(t, gate->weight, ro);
-    if (batch->ranks() <= 1) counts.per_rank = {r.slots_per_expert};
-    // Shared: the moe_expert region's replay (during backward) needs it too.
-    const auto routing_ptr = std::make_shared<const Routing>(
-        dispatcher->make_routing(r.indices, config_.experts, counts, config_.capacity_factor));
-    const Routing& routing = *routing_ptr;
-
-    Tensor xp = dispatcher->dispatch(t, routing);
-    // The routed-expert compute is the "moe_expert" region: its input (the
-    // permuted rows) is kept; dispatch and combine stay outside it.
-    Tensor yp = run_part(wrap, "moe_expert", [this, routing_ptr](const std::vector<Tensor>& v) {
-      return std::vector<Tensor>{routed_experts(v[0], *routing_ptr)};
-    }, {xp})[0];
-    Tensor row_w = index_select(r.weights.reshape({-1}), 0, routing.slot_of_row);
-    Tensor y = dispatcher->combine(yp, row_w.to(yp.dtype()), routing);
-    if (shared_expert)
-      y = add(y, run_part(wrap, "shared_experts", [this](const std::vector<Tensor>& v) {
-        Tensor s = shared_expert->forward(v[0]);
-        if (shared_expert_gate) s = mul(s, sigmoid(shared_expert_gate->forward(v[0])));  // [T, 1] broadcast
-        return std::vector<Tensor>{s};
-      }, {t})[0]);
-
-    once([&] {
-      if (!sink) return;
-      MoELayerStats st;
-      st.layer = layer_;
-      st.tokens_per_expert = r.slots_per_expert;
-      const auto mx = *std::max_element(st.tokens_per_expert.begin(), st.tokens_per_expert.end());
-      std::int64_t all_slots = 0;
-      for (auto c : st.tokens_per_expert) all_slots += c;
-      const double mean = double(all_slots) / double(config_.experts);
-      st.imbalance = mean > 0 ? double(mx) / mean : 0.0;
-      st.dropped = routing.dropped;
-      st.aux = r.aux.item();
-      st.z = r.z.defined() ? r.z.item() : 0.0;
-      sink(r.aux, r.z, st);
-    });
-    return std::vector<Tensor>{y.reshape({B, S, d})};
+    return std::vector<Tensor>{moe_part(x.reshape({B * S, d}), parts).reshape({B, S, d})};
   }, {x_in})[0];
+}
+
+RouterOptions MoELayer::router_options() const {
+  RouterOptions ro;
+  ro.top_k = config_.top_k;
+  ro.random_routing = config_.random_routing;
+  ro.compute_z_loss = config_.z_coef > 0;
+  ro.normalize_topk = config_.norm_topk;
+  ro.expert_bias = expert_bias;
+  return ro;
+}
+
+void MoELayer::check_dispatcher() const {
+  REMAT_CHECK(dispatcher->first_expert(config_.experts) == first_expert_ &&
+                  dispatcher->local_experts(config_.experts) == std::int64_t(experts.size()),
+              Error, "MoE layer ", layer_, " holds experts [", first_expert_, ", ",
+              first_expert_ + std::int64_t(experts.size()), ") but its dispatcher computes [",
+              dispatcher->first_expert(config_.experts), ", ",
+              dispatcher->first_expert(config_.experts) + dispatcher->local_experts(config_.experts), ")");
+}
+
+Tensor MoELayer::moe_part(const Tensor& t, const PartRunner& parts) const {
+  const RouterOptions ro = router_options();
+  check_dispatcher();
+  // Every rank's slots per expert: exchanged between the ranks sharing the
+  // batch (or, in a replay with metadata reuse, the forward's exchange).
+  LayerRouting ctx(*batch, layer_, reuse_routing_metadata, !config_.random_routing);
+  RouterOutput r = route(t, gate->weight, ro, ctx);
+  if (batch->ranks() <= 1) ctx.counts.per_rank = {r.slots_per_expert};
+  // Shared: the moe_expert region's replay (during backward) needs it too.
+  const auto routing_ptr = std::make_shared<const Routing>(
+      dispatcher->make_routing(r.indices, config_.experts, ctx.counts, config_.capacity_factor));
+  const Routing& routing = *routing_ptr;
+
+  Tensor xp = dispatcher->dispatch(t, routing);
+  // The routed-expert compute is the "moe_expert" region: its input (the
+  // permuted rows) is kept; dispatch and combine stay outside it.
+  Tensor yp = parts.run("moe_expert", [this, routing_ptr](const std::vector<Tensor>& v) {
+    return std::vector<Tensor>{routed_experts(v[0], *routing_ptr)};
+  }, {xp})[0];
+  Tensor row_w = index_select(r.weights.reshape({-1}), 0, routing.slot_of_row);
+  Tensor y = dispatcher->combine(yp, row_w.to(yp.dtype()), routing);
+  if (shared_expert)
+    y = add(y, parts.run("shared_experts", [this](const std::vector<Tensor>& v) {
+      return std::vector<Tensor>{shared_experts(v[0])};
+    }, {t})[0]);
+  once([&] { report(r, routing); });
+  return y;
+}
+
+Tensor MoELayer::shared_experts(const Tensor& t) const {
+  Tensor s = shared_expert->forward(t);
+  if (shared_expert_gate) s = mul(s, sigmoid(shared_expert_gate->forward(t)));  // [T, 1] broadcast
+  return s;
+}
+
+void MoELayer::report(const RouterOutput& r, const Routing& routing) const {
+  MoETerms* terms = MoETermsScope::current();
+  if (!terms) return;
+  MoELayerStats st;
+  st.layer = layer_;
+  st.tokens_per_expert = r.slots_per_expert;
+  const auto mx = *std::max_element(st.tokens_per_expert.begin(), st.tokens_per_expert.end());
+  std::int64_t all_slots = 0;
+  for (auto c : st.tokens_per_expert) all_slots += c;
+  const double mean = double(all_slots) / double(config_.experts);
+  st.imbalance = mean > 0 ? double(mx) / mean : 0.0;
+  st.dropped = routing.dropped;
+  st.aux = r.aux.item();
+  st.z = r.z.defined() ? r.z.item() : 0.0;
+  terms->aux.push_back(r.aux);
+  if (r.z.defined()) terms->z.push_back(r.z);
+  terms->stats.push_back(st);
 }
 
 }  // namespace remat

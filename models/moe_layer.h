@@ -7,7 +7,6 @@
 // the experts' projections are w1 (gate), w3 (up), w2 (down).
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "models/config.h"
 #include "models/layers.h"
 #include "moe/dispatch.h"
+#include "moe/router.h"
 
 namespace remat {
 
@@ -35,8 +35,29 @@ struct ExpertPlacement {
   std::int64_t ranks = 1;
 };
 
-// Where a layer reports its losses and metrics (once per original forward).
-using MoESink = std::function<void(const Tensor& aux, const Tensor& z, const MoELayerStats& stats)>;
+// The MoE layers' loss terms and routing metrics of one forward, in the
+// order the layers ran (the original pass only: a replay adds nothing).
+struct MoETerms {
+  std::vector<Tensor> aux;  // each layer's load-balancing loss (0-dim, differentiable)
+  std::vector<Tensor> z;    // each layer's router z-loss (0-dim; only when ModelConfig::z_coef > 0)
+  std::vector<MoELayerStats> stats;
+};
+
+// RAII: while alive on this thread, every MoE layer's original forward
+// appends its terms to `terms` (the innermost scope's, when nested); with
+// none open, a layer records nothing (generation).
+class MoETermsScope {
+ public:
+  explicit MoETermsScope(MoETerms& terms);
+  ~MoETermsScope();
+  MoETermsScope(const MoETermsScope&) = delete;
+  MoETermsScope& operator=(const MoETermsScope&) = delete;
+  // The terms of the innermost scope open on this thread (null: none).
+  static MoETerms* current();
+
+ private:
+  MoETerms* previous_;
+};
 
 // Where a routed expert's index sits in a parameter name (or an optimizer
 // state name that contains one): "model.layers.3.mlp.experts.5.up_proj.weight"
@@ -55,9 +76,13 @@ class MoELayer : public Module {
   // rank does not hold only advance it), so any placement starts from the
   // same weights as one process.
   MoELayer(const ModelConfig& c, std::int64_t layer, Generator& gen, ExpertPlacement placement = {});
-  // x [B, S, d] -> [B, S, d]. Losses and metrics go to `sink` in the
-  // original pass only (never in a replay).
-  Tensor forward(const Tensor& x) const;
+  // x [B, S, d] -> [B, S, d], the parts "moe" (the whole layer),
+  // "moe_expert" (the routed experts) and "shared_experts" run through
+  // `parts` (which must outlive the backward: a replay of part "moe" runs
+  // its inner parts through it). The loss terms and metrics go to the
+  // MoETermsScope open on this thread, in the original pass only (never in
+  // a replay).
+  Tensor forward(const Tensor& x, const PartRunner& parts = PartRunner::direct()) const;
 
   std::shared_ptr<Linear> gate;
   std::vector<std::shared_ptr<MLP>> experts;  // the held experts, first_expert() first
@@ -70,11 +95,19 @@ class MoELayer : public Module {
   bool reuse_routing_metadata = false;
   std::int64_t first_expert() const { return first_expert_; }
   Tensor expert_bias;  // [E], added to the router scores for selection only (undefined: none)
-  RegionWrap wrap;  // "moe", "moe_expert", "shared_experts" regions
-  MoESink sink;
 
  private:
+  // The body of part "moe" on the tokens t [T, d]: route, dispatch, the
+  // routed experts, combine, plus the shared expert.
+  Tensor moe_part(const Tensor& t, const PartRunner& parts) const;
+  RouterOptions router_options() const;
+  // The dispatcher computes the expert range this layer holds (else Error).
+  void check_dispatcher() const;
   Tensor routed_experts(const Tensor& xp, const Routing& routing) const;
+  // The shared expert (gated when it has a gate) on t [T, d].
+  Tensor shared_experts(const Tensor& t) const;
+  // Appends the layer's terms and metrics to the open MoETermsScope's terms.
+  void report(const RouterOutput& r, const Routing& routing) const;
   ModelConfig config_;
   std::int64_t layer_;
   std::int64_t first_expert_ = 0;

@@ -32,6 +32,11 @@ Tensor random_indices(std::int64_t tokens, std::int64_t experts, std::int64_t k,
 }  // namespace
 
 RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOptions& opts) {
+  LocalRouting local;
+  return route(x, router_weight, opts, local);
+}
+
+RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOptions& opts, RoutingContext& context) {
   REMAT_CHECK(x.dim() == 2 && router_weight.dim() == 2 && x.size(1) == router_weight.size(1), ShapeError,
               "router: tokens must be [T, d] and the router weight [E, d]; got ", shape_str(x.sizes()), " and ",
               shape_str(router_weight.sizes()));
@@ -56,28 +61,28 @@ RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOpt
     if (opts.expert_bias.defined()) scores = add(scores, opts.expert_bias.to(DType::f32).to(scores.device()));
     return topk(scores, K, -1, true).second;
   };
-  out.indices = opts.select_indices ? opts.select_indices(choose) : choose();
+  out.indices = context.select_indices(choose);
   Tensor picked = gather(out.probs, 1, out.indices);
   out.weights = opts.normalize_topk ? div(picked, sum(picked, {1}, true)) : picked;
 
   // Load balance: f_e (a count, no gradient) and P_e (mean probability),
   // over the global batch when ranks share it.
-  const bool global = opts.global_slots && opts.global_sum;
+  const bool global = context.global();
   out.slots_per_expert.assign(std::size_t(E), 0);
   for (std::int64_t e : out.indices.to_vector<std::int64_t>()) out.slots_per_expert[std::size_t(e)]++;
-  if (global) out.slots_per_expert = opts.global_slots(out.slots_per_expert);
+  if (global) out.slots_per_expert = context.global_slots(out.slots_per_expert);
   std::int64_t all_slots = 0;
   for (auto c : out.slots_per_expert) all_slots += c;
   const double all_tokens = double(all_slots) / double(K);
   std::vector<float> f(static_cast<std::size_t>(E));
   for (std::int64_t e = 0; e < E; ++e) f[std::size_t(e)] = float(double(out.slots_per_expert[std::size_t(e)]) / double(all_slots));
-  Tensor p_mean = global ? div(opts.global_sum(sum(out.probs, {0})), all_tokens) : mean(out.probs, {0});
+  Tensor p_mean = global ? div(context.global_sum(sum(out.probs, {0})), all_tokens) : mean(out.probs, {0});
   out.aux = mul(sum(mul(p_mean, from_vector<float>(f, {E}, p_mean.device()))), double(E));
   if (opts.compute_z_loss) {
     // logsumexp(logits) = logits[:, 0] - log_softmax(logits)[:, 0].
     Tensor lse = sub(logits.select(1, 0), log_softmax(logits, -1).select(1, 0));
     Tensor sq = mul(lse, lse);
-    out.z = global ? div(opts.global_sum(sum(sq)), all_tokens) : mean(sq);
+    out.z = global ? div(context.global_sum(sum(sq)), all_tokens) : mean(sq);
   }
   return out;
 }

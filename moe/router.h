@@ -23,18 +23,37 @@ struct RouterOptions {
   // Renormalise the top-K weights to sum to 1 (Mixtral, remat); false keeps
   // the chosen softmax probabilities as they are (Qwen2-MoE norm_topk_prob false).
   bool normalize_topk = true;
-  // Data / expert parallel: the ranks that share the global batch.
-  // `global_slots` maps this rank's slots per expert to the sums over them;
-  // `global_sum` sums a f32 tensor over them (differentiably). With both set,
-  // f_e, P_e, the z-loss and slots_per_expert describe the global batch.
-  // Unset: this process's tokens only.
-  std::function<std::vector<std::int64_t>(const std::vector<std::int64_t>&)> global_slots;
-  std::function<Tensor(const Tensor&)> global_sum;
-  // Wraps the choice of experts: given the computation of the [T, K]
-  // indices, returns the ones to use (unset: compute them). MoE layers pass a
-  // replay memo, so a checkpoint replay routes every token as the forward did
-  // even when its input differs slightly (a compressed boundary).
-  std::function<Tensor(const std::function<Tensor()>&)> select_indices;
+};
+
+// What route() asks of its caller: how the ranks that share the global batch
+// are summed (data / expert parallel), and which experts to use given the
+// computation of the choice. The caller owns it for one route() call
+// (an MoE layer's is its expert-parallel exchange and replay memo).
+class RoutingContext {
+ public:
+  virtual ~RoutingContext() = default;
+  // True when ranks share the batch: f_e, P_e, the z-loss and
+  // slots_per_expert then describe the global batch (global_slots and
+  // global_sum are called); false: this process's tokens only.
+  virtual bool global() const = 0;
+  // This rank's slots per expert -> the sums over the ranks.
+  virtual std::vector<std::int64_t> global_slots(const std::vector<std::int64_t>& local) = 0;
+  // A f32 tensor summed over the ranks (differentiably).
+  virtual Tensor global_sum(const Tensor& v) = 0;
+  // The [T, K] indices to use, given their computation `choose` (an MoE
+  // layer hands back a replay memo, so a checkpoint replay routes every token
+  // as the forward did even when its input differs slightly: a compressed
+  // boundary).
+  virtual Tensor select_indices(const std::function<Tensor()>& choose) = 0;
+};
+
+// One process, nothing reused: its own tokens, the choice computed.
+class LocalRouting final : public RoutingContext {
+ public:
+  bool global() const override { return false; }
+  std::vector<std::int64_t> global_slots(const std::vector<std::int64_t>& local) override { return local; }
+  Tensor global_sum(const Tensor& v) override { return v; }
+  Tensor select_indices(const std::function<Tensor()>& choose) override { return choose(); }
 };
 
 struct RouterOutput {
@@ -46,7 +65,9 @@ struct RouterOutput {
   std::vector<std::int64_t> slots_per_expert;  // f_e * T * K (over the global batch when parallel)
 };
 
-// Routes tokens x [T, d] with router weight [E, d].
+// Routes tokens x [T, d] with router weight [E, d], asking `context` for
+// the ranks' sums and the choice (the first form: LocalRouting).
 RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOptions& opts);
+RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOptions& opts, RoutingContext& context);
 
 }  // namespace remat

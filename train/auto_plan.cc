@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "checkpoint/offload.h"
 #include "checkpoint/plan.h"
@@ -275,169 +276,220 @@ std::vector<std::string> default_candidates(const ModelConfig& c, bool allow_los
   return v;
 }
 
+namespace {
+
+// One candidate of the profile: its component ("" keeps everything), the
+// plan string with it on every block, and that plan parsed.
+struct CandidatePlan {
+  std::string component, spec;
+  RecomputePlan plan;
+};
+
+// `none` first, then opts.candidates (or the default ones), each on every block.
+std::vector<CandidatePlan> candidate_plans(const ProfileOptions& opts) {
+  const std::int64_t n = opts.config.n_layers;
+  std::vector<std::string> comps{""};
+  for (const auto& s : opts.candidates.empty() ? default_candidates(opts.config, opts.allow_lossy) : opts.candidates)
+    if (!s.empty() && s != "none") comps.push_back(s);
+  std::vector<CandidatePlan> out;
+  for (const auto& comp : comps) {
+    CandidatePlan c{comp, comp.empty() ? "none" : whole_plan(comp, n), {}};
+    c.plan = RecomputePlan::parse(c.spec, n);
+    c.plan.offload_dir = opts.offload_dir;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// One step of `rig` under the plan already applied, measured by `probe` (and
+// traced into `trace` when set).
+StepMeasure measure_step(StepRig& rig, const std::shared_ptr<Probe>& probe, const std::shared_ptr<SaveTrace>& trace) {
+  BlockStack& stack = *rig.model.model->blocks;
+  if (trace)
+    stack.set_observer(std::make_shared<TraceBlocks>(probe, trace.get()));
+  else
+    stack.set_observer(probe);
+  DispatchCounters moved0;
+  rig.step([&] {
+    moved0 = dispatch_counters();
+    probe->start_step();
+  }, trace);
+  StepMeasure m = probe->end_step();
+  m.dispatch_bytes = dispatch_counters().bytes_moved - moved0.bytes_moved;
+  m.replay_dispatch_bytes = dispatch_counters().replay_bytes_moved - moved0.replay_bytes_moved;
+  stack.set_observer(nullptr);
+  return m;
+}
+
+// Every candidate's step in each round (round 0 the warm-up, not kept; its
+// `none` step traces every save into prof.saves), the order rotating each
+// round. Returns the measured rounds per candidate.
+std::vector<std::vector<StepMeasure>> measure_rounds(const ProfileOptions& opts, StepRig& rig,
+                                                     const std::vector<CandidatePlan>& cands, PlanProfile& prof) {
+  auto probe = std::make_shared<Probe>(allocator_for(opts.device), opts.device, opts.config.n_layers);
+  const std::size_t K = cands.size();
+  std::vector<std::vector<StepMeasure>> measured(K);
+  for (std::int64_t round = 0; round <= opts.rounds; ++round) {
+    for (std::size_t j = 0; j < K; ++j) {
+      const std::size_t k = (j + std::size_t(round)) % K;  // rotate the order each round
+      if (opts.progress)
+        opts.progress("profile round " + std::to_string(round) + "/" + std::to_string(opts.rounds) + " " +
+                      cands[k].spec);
+      apply_recompute_plan(rig.model, cands[k].plan);
+      // The warm-up step of none also traces every save.
+      const auto trace = round == 0 && k == 0 ? std::make_shared<SaveTrace>() : nullptr;
+      const StepMeasure m = measure_step(rig, probe, trace);
+      if (trace) prof.saves = trace->saves;
+      if (round > 0) measured[k].push_back(m);
+    }
+  }
+  return measured;
+}
+
+// Per block, the median over the rounds of a per-block time.
+std::vector<double> median_per_block(const std::vector<StepMeasure>& ms, std::vector<double> StepMeasure::*field) {
+  std::vector<double> out((ms[0].*field).size());
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::vector<double> v;
+    for (const auto& m : ms) v.push_back((m.*field)[i]);
+    out[i] = median_of(v);
+  }
+  return out;
+}
+
+// One candidate's measurements reduced: memory from its round with the
+// highest step peak (MoE routing makes the bytes depend on the batch: plan
+// for the worst one seen), as one consistent set; times are medians over the
+// rounds.
+struct Derived {
+  std::vector<std::int64_t> held, fwd_before, fwd_peak, bwd_start, bwd_peak;
+  std::vector<double> ms;  // forward + backward per block
+  std::int64_t head_peak = 0, pre_peak = 0, tail_peak = 0, peak = 0;
+  double step_ms = 0;
+  std::int64_t dispatch_bytes = 0, replay_dispatch_bytes = 0;
+  double peak_spread = 0;  // (max - min) / max of the step peak over the rounds
+
+  // Held bytes of blocks 0..upto-1.
+  std::int64_t sum_held(std::int64_t upto) const {
+    std::int64_t s = 0;
+    for (std::int64_t j = 0; j < upto; ++j) s += held[std::size_t(j)];
+    return s;
+  }
+};
+
+Derived derive(const std::vector<StepMeasure>& ms, std::int64_t n) {
+  Derived x;
+  std::size_t worst = 0;
+  std::int64_t lo = ms[0].peak;
+  for (std::size_t r = 0; r < ms.size(); ++r) {
+    if (ms[r].peak > ms[worst].peak) worst = r;
+    lo = std::min(lo, ms[r].peak);
+  }
+  const StepMeasure& w = ms[worst];
+  x.peak_spread = double(w.peak - lo) / double(std::max<std::int64_t>(1, w.peak));
+  x.fwd_before = w.fwd_before;
+  x.fwd_peak = w.fwd_peak;
+  x.bwd_start = w.bwd_start;
+  x.bwd_peak = w.bwd_peak;
+  const auto f = median_per_block(ms, &StepMeasure::fwd_ms), b = median_per_block(ms, &StepMeasure::bwd_ms);
+  for (std::int64_t i = 0; i < n; ++i) {
+    x.held.push_back(std::max<std::int64_t>(0, w.fwd_after[std::size_t(i)] - w.fwd_before[std::size_t(i)]));
+    x.ms.push_back(f[std::size_t(i)] + b[std::size_t(i)]);
+  }
+  x.head_peak = w.head_peak;
+  x.pre_peak = w.pre_peak;
+  x.tail_peak = w.tail_peak;
+  x.peak = w.peak;
+  std::vector<double> steps;
+  for (const auto& m : ms) steps.push_back(m.step_ms);
+  x.step_ms = median_of(steps);
+  x.dispatch_bytes = w.dispatch_bytes;
+  x.replay_dispatch_bytes = w.replay_dispatch_bytes;
+  return x;
+}
+
+// The planner's bases (planner.h) from the `none` candidate.
+void set_bases(PlanProfile& prof, const Derived& none) {
+  const std::int64_t n = prof.n_blocks;
+  prof.none_peak = none.peak;
+  prof.none_step_ms = none.step_ms;
+  prof.block_forward_base = none.fwd_before[0];
+  prof.forward_base = none.head_peak - none.sum_held(n);
+  prof.fixed_peak = std::max(none.pre_peak, none.tail_peak);
+  for (std::int64_t i = 0; i < n; ++i)
+    prof.backward_bases.push_back(none.bwd_start[std::size_t(i)] - none.sum_held(i + 1));
+}
+
+// Candidate `c` (measured as `x`) with its per-block costs against `none`
+// (`is_none`: it is none itself, so every block's time is 0).
+ProfiledCandidate candidate_costs(const PlanProfile& prof, const CandidatePlan& c, const Derived& x,
+                                  const Derived& none, bool is_none) {
+  const std::int64_t n = prof.n_blocks;
+  ProfiledCandidate pc;
+  pc.component = c.component;
+  pc.plan = c.spec;
+  pc.lossy = c.plan.compress;
+  pc.hooks = (c.plan.offload ? kOffloadHook : 0u) | (c.plan.compress ? kCompressHook : 0u);
+  pc.step_ms = x.step_ms;
+  pc.peak = x.peak;
+  pc.dispatch_bytes = x.dispatch_bytes;
+  pc.replay_dispatch_bytes = x.replay_dispatch_bytes;
+  // Blocks of one kind (dense, MoE) run the same code: differences between
+  // their windows are noise, so each takes its kind's mean change; the
+  // step's change outside the windows is shared between all blocks.
+  double window_delta = 0;
+  std::map<bool, std::pair<double, int>> kind;  // moe -> (sum of changes, blocks)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double dlt = x.ms[std::size_t(i)] - none.ms[std::size_t(i)];
+    window_delta += dlt;
+    auto& [sum, cnt] = kind[prof.moe_blocks[std::size_t(i)]];
+    sum += dlt;
+    ++cnt;
+  }
+  const double rest = (x.step_ms - none.step_ms - window_delta) / double(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::size_t u = std::size_t(i);
+    PlanChoice ch;
+    ch.component = c.component;
+    ch.lossy = pc.lossy;
+    ch.hooks = pc.hooks;
+    ch.held = x.held[u];
+    ch.forward_work = std::max<std::int64_t>(0, x.fwd_peak[u] - prof.block_forward_base - x.sum_held(i));
+    ch.work = std::max<std::int64_t>(0, x.bwd_peak[u] - prof.backward_bases[u] - x.sum_held(i + 1));
+    // (Never below keeping everything: a plan that measures faster than
+    // none does so by noise.)
+    const auto& [sum, cnt] = kind[prof.moe_blocks[u]];
+    ch.time_ms = is_none ? 0.0 : std::max(0.0, sum / cnt + rest);
+    pc.blocks.push_back(ch);
+  }
+  return pc;
+}
+
+}  // namespace
+
 PlanProfile profile_plans(const ProfileOptions& opts) {
   const auto wall0 = Clock::now();
   const ModelConfig& c = opts.config;
   const std::int64_t n = c.n_layers;
   REMAT_CHECK(opts.rounds >= 1, Error, "plan profile: rounds must be >= 1, got ", opts.rounds);
-  std::vector<std::string> comps{""};
-  for (const auto& s : opts.candidates.empty() ? default_candidates(c, opts.allow_lossy) : opts.candidates)
-    if (!s.empty() && s != "none") comps.push_back(s);
-  std::vector<RecomputePlan> plans;
-  std::vector<std::string> specs;
-  for (const auto& comp : comps) {
-    specs.push_back(comp.empty() ? "none" : whole_plan(comp, n));
-    RecomputePlan p = RecomputePlan::parse(specs.back(), n);
-    p.offload_dir = opts.offload_dir;
-    plans.push_back(std::move(p));
-  }
+  const std::vector<CandidatePlan> cands = candidate_plans(opts);
 
   StepRig rig(opts);
-  DecoderModel& model = rig.model;
-  CachingAllocator& alloc = allocator_for(opts.device);
-  auto probe = std::make_shared<Probe>(alloc, opts.device, n);
-  BlockStack& stack = *model.model->blocks;
-
-  std::vector<std::vector<StepMeasure>> measured(comps.size());
   PlanProfile prof;
   prof.config = c.name;
   prof.n_blocks = n;
   for (std::int64_t i = 0; i < n; ++i) prof.moe_blocks.push_back(c.is_moe_layer(i));
-  const std::size_t K = comps.size();
-  for (std::int64_t round = 0; round <= opts.rounds; ++round) {
-    for (std::size_t j = 0; j < K; ++j) {
-      const std::size_t k = (j + std::size_t(round)) % K;  // rotate the order each round
-      if (opts.progress)
-        opts.progress("profile round " + std::to_string(round) + "/" + std::to_string(opts.rounds) + " " + specs[k]);
-      apply_recompute_plan(model, plans[k]);
-      // The warm-up step of none also traces every save.
-      std::shared_ptr<SaveTrace> trace;
-      if (round == 0 && k == 0) {
-        trace = std::make_shared<SaveTrace>();
-        stack.set_observer(std::make_shared<TraceBlocks>(probe, trace.get()));
-      } else {
-        stack.set_observer(probe);
-      }
-      DispatchCounters moved0;
-      rig.step([&] {
-        moved0 = dispatch_counters();
-        probe->start_step();
-      }, trace);
-      StepMeasure m = probe->end_step();
-      m.dispatch_bytes = dispatch_counters().bytes_moved - moved0.bytes_moved;
-      m.replay_dispatch_bytes = dispatch_counters().replay_bytes_moved - moved0.replay_bytes_moved;
-      stack.set_observer(nullptr);
-      if (trace) prof.saves = trace->saves;
-      if (round > 0) measured[k].push_back(m);
-    }
-  }
-  apply_recompute_plan(model, RecomputePlan::parse("none", n));
-  prof.persistent = persistent_bytes(model.named_parameters(), rig.opt);
+  const auto measured = measure_rounds(opts, rig, cands, prof);
+  apply_recompute_plan(rig.model, RecomputePlan::parse("none", n));
+  prof.persistent = persistent_bytes(rig.model.named_parameters(), rig.opt);
 
-  // Memory from each candidate's round with the highest step peak (MoE
-  // routing makes the bytes depend on the batch: plan for the worst one
-  // seen), as one consistent set; times are medians over the rounds.
-  auto med_vec = [](const std::vector<StepMeasure>& ms, std::vector<double> StepMeasure::*field) {
-    std::vector<double> out((ms[0].*field).size());
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      std::vector<double> v;
-      for (const auto& m : ms) v.push_back((m.*field)[i]);
-      out[i] = median_of(v);
-    }
-    return out;
-  };
-  struct Derived {
-    std::vector<std::int64_t> held, fwd_before, fwd_peak, bwd_start, bwd_peak;
-    std::vector<double> ms;  // forward + backward per block
-    std::int64_t head_peak, pre_peak, tail_peak, peak;
-    double step_ms;
-    std::int64_t dispatch_bytes = 0, replay_dispatch_bytes = 0;
-  };
-  std::vector<Derived> d(K);
-  for (std::size_t k = 0; k < K; ++k) {
-    const auto& ms = measured[k];
-    Derived& x = d[k];
-    std::size_t worst = 0;
-    std::int64_t lo = ms[0].peak;
-    for (std::size_t r = 0; r < ms.size(); ++r) {
-      if (ms[r].peak > ms[worst].peak) worst = r;
-      lo = std::min(lo, ms[r].peak);
-    }
-    const StepMeasure& w = ms[worst];
-    prof.peak_spread = std::max(prof.peak_spread, double(w.peak - lo) / double(std::max<std::int64_t>(1, w.peak)));
-    x.fwd_before = w.fwd_before;
-    x.fwd_peak = w.fwd_peak;
-    x.bwd_start = w.bwd_start;
-    x.bwd_peak = w.bwd_peak;
-    const auto f = med_vec(ms, &StepMeasure::fwd_ms), b = med_vec(ms, &StepMeasure::bwd_ms);
-    for (std::int64_t i = 0; i < n; ++i) {
-      x.held.push_back(std::max<std::int64_t>(0, w.fwd_after[std::size_t(i)] - w.fwd_before[std::size_t(i)]));
-      x.ms.push_back(f[std::size_t(i)] + b[std::size_t(i)]);
-    }
-    x.head_peak = w.head_peak;
-    x.pre_peak = w.pre_peak;
-    x.tail_peak = w.tail_peak;
-    x.peak = w.peak;
-    std::vector<double> steps;
-    for (const auto& m : ms) steps.push_back(m.step_ms);
-    x.step_ms = median_of(steps);
-    x.dispatch_bytes = w.dispatch_bytes;
-    x.replay_dispatch_bytes = w.replay_dispatch_bytes;
+  std::vector<Derived> d;
+  for (const auto& ms : measured) {
+    d.push_back(derive(ms, n));
+    prof.peak_spread = std::max(prof.peak_spread, d.back().peak_spread);
   }
-  const Derived& none = d[0];
-  auto sum_held = [&](const Derived& x, std::int64_t upto) {  // held of blocks 0..upto-1
-    std::int64_t s = 0;
-    for (std::int64_t j = 0; j < upto; ++j) s += x.held[std::size_t(j)];
-    return s;
-  };
-  prof.none_peak = none.peak;
-  prof.none_step_ms = none.step_ms;
-  prof.block_forward_base = none.fwd_before[0];
-  prof.forward_base = none.head_peak - sum_held(none, n);
-  prof.fixed_peak = std::max(none.pre_peak, none.tail_peak);
-  for (std::int64_t i = 0; i < n; ++i)
-    prof.backward_bases.push_back(none.bwd_start[std::size_t(i)] - sum_held(none, i + 1));
-  for (std::size_t k = 0; k < K; ++k) {
-    const Derived& x = d[k];
-    ProfiledCandidate pc;
-    pc.component = comps[k];
-    pc.plan = specs[k];
-    pc.lossy = plans[k].compress;
-    pc.hooks = (plans[k].offload ? kOffloadHook : 0u) | (plans[k].compress ? kCompressHook : 0u);
-    pc.step_ms = x.step_ms;
-    pc.peak = x.peak;
-    pc.dispatch_bytes = x.dispatch_bytes;
-    pc.replay_dispatch_bytes = x.replay_dispatch_bytes;
-    // Blocks of one kind (dense, MoE) run the same code: differences between
-    // their windows are noise, so each takes its kind's mean change; the
-    // step's change outside the windows is shared between all blocks.
-    double window_delta = 0;
-    std::map<bool, std::pair<double, int>> kind;  // moe -> (sum of changes, blocks)
-    for (std::int64_t i = 0; i < n; ++i) {
-      const double dlt = x.ms[std::size_t(i)] - none.ms[std::size_t(i)];
-      window_delta += dlt;
-      auto& [sum, cnt] = kind[prof.moe_blocks[std::size_t(i)]];
-      sum += dlt;
-      ++cnt;
-    }
-    const double rest = (x.step_ms - none.step_ms - window_delta) / double(n);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::size_t u = std::size_t(i);
-      PlanChoice ch;
-      ch.component = comps[k];
-      ch.lossy = pc.lossy;
-      ch.hooks = pc.hooks;
-      ch.held = x.held[u];
-      ch.forward_work = std::max<std::int64_t>(0, x.fwd_peak[u] - prof.block_forward_base - sum_held(x, i));
-      ch.work = std::max<std::int64_t>(0, x.bwd_peak[u] - prof.backward_bases[u] - sum_held(x, i + 1));
-      // (Never below keeping everything: a plan that measures faster than
-      // none does so by noise.)
-      const auto& [sum, cnt] = kind[prof.moe_blocks[u]];
-      ch.time_ms = k == 0 ? 0.0 : std::max(0.0, sum / cnt + rest);
-      pc.blocks.push_back(ch);
-    }
-    prof.candidates.push_back(std::move(pc));
-  }
+  set_bases(prof, d[0]);
+  for (std::size_t k = 0; k < cands.size(); ++k) prof.candidates.push_back(candidate_costs(prof, cands[k], d[k], d[0], k == 0));
   prof.seconds = ms_between(wall0, Clock::now()) * 1e-3;
   return prof;
 }
@@ -493,83 +545,81 @@ std::string format_mib(std::int64_t bytes) {
   return buf;
 }
 
-AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow_lossy, std::size_t max_alternatives,
-                     std::int64_t reserve, bool hooks) {
-  AutoPlan a;
-  a.budget = budget;
-  a.margin = std::max(0.01, profile.peak_spread);
-  a.planned_budget = budget - std::int64_t(double(budget) * a.margin) - reserve;
-  PlannerInput in = profile.planner_input(a.planned_budget, allow_lossy);
-  if (!hooks)
-    for (auto& cs : in.choices)
-      cs.erase(std::remove_if(cs.begin(), cs.end(), [](const PlanChoice& c) { return c.hooks != 0; }), cs.end());
-  a.smallest = smallest_peak_plan(in);
-  a.best = solve_plan(in);
-  REMAT_CHECK(a.best.feasible, Error, "--memory-budget ", format_mib(budget), " (", budget,
-              " bytes): no plan fits (planning for ", format_mib(a.planned_budget),
-              ", the budget less a ", 100 * a.margin, "% margin for prediction error and batch-to-batch variation",
-              reserve ? " and " + format_mib(reserve) + " a checked run overshot by" : std::string(),
-              "); the smallest predicted peak is ",
-              format_mib(a.smallest.peak), " (", a.smallest.peak, " bytes), reached by --recompute ", a.smallest.plan,
-              allow_lossy ? "" : " (lossless plans only; --allow-lossy adds compression)");
-  // A simpler plan (keep or one component per block) whose predicted step is
-  // within 2% of the optimum's wins: fewer parts behave more like the
-  // profile's runs (each component on every block), so their predictions hold
-  // better than those of an intricate mix whose gain is within the noise.
-  {
-    const PlannerResult optimum = a.best;
-    const double slack = 0.02 * (profile.none_step_ms + optimum.time_ms);
-    for (const auto& cand : profile.candidates) {
-      if (cand.component.empty()) continue;
-      PlannerInput one = in;
-      bool ok = true;
-      for (auto& cs : one.choices) {
-        cs.erase(std::remove_if(cs.begin(), cs.end(),
-                                [&](const PlanChoice& c) { return !c.component.empty() && c.component != cand.component; }),
-                 cs.end());
-        ok = ok && !cs.empty();
-      }
-      if (!ok) continue;
-      PlannerResult r = solve_plan(one);
-      if (!r.feasible || r.time_ms > optimum.time_ms + slack) continue;
-      const auto parts = [](const std::string& p) { return p == "none" ? 0 : 1 + std::count(p.begin(), p.end(), '+'); };
-      if (parts(r.plan) < parts(a.best.plan) || (parts(r.plan) == parts(a.best.plan) && r.time_ms < a.best.time_ms &&
-                                                 a.best.plan != optimum.plan))
-        a.best = r;
-    }
-    a.optimum = optimum;
-  }
-  a.predicted_step_ms = profile.none_step_ms + a.best.time_ms;
-  // Alternatives: each candidate on every block, and the best without offload.
-  std::vector<PlannerResult> alts;
-  for (std::size_t k = 0; k < profile.candidates.size(); ++k) {
-    const auto& c = profile.candidates[k];
-    if (c.lossy && !allow_lossy) continue;
-    std::vector<std::size_t> pick;
+namespace {
+
+// Leaves offload and compression out of every block's choices.
+void drop_hooks(PlannerInput& in) {
+  for (auto& cs : in.choices)
+    cs.erase(std::remove_if(cs.begin(), cs.end(), [](const PlanChoice& c) { return c.hooks != 0; }), cs.end());
+}
+
+// The plan's number of '+' parts (0 for none).
+std::ptrdiff_t plan_parts(const std::string& p) { return p == "none" ? 0 : 1 + std::count(p.begin(), p.end(), '+'); }
+
+// A simpler plan (keep or one component per block) whose predicted step is
+// within 2% of the optimum's wins: fewer parts behave more like the
+// profile's runs (each component on every block), so their predictions hold
+// better than those of an intricate mix whose gain is within the noise.
+// Sets a.optimum to the solver's answer, a.best to the plan kept.
+void prefer_simpler_plan(const PlanProfile& profile, const PlannerInput& in, AutoPlan& a) {
+  const PlannerResult optimum = a.best;
+  const double slack = 0.02 * (profile.none_step_ms + optimum.time_ms);
+  for (const auto& cand : profile.candidates) {
+    if (cand.component.empty()) continue;
+    PlannerInput one = in;
     bool ok = true;
-    for (std::int64_t i = 0; i < profile.n_blocks && ok; ++i) {
-      const auto& cs = in.choices[std::size_t(i)];
-      std::size_t idx = cs.size();
-      for (std::size_t q = 0; q < cs.size(); ++q)
-        if (cs[q].component == c.component) idx = q;
-      if (idx == cs.size())  // not offered on this block (MoE parts on a dense block): keep
-        for (std::size_t q = 0; q < cs.size(); ++q)
-          if (cs[q].component.empty()) idx = q;
-      ok = idx < cs.size();
-      pick.push_back(idx);
+    for (auto& cs : one.choices) {
+      cs.erase(std::remove_if(cs.begin(), cs.end(),
+                              [&](const PlanChoice& c) { return !c.component.empty() && c.component != cand.component; }),
+               cs.end());
+      ok = ok && !cs.empty();
     }
     if (!ok) continue;
-    PlannerResult r;
-    r.feasible = true;
-    r.choice = pick;
-    r.peak = predicted_peak(in, pick);
-    for (std::size_t i = 0; i < pick.size(); ++i) r.time_ms += in.choices[i][pick[i]].time_ms;
-    r.plan = plan_string(in.choices, pick);
-    if (r.peak <= a.planned_budget) alts.push_back(r);
+    PlannerResult r = solve_plan(one);
+    if (!r.feasible || r.time_ms > optimum.time_ms + slack) continue;
+    const auto parts = plan_parts(r.plan), best_parts = plan_parts(a.best.plan);
+    if (parts < best_parts || (parts == best_parts && r.time_ms < a.best.time_ms && a.best.plan != optimum.plan))
+      a.best = r;
+  }
+  a.optimum = optimum;
+}
+
+// Candidate `c` on every block where `in` offers it (keeping everything on
+// the others: MoE parts on a dense block), with its prediction; nullopt
+// when a block offers neither.
+std::optional<PlannerResult> whole_candidate_plan(const PlannerInput& in, const ProfiledCandidate& c) {
+  std::vector<std::size_t> pick;
+  for (const auto& cs : in.choices) {
+    std::size_t idx = cs.size();
+    for (std::size_t q = 0; q < cs.size(); ++q)
+      if (cs[q].component == c.component) idx = q;
+    if (idx == cs.size())  // not offered on this block (MoE parts on a dense block): keep
+      for (std::size_t q = 0; q < cs.size(); ++q)
+        if (cs[q].component.empty()) idx = q;
+    if (idx == cs.size()) return std::nullopt;
+    pick.push_back(idx);
+  }
+  PlannerResult r;
+  r.feasible = true;
+  r.choice = pick;
+  r.peak = predicted_peak(in, pick);
+  for (std::size_t i = 0; i < pick.size(); ++i) r.time_ms += in.choices[i][pick[i]].time_ms;
+  r.plan = plan_string(in.choices, pick);
+  return r;
+}
+
+// a.alternatives: each candidate on every block, the solver's answer
+// without offload and compression, and the optimum when a simpler plan won,
+// those that fit, fastest first, without a.best, at most `max_alternatives`.
+void pick_alternatives(const PlanProfile& profile, const PlannerInput& in, bool allow_lossy,
+                       std::size_t max_alternatives, AutoPlan& a) {
+  std::vector<PlannerResult> alts;
+  for (const auto& c : profile.candidates) {
+    if (c.lossy && !allow_lossy) continue;
+    if (auto r = whole_candidate_plan(in, c); r && r->peak <= a.planned_budget) alts.push_back(*r);
   }
   PlannerInput no_hooks = in;
-  for (auto& cs : no_hooks.choices)
-    cs.erase(std::remove_if(cs.begin(), cs.end(), [](const PlanChoice& c) { return c.hooks != 0; }), cs.end());
+  drop_hooks(no_hooks);
   bool all = true;
   for (const auto& cs : no_hooks.choices) all = all && !cs.empty();
   if (all)
@@ -583,6 +633,30 @@ AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow
     for (const auto& q : a.alternatives) dup = dup || q.plan == r.plan;
     if (!dup) a.alternatives.push_back(r);
   }
+}
+
+}  // namespace
+
+AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow_lossy, std::size_t max_alternatives,
+                     std::int64_t reserve, bool hooks) {
+  AutoPlan a;
+  a.budget = budget;
+  a.margin = std::max(0.01, profile.peak_spread);
+  a.planned_budget = budget - std::int64_t(double(budget) * a.margin) - reserve;
+  PlannerInput in = profile.planner_input(a.planned_budget, allow_lossy);
+  if (!hooks) drop_hooks(in);
+  a.smallest = smallest_peak_plan(in);
+  a.best = solve_plan(in);
+  REMAT_CHECK(a.best.feasible, Error, "--memory-budget ", format_mib(budget), " (", budget,
+              " bytes): no plan fits (planning for ", format_mib(a.planned_budget),
+              ", the budget less a ", 100 * a.margin, "% margin for prediction error and batch-to-batch variation",
+              reserve ? " and " + format_mib(reserve) + " a checked run overshot by" : std::string(),
+              "); the smallest predicted peak is ",
+              format_mib(a.smallest.peak), " (", a.smallest.peak, " bytes), reached by --recompute ", a.smallest.plan,
+              allow_lossy ? "" : " (lossless plans only; --allow-lossy adds compression)");
+  prefer_simpler_plan(profile, in, a);
+  a.predicted_step_ms = profile.none_step_ms + a.best.time_ms;
+  pick_alternatives(profile, in, allow_lossy, max_alternatives, a);
   return a;
 }
 

@@ -239,12 +239,12 @@ struct PipelineStage::Pass {
   // values are read at once, so nothing of it outlives its backward.
   struct Micro {
     Tensor x, y, ce;
-    DecoderModel::LossTerms terms;
+    MoETerms terms;
     float ce_value = 0;
     std::vector<float> aux_values, z_values;
     void release_tensors() {
       x = y = ce = Tensor();
-      terms = DecoderModel::LossTerms{};
+      terms = MoETerms{};
     }
   };
   // A send in flight with the tensor it reads (freed as it completes).
@@ -309,8 +309,7 @@ struct PipelineStage::Pass {
       recv(u.x, int(s - 1), int(2 * m));
       if (train) u.x.set_requires_grad(true);
     }
-    u.y = model.run_blocks(u.x, stage.bounds_[std::size_t(s)], stage.bounds_[std::size_t(s + 1)]);
-    u.terms = model.take_loss_terms();
+    u.y = model.run_blocks(u.x, stage.bounds_[std::size_t(s)], stage.bounds_[std::size_t(s + 1)], u.terms);
     for (const Tensor& a : u.terms.aux) u.aux_values.push_back(float(a.item()));
     for (const Tensor& z : u.terms.z) u.z_values.push_back(float(z.item()));
     if (last) {

@@ -190,116 +190,131 @@ SafetensorsReader::Fd::~Fd() {
 }
 
 SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
-  const std::string& p = path_;
-  fd_ = Fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-  REMAT_CHECK(fd_.get() >= 0, IOError, "cannot open ", p, ": ", errno_text());
-  auto fail = [&](const std::string& why) -> IOError { return IOError(p + ": not a valid safetensors file: " + why); };
+  fd_ = Fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+  REMAT_CHECK(fd_.get() >= 0, IOError, "cannot open ", path_, ": ", errno_text());
+  const std::uint64_t data_size = read_header_into_entries();
+  check_data_layout(data_size);
+  read_checksums();
+}
+
+IOError SafetensorsReader::invalid(const std::string& why) const {
+  return IOError(path_ + ": not a valid safetensors file: " + why);
+}
+
+std::uint64_t SafetensorsReader::read_header_into_entries() {
   struct stat st {};
-  REMAT_CHECK(::fstat(fd_.get(), &st) == 0, IOError, "cannot stat ", p, ": ", errno_text());
-  if (!S_ISREG(st.st_mode)) throw fail("not a regular file");
+  REMAT_CHECK(::fstat(fd_.get(), &st) == 0, IOError, "cannot stat ", path_, ": ", errno_text());
+  if (!S_ISREG(st.st_mode)) throw invalid("not a regular file");
   const auto file_size = std::uint64_t(st.st_size);
-  if (file_size < 8) throw fail("truncated (" + std::to_string(file_size) + " bytes, no header)");
+  if (file_size < 8) throw invalid("truncated (" + std::to_string(file_size) + " bytes, no header)");
   unsigned char len[8];
   read_bytes(len, 8, 0, "the header length");
   std::uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= std::uint64_t(len[i]) << (8 * i);
-  if (n > file_size - 8) throw fail("header length " + std::to_string(n) + " exceeds the file size " +
-                                    std::to_string(file_size) + " (truncated?)");
+  if (n > file_size - 8) throw invalid("header length " + std::to_string(n) + " exceeds the file size " +
+                                       std::to_string(file_size) + " (truncated?)");
   if (n > kMaxHeaderBytes)
-    throw fail("header length " + std::to_string(n) + " exceeds the format's limit of " +
-               std::to_string(kMaxHeaderBytes) + " bytes");
+    throw invalid("header length " + std::to_string(n) + " exceeds the format's limit of " +
+                  std::to_string(kMaxHeaderBytes) + " bytes");
   std::string text(n, '\0');
   read_bytes(text.data(), n, 8, "the header");
   data_start_ = 8 + n;
   Json header;
   try {
-    header = Json::parse(text, p + " header");
+    header = Json::parse(text, path_ + " header");
   } catch (const IOError& e) {
-    throw fail(e.what());
+    throw invalid(e.what());
   }
   text = std::string();
-  if (!header.is_object()) throw fail("header is not a JSON object");
+  if (!header.is_object()) throw invalid("header is not a JSON object");
   const std::uint64_t data_size = file_size - data_start_;
-
-  // 1. The header: every entry validated.
   for (const auto& [name, entry] : header.members()) {
     try {
       if (name == "__metadata__") {
         for (const auto& [k, v] : entry.members()) metadata_[k] = v.as_string();
         continue;
       }
-      DType dt;
-      if (!parse_st_dtype(entry.at("dtype").as_string(), dt))
-        throw fail("tensor '" + name + "' has unsupported dtype " + entry.at("dtype").as_string());
-      Shape shape;
-      for (const auto& s : entry.at("shape").items()) {
-        if (s.as_int() < 0) throw fail("tensor '" + name + "' has a negative size");
-        shape.push_back(s.as_int());
-      }
-      const auto& offs = entry.at("data_offsets").items();
-      if (offs.size() != 2) throw fail("tensor '" + name + "': data_offsets must have 2 entries");
-      if (offs[0].as_int() < 0 || offs[1].as_int() < 0) throw fail("tensor '" + name + "' has a negative offset");
-      const auto b = std::uint64_t(offs[0].as_int()), e = std::uint64_t(offs[1].as_int());
-      std::uint64_t want = element_size(dt);
-      for (auto s : shape)
-        if (__builtin_mul_overflow(want, std::uint64_t(s), &want))
-          throw fail("tensor '" + name + "' has shape " + shape_str(shape) + ", too large for any file");
-      if (e < b || e > data_size)
-        throw fail("tensor '" + name + "' byte range [" + std::to_string(b) + ", " + std::to_string(e) +
-                   ") is outside the data section of " + std::to_string(data_size) + " bytes (truncated?)");
-      if (e - b != want)
-        throw fail("tensor '" + name + "' has " + std::to_string(e - b) + " bytes but shape " +
-                   shape_str(shape) + " " + dtype_name(dt) + " needs " + std::to_string(want));
-      entries_.emplace(name, Entry{dt, shape, b, e, std::nullopt});
+      entries_.emplace(name, parse_entry(name, entry, data_size));
     } catch (const IOError& e) {
       const std::string msg = e.what();
       if (msg.find("not a valid safetensors file") != std::string::npos) throw;
-      throw fail((name == "__metadata__" ? std::string("__metadata__: ") : "tensor '" + name + "': ") + msg);
+      throw invalid((name == "__metadata__" ? std::string("__metadata__: ") : "tensor '" + name + "': ") + msg);
     }
   }
+  return data_size;
+}
+
+SafetensorsReader::Entry SafetensorsReader::parse_entry(const std::string& name, const Json& entry,
+                                                        std::uint64_t data_size) const {
+  DType dt;
+  if (!parse_st_dtype(entry.at("dtype").as_string(), dt))
+    throw invalid("tensor '" + name + "' has unsupported dtype " + entry.at("dtype").as_string());
+  Shape shape;
+  for (const auto& s : entry.at("shape").items()) {
+    if (s.as_int() < 0) throw invalid("tensor '" + name + "' has a negative size");
+    shape.push_back(s.as_int());
+  }
+  const auto& offs = entry.at("data_offsets").items();
+  if (offs.size() != 2) throw invalid("tensor '" + name + "': data_offsets must have 2 entries");
+  if (offs[0].as_int() < 0 || offs[1].as_int() < 0) throw invalid("tensor '" + name + "' has a negative offset");
+  const auto b = std::uint64_t(offs[0].as_int()), e = std::uint64_t(offs[1].as_int());
+  std::uint64_t want = element_size(dt);
+  for (auto s : shape)
+    if (__builtin_mul_overflow(want, std::uint64_t(s), &want))
+      throw invalid("tensor '" + name + "' has shape " + shape_str(shape) + ", too large for any file");
+  if (e < b || e > data_size)
+    throw invalid("tensor '" + name + "' byte range [" + std::to_string(b) + ", " + std::to_string(e) +
+                  ") is outside the data section of " + std::to_string(data_size) + " bytes (truncated?)");
+  if (e - b != want)
+    throw invalid("tensor '" + name + "' has " + std::to_string(e - b) + " bytes but shape " + shape_str(shape) +
+                  " " + dtype_name(dt) + " needs " + std::to_string(want));
+  return Entry{dt, shape, b, e, std::nullopt};
+}
+
+void SafetensorsReader::check_data_layout(std::uint64_t data_size) const {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
   for (const auto& [name, e] : entries_) ranges.emplace_back(e.begin, e.end);
   std::sort(ranges.begin(), ranges.end());
   std::uint64_t end = 0;
   for (const auto& [b, e] : ranges) {
-    if (b < end) throw fail("tensor byte ranges overlap");
-    if (b > end) throw fail("the data section has a hole at byte " + std::to_string(end));
+    if (b < end) throw invalid("tensor byte ranges overlap");
+    if (b > end) throw invalid("the data section has a hole at byte " + std::to_string(end));
     end = e;
   }
   if (end != data_size)
-    throw fail("data section has " + std::to_string(data_size) + " bytes but the tensors cover " +
-               std::to_string(end));
+    throw invalid("data section has " + std::to_string(data_size) + " bytes but the tensors cover " +
+                  std::to_string(end));
+}
 
-  // 2. The checksum keys: their form here, each tensor's hash when it is read.
+void SafetensorsReader::read_checksums() {
   const auto algo = metadata_.find(kChecksumAlgorithmKey);
   const auto sums_it = metadata_.find(kChecksumsKey);
-  if (algo != metadata_.end() || sums_it != metadata_.end()) {
-    if (algo == metadata_.end() || sums_it == metadata_.end())
-      throw fail(std::string("__metadata__ has '") + (algo == metadata_.end() ? kChecksumsKey : kChecksumAlgorithmKey) +
-                 "' without '" + (algo == metadata_.end() ? kChecksumAlgorithmKey : kChecksumsKey) + "'");
-    if (algo->second != kChecksumAlgorithm)
-      throw fail("unsupported checksum algorithm '" + algo->second + "' (this build checks " + kChecksumAlgorithm + ")");
-    Json sums;
-    try {
-      sums = Json::parse(sums_it->second, p + " __metadata__.checksums");
-    } catch (const IOError& e) {
-      throw fail(e.what());
-    }
-    if (!sums.is_object()) throw fail("__metadata__.checksums is not a JSON object");
-    for (const auto& [name, v] : sums.members())
-      if (!entries_.count(name)) throw fail("__metadata__.checksums names '" + name + "', which is not a tensor of the file");
-    for (auto& [name, e] : entries_) {
-      if (!sums.has(name)) throw fail("tensor '" + name + "' has no checksum in __metadata__.checksums");
-      const Json& v = sums.at(name);
-      std::uint64_t stored = 0;
-      if (!v.is_string() || !parse_hex64(v.as_string(), stored))
-        throw fail("the checksum of tensor '" + name + "' is not 16 lowercase hex digits");
-      e.checksum = stored;
-    }
-    metadata_.erase(kChecksumAlgorithmKey);
-    metadata_.erase(kChecksumsKey);
-    checksummed_ = true;
+  if (algo == metadata_.end() && sums_it == metadata_.end()) return;
+  if (algo == metadata_.end() || sums_it == metadata_.end())
+    throw invalid(std::string("__metadata__ has '") + (algo == metadata_.end() ? kChecksumsKey : kChecksumAlgorithmKey) +
+                  "' without '" + (algo == metadata_.end() ? kChecksumAlgorithmKey : kChecksumsKey) + "'");
+  if (algo->second != kChecksumAlgorithm)
+    throw invalid("unsupported checksum algorithm '" + algo->second + "' (this build checks " + kChecksumAlgorithm + ")");
+  Json sums;
+  try {
+    sums = Json::parse(sums_it->second, path_ + " __metadata__.checksums");
+  } catch (const IOError& e) {
+    throw invalid(e.what());
   }
+  if (!sums.is_object()) throw invalid("__metadata__.checksums is not a JSON object");
+  for (const auto& [name, v] : sums.members())
+    if (!entries_.count(name)) throw invalid("__metadata__.checksums names '" + name + "', which is not a tensor of the file");
+  for (auto& [name, e] : entries_) {
+    if (!sums.has(name)) throw invalid("tensor '" + name + "' has no checksum in __metadata__.checksums");
+    const Json& v = sums.at(name);
+    std::uint64_t stored = 0;
+    if (!v.is_string() || !parse_hex64(v.as_string(), stored))
+      throw invalid("the checksum of tensor '" + name + "' is not 16 lowercase hex digits");
+    e.checksum = stored;
+  }
+  metadata_.erase(kChecksumAlgorithmKey);
+  metadata_.erase(kChecksumsKey);
+  checksummed_ = true;
 }
 
 std::vector<std::string> SafetensorsReader::names() const {

@@ -26,9 +26,12 @@
 #include <utility>
 #include <vector>
 
+#include "engine/error.h"
 #include "engine/tensor.h"
 
 namespace remat {
+
+class Json;
 
 inline constexpr const char* kChecksumAlgorithm = "xxh3-64";
 inline constexpr const char* kChecksumAlgorithmKey = "checksum_algorithm";
@@ -140,6 +143,19 @@ class SafetensorsReader {
     std::optional<std::uint64_t> checksum;
   };
   const Entry& entry(const std::string& name) const;
+  // The constructor's steps, in order. Reads the header (its length, its
+  // JSON) and fills entries_ and metadata_, each entry validated; returns
+  // the data section's size.
+  std::uint64_t read_header_into_entries();
+  // One header entry: dtype, shape and byte range checked against the data section.
+  Entry parse_entry(const std::string& name, const Json& entry, std::uint64_t data_size) const;
+  // The entries tile the data section exactly (no overlap, no hole).
+  void check_data_layout(std::uint64_t data_size) const;
+  // The checksum keys of __metadata__: their form here (each tensor's hash is
+  // checked when it is read); taken out of metadata_.
+  void read_checksums();
+  // "PATH: not a valid safetensors file: WHY".
+  IOError invalid(const std::string& why) const;
   // Reads exactly `n` bytes at file offset `at` into `dst` (pread, retried on
   // short reads and EINTR); `what` names them in errors.
   void read_bytes(void* dst, std::uint64_t n, std::uint64_t at, const std::string& what) const;

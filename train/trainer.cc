@@ -277,7 +277,7 @@ double Trainer::local_micro_steps(const Tensor& batch, std::int64_t attempt, Ste
     Tensor mb = M == 1 ? batch : batch.narrow(0, m * rows, rows);
     RngStreamScope keyed(gen, streams, m, blocks);
     auto out = model_->forward_loss(mb);
-    if (m == M - 1) s.routing = model_->routing_stats();  // (the last micro-batch's)
+    if (m == M - 1) s.routing = out.routing;  // (the last micro-batch's)
     const auto report = saved_bytes_report();
     auto it = report.bytes_by_op.find("checkpoint_boundary");
     s.boundary_bytes = std::max(s.boundary_bytes, it == report.bytes_by_op.end() ? 0 : it->second);

@@ -102,18 +102,20 @@ BlockRun run_block(const ModelConfig& c, Device device, bool expert_bias, RngSta
     layer.expert_bias = from_vector<float>(b, {c.experts}, device);
   }
   BlockRun out;
-  layer.sink = [&](const Tensor& aux, const Tensor& z, const MoELayerStats& st) {
-    out.stats.push_back(st);
-    out.aux = aux;
-    out.z = z;
-  };
   Generator gen(8);
   const std::int64_t B = 2, S = 11;
   Tensor x = randn({B, S, c.d_model}, {}, &gen).to(device).detach();
   x.set_requires_grad(true);
   Tensor seed = randn({B, S, c.d_model}, {}, &gen).to(device);
   default_generator(device).set_state(rng);  // random routes draw from the device's generator
-  out.y = layer.forward(x);
+  MoETerms terms;
+  {
+    MoETermsScope collect(terms);
+    out.y = layer.forward(x);
+  }
+  out.stats = terms.stats;
+  if (!terms.aux.empty()) out.aux = terms.aux.back();
+  if (!terms.z.empty()) out.z = terms.z.back();
   Tensor loss = sum(mul(out.y, seed));
   REQUIRE(out.aux.defined());
   loss = add(loss, out.aux);

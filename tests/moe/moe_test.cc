@@ -96,7 +96,7 @@ Run run(const ModelConfig& c, const std::string& plan) {
   out.loss.backward();
   Run r;
   for (auto& [n, p] : m.named_parameters()) r.grads.push_back(p.grad().defined() ? p.grad().to_vector<float>() : std::vector<float>{});
-  r.stats = m.routing_stats();
+  r.stats = out.routing;
   r.moved = dispatch_counters();
   r.loss = out.loss.item();
   r.aux = out.aux.item();
