@@ -1,7 +1,8 @@
 // Checkpoint regions: run a function so that the tensors its ops save for
 // backward are not kept; when backward first needs one, the function is
 // replayed from the region's boundary inputs (with the RNG state of the
-// original run) to regenerate them. DESIGN.md §4 is the contract.
+// original run) to regenerate them. docs/RECOMPUTE.md#checkpoint-regions is the
+// contract.
 //
 // Non-reentrant (default): built on saved-tensor hooks. Inside the region
 // each save becomes a placeholder; the graph itself is recorded normally, so

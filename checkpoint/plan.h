@@ -1,6 +1,6 @@
-// Model-level recompute plans: the `--recompute` values of DESIGN.md §4,
-// parsed and checked here; models/block_stack.h applies them to a stack of
-// blocks (the decoder's, or a user model's).
+// Model-level recompute plans: the `--recompute` values of
+// docs/RECOMPUTE.md#plans, parsed and checked here; models/block_stack.h
+// applies them to a stack of blocks (the decoder's, or a user model's).
 //
 //   none                 no regions
 //   per_block            every block is a region (keeps each block's input)

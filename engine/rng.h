@@ -62,14 +62,14 @@ class RngShardScope {
 };
 RngState reserve_batch_draw(Generator& gen, std::uint64_t elements);
 
-// Schedule-independent draws (DESIGN.md §6): inside the scope, this thread's
-// draws on `gen` are keyed by (micro-batch, unit) rather than by the order the
-// units run in. enter_rng_stream(u) moves `gen` to the start of stream
-// (micro, u): offset start.offset + (micro * units + u) * kRngStreamBlocks. A
-// pipeline stage that runs block b of micro-batch m in its own order draws
-// what one process draws there, and a recompute of block b (in that
-// micro-batch's backward, inside the same scope) draws it again. A unit may
-// draw at most 4 * kRngStreamBlocks values (Error past that).
+// Schedule-independent draws (docs/ARCHITECTURE.md#the-core-engine, RNG):
+// inside the scope, this thread's draws on `gen` are keyed by (micro-batch,
+// unit) rather than by the order the units run in. enter_rng_stream(u) moves
+// `gen` to the start of stream (micro, u): offset start.offset + (micro * units +
+// u) * kRngStreamBlocks. A pipeline stage that runs block b of micro-batch m in
+// its own order draws what one process draws there, and a recompute of block b
+// (in that micro-batch's backward, inside the same scope) draws it again. A
+// unit may draw at most 4 * kRngStreamBlocks values (Error past that).
 inline constexpr std::uint64_t kRngStreamBlocks = std::uint64_t(1) << 30;
 class RngStreamScope {
  public:

@@ -1,8 +1,8 @@
 // The block-stack interface: a model's repeated blocks, run in order under a
-// recompute plan (checkpoint/plan.h: every `--recompute` value of DESIGN.md
-// §4). The decoder's layers are one (models/decoder.h); a user's model built
-// from Blocks in a BlockStack takes every plan string the same way
-// (examples/custom_model.cpp).
+// recompute plan (checkpoint/plan.h: every `--recompute` value of
+// docs/RECOMPUTE.md#plans). The decoder's layers are one (models/decoder.h); a
+// user's model built from Blocks in a BlockStack takes every plan string the
+// same way (examples/custom_model.cpp).
 //
 //   class MyBlock : public Block {            // x -> x + mlp(norm(x))
 //     Tensor forward(const Tensor& x) const override {

@@ -31,7 +31,7 @@ ModelConfig make(const char* name, std::int64_t vocab, std::int64_t d, std::int6
   return c;
 }
 
-// DESIGN.md §7.
+// docs/REFERENCE.md#models-and-configs.
 const std::vector<ModelConfig>& registry() {
   static const std::vector<ModelConfig> r = {
       make("tiny", 256, 128, 4, 4, 344, 128, 8),

@@ -1,5 +1,5 @@
-// Model configurations: the named configs of DESIGN.md §7 and JSON files
-// with the same keys.
+// Model configurations: the named configs of
+// docs/REFERENCE.md#models-and-configs and JSON files with the same keys.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +34,9 @@ struct ModelConfig {
   double capacity_factor = 0.0;  // 0: dropless; else each expert keeps ceil(cf * T * K / E) rows
   bool random_routing = false;   // uniform random routes (seeded; for benchmarks)
 
-  // Hugging Face architectures (DESIGN.md §7). Every default below is remat's
-  // own decoder; JSON keys at their defaults are left out of to_json().
+  // Hugging Face architectures (docs/REFERENCE.md#models-and-configs). Every
+  // default below is remat's own decoder; JSON keys at their defaults are left
+  // out of to_json().
   std::string arch;               // "" (remat), "llama", "qwen2", "qwen2_moe" or "mixtral": names and export
   std::int64_t kv_heads = 0;      // key/value heads, dividing n_heads (0: n_heads; fewer: grouped-query)
   std::int64_t head_size = 0;     // per-head dim (0: d_model / n_heads)

@@ -1,9 +1,9 @@
-// The Llama-style decoder of DESIGN.md §7: token embedding, pre-norm blocks
-// (RMSNorm, rotary causal attention, residual, RMSNorm, SwiGLU MLP or MoE,
-// residual), final RMSNorm and an LM head (untied, or the embedding's weight
-// with ModelConfig::tie_embeddings); loss = mean cross-entropy over all
-// positions. Parameter names follow Hugging Face Llama / Qwen2(-MoE) /
-// Mixtral (ModelConfig::arch).
+// The Llama-style decoder of docs/REFERENCE.md#models-and-configs: token
+// embedding, pre-norm blocks (RMSNorm, rotary causal attention, residual,
+// RMSNorm, SwiGLU MLP or MoE, residual), final RMSNorm and an LM head (untied,
+// or the embedding's weight with ModelConfig::tie_embeddings); loss = mean
+// cross-entropy over all positions. Parameter names follow Hugging Face Llama /
+// Qwen2(-MoE) / Mixtral (ModelConfig::arch).
 #pragma once
 
 #include <functional>

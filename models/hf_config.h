@@ -1,6 +1,7 @@
 // Hugging Face config.json <-> ModelConfig for the architectures remat runs:
 // LlamaForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM and
-// MixtralForCausalLM (DESIGN.md §7 lists the keys and what each becomes).
+// MixtralForCausalLM (docs/REFERENCE.md#models-and-configs lists the keys and
+// what each becomes).
 #pragma once
 
 #include <string>

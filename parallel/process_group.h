@@ -4,7 +4,7 @@
 // (parallel/nccl_group.h) and a trivial one-process group when there is no
 // launcher. Every collective, send and receive is counted (calls, bytes) by
 // kind and by phase: original forward, backward, and replay inside
-// recompute. DESIGN.md §6.
+// recompute. docs/PARALLEL.md#process-groups-and-collectives.
 //
 // Failures: the back ends raise Error naming the collective (or the send /
 // receive). This library never ends the process, installs signal handlers or

@@ -2,7 +2,8 @@
 // for matching the ids of a pretrained model. Two kinds behind one interface:
 // Hugging Face tokenizer.json files with a byte-level BPE model (GPT-2,
 // Llama 3, Qwen 2/3; tokenizer/bpe.h) and SentencePiece .model files
-// (tokenizer/sentencepiece.h). Depends on engine/ only (DESIGN.md §7).
+// (tokenizer/sentencepiece.h). Depends on engine/ only
+// (docs/REFERENCE.md#tokenizers).
 //
 // Every method is const and safe to call from several threads at once.
 #pragma once

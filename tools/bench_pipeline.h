@@ -22,8 +22,8 @@ struct PipelineBenchSpec {
 
 // Runs every schedule x plan `repeats` times in a balanced interleaved order,
 // prints the per-stage table next to the bubble's arithmetic (P - 1) / (M +
-// P - 1) and writes `json_path` if set (DESIGN.md §9). Error naming the
-// worker's output if one fails.
+// P - 1) and writes `json_path` if set (docs/REFERENCE.md#file-formats). Error
+// naming the worker's output if one fails.
 int run_pipeline_bench(const PipelineBenchSpec& spec);
 
 // The job bench --pp starts (internal `bench-pipeline-worker`, under mpirun):

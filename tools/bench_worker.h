@@ -27,9 +27,9 @@ double max_of(const std::vector<double>& v);
 // One worker process (this binary as `bench-worker`): `warmup` untimed and
 // `steps` timed training steps of `config` under `plan`; its result fields
 // (step_ms, forward_ms, backward_ms, peak_allocated_bytes, persistent_bytes,
-// activation_bytes, ...: DESIGN.md §9). With ep > 1, `ep` processes under
-// mpirun (threads split between them); rank 0 reports. Throws Error, with
-// the worker's output, if it fails.
+// activation_bytes, ...: docs/REFERENCE.md#file-formats). With ep > 1, `ep`
+// processes under mpirun (threads split between them); rank 0 reports. Throws
+// Error, with the worker's output, if it fails.
 std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
                                          std::int64_t steps, int threads, const std::string& seed,
                                          std::int64_t ep = 1, const std::string& dtype = "f32",

@@ -6,7 +6,8 @@
 
 namespace remat::tools {
 
-// ./remat train: trains a model, showing progress; see DESIGN.md §8.
+// ./remat train: trains a model, showing progress; see
+// docs/REFERENCE.md#command-line.
 int run_train(const std::vector<std::string>& args);
 // ./remat dump: one deterministic forward/backward written to safetensors.
 int run_dump(const std::vector<std::string>& args);

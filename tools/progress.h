@@ -2,7 +2,7 @@
 // the launcher detection behind `auto`. Launchers such as OpenMPI's mpirun
 // give each rank a pty, so isatty() is true even when the job's output goes
 // to a file; `auto` therefore draws the redrawing bar only on a terminal of a
-// process no launcher started. See DESIGN.md §8.
+// process no launcher started. See docs/REFERENCE.md#command-line.
 #pragma once
 
 #include <cstdint>

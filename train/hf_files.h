@@ -4,8 +4,8 @@
 // `model-00001-of-0000N.safetensors` ... `model-0000N-of-0000N.safetensors`
 // (5 digits each) and the index `model.safetensors.index.json`:
 //   {"metadata": {"total_size": BYTES}, "weight_map": {"tensor name": "shard file name", ...}}
-// (DESIGN.md §9). Shards are plain safetensors files (remat's reader accepts
-// them with or without remat's checksums; the writer adds none).
+// (docs/REFERENCE.md#file-formats). Shards are plain safetensors files (remat's
+// reader accepts them with or without remat's checksums; the writer adds none).
 #pragma once
 
 #include <cstdint>

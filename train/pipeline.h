@@ -1,7 +1,7 @@
-// Pipeline parallelism (DESIGN.md §6): the decoder's blocks split into P
-// contiguous stages, one per rank, micro-batches flowing forward (hidden
-// states) and backward (their gradients) between neighbouring stages by
-// point-to-point messages, in the order a schedule gives each stage.
+// Pipeline parallelism (docs/PARALLEL.md#pipeline-parallel): the decoder's
+// blocks split into P contiguous stages, one per rank, micro-batches flowing
+// forward (hidden states) and backward (their gradients) between neighbouring
+// stages by point-to-point messages, in the order a schedule gives each stage.
 #pragma once
 
 #include <cstdint>

@@ -12,7 +12,7 @@ namespace {
 using Groups = std::vector<std::vector<std::int64_t>>;
 }
 
-TEST_CASE("plans parse into the regions DESIGN.md lists", "[checkpoint][plan]") {
+TEST_CASE("plans parse into the regions docs/RECOMPUTE.md lists", "[checkpoint][plan]") {
   CHECK(RecomputePlan::parse("none", 4).is_none());
   CHECK(RecomputePlan::parse("per_block", 3).block_regions == Groups{{0}, {1}, {2}});
   CHECK(RecomputePlan::parse("chunk", 3).block_regions == Groups{{0, 1, 2}});

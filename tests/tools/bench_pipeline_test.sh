@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # ./remat bench --pp end to end on `tiny` with 8 blocks (short protocol):
 # every schedule x plan runs as fresh jobs of P processes in the balanced
-# order, listed in `runs`; the JSON has every key DESIGN.md §9 lists, for
-# every stage; the in-flight counts are the schedules' (GPipe M, 1F1B P - s);
-# stage 0's activations under 1F1B are about P/M of GPipe's and per_block
-# lowers them; every stage sends M hidden states or gradients of R x S x d
-# f32; the bubble is a fraction; flags that do not apply are refused.
+# order, listed in `runs`; the JSON has every key docs/REFERENCE.md#file-formats
+# lists, for every stage; the in-flight counts are the schedules' (GPipe M, 1F1B
+# P - s); stage 0's activations under 1F1B are about P/M of GPipe's and
+# per_block lowers them; every stage sends M hidden states or gradients of R x S x
+# d f32; the bubble is a fraction; flags that do not apply are refused.
 set -u
 # shellcheck source=tests/script_checks.sh
 source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"

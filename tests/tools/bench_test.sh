@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # ./remat bench end to end on `tiny` (short protocol): plans and the PyTorch
 # baseline run interleaved in the balanced order (tools/bench_order.h), one
-# fresh process each, listed in `runs`; the JSON has every key DESIGN.md §9
-# lists for every plan (replay_ms, replay_forwards, torch_ratio included),
-# per_block keeps fewer activations than none, the HTML plot is written; bad
-# --baseline uses are refused; and --estimate predicts activations within
-# 10% of the measurement for none and per_block.
+# fresh process each, listed in `runs`; the JSON has every key
+# docs/REFERENCE.md#file-formats lists for every plan (replay_ms,
+# replay_forwards, torch_ratio included), per_block keeps fewer activations than
+# none, the HTML plot is written; bad --baseline uses are refused; and
+# --estimate predicts activations within 10% of the measurement for none and
+# per_block.
 set -u
 # shellcheck source=tests/script_checks.sh
 source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"

@@ -18,10 +18,11 @@ if [ -f "$src/tokenizer.json" ]; then cp "$src/tokenizer.json" "$tok/"; else xz 
 [ -f "$src/tokenizer_config.json" ] && cp "$src/tokenizer_config.json" "$tok/"
 
 # A corpus of real English text: this repository's documentation, one
-# document per file.
+# document per file (the prose last: the held-out tail of each shard is
+# text, not the op table).
 mkdir -p "$tmp/text"
 cp README.md "$tmp/text/a.txt"
-cp docs/DESIGN.md "$tmp/text/b.txt"
+cat docs/REFERENCE.md docs/RECOMPUTE.md docs/PARALLEL.md docs/ARCHITECTURE.md > "$tmp/text/b.txt"
 
 # --json and --decode round trip.
 printf 'In the beginning God created the heaven and the earth.\n  Ünïcödé 😀 123456\n' > "$tmp/one.txt"

@@ -164,7 +164,7 @@ PY"
 make_model qtok --arch qwen2 --dtype bf16 --hidden 32 --heads 2 --kv-heads 1 --layers 2 --vocab 151669 \
   --tokenizer-from tests/tokenizer/data/qwen3
 check "eval --model DIR --data TEXT prints a validation loss" \
-  "$remat eval --model $tmp/qwen2 --data docs/DESIGN.md --batches 2 --batch 2 --seq 32 --json - > $tmp/eval.json &&
+  "$remat eval --model $tmp/qwen2 --data docs/REFERENCE.md --batches 2 --batch 2 --seq 32 --json - > $tmp/eval.json &&
    $py -c \"import json,math; j=json.load(open('$tmp/eval.json')); assert math.isfinite(j['val_loss']) and j['val_loss'] > 0\""
 check "generate --model DIR (its tokenizer): greedy decoding is deterministic and continues the prompt" \
   "$remat generate --model $tmp/qtok --prompt 'In the beginning' --temperature 0 --max-new 8 --no-stop > $tmp/g1.txt &&

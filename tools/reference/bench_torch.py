@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """PyTorch eager baseline for remat's step time on the same model.
 
-Builds the decoder of DESIGN.md §7 for a named config or a remat config JSON
-file (same shapes), on the CPU (f32) or a CUDA device (f32, or bf16 autocast
-with f32 master weights, the usual PyTorch mixed precision), runs warm-up
-steps, then times forward + backward + AdamW steps on random token batches
-and prints the median step, forward and backward times and tokens/s as one JSON
-line. `./remat bench --baseline torch` runs it as one variant of its
+Builds the decoder of docs/REFERENCE.md#models-and-configs for a named config or
+a remat config JSON file (same shapes), on the CPU (f32) or a CUDA device (f32,
+or bf16 autocast with f32 master weights, the usual PyTorch mixed precision),
+runs warm-up steps, then times forward + backward + AdamW steps on random token
+batches and prints the median step, forward and backward times and tokens/s as
+one JSON line. `./remat bench --baseline torch` runs it as one variant of its
 interleaved order.
 """
 
