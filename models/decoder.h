@@ -119,18 +119,12 @@ class DecoderModel : public Module {
  private:
   ModelConfig config_;
   DType compute_dtype_ = DType::f32;
-<<<<<<< HEAD
-  // Collected from the MoE layers during forward_loss.
-  mutable std::vector<Tensor> aux_terms_, z_terms_;
-  mutable std::vector<MoELayerStats> stats_;
 
  public:
   // The blocks' stack (model->blocks): its recompute plan and the plan's
   // offload and compression hooks, for those that read them without
   // reaching through the module tree.
   const BlockStack& block_stack() const { return *model->blocks; }
-=======
->>>>>>> models-split
 };
 
 }  // namespace remat

@@ -49,14 +49,15 @@ print(f"  {len(seen)} headers")
 PY
 
 # Libraries from the Bazel archives (position-independent objects). The CUDA
-# back end (libcuda.lo, linked whole: it registers itself with the engine) is
-# there only in a build with the toolkit, which the built binary reports.
+# back end is there only in a build with the toolkit, which the built binary
+# reports: its kernels and device back end (libkernels.lo) and the ops' CUDA
+# kernel tables (libcuda.lo), both linked whole (they register themselves).
 with_cuda=0
 bazel-bin/tools/remat info | grep -q "CUDA back end : built" && with_cuda=1
 libs=(engine ops checkpoint moe models parallel train)
 archives=()
 for l in "${libs[@]}"; do archives+=("bazel-bin/$l/lib$l.a"); done
-[ "$with_cuda" -eq 1 ] && archives+=("bazel-bin/cuda/libcuda.lo")
+[ "$with_cuda" -eq 1 ] && archives+=("bazel-bin/cuda/libkernels.lo" "bazel-bin/cuda/libcuda.lo")
 mkdir -p "$prefix/lib"
 rm -f "$prefix/lib/libremat.a"
 {

@@ -68,7 +68,7 @@ struct StepStats {
   double loss_scale = 1;             // the scale this step's backward used (f16; 1 otherwise)
 
   // The step as one JSON object on one line (the keys of train --log,
-  // docs/DESIGN.md), with the optional groups `keys` selects.
+  // docs/REFERENCE.md), with the optional groups `keys` selects.
   std::string to_json(const StepLogKeys& keys) const;
 };
 

@@ -102,7 +102,7 @@ TEST_CASE("auto plan: the profile's tables are consistent with what it measured"
   }
 }
 
-TEST_CASE("auto plan: chosen plans fit their budgets, predicted peaks within 5%", "[auto_plan]") {
+TEST_CASE("auto plan: checked plans fit their budgets, predicted peaks within 5%", "[auto_plan]") {
   for (const char* config : {"tiny", "tiny-moe"}) {
     const ModelConfig c = ModelConfig::load(config);
     const PlanProfile p = profile_plans(tiny_options(config));
@@ -111,8 +111,13 @@ TEST_CASE("auto plan: chosen plans fit their budgets, predicted peaks within 5%"
       const std::int64_t budget = parse_memory_budget(b, p);
       INFO(config << " budget " << b << " = " << budget << ", smallest predicted peak " << lean.peak);
       if (budget < lean.peak + lean.peak / 50) continue;  // below what any plan reaches (checked below)
-      const AutoPlan a = choose_plan(p, budget, false);
-      INFO("chosen " << a.best.plan << " predicted peak " << a.best.peak);
+      // As train and bench choose: the solver's plan, measured, and chosen
+      // again if it overshot (a mixed plan's prediction can miss by a few
+      // percent, more than the margin: seen at 2.3% on tiny-moe).
+      const CheckedPlan checked = choose_checked_plan(p, tiny_options(config), budget, false);
+      const AutoPlan& a = checked.plan;
+      INFO("chosen " << a.best.plan << " predicted peak " << a.best.peak << " after " << checked.tries << " tries");
+      CHECK(checked.checked);
       CHECK(a.best.peak <= a.planned_budget);
       // The answer is a plan string --recompute accepts, and it round-trips.
       const RecomputePlan parsed = RecomputePlan::parse(a.best.plan, c.n_layers);
@@ -172,3 +177,4 @@ TEST_CASE("auto plan: a checked choice fits when run, offload among the candidat
     }
   }
 }
+
