@@ -1,9 +1,9 @@
 #include "ops/gemm.h"
 
 #include <cblas.h>
-#include <omp.h>
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -58,6 +58,79 @@ void eigen_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
   if (ta && tb) eigen_product(am.transpose(), bm.transpose(), alpha, beta, cm);
 }
 
+// The fixed tiling of C [m, n] into row or column strips, a function of the
+// shape alone: every element of C is computed by one single-threaded call on
+// its strip, so its summation order, and so its bits, never depend on the
+// thread count (OpenBLAS's and Eigen's own threading split the work by the
+// team size, and their results differ by a few ulps between team sizes).
+// Strips of at least kMinStrip rows/columns keep the repeated packing of the
+// other operand small next to the product; kMaxStrips bounds the count.
+struct Strips {
+  bool by_rows = true;
+  std::int64_t extent = 0, size = 0, count = 0;
+};
+constexpr std::int64_t kMaxStrips = 16, kMinStrip = 64;
+
+Strips strips_of(std::int64_t m, std::int64_t n) {
+  Strips s;
+  s.by_rows = m >= n;
+  s.extent = s.by_rows ? m : n;
+  s.size = std::max(kMinStrip, (s.extent + kMaxStrips - 1) / kMaxStrips);
+  s.size = (s.size + 15) / 16 * 16;
+  s.count = (s.extent + s.size - 1) / s.size;
+  return s;
+}
+
+// One thread's product, on the backend: OpenBLAS is kept at one thread of
+// its own and Eigen at one (both set once, here).
+void single_thread_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                        const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                        float* c, std::int64_t ldc) {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    Eigen::setNbThreads(1);
+    return true;
+  }();
+  (void)once;
+  if (gemm_backend() == GemmBackend::eigen) {
+    eigen_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n),
+              int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+
+// A product and its strips: strip(i) computes strip i of C.
+struct StripedGemm {
+  bool ta = false, tb = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const float* a = nullptr;
+  std::int64_t lda = 0;
+  const float* b = nullptr;
+  std::int64_t ldb = 0;
+  float beta = 0.0f;
+  float* c = nullptr;
+  std::int64_t ldc = 0;
+  Strips strips;
+
+  void strip(std::int64_t i) const {
+    const std::int64_t lo = i * strips.size, hi = std::min(strips.extent, lo + strips.size);
+    const std::int64_t r0 = strips.by_rows ? lo : 0, r1 = strips.by_rows ? hi : m;
+    const std::int64_t c0 = strips.by_rows ? 0 : lo, c1 = strips.by_rows ? n : hi;
+    if (r0 == r1 || c0 == c1) return;
+    if (k == 0) {  // C = beta * C, beta 0 or 1
+      if (beta == 0.0f)
+        for (std::int64_t r = r0; r < r1; ++r) std::memset(c + r * ldc + c0, 0, std::size_t(c1 - c0) * sizeof(float));
+      return;
+    }
+    // Rows r0..r1 of op(A) and columns c0..c1 of op(B).
+    const float* as = ta ? a + r0 : a + r0 * lda;
+    const float* bs = tb ? b + c0 * ldb : b + c0;
+    single_thread_gemm(ta, tb, r1 - r0, c1 - c0, k, alpha, as, lda, bs, ldb, beta, c + r0 * ldc + c0, ldc);
+  }
+};
+
 }  // namespace
 
 GemmBackend gemm_backend() { return backend_slot().load(); }
@@ -66,47 +139,27 @@ void set_gemm_backend(GemmBackend b) { backend_slot().store(b); }
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc, bool serial) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    if (beta == 0.0f)
-      for (std::int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, std::size_t(n) * sizeof(float));
+  const StripedGemm g{trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, strips_of(m, n)};
+  if (serial) {
+    for (std::int64_t i = 0; i < g.strips.count; ++i) g.strip(i);
     return;
   }
-  if (serial || omp_in_parallel() || gemm_backend() == GemmBackend::eigen) {
-    // Eigen runs single-threaded when called from inside a parallel region.
-    eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
-  }
-  openblas_set_num_threads(num_threads());
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+  parallel_for(0, g.strips.count, 1, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) g.strip(i);
+  });
 }
-
-namespace {
-void run_gemm(const PairedGemm& g, bool one_thread) {
-  if (!one_thread) {
-    gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, g.a, g.lda, g.b, g.ldb, 0.0f, g.c, g.ldc);
-    return;
-  }
-  if (g.m == 0 || g.n == 0) return;
-  if (g.k == 0) {
-    for (std::int64_t i = 0; i < g.m; ++i) std::memset(g.c + i * g.ldc, 0, std::size_t(g.n) * sizeof(float));
-    return;
-  }
-  // Inside a parallel region OpenBLAS's OpenMP build runs on the calling thread alone.
-  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
-              int(g.m), int(g.n), int(g.k), 1.0f, g.a, int(g.lda), g.b, int(g.ldb), 0.0f, g.c, int(g.ldc));
-}
-}  // namespace
 
 void gemm_pair(const PairedGemm& first, const PairedGemm& second) {
-  if (num_threads() < 2 || omp_in_parallel() || gemm_backend() != GemmBackend::openblas) {
-    run_gemm(first, false);
-    run_gemm(second, false);
-    return;
-  }
-#pragma omp parallel num_threads(2)
-  run_gemm(omp_get_thread_num() == 0 ? first : second, true);
+  // Both products' strips in one loop: the same strips, so the same bits, as
+  // two gemm() calls, with one team for both.
+  const auto striped = [](const PairedGemm& p) {
+    return StripedGemm{p.trans_a, p.trans_b, p.m, p.n, p.k, 1.0f, p.a, p.lda, p.b, p.ldb, 0.0f, p.c, p.ldc,
+                       strips_of(p.m, p.n)};
+  };
+  const StripedGemm g1 = striped(first), g2 = striped(second);
+  parallel_for(0, g1.strips.count + g2.strips.count, 1, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) i < g1.strips.count ? g1.strip(i) : g2.strip(i - g1.strips.count);
+  });
 }
 
 }  // namespace remat::ops_detail

@@ -15,20 +15,17 @@ void set_gemm_backend(GemmBackend b);
 
 // Row-major: op(A) is [m, k], op(B) is [k, n], C is [m, n]; lda/ldb/ldc are
 // row strides of the stored (untransposed) matrices. beta is 0 or 1.
-// `serial` asks for no thread team of its own (use it inside parallel loops:
-// there Eigen runs on the calling thread; outside one, Eigen may still split
-// a large product across the team).
+// C is computed in row or column strips fixed by (m, n) alone, each strip by
+// one single-threaded backend call, the strips spread over the team: the
+// bits depend on the shape and the backend, never on the thread count.
+// `serial` runs the strips on the calling thread (inside parallel loops).
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
           float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
           float beta, float* c, std::int64_t ldc, bool serial = false);
 
 // The two products C1 = op(A1) op(B1) and C2 = op(A2) op(B2) (alpha 1,
-// beta 0) side by side, one thread each through OpenBLAS, when the team has
-// at least two threads and the backend is OpenBLAS; otherwise one after the
-// other through gemm(). For a backward's dX and dW, which have equal FLOPs:
-// two single-threaded GEMMs waste less to synchronisation than two
-// two-thread ones on small shapes. Each product's result depends only on
-// its own shape (a single-threaded OpenBLAS run), never on the team size.
+// beta 0), both products' strips spread over one team: for a backward's dX
+// and dW. The bits are those of two gemm() calls.
 struct PairedGemm {
   bool trans_a = false, trans_b = false;
   std::int64_t m = 0, n = 0, k = 0;

@@ -78,9 +78,11 @@ ShardWriter::ShardWriter(std::string dir, std::int64_t vocab, std::string tokeni
   fs::create_directories(dir_, ec);
   REMAT_CHECK(!ec && fs::is_directory(dir_), IOError, "tokenize: --out ", dir_, ": cannot create the folder (",
               ec.message(), ")");
+  // Shards must not mix with other files: a reader takes every *.tok file of
+  // the folder, and a user's files must not be overwritten or mistaken.
   for (const auto& e : fs::directory_iterator(dir_))
-    REMAT_CHECK(e.path().extension() != ".tok", IOError, "tokenize: --out ", dir_, " already holds shards (",
-                e.path().filename().string(), "); give an empty or new folder");
+    REMAT_CHECK(false, IOError, "tokenize: --out ", dir_, " is not empty (it holds ", e.path().filename().string(),
+                e.path().extension() == ".tok" ? ", a shard" : "", "); give an empty or new folder");
 }
 
 ShardWriter::~ShardWriter() {

@@ -58,8 +58,8 @@ struct ShardInfo {
 // renamed into place, so a shard on disk is always whole.
 class ShardWriter {
  public:
-  // Creates DIR if missing; throws IOError if it cannot, or if DIR already
-  // holds shards (naming them: the writer never mixes tokenizations).
+  // Creates DIR if missing; throws IOError if it cannot, or if DIR holds
+  // anything (naming an entry: shards never mix with other files).
   ShardWriter(std::string dir, std::int64_t vocab, std::string tokenizer_hash, std::int64_t eos,
               std::int64_t tokens_per_shard = std::int64_t(1) << 28);
   ~ShardWriter();  // closes (errors are lost: call close() to see them)

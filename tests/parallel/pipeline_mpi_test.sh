@@ -9,6 +9,8 @@
 # (in-flight micro-batches P vs M) and per_block shrinks each in-flight
 # micro-batch to its boundaries; a killed stage makes the others exit non-zero
 # naming the send / recv they were in; what is not built yet is refused.
+# The one-process runs use the default thread count (every core) and the
+# ranks one thread each: the bits do not depend on it (ops/gemm.h).
 set -u
 # shellcheck source=tests/script_checks.sh
 source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"
@@ -16,6 +18,7 @@ flags=(--oversubscribe)
 [ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
 export OMP_NUM_THREADS=1
 remat=./bazel-bin/tools/remat
+one() { env -u OMP_NUM_THREADS $remat "$@"; }  # one process, default threads
 py=/usr/bin/python3
 same_state() {  # A B: the two states hold the same tensors, bit for bit
   $py - "$1/state.safetensors" "$2/state.safetensors" <<'PY'
@@ -31,7 +34,7 @@ PY
 }
 for config in tiny tiny-moe; do
   common=(--config "$config" --steps 3 --warmup 1 --eval-every 0 --seed 5 --grad-accum 4 --progress off)
-  $remat train "${common[@]}" --save "$tmp/one-$config" > /dev/null 2>&1
+  one train "${common[@]}" --save "$tmp/one-$config" > /dev/null 2>&1
   for P in 2 4; do
     for sched in gpipe 1f1b; do
       for plan in none per_block; do
@@ -51,7 +54,7 @@ done
 echo '{"name": "tiny-moe", "random_routing": true}' > "$tmp/random-routes.json"
 for config in tests/checkpoint/data/tiny_dropout.json "$tmp/random-routes.json"; do
   common=(--config "$config" --steps 3 --warmup 1 --eval-every 0 --seed 5 --grad-accum 4 --progress off)
-  $remat train "${common[@]}" --save "$tmp/one-r" --log "$tmp/one-r.jsonl" > /dev/null 2>&1
+  one train "${common[@]}" --save "$tmp/one-r" --log "$tmp/one-r.jsonl" > /dev/null 2>&1
   for sched in gpipe 1f1b; do
     timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --pp 2 --pp-schedule $sched \
       --recompute per_block --save "$tmp/pp" > "$tmp/pp.txt" 2>&1
@@ -65,7 +68,7 @@ done
 # equal one process's (the overflow decision reads the gradient norm, which
 # is one process's bit for bit).
 common=(--config tiny --steps 4 --warmup 1 --eval-every 0 --seed 5 --grad-accum 4 --dtype f16 --progress off)
-$remat train "${common[@]}" --save "$tmp/one-f16" --log "$tmp/one-f16.jsonl" > /dev/null 2>&1
+one train "${common[@]}" --save "$tmp/one-f16" --log "$tmp/one-f16.jsonl" > /dev/null 2>&1
 timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --pp 2 --recompute per_block --save "$tmp/pp-f16" \
   --log "$tmp/pp-f16.jsonl" > "$tmp/pp.txt" 2>&1
 check "f16 pp 2 1f1b per_block: losses, loss scales and the state equal one process's bit for bit" \
@@ -107,7 +110,7 @@ done
 # Resume across layouts: 2 of 4 steps under a pipeline, the rest in one
 # process, and the other way round, equal the uninterrupted run.
 common=(--config tiny-moe --steps 4 --warmup 1 --eval-every 0 --seed 5 --grad-accum 4 --progress off)
-$remat train "${common[@]}" --save "$tmp/whole" > /dev/null 2>&1
+one train "${common[@]}" --save "$tmp/whole" > /dev/null 2>&1
 timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --pp 2 --stop-after 2 --save "$tmp/a" > /dev/null 2>&1
 $remat train "${common[@]}" --resume "$tmp/a" --save "$tmp/a" > "$tmp/a.txt" 2>&1
 check "a pipeline state resumes in one process and ends as the uninterrupted run" \

@@ -68,8 +68,12 @@ expect_error() {
   if "$@" > "$tmp/err.txt" 2>&1; then bad "$what: expected an error"; return; fi
   grep -q -- "$pattern" "$tmp/err.txt" && ok || { bad "$what: error does not say '$pattern'"; cat "$tmp/err.txt"; }
 }
-expect_error "shards into a used folder" "already holds shards" \
+expect_error "shards into a used folder" "is not empty" \
   $remat tokenize --tokenizer "$tok" --data "$tmp/text" --out "$tmp/shards"
+mkdir -p "$tmp/other" && echo mine > "$tmp/other/notes.txt"
+expect_error "shards into a folder with other files" "is not empty (it holds notes.txt)" \
+  $remat tokenize --tokenizer "$tok" --data "$tmp/text" --out "$tmp/other"
+[ "$(cat "$tmp/other/notes.txt")" = mine ] && [ "$(ls "$tmp/other")" = notes.txt ] && ok || bad "the other folder was written into"
 expect_error "no tokenizer" "cannot\|not found\|neither\|no such" \
   $remat tokenize --tokenizer "$tmp/nothing" --data "$tmp/one.txt" --json
 expect_error "two modes" "exactly one of" $remat tokenize --tokenizer "$tok" --data "$tmp/one.txt" --json --decode

@@ -99,7 +99,14 @@ TEST_CASE("token shards: errors name the file and the problem", "[train][shards]
     w.add_document(ids);
   }
   // A folder with shards is not written into again.
-  CHECK_THROWS_WITH(ShardWriter(dir, 1000, kHash, 1), Catch::Contains("already holds shards"));
+  CHECK_THROWS_WITH(ShardWriter(dir, 1000, kHash, 1), Catch::Contains("is not empty") && Catch::Contains("a shard"));
+  // Nor is a folder that holds anything else (#43: the help says new or empty).
+  const std::string used = root + "/used";
+  std::filesystem::create_directories(used);
+  write_all(used + "/notes.txt", "mine");
+  CHECK_THROWS_WITH(ShardWriter(used, 1000, kHash, 1),
+                    Catch::Contains("is not empty") && Catch::Contains("notes.txt") && Catch::Contains("empty or new folder"));
+  CHECK(read_all(used + "/notes.txt") == "mine");
   // Truncated.
   const std::string first = dir + "/shard-00000.tok";
   std::string bytes = read_all(first);
