@@ -4,7 +4,9 @@
 //   remat-tests: N passed, M failed, K skipped
 //
 // counting test cases. Tests tagged [cuda] need a GPU; without one they are
-// excluded from the run and counted (and listed) as skipped.
+// excluded from the run and counted (and listed) as skipped. A case that
+// finds at run time that it cannot run here calls REMAT_SKIP (tests/skip.h)
+// and is counted and listed as skipped too.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -14,19 +16,27 @@
 #include <vector>
 
 #include "engine/device_runtime.h"
+#include "tests/skip.h"
 
 namespace {
 
 int g_passed = 0;
 int g_failed = 0;
+int g_skipped_at_run_time = 0;
+thread_local std::string g_skip_reason;  // set by mark_skipped during the running case (Catch2 runs cases on one thread)
 
 struct CountingListener : Catch::TestEventListenerBase {
   using TestEventListenerBase::TestEventListenerBase;
+  void testCaseStarting(Catch::TestCaseInfo const&) override { g_skip_reason.clear(); }
   void testCaseEnded(Catch::TestCaseStats const& stats) override {
-    if (stats.totals.assertions.failed > 0)
+    if (stats.totals.assertions.failed > 0) {
       ++g_failed;
-    else
+    } else if (!g_skip_reason.empty()) {
+      ++g_skipped_at_run_time;
+      std::printf("skipped (%s): %s\n", g_skip_reason.c_str(), stats.testInfo.name.c_str());
+    } else {
       ++g_passed;
+    }
   }
 };
 
@@ -36,6 +46,8 @@ bool has_tag(const Catch::TestCase& tc, const std::string& tag) {
 }
 
 }  // namespace
+
+void remat::test::mark_skipped(const std::string& reason) { g_skip_reason = reason.empty() ? "skipped" : reason; }
 
 CATCH_REGISTER_LISTENER(CountingListener)
 
@@ -65,7 +77,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const int rc = session.run();
-  std::printf("remat-tests: %d passed, %d failed, %d skipped\n", g_passed, g_failed, skipped);
+  std::printf("remat-tests: %d passed, %d failed, %d skipped\n", g_passed, g_failed, skipped + g_skipped_at_run_time);
   std::fflush(stdout);
   return rc != 0 || g_failed != 0 ? 1 : 0;
 }

@@ -1,5 +1,6 @@
 // Byte-level BPE from a Hugging Face tokenizer.json: the forms GPT-2,
-// Llama 3 and Qwen 2/3 use.
+// Llama 3, Mistral NeMo and Qwen 2/3 use (checked id for id against a
+// reference on Mistral NeMo's and Qwen 3's, tests/tokenizer).
 //
 // Supported (anything else is rejected naming the field and its value):
 //   normalizer     null, NFC, or a Sequence of NFC (ICU)

@@ -1,7 +1,7 @@
 // Text tokenizers: text to token ids and back, for training on raw text and
 // for matching the ids of a pretrained model. Two kinds behind one interface:
 // Hugging Face tokenizer.json files with a byte-level BPE model (GPT-2,
-// Llama 3, Qwen 2/3; tokenizer/bpe.h) and SentencePiece .model files
+// Llama 3, Mistral NeMo, Qwen 2/3; tokenizer/bpe.h) and SentencePiece .model files
 // (tokenizer/sentencepiece.h). Depends on engine/ only
 // (docs/REFERENCE.md#tokenizers).
 //

@@ -174,7 +174,7 @@ class WorkerSteps {
   WorkerSteps(DecoderModel& model, AdamW& opt, const ParallelLayout& layout, ProcessGroup& world,
               const WorkerOptions& o)
       : model_(model), opt_(opt), layout_(layout), world_(world), device_(o.device),
-        offload_(model.model->blocks->offload_hooks()), compress_(model.model->blocks->compress_hooks()),
+        offload_(model.block_stack().offload_hooks()), compress_(model.block_stack().compress_hooks()),
         reducer_(make_grad_reducer(layout, model.named_parameters(), 25ll << 20)),
         corpus_(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
         sampler_(corpus_.train, o.config.batch, o.config.seq, o.seed + 1),

@@ -221,12 +221,12 @@ class MemTrainer {
 
 // The offload and compression figures over all steps, when the plan has them.
 void add_hook_info(const DecoderModel& model, MemRecording& rec) {
-  if (const auto& off = model.model->blocks->offload_hooks()) {
+  if (const auto& off = model.block_stack().offload_hooks()) {
     off->check();
     rec.info.emplace_back("offloaded to the spill file (all steps)", format_bytes(off->stats().bytes_written));
     rec.info.emplace_back("offload wait (all steps)", std::to_string(double(off->stats().wait_ns) * 1e-6) + " ms");
   }
-  if (const auto& comp = model.model->blocks->compress_hooks())
+  if (const auto& comp = model.block_stack().compress_hooks())
     rec.info.emplace_back("compressed saves (all steps)", format_bytes(comp->stats().compressed_bytes) + " (from " +
                                                   format_bytes(comp->stats().original_bytes) + ")");
 }

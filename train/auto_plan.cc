@@ -234,7 +234,7 @@ class StepRig {
     clip_grad_norm(model.parameters(), 1.0);
     opt.step(1e-3);
     synchronize(device);
-    if (const auto& off = model.model->blocks->offload_hooks()) off->check();
+    if (const auto& off = model.block_stack().offload_hooks()) off->check();
   }
 
  private:

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -23,6 +24,9 @@ namespace remat {
 namespace {
 
 namespace fs = std::filesystem;
+
+std::mutex g_export_hook_mutex;
+ExportFaultHook g_export_hook;  // guarded by g_export_hook_mutex
 
 using file_io::errno_text;
 using file_io::Fd;
@@ -256,6 +260,20 @@ void CheckpointFiles::read_into(const std::string& name, Tensor& dst) const { re
 
 // ---- writing ---------------------------------------------------------------
 
+void set_export_fault_hook(ExportFaultHook hook) {
+  std::lock_guard<std::mutex> lock(g_export_hook_mutex);
+  g_export_hook = std::move(hook);
+}
+
+void export_fault_point(ExportStep step) {
+  ExportFaultHook hook;
+  {
+    std::lock_guard<std::mutex> lock(g_export_hook_mutex);
+    hook = g_export_hook;
+  }
+  if (hook) hook(step);
+}
+
 void save_hf_checkpoint(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
                         DType dtype, std::int64_t max_shard_bytes) {
   REMAT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, DTypeError,
@@ -302,6 +320,7 @@ void save_hf_checkpoint(const std::string& dir, const std::vector<std::pair<std:
     const std::string file = sharded ? hf_shard_name(int(s + 1), int(shards.size())) : kHfSingleFile;
     write_shard(dir, join(dir, file), shards[s]);
     written.insert(file);
+    export_fault_point(ExportStep::shard);
   }
   if (sharded) {
     Json wm = Json::object();
@@ -324,6 +343,7 @@ void save_hf_checkpoint(const std::string& dir, const std::vector<std::pair<std:
   REMAT_CHECK(!ec, IOError, "cannot list the folder ", dir, ": ", ec.message());
   for (const auto& f : doomed) remove_if_present(join(dir, f));
   if (!doomed.empty()) fsync_dir(dir);
+  export_fault_point(ExportStep::weights);
 }
 
 }  // namespace remat

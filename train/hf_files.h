@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -72,6 +73,24 @@ class CheckpointFiles {
   std::vector<SafetensorsReader> readers_;       // parallel to files_
   std::map<std::string, std::size_t> where_;     // tensor -> index into files_
 };
+
+// The steps of a Hugging Face export, in order; a fault hook runs after each.
+enum class ExportStep {
+  cleared,    // save_hf_model: config.json removed (the folder no longer reads as a model)
+  shard,      // save_hf_checkpoint: one weights file in place (once per file)
+  weights,    // save_hf_checkpoint: every weights file and the index written, stale shards removed
+  tokenizer,  // save_hf_model: the tokenizer's files copied (also when there are none)
+  done,       // save_hf_model: config.json written, the export is complete
+};
+
+// Fault injection for tests: `hook` runs after each step of every export in
+// this process (on the thread that exports); it may throw (the export stops
+// there, leaving the files as a crash would). An empty hook removes it.
+// Thread-safe.
+using ExportFaultHook = std::function<void(ExportStep)>;
+void set_export_fault_hook(ExportFaultHook hook);
+// Runs the hook, if any, for `step` (save_hf_checkpoint and save_hf_model call it).
+void export_fault_point(ExportStep step);
 
 // Writes `tensors` to the folder `dir` (created if missing) as a Hugging Face
 // checkpoint: floating tensors converted to `dtype` (f32, bf16 or f16; round

@@ -148,6 +148,13 @@ void save_hf_model(const std::string& dir, const ModelConfig& c,
   std::error_code ec;
   fs::create_directories(dir, ec);
   REMAT_CHECK(!ec, IOError, "export: cannot create ", dir, ": ", ec.message());
+  // A folder with a config.json reads as a complete model: an old one goes
+  // first and the new one comes last, so an interrupted export leaves the
+  // old model or a folder that refuses to open, never new weights under an
+  // old config.
+  if (fs::remove(dir + "/config.json", ec)) fsync_dir(dir);
+  REMAT_CHECK(!ec, IOError, "export: cannot remove ", dir, "/config.json: ", ec.message());
+  export_fault_point(ExportStep::cleared);
   save_hf_checkpoint(dir, parameters, options.dtype, options.max_shard_bytes);
   if (!options.tokenizer.empty()) {
     const fs::path src(options.tokenizer);
@@ -165,7 +172,9 @@ void save_hf_model(const std::string& dir, const ModelConfig& c,
     REMAT_CHECK(!files.empty(), IOError, "export: no tokenizer files in ", options.tokenizer);
     for (const fs::path& f : files) write_file_atomic(dir + "/" + f.filename().string(), file_io::read_file(f.string()));
   }
+  export_fault_point(ExportStep::tokenizer);
   write_file_atomic(dir + "/config.json", config.dump() + "\n");  // last: a folder with a config is complete
+  export_fault_point(ExportStep::done);
 }
 
 }  // namespace remat

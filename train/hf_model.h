@@ -53,7 +53,11 @@ struct HfExportOptions {
 // process's layout: every expert) as safetensors (sharded with an index above
 // max_shard_bytes), and the tokenizer's files when given (tokenizer.json,
 // tokenizer_config.json, special_tokens_map.json, tokenizer.model,
-// generation_config.json, whichever exist). Throws Error / IOError.
+// generation_config.json, whichever exist). An old config.json is removed
+// first and the new one written last: an interrupted export leaves the old
+// model or a folder without config.json that refuses to load, never new
+// weights under an old config (steps: ExportStep, train/hf_files.h). Throws
+// Error / IOError.
 void save_hf_model(const std::string& dir, const ModelConfig& c,
                    const std::vector<std::pair<std::string, Tensor>>& parameters, const HfExportOptions& options);
 

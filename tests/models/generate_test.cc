@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "engine/error.h"
 #include "engine/grad_mode.h"
@@ -131,6 +132,25 @@ TEST_CASE("generate: sampling options and errors", "[generate]") {
   o.top_k = 0;
   o.temperature = 0.01;
   CHECK(sample_token(logits, o, 0.9f) == 1);
+  // Greedy ties go to the lowest id.
+  o.temperature = 0;
+  CHECK(sample_token({1.0f, 5.0f, 5.0f, 2.0f}, o, 0.5f) == 1);
+  CHECK(sample_token({7.0f, 7.0f}, o, 0.99f) == 0);
+  // An intermediate top-p: by probability 1 (0.388), 4 (0.351), 2 (0.235),
+  // ...; 0.7 keeps {1, 4} (0.739 >= 0.7), 0.74 keeps {1, 4, 2}.
+  o.temperature = 1;
+  o.top_p = 0.7;
+  std::set<std::int32_t> kept;
+  for (int i = 0; i < 200; ++i) kept.insert(sample_token(logits, o, float(i) / 200.0f));
+  CHECK(kept == std::set<std::int32_t>{1, 4});
+  // Within {1, 4} the draw splits at p1 / (p1 + p4) = 1 / (1 + e^-0.1) = 0.52498.
+  CHECK(sample_token(logits, o, 0.5245f) == 1);
+  CHECK(sample_token(logits, o, 0.5255f) == 4);
+  o.top_p = 0.74;
+  kept.clear();
+  for (int i = 0; i < 200; ++i) kept.insert(sample_token(logits, o, float(i) / 200.0f));
+  CHECK(kept == std::set<std::int32_t>{1, 2, 4});
+  o.top_p = 1;
 
   const ModelConfig c = ModelConfig::named("tiny");
   DecoderModel model(c, 0);
@@ -140,6 +160,12 @@ TEST_CASE("generate: sampling options and errors", "[generate]") {
   g.seed = 9;
   const auto a = generate(model, {1, 2, 3}, g), b = generate(model, {1, 2, 3}, g);
   CHECK(a == b);  // the seed fixes the samples
+  GenerateOptions other = g;
+  other.seed = 10;
+  other.max_new = 16;
+  g.max_new = 16;
+  CHECK(generate(model, {1, 2, 3}, g) != generate(model, {1, 2, 3}, other));  // another seed, other samples
+  g.max_new = 5;
   g.stop = a[1];
   CHECK(generate(model, {1, 2, 3}, g).size() <= 2);
   CHECK_THROWS_WITH(generate(model, {}, g), Catch::Contains("no tokens"));

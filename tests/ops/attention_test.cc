@@ -157,6 +157,7 @@ TEST_CASE("fused attention: causal masking, layouts and dtypes", "[ops][attentio
   const Result hr = fused(qh.to(DType::f32), kh.to(DType::f32), vh.to(DType::f32),
                           dout.to(DType::bf16).to(DType::f32), true);
   CHECK(scaled_error(h.out, hr.out) <= 1e-2);
+  CHECK(bit_equal(h.out.to(DType::f32), hr.out.to(DType::bf16).to(DType::f32)));  // rounded once: the f32 op's bits
   CHECK(scaled_error(h.dq, hr.dq) <= 2e-2);
   CHECK(scaled_error(h.dk, hr.dk) <= 2e-2);
   CHECK(scaled_error(h.dv, hr.dv) <= 2e-2);

@@ -6,6 +6,7 @@ set -u
 cd "$(dirname "$(readlink -f "$0")")/../.."
 passed=0
 failed=0
+skipped=0
 flags=(--oversubscribe)
 [ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
 export OMP_NUM_THREADS=1 REMAT_COMM_TIMEOUT=60
@@ -15,9 +16,11 @@ for np in 2 4; do
   rc=$?
   line=$(echo "$out" | grep -E '^\[1,0\]<stdout>:remat-tests:' | sed 's/^\[1,0\]<stdout>://')
   p=$(echo "$line" | sed -E 's/remat-tests: ([0-9]+) passed.*/\1/')
+  k=$(echo "$line" | sed -E 's/.* ([0-9]+) skipped.*/\1/')
   if [ "$rc" -eq 0 ] && [ -n "$line" ] && [ "$(echo "$out" | grep -c 'remat-tests: [0-9]* passed, 0 failed')" -eq "$np" ]; then
     passed=$((passed + p))
-    echo "passed: $p $bin cases on $np ranks"
+    skipped=$((skipped + k))
+    echo "passed: $p $bin cases on $np ranks ($k skipped)"
   else
     failed=$((failed + 1))
     echo "FAILED: $bin on $np ranks (rc $rc)"
@@ -25,5 +28,5 @@ for np in 2 4; do
   fi
 done
 done
-echo "remat-tests: $passed passed, $failed failed, 0 skipped"
+echo "remat-tests: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

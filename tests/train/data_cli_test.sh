@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real data end to end through the CLI: tokenize text with a real tokenizer
-# (Llama 3's tokenizer.json) into shards, train on them (validation loss
+# (Mistral NeMo's tokenizer.json) into shards, train on them (validation loss
 # falls), evaluate the saved state and generate from it; tokenize --json /
 # --decode round trip; bad inputs get clear errors.
 set -u
@@ -11,9 +11,9 @@ ok() { passed=$((passed + 1)); }
 bad() { failed=$((failed + 1)); echo "FAILED: $*"; }
 
 # The tokenizer fixture (possibly stored compressed).
-tok=$tmp/llama3
+tok=$tmp/mistral_nemo
 mkdir -p "$tok"
-src=tests/tokenizer/data/llama3
+src=tests/tokenizer/data/mistral_nemo
 if [ -f "$src/tokenizer.json" ]; then cp "$src/tokenizer.json" "$tok/"; else xz -dc "$src/tokenizer.json.xz" > "$tok/tokenizer.json"; fi
 [ -f "$src/tokenizer_config.json" ] && cp "$src/tokenizer_config.json" "$tok/"
 
@@ -35,7 +35,7 @@ if $remat tokenize --tokenizer "$tok" --data "$tmp/text" --out "$tmp/shards" --s
      > "$tmp/tok.txt" 2> "$tmp/tok.err" && ls "$tmp/shards"/shard-*.tok > /dev/null 2>&1 &&
    grep -q "^tokenize: 2 documents" "$tmp/tok.txt"; then ok; else bad "tokenize --out"; cat "$tmp/tok.txt" "$tmp/tok.err"; fi
 
-# Train: the validation loss falls clearly from ln(vocab) (~11.8).
+# Train: the validation loss falls clearly from ln(vocab) (~11.8 for 131072).
 if $remat train --config tiny --data "$tmp/shards" --tokenizer "$tok" --steps 60 --eval-every 30 --lr 3e-3 \
      --batch 8 --seq 64 --grad-accum 2 --progress off --save "$tmp/state" --log "$tmp/log.jsonl" > "$tmp/train.txt" 2>&1 &&
    /usr/bin/python3 - "$tmp/log.jsonl" <<'PY'
@@ -45,7 +45,7 @@ vals = [r["val_loss"] for r in rows if "val_loss" in r]
 assert len(vals) == 2 and vals[-1] < 8.0 and vals[-1] < vals[0], vals
 PY
 then ok; else bad "train on shards"; tail -5 "$tmp/train.txt"; fi
-grep -q "vocabulary 256 of config tiny set to the shards' 128256" "$tmp/train.txt" && ok || bad "train notes the vocabulary"
+grep -q "vocabulary 256 of config tiny set to the shards' 131072" "$tmp/train.txt" && ok || bad "train notes the vocabulary"
 
 # eval reproduces the last evaluation; generate continues a prompt.
 if $remat eval --resume "$tmp/state" --json - > "$tmp/eval.json" &&
@@ -79,4 +79,16 @@ expect_error "no tokenizer" "cannot\|not found\|neither\|no such" \
 expect_error "two modes" "exactly one of" $remat tokenize --tokenizer "$tok" --data "$tmp/one.txt" --json --decode
 head -c 100 "$tmp/shards/shard-00000.tok" > "$tmp/bad.tok"
 expect_error "truncated shard" "truncated" $remat train --config tiny --data "$tmp/bad.tok" --steps 1
+
+# The shards remember their tokenizer (XXH3 of its tokenizer.json): another
+# tokenizer is refused, naming both hashes; so is mixing shards of two.
+qwen=tests/tokenizer/data/qwen3
+want_hash=$(/usr/bin/python3 -c 'import sys; d = open(sys.argv[1], "rb").read(); print(d[32:48].decode())' "$tmp/shards/shard-00000.tok")
+expect_error "shards with another --tokenizer" "is not the tokenizer --data $tmp/shards was made with (hash $want_hash)" \
+  $remat train --config tiny --data "$tmp/shards" --tokenizer "$qwen" --steps 1
+mkdir -p "$tmp/qtext" && cp "$tmp/one.txt" "$tmp/qtext/" &&
+  $remat tokenize --tokenizer "$qwen" --data "$tmp/qtext" --out "$tmp/qshards" > /dev/null 2>&1 || bad "tokenize with qwen3"
+mkdir -p "$tmp/mixed" && cp "$tmp/shards/shard-00000.tok" "$tmp/mixed/" && cp "$tmp/qshards/shard-00000.tok" "$tmp/mixed/shard-00001.tok"
+expect_error "shards of two tokenizers" "was made with tokenizer .* (vocabulary 151669), but .* with $want_hash (vocabulary 131072)" \
+  $remat train --config tiny --data "$tmp/mixed" --steps 1
 finish
