@@ -10,6 +10,7 @@
 #include "engine/device_backend.h"
 #include "engine/error.h"
 #include "engine/immortal.h"
+#include "engine/memory_poison.h"
 
 namespace remat {
 
@@ -29,6 +30,19 @@ std::int64_t now_ns() {
 std::size_t round_size(std::size_t bytes) {
   const std::size_t r = CachingAllocator::kRoundBytes;
   return bytes < r ? r : (bytes + r - 1) / r * r;
+}
+
+// Free bytes of a host segment are poisoned for ASan (engine/memory_poison.h):
+// a whole segment when reserved, a block when freed into the cache. Only host
+// memory: a CUDA allocator's pointers are device addresses.
+void poison_cached(const MemoryBackend& backend, const char* ptr, std::size_t bytes) {
+  if (backend.device().is_cpu()) detail::poison_host_memory(ptr, bytes);
+}
+
+// Makes bytes addressable again: a block handed out, or a segment before it
+// goes back to the backend.
+void unpoison_cached(const MemoryBackend& backend, const char* ptr, std::size_t bytes) {
+  if (backend.device().is_cpu()) detail::unpoison_host_memory(ptr, bytes);
 }
 
 std::size_t segment_size_for(std::size_t size) {
@@ -161,8 +175,13 @@ CachingAllocator::~CachingAllocator() {
   // mistake, but their memory is released with the segment.
   std::lock_guard<std::mutex> lock(mu_);
   std::unordered_set<const Block*> spare(spare_blocks_.begin(), spare_blocks_.end());
-  for (Block& b : block_storage_)
-    if (!spare.count(&b) && b.ptr && b.prev == nullptr) backend_->raw_free(b.ptr);
+  for (Block& b : block_storage_) {
+    if (spare.count(&b) || !b.ptr || b.prev != nullptr) continue;
+    std::size_t segment_bytes = 0;
+    for (const Block* s = &b; s; s = s->next) segment_bytes += s->size;
+    unpoison_cached(*backend_, b.ptr, segment_bytes);
+    backend_->raw_free(b.ptr);
+  }
 }
 
 Device CachingAllocator::device() const { return backend_->device(); }
@@ -185,6 +204,7 @@ CachingAllocator::Block* CachingAllocator::reserve_segment(std::size_t segment_s
   if (limit_ > 0 && stats_.reserved_bytes + std::int64_t(segment_size) > limit_) return nullptr;
   void* p = backend_->raw_alloc(segment_size);
   if (!p) return nullptr;
+  poison_cached(*backend_, static_cast<const char*>(p), segment_size);  // all of it cached
   Block* b = new_block();
   b->ptr = static_cast<char*>(p);
   b->size = segment_size;
@@ -205,6 +225,7 @@ bool CachingAllocator::release_cached_segments() {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* b = *it;
       if (b->prev == nullptr && b->next == nullptr) {
+        unpoison_cached(*backend_, b->ptr, b->size);
         backend_->raw_free(b->ptr);
         stats_.reserved_bytes -= std::int64_t(b->size);
         stats_.num_device_frees++;
@@ -270,6 +291,8 @@ DataPtr CachingAllocator::allocate(std::size_t bytes, StreamId stream) {
     pool.insert(rest);
   }
 
+  // The rounded request; an unsplit tail beyond it stays poisoned.
+  unpoison_cached(*backend_, block->ptr, size);
   block->allocated = true;
   block->requested = bytes;
   block->category = current_category();
@@ -327,6 +350,7 @@ void CachingAllocator::free(void* ptr) {
 
 void CachingAllocator::free_block(Block* block) {
   stats_.active_bytes -= std::int64_t(block->size);
+  poison_cached(*backend_, block->ptr, block->size);  // before merging: its neighbours already are
   block->allocated = false;
   block->requested = 0;
   Pool& pool = block->small ? small_pool_ : large_pool_;

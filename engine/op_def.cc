@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <string>
 
 #include "engine/error.h"
 #include "engine/immortal.h"
@@ -11,9 +12,17 @@ namespace remat {
 
 namespace {
 
+// Each op with a copy of its name: registration and lookup never read another
+// op's object, which may be a global of another translation unit (reading one
+// from a static initializer is an init-order report under ASan).
+struct Entry {
+  std::string name;
+  const OpDef* def;
+};
+
 struct Table {
   std::mutex mu;
-  std::vector<const OpDef*> ops;
+  std::vector<Entry> ops;
 };
 
 Table& table() {
@@ -58,16 +67,16 @@ OpDef::OpDef(OpSpec spec) : spec_(std::move(spec)) {
   validate(spec_);
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
-  for (const OpDef* d : t.ops)
-    REMAT_CHECK(std::strcmp(d->name(), spec_.name) != 0, Error, "op '", spec_.name,
+  for (const Entry& e : t.ops)
+    REMAT_CHECK(e.name != spec_.name, Error, "op '", spec_.name,
                 "' is defined twice (op names are unique in the op table)");
-  t.ops.push_back(this);
+  t.ops.push_back({spec_.name, this});
 }
 
 OpDef::~OpDef() {
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
-  t.ops.erase(std::remove(t.ops.begin(), t.ops.end(), this), t.ops.end());
+  std::erase_if(t.ops, [this](const Entry& e) { return e.def == this; });
 }
 
 int OpDef::save_index(std::string_view name) const {
@@ -80,20 +89,23 @@ OpCost OpDef::cost(const OpCall&) const { return {}; }
 
 std::vector<const OpDef*> op_table() {
   Table& t = table();
-  std::vector<const OpDef*> ops;
+  std::vector<Entry> entries;
   {
     std::lock_guard<std::mutex> lock(t.mu);
-    ops = t.ops;
+    entries = t.ops;
   }
-  std::sort(ops.begin(), ops.end(), [](const OpDef* a, const OpDef* b) { return std::strcmp(a->name(), b->name()) < 0; });
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.name < b.name; });
+  std::vector<const OpDef*> ops;
+  ops.reserve(entries.size());
+  for (const Entry& e : entries) ops.push_back(e.def);
   return ops;
 }
 
 const OpDef* find_op(std::string_view name) {
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
-  for (const OpDef* d : t.ops)
-    if (name == d->name()) return d;
+  for (const Entry& e : t.ops)
+    if (name == e.name) return e.def;
   return nullptr;
 }
 

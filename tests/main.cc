@@ -3,7 +3,8 @@
 //
 //   remat-tests: N passed, M failed, K skipped
 //
-// counting test cases. Tests tagged [cuda] need a GPU; without one they are
+// counting test cases. Tests tagged [cuda] need a GPU, tests tagged [asan] a
+// build with AddressSanitizer (./remat test --asan); without it they are
 // excluded from the run and counted (and listed) as skipped. A case that
 // finds at run time that it cannot run here calls REMAT_SKIP (tests/skip.h)
 // and is counted and listed as skipped too.
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "engine/device_runtime.h"
+#include "engine/memory_poison.h"
 #include "tests/skip.h"
 
 namespace {
@@ -45,6 +47,21 @@ bool has_tag(const Catch::TestCase& tc, const std::string& tag) {
   return std::find(tags.begin(), tags.end(), tag) != tags.end();
 }
 
+// Leaves the test cases tagged `tag` out of the run, printing each as
+// "skipped (`why`): NAME"; returns how many there were.
+int skip_tagged(Catch::Session& session, const std::string& tag, const char* why) {
+  std::vector<std::string> names;
+  for (const auto& tc : Catch::getAllTestCasesSorted(session.config()))
+    if (has_tag(tc, tag)) names.push_back(tc.getTestCaseInfo().name);
+  if (names.empty()) return 0;
+  auto& data = session.configData();
+  if (data.testsOrTags.empty()) data.testsOrTags.push_back("~[" + tag + "]");
+  else data.testsOrTags.back() += " ~[" + tag + "]";
+  session.useConfigData(data);
+  for (const auto& n : names) std::printf("skipped (%s): %s\n", why, n.c_str());
+  return int(names.size());
+}
+
 }  // namespace
 
 void remat::test::mark_skipped(const std::string& reason) { g_skip_reason = reason.empty() ? "skipped" : reason; }
@@ -56,19 +73,8 @@ int main(int argc, char** argv) {
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
 
   int skipped = 0;
-  if (remat::cuda_device_count() == 0) {
-    std::vector<std::string> names;
-    for (const auto& tc : Catch::getAllTestCasesSorted(session.config()))
-      if (has_tag(tc, "cuda")) names.push_back(tc.getTestCaseInfo().name);
-    if (!names.empty()) {
-      skipped = int(names.size());
-      auto& data = session.configData();
-      if (data.testsOrTags.empty()) data.testsOrTags.push_back("~[cuda]");
-      else data.testsOrTags.back() += " ~[cuda]";
-      session.useConfigData(data);
-      for (const auto& n : names) std::printf("skipped (no CUDA device): %s\n", n.c_str());
-    }
-  }
+  if (remat::cuda_device_count() == 0) skipped += skip_tagged(session, "cuda", "no CUDA device");
+  if (!remat::detail::kAsanBuild) skipped += skip_tagged(session, "asan", "needs --asan");
 
   // Everything skipped: Catch2 would call an empty run a failure.
   const auto& all = Catch::getAllTestCasesSorted(session.config());
