@@ -4,6 +4,11 @@
 # restore the RNG), two seeds; and `tiny-moe` (learned and random routing)
 # with the MoE plans. Compression is lossy: its dumps must stay within a
 # stated relative bound of `none` (per tensor, max |a - b| <= R * max |b|).
+# Each comparison also checks what the dumps recorded (compare_dumps.py
+# --plan): `none` ran no plan and did nothing; the plan's dump ran the plan
+# asked for (its canonical string, given after "==" where it differs from the
+# spec) and recomputed, offloaded, compressed and replayed MoE dispatch bytes
+# exactly as that plan implies. A dump that ignored --recompute fails here.
 set -u
 cd "$(dirname "$(readlink -f "$0")")/../.."
 passed=0
@@ -14,15 +19,16 @@ check() {
   local config=$1 seed=$2 plans=$3 rtol=${4:-}
 
   ./bazel-bin/tools/remat dump --config "$config" --seed "$seed" --out "$tmp/none.safetensors" > /dev/null || exit 1
-  for plan in $plans; do
+  for item in $plans; do
+    local plan=${item%%==*} ran=${item#*==}
     out="$tmp/plan.safetensors"
     if ./bazel-bin/tools/remat dump --config "$config" --seed "$seed" --recompute "$plan" --out "$out" > /dev/null &&
        /usr/bin/python3 tools/reference/compare_dumps.py "$tmp/none.safetensors" "$out" ${rtol:+--rtol "$rtol"} \
-         > "$tmp/cmp.txt"; then
+         --plan "$plan" --ran "$ran" > "$tmp/cmp.txt"; then
       passed=$((passed + 1))
     else
       failed=$((failed + 1))
-      echo "FAILED: --recompute $plan (seed $seed) differs from none${rtol:+ by more than rtol $rtol}:"
+      echo "FAILED: --recompute $plan (seed $seed, $config) differs from none${rtol:+ by more than rtol $rtol}, or did not run as $ran:"
       sed 's/^/    /' "$tmp/cmp.txt"
     fi
   done

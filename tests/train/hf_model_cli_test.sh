@@ -31,10 +31,11 @@ plans_equal() {  # MODEL PLANS...
   shift
   $remat dump --model "$tmp/$m" --batch 2 --seq 32 --out "$tmp/none.st" > /dev/null || return 1
   local bad=0
-  for plan in "$@"; do
+  for item in "$@"; do  # SPEC or SPEC==CANONICAL (the plan the dump must record it ran)
+    local plan=${item%%==*} ran=${item#*==}
     if ! $remat dump --model "$tmp/$m" --batch 2 --seq 32 --recompute "$plan" --out "$tmp/plan.st" > /dev/null ||
-       ! $py tools/reference/compare_dumps.py "$tmp/none.st" "$tmp/plan.st" > "$tmp/cmp.txt"; then
-      echo "    --recompute $plan differs from none on $m:"
+       ! $py tools/reference/compare_dumps.py "$tmp/none.st" "$tmp/plan.st" --plan "$plan" --ran "$ran" > "$tmp/cmp.txt"; then
+      echo "    --recompute $plan differs from none on $m, or did not run as $ran:"
       sed 's/^/      /' "$tmp/cmp.txt" | head -5
       bad=1
     fi
@@ -54,7 +55,9 @@ check "every MoE plan dumps bit-identical to none on Mixtral" "plans_equal mixtr
 check "--recompute auto (50% budget) dumps bit-identical to none on Qwen2-MoE" \
   "$remat dump --model $tmp/qmoe --batch 2 --seq 32 --recompute auto --memory-budget 50% --profile-rounds 1 \
      --out $tmp/auto.st > $tmp/auto.txt && $remat dump --model $tmp/qmoe --batch 2 --seq 32 --out $tmp/none.st > /dev/null &&
-   $py tools/reference/compare_dumps.py $tmp/none.st $tmp/auto.st > /dev/null || { cat $tmp/auto.txt; false; }"
+   $py tools/reference/compare_dumps.py $tmp/none.st $tmp/auto.st \
+     --plan \"\$(sed -n 's/^recompute auto: \([^ ]*\) for .*/\1/p' $tmp/auto.txt)\" > $tmp/cmp.txt ||
+   { cat $tmp/auto.txt $tmp/cmp.txt; false; }"
 
 # 2. Fine-tune, save a state and a Hugging Face folder (f32: the trained weights exactly).
 train_args="--batch 4 --seq 32 --warmup 2 --eval-every 0 --progress off"
