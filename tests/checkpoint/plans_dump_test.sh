@@ -33,23 +33,24 @@ check() {
     fi
   done
 }
-dense="per_block chunk selected:0,2 uniform:2 block:3 attention selective:core_attn selective:layernorm selective:mlp
+dense="per_block chunk selected:0,2==per_block@0+per_block@2 uniform:2==chunk@0-1+chunk@2-3 block:3==per_block@0-2 attention selective:core_attn selective:layernorm selective:mlp
        selective:save_matmul selective:save_attention selective:save_ops=matmul/scaled_dot_product_attention
-       selective:mlp,layernorm selected:1,3+block:1 attention+selective:mlp per_block+keep_last
-       uniform:2+keep_last offload per_block+offload offload:mlp attention+offload:mlp uniform:2+keep_last+offload
-       block:2+offload:mlp per_block@0-1+selective:save_matmul@2-3 selective:mlp@1-2+attention@0
-       chunk@1-2+offload@0-1 per_block@2-3+offload:mlp@0-1 uniform:2@0-1+selective:save_attention@2-3"
-moe="per_block chunk per_block+keep_last attention moe_expert selective:moe_act selective:moe selective:shared_experts
+       selective:mlp,layernorm==selective:layernorm+selective:mlp
+       selected:1,3+block:1==per_block@0-1+per_block@3 attention+selective:mlp per_block+keep_last==per_block@0-2
+       uniform:2+keep_last==chunk@0-1+per_block@2 offload per_block+offload offload:mlp attention+offload:mlp uniform:2+keep_last+offload==chunk@0-1+per_block@2+offload
+       block:2+offload:mlp==per_block@0-1+offload:mlp per_block@0-1+selective:save_matmul@2-3 selective:mlp@1-2+attention@0==attention@0+selective:mlp@1-2
+       chunk@1-2+offload@0-1 per_block@2-3+offload:mlp@0-1 uniform:2@0-1+selective:save_attention@2-3==chunk@0-1+selective:save_attention@2-3"
+moe="per_block chunk per_block+keep_last==per_block@0-2 attention moe_expert selective:moe_act selective:moe selective:shared_experts
      attention+moe_expert offload per_block+offload offload:moe moe_expert+offload per_block@0-1+moe_expert@2-3
      selective:save_matmul"
 for seed in 0 1; do
   check tests/checkpoint/data/tiny_dropout.json "$seed" "$dense"
   check tests/checkpoint/data/tiny_moe_dropout.json "$seed" "$moe"
   # Lossy: the bounds are about 1.5x the largest error seen on these models.
-  check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:bf16 compress:bf16+offload" 0.005
-  check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:fp8 compress:fp8+offload" 0.04
+  check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:bf16 compress:bf16+offload==offload+compress:bf16" 0.005
+  check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:fp8 compress:fp8+offload==offload+compress:fp8" 0.04
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:fp8:mlp" 0.02
-  check tests/checkpoint/data/tiny_dropout.json "$seed" "per_block+compress:fp8 per_block+compress:fp8+offload" 0.06
+  check tests/checkpoint/data/tiny_dropout.json "$seed" "per_block+compress:fp8 per_block+compress:fp8+offload==per_block+offload+compress:fp8" 0.06
   check tests/checkpoint/data/tiny_moe_dropout.json "$seed" "compress:fp8 per_block+compress:bf16
     selective:save_matmul+compress:fp8" 0.04
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:bf16:all" 0.015

@@ -25,7 +25,10 @@ make_model qmoe --arch qwen2_moe $common --experts 4 --top-k 2 --moe-intermediat
   --norm-topk 0 --mlp-only-layers 0 --seed 3 --dtype bf16 --shards 3
 make_model mixtral --arch mixtral $common --experts 4 --top-k 2 --intermediate 48 --seed 5
 
-# 1. Plans: bit for bit equal to none.
+# 1. Plans: bit for bit equal to none, and each dump records that it ran the
+# plan (its canonical string after "==" where it differs from the spec) and
+# recomputed, offloaded and replayed MoE dispatch bytes as that plan implies
+# (compare_dumps.py --plan).
 plans_equal() {  # MODEL PLANS...
   local m=$1
   shift
@@ -42,11 +45,11 @@ plans_equal() {  # MODEL PLANS...
   done
   [ $bad -eq 0 ]
 }
-dense=$(echo per_block chunk uniform:2 block:1 attention selective:core_attn selective:layernorm selective:mlp \
-  selective:save_matmul selective:save_attention per_block+keep_last offload per_block+offload \
-  per_block@0-1+selective:save_matmul@2-3)
+dense=$(echo per_block chunk uniform:2==chunk@0-1+chunk@2-3 block:1==per_block@0 attention selective:core_attn \
+  selective:layernorm selective:mlp selective:save_matmul selective:save_attention per_block+keep_last==per_block@0-2 \
+  offload per_block+offload per_block@0-1+selective:save_matmul@2-3)
 moe=$(echo per_block chunk attention moe_expert selective:moe_act selective:moe selective:shared_experts \
-  attention+moe_expert offload per_block+offload moe_expert+offload selective:save_matmul per_block+keep_last)
+  attention+moe_expert offload per_block+offload moe_expert+offload selective:save_matmul per_block+keep_last==per_block@0-2)
 check "every dense plan dumps bit-identical to none on Llama (GQA, tied, biases, head_dim 24)" "plans_equal llama $dense"
 check "every dense plan dumps bit-identical to none on Qwen2 (one kv head, q/k/v biases)" "plans_equal qwen2 $dense"
 check "every MoE plan dumps bit-identical to none on Qwen2-MoE (gated shared expert, raw top-K)" \
