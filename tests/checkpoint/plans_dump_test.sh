@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every lossless recompute plan (regions, policies, offload) gives the same
 # dump as `none`, bit for bit: `tiny` with dropout on (so the replay must
-# restore the RNG), two seeds; and `tiny-moe` (learned and random routing)
-# with the MoE plans. Compression is lossy: its dumps must stay within a
+# restore the RNG), two seeds; and `tiny-moe` (learned and random routing,
+# and with router z-loss and capacity drops) with the MoE plans. Compression is lossy: its dumps must stay within a
 # stated relative bound of `none` (per tensor, max |a - b| <= R * max |b|).
 # Each comparison also checks what the dumps recorded (compare_dumps.py
 # --plan): `none` ran no plan and did nothing; the plan's dump ran the plan
@@ -57,5 +57,33 @@ for seed in 0 1; do
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:fp8:all per_block+compress:fp8:all" 0.15
 done
 check tests/checkpoint/data/tiny_moe_random.json 0 "$moe"
+# The routers' z-loss and capacity drops under recompute: with z_coef > 0 and
+# capacity factor 0.75 (every expert keeps ceil(0.75 T K / E) of its slots, so
+# at least a quarter of the T K routed slots of each MoE block are dropped),
+# the plans still give none's gradients bit for bit; none's dump shows both
+# were on (the lower bound on drops from the config's own numbers).
+zcfg=tests/checkpoint/data/tiny_moe_zloss_capacity.json
+check "$zcfg" 0 "per_block chunk per_block+keep_last==per_block@0-2 attention moe_expert selective:moe_act selective:moe
+  selective:mlp selective:save_matmul attention+moe_expert per_block+offload per_block@0-1+moe_expert@2-3"
+if /usr/bin/python3 - "$tmp/none.safetensors" > "$tmp/routing.txt" 2>&1 <<'PY'
+import json, math, struct, sys
+data = open(sys.argv[1], "rb").read()
+meta = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])["__metadata__"]
+c = json.loads(meta["config"])
+slots = c["batch"] * c["seq"] * c["top_k"]
+kept = c["experts"] * math.ceil(c["capacity_factor"] * slots / c["experts"])
+least = (c["n_layers"] - c["dense_first"]) * (slots - kept)
+assert c["z_coef"] > 0 and 0 < kept < slots, c
+assert int(meta["moe_dropped"]) >= least > 0, (meta["moe_dropped"], least)
+assert float(meta["moe_z_loss"]) > 0, meta["moe_z_loss"]
+print(f"none dropped {meta['moe_dropped']} routed slots (at least {least}), z-loss {meta['moe_z_loss']}")
+PY
+then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAILED: $zcfg: none's dump shows no capacity drops or no z-loss:"
+  sed 's/^/    /' "$tmp/routing.txt"
+fi
 echo "remat-tests: $passed passed, $failed failed, 0 skipped"
 [ "$failed" -eq 0 ]
