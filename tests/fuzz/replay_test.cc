@@ -146,19 +146,20 @@ TEST_CASE("pinned serialisations: a config's to_json, JSON dump, plan str and a 
         R"("n_layers":4,"name":"tiny-moe","norm_eps":1.0000000000000001e-05,"random_routing":false,)"
         R"("rope_theta":10000,"seq":128,"shared":1,"top_k":2,"vocab":256,"z_coef":0.001})");
   // The json target's seeds, dumped.
-  CHECK(remat::Json::parse(read_all("tests/fuzz/corpus/json/scalars.json")).dump() == "PIN-scalars");
-  CHECK(remat::Json::parse(read_all("tests/fuzz/corpus/json/strings.json")).dump() == "PIN-strings");
+  CHECK(remat::Json::parse(read_all("tests/fuzz/corpus/json/scalars.json")).dump() == R"([null,true,false,0,-0,1.5000000000000001e-300,25000000000,-1.2345678901234568e+17,"x"])");
+  CHECK(remat::Json::parse(read_all("tests/fuzz/corpus/json/strings.json")).dump() == R"({"esc":"a\"b\\c/d\u0008\u000c\n\r\t","u":"Aé€","utf8":"é€"})");
   CHECK(remat::Json::parse(read_all("tests/fuzz/corpus/json/nested.json")).dump() == R"({"a":[[[{"b":[1,{"c":{}}]}]]],"d":[]})");
   // The plan target's seeds, as canonical strings (4 blocks).
   const std::vector<std::pair<std::string, std::string>> plans = {
-      {"none", "none"}, {"per_block", "per_block"}, {"selected:0,2", "PIN"}, {"uniform:2", "PIN"},
-      {"block:2", "PIN"}, {"selected:1+block:1", "PIN"}, {"per_block+keep_last", "PIN"},
-      {"selective:mlp,layernorm", "PIN"}, {"attention+selective:mlp", "PIN"},
-      {"selective:save_ops=matmul/scaled_dot_product_attention", "PIN"},
-      {"per_block@0-1+offload:mlp@2-3+compress:fp8", "PIN"}};
+      {"none", "none"}, {"per_block", "per_block"}, {"selected:0,2", "per_block@0+per_block@2"}, {"uniform:2", "chunk@0-1+chunk@2-3"},
+      {"block:2", "per_block@0-1"}, {"selected:1+block:1", "per_block@0-1"}, {"per_block+keep_last", "per_block@0-2"},
+      {"selective:mlp,layernorm", "selective:layernorm+selective:mlp"}, {"attention+selective:mlp", "attention+selective:mlp"},
+      {"selective:save_ops=matmul/scaled_dot_product_attention", "selective:save_ops=matmul/scaled_dot_product_attention"},
+      {"per_block@0-1+offload:mlp@2-3+compress:fp8", "per_block@0-1+offload:mlp@2-3+compress:fp8"}};
   for (const auto& [spec, canonical] : plans) {
     INFO(spec);
     CHECK(remat::RecomputePlan::parse(spec, 4).str() == canonical);
+    CHECK(remat::RecomputePlan::parse(canonical, 4).str() == canonical);
   }
   // The safetensors target's f32 seed, saved again: the header's exact text
   // (with remat's checksums) and the data after it.
@@ -168,6 +169,7 @@ TEST_CASE("pinned serialisations: a config's to_json, JSON dump, plan str and a 
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[std::size_t(i)]);
   REQUIRE(bytes.size() == 8 + n + 24);
-  CHECK(bytes.substr(8, n) == "PIN-header");
+  CHECK(bytes.substr(8, n) == R"({"__metadata__":{"checksum_algorithm":"xxh3-64","checksums":"{\"w\":\"a6e707ccf7703447\"}"},)"
+            R"("w":{"data_offsets":[0,24],"dtype":"F32","shape":[2,3]}}    )");
   CHECK(bytes.substr(8 + n) == read_all("tests/fuzz/corpus/safetensors/f32.safetensors").substr(8 + 64));
 }
