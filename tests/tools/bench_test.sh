@@ -85,6 +85,6 @@ for r in rows:
     assert measured > 0 and predicted > 0, r
     err = (predicted - measured) / measured
     assert abs(err) < 0.10, (err, r)
-    assert abs(r['relative_error'] - err) < 1e-9, (err, r)
+    assert abs(r['relative_error'] - err) < 1e-5, (err, r)  # the JSON keeps 6 digits
 PY" || cat "$tmp/e.txt"
 finish

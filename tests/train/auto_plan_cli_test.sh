@@ -81,8 +81,19 @@ $remat train --config tiny --steps 2 --eval-every 0 --progress off --recompute a
 $remat train --config tiny --steps 2 --eval-every 0 --progress off --recompute auto --memory-budget 40% $fast \
   --tune-microbatch > "$tmp/tune.txt" 2>&1 && grep -q "^recompute auto: .* with --grad-accum [1-8] " "$tmp/tune.txt" &&
   [ "$(grep -c "^recompute auto: [1-8] micro-batch" "$tmp/tune.txt")" = 4 ] && ok || { bad "train --tune-microbatch"; cat "$tmp/tune.txt"; }
+# mem: its JSON records the plan auto chose, and that plan's replays ran (not only that a file was written).
 $remat mem --config tiny --recompute auto --memory-budget 40% $fast --out "$tmp/mem" > "$tmp/mem.txt" 2>&1 &&
-  [ -s "$tmp/mem.json" ] && ok || { bad "mem auto"; cat "$tmp/mem.txt"; }
+  /usr/bin/python3 - "$tmp/mem.json" "$tmp/mem.txt" <<'PY' && ok || { bad "mem auto"; cat "$tmp/mem.txt"; }
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+chosen = re.search(r"^recompute auto: (\S+) for --memory-budget 40%", open(sys.argv[2]).read(), re.M).group(1)
+assert d["format"] == "remat-mem-1" and d["plan"] == chosen, (d["format"], d["plan"], chosen)
+phases = [p["name"] for p in d["phases"]]
+regions = [c for c in chosen.split("+") if not c.startswith(("offload", "compress"))]
+assert "forward" in phases and "backward" in phases and ("replay" in phases) == bool(regions), (chosen, phases)
+assert (int(d["info"]["replays"]) > 0) == bool(regions), (chosen, d["info"])
+assert d["peak"]["allocated"] > d["initial"]["allocated"] > 0 and len(d["events"]) > 100, d["peak"]
+PY
 
 # bench: auto is one row among the plans, with the plan it chose.
 if $remat bench --config tiny --recompute none,per_block,auto --memory-budget 50% $fast --repeats 1 --warmup 0 --steps 1 \
