@@ -1,16 +1,21 @@
 // ./remat dump: one deterministic forward/backward of a model, its
 // parameters, batch, loss terms and gradients written to safetensors.
+#include <cstdint>
 #include <cstdio>
+#include <map>
 #include <optional>
 
 #include "engine/autograd.h"
 #include "engine/parallel_for.h"
+#include "checkpoint/checkpoint.h"
+#include "moe/dispatch.h"
 #include "tools/args.h"
 #include "tools/auto_plan_flags.h"
 #include "tools/commands.h"
 #include "train/data.h"
 #include "train/hf_model.h"
 #include "train/safetensors.h"
+#include "models/block_stack.h"
 #include "models/decoder.h"
 #include "models/recompute.h"
 
@@ -89,6 +94,54 @@ std::vector<std::pair<std::string, Tensor>> dump_tensors(const DecoderModel& mod
   return tensors;
 }
 
+// What the model's recompute plan did in one forward/backward, from the
+// counters of this thread and the block stack's hooks.
+struct PlanEffects {
+  std::int64_t recomputed_ops = 0;           // ops dispatched inside replays
+  std::int64_t offloaded_bytes = 0;          // saves written to the spill file or copied to the host
+  std::int64_t compressed_saved_bytes = 0;   // bytes the compressed saves kept
+  std::int64_t replayed_dispatch_bytes = 0;  // MoE dispatch/combine bytes moved again in replays
+
+  // The counters now (the hooks' totals since the plan was set).
+  static PlanEffects now(const BlockStack& blocks) {
+    PlanEffects e;
+    e.recomputed_ops = checkpoint_counters().ops_recomputed;
+    if (const auto& off = blocks.offload_hooks()) {
+      const OffloadStats os = off->stats();
+      e.offloaded_bytes = os.bytes_written + os.bytes_to_host;
+    }
+    if (const auto& comp = blocks.compress_hooks()) e.compressed_saved_bytes = comp->stats().compressed_bytes;
+    e.replayed_dispatch_bytes = dispatch_counters().replay_bytes_moved;
+    return e;
+  }
+  PlanEffects operator-(const PlanEffects& o) const {
+    return {recomputed_ops - o.recomputed_ops, offloaded_bytes - o.offloaded_bytes,
+            compressed_saved_bytes - o.compressed_saved_bytes, replayed_dispatch_bytes - o.replayed_dispatch_bytes};
+  }
+};
+
+// The dump's metadata: what ran (config, seed, the plan asked for and the
+// plan the model ran, canonical), what the plan did, and the routers' drops
+// and z-loss (docs/REFERENCE.md).
+std::map<std::string, std::string> dump_metadata(const ModelConfig& c, std::uint64_t seed, const std::string& plan,
+                                                 const DecoderModel& model, const PlanEffects& did,
+                                                 const DecoderModel::Output& out, const Device& device) {
+  std::int64_t dropped = 0;
+  double z = 0;
+  for (const MoELayerStats& r : out.routing) dropped += r.dropped, z += r.z;
+  return {{"config", c.to_json().dump()},
+          {"seed", std::to_string(seed)},
+          {"recompute", plan},
+          {"recompute_plan", model.block_stack().plan().str()},
+          {"recomputed_ops", std::to_string(did.recomputed_ops)},
+          {"offloaded_bytes", std::to_string(did.offloaded_bytes)},
+          {"compressed_saved_bytes", std::to_string(did.compressed_saved_bytes)},
+          {"replayed_dispatch_bytes", std::to_string(did.replayed_dispatch_bytes)},
+          {"moe_dropped", std::to_string(dropped)},
+          {"moe_z_loss", Json::format_number(z)},
+          {"device", device.str()}};
+}
+
 }  // namespace
 
 int run_dump(const std::vector<std::string>& args) {
@@ -118,12 +171,13 @@ int run_dump(const std::vector<std::string>& args) {
   // On a GPU: the same weights (drawn on the CPU) and batch, moved over.
   model.to(device);
 
+  const PlanEffects before = PlanEffects::now(model.block_stack());
   auto out = model.forward_loss(tokens.to(device));
   out.loss.backward();
+  const PlanEffects did = PlanEffects::now(model.block_stack()) - before;
 
   const auto tensors = dump_tensors(model, tokens, out);
-  std::map<std::string, std::string> meta = {{"config", c.to_json().dump()}, {"seed", std::to_string(seed)},
-                                             {"recompute", plan}, {"device", device.str()}};
+  std::map<std::string, std::string> meta = dump_metadata(c, seed, plan, model, did, out, device);
   if (!hf_dir.empty()) meta["model"] = hf_dir;
   save_safetensors(f.get("out"), tensors, meta);
   std::printf("dump: %s  loss.ce %.6f  loss.aux %.6f  (%zu tensors)\n", f.get("out").c_str(),

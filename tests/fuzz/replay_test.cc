@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -21,6 +22,7 @@
 #include "engine/error.h"
 #include "engine/json.h"
 #include "models/config.h"
+#include "train/safetensors.h"
 #include "tests/fuzz/targets.h"
 
 namespace fs = std::filesystem;
@@ -128,4 +130,46 @@ TEST_CASE("model config: float fields must be finite and in range") {
   // In range: accepted, and the written config loads back equal.
   const auto c = remat::ModelConfig::from_json(remat::Json::parse(R"({"norm_eps": 0, "z_coef": 0.001})"));
   CHECK(remat::ModelConfig::from_json(remat::Json::parse(c.to_json().dump())).to_json().dump() == c.to_json().dump());
+}
+
+// The targets above compare each serialisation with its own round trip, which
+// a writer that changed its text both ways would still pass: these pin the
+// text itself for one input of each.
+TEST_CASE("pinned serialisations: a config's to_json, JSON dump, plan str and a saved safetensors header") {
+  // A config's to_json: keys sorted, integers without a point, doubles to 17
+  // significant digits (0.1 and 1e-5 are not exact in binary).
+  const auto c = remat::ModelConfig::from_json(
+      remat::Json::parse(R"({"name": "tiny-moe", "dropout": 0.1, "z_coef": 0.001, "capacity_factor": 0.75})"));
+  CHECK(c.to_json().dump() ==
+        R"({"aux_coef":0.01,"batch":8,"capacity_factor":0.75,"d_model":128,"dense_first":1,)"
+        R"("dropout":0.10000000000000001,"experts":8,"ffn":344,"init_std":0.02,"moe_ffn":128,"n_heads":4,)"
+        R"("n_layers":4,"name":"tiny-moe","norm_eps":1.0000000000000001e-05,"random_routing":false,)"
+        R"("rope_theta":10000,"seq":128,"shared":1,"top_k":2,"vocab":256,"z_coef":0.001})");
+  // The json target's seeds, dumped.
+  CHECK(remat::Json::parse(read_all("tests/fuzz/corpus/json/scalars.json")).dump() == R"([null,true,false,0,-0,1.5000000000000001e-300,25000000000,-1.2345678901234568e+17,"x"])");
+  CHECK(remat::Json::parse(read_all("tests/fuzz/corpus/json/strings.json")).dump() == R"({"esc":"a\"b\\c/d\u0008\u000c\n\r\t","u":"Aé€","utf8":"é€"})");
+  CHECK(remat::Json::parse(read_all("tests/fuzz/corpus/json/nested.json")).dump() == R"({"a":[[[{"b":[1,{"c":{}}]}]]],"d":[]})");
+  // The plan target's seeds, as canonical strings (4 blocks).
+  const std::vector<std::pair<std::string, std::string>> plans = {
+      {"none", "none"}, {"per_block", "per_block"}, {"selected:0,2", "per_block@0+per_block@2"}, {"uniform:2", "chunk@0-1+chunk@2-3"},
+      {"block:2", "per_block@0-1"}, {"selected:1+block:1", "per_block@0-1"}, {"per_block+keep_last", "per_block@0-2"},
+      {"selective:mlp,layernorm", "selective:layernorm+selective:mlp"}, {"attention+selective:mlp", "attention+selective:mlp"},
+      {"selective:save_ops=matmul/scaled_dot_product_attention", "selective:save_ops=matmul/scaled_dot_product_attention"},
+      {"per_block@0-1+offload:mlp@2-3+compress:fp8", "per_block@0-1+offload:mlp@2-3+compress:fp8"}};
+  for (const auto& [spec, canonical] : plans) {
+    INFO(spec);
+    CHECK(remat::RecomputePlan::parse(spec, 4).str() == canonical);
+    CHECK(remat::RecomputePlan::parse(canonical, 4).str() == canonical);
+  }
+  // The safetensors target's f32 seed, saved again: the header's exact text
+  // (with remat's checksums) and the data after it.
+  const remat::SafetensorsFile f32 = remat::load_safetensors("tests/fuzz/corpus/safetensors/f32.safetensors");
+  const std::string bytes = remat::encode_safetensors({f32.tensors.begin(), f32.tensors.end()}, f32.metadata);
+  REQUIRE(bytes.size() > 8);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[std::size_t(i)]);
+  REQUIRE(bytes.size() == 8 + n + 24);
+  CHECK(bytes.substr(8, n) == R"({"__metadata__":{"checksum_algorithm":"xxh3-64","checksums":"{\"w\":\"a6e707ccf7703447\"}"},)"
+            R"("w":{"data_offsets":[0,24],"dtype":"F32","shape":[2,3]}}    )");
+  CHECK(bytes.substr(8 + n) == read_all("tests/fuzz/corpus/safetensors/f32.safetensors").substr(8 + 64));
 }

@@ -78,7 +78,13 @@ check "--baseline torch refuses an MoE config, naming it" \
 check "estimate within 10% of the measurement for none and per_block" "/usr/bin/python3 - '$tmp/e.json' <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
+assert [r['plan'] for r in rows] == ['none', 'per_block'], rows
 for r in rows:
-    assert abs(r['relative_error']) < 0.10, r
+    # The error from the raw figures, not the tool's own relative_error.
+    measured, predicted = r['activation_bytes'], r['predicted_activation_bytes']
+    assert measured > 0 and predicted > 0, r
+    err = (predicted - measured) / measured
+    assert abs(err) < 0.10, (err, r)
+    assert abs(r['relative_error'] - err) < 1e-5, (err, r)  # the JSON keeps 6 digits
 PY" || cat "$tmp/e.txt"
 finish

@@ -38,5 +38,7 @@ check "the GPU summary gives MFU, the ratio to PyTorch and per_block against non
 ./bazel-bin/tools/remat dump --config tiny --recompute per_block --out "$tmp/b.safetensors" > /dev/null 2>&1
 ./bazel-bin/tools/remat dump --config tiny --seed 1 --out "$tmp/c.safetensors" > /dev/null 2>&1
 check "compare_dumps --rtol passes equal dumps and fails different ones" \
-  'python3 out/gpu-check/compare_dumps.py "$tmp/a.safetensors" "$tmp/b.safetensors" --rtol 1e-5 > /dev/null && ! python3 out/gpu-check/compare_dumps.py "$tmp/a.safetensors" "$tmp/c.safetensors" --rtol 1e-5 > /dev/null'
+  'python3 out/gpu-check/compare_dumps.py "$tmp/a.safetensors" "$tmp/b.safetensors" --rtol 1e-5 --plan per_block > /dev/null && ! python3 out/gpu-check/compare_dumps.py "$tmp/a.safetensors" "$tmp/c.safetensors" --rtol 1e-5 > /dev/null'
+check "compare_dumps --plan fails a dump that did not run the plan (none's dump, equal bits, named per_block)" \
+  '! python3 out/gpu-check/compare_dumps.py "$tmp/a.safetensors" "$tmp/a.safetensors" --plan per_block > "$tmp/noplan.txt" && grep -q "B: the model ran plan .none., expected .per_block." "$tmp/noplan.txt" && grep -q "B: recomputed_ops 0, expected > 0" "$tmp/noplan.txt"'
 finish

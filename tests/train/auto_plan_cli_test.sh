@@ -42,7 +42,9 @@ for b in (b40, b70):
     assert b["plans"][0]["role"] == "chosen" and b["plans"][0]["plan"] == b["chosen_plan"], b
     assert b["predicted_peak_bytes"] <= b["budget_bytes"], b
     m = b["measured"][0]
-    assert m["plan"] == b["chosen_plan"] and m["fits"] is True and m["step_ms_best"] > 0, m
+    # fits from the raw figures: the measured peak against the budget bytes.
+    assert m["plan"] == b["chosen_plan"] and 0 < m["peak_allocated_bytes"] <= b["budget_bytes"], (m, b["budget_bytes"])
+    assert m["fits"] is True and m["step_ms_best"] > 0, m
 assert b40["budget_bytes"] < b70["budget_bytes"]
 assert text.count("profiling") == 1 and "no plan fits" in text, text
 # Every distinct plan ran once (repeats 1), however many budgets listed it.
@@ -52,7 +54,8 @@ assert len(re.findall(r"^  \[ *\d+/\d+\] ", text, re.M)) == len(plans), (plans, 
 PY
 then ok; else bad "plan with a budget list"; cat "$tmp/plans.txt"; fi
 
-# Lossless auto plans dump bit-identically to none (dropout on, dense and MoE).
+# Lossless auto plans dump bit-identically to none (dropout on, dense and MoE),
+# and the dump records that it ran the plan auto chose (and what it did).
 for run in "tiny_dropout 40% 55% 70% 85%" "tiny_moe_dropout 55% 70% 85%"; do
   set -- $run
   cfg=tests/checkpoint/data/$1.json
@@ -61,7 +64,9 @@ for run in "tiny_dropout 40% 55% 70% 85%" "tiny_moe_dropout 55% 70% 85%"; do
   for b in "$@"; do
     if $remat dump --config "$cfg" --seed 1 --recompute auto --memory-budget "$b" $fast \
          --out "$tmp/auto.safetensors" > "$tmp/dump.txt" 2>&1 &&
-       /usr/bin/python3 tools/reference/compare_dumps.py "$tmp/none.safetensors" "$tmp/auto.safetensors" > "$tmp/cmp.txt"; then
+       chosen=$(sed -n 's/^recompute auto: \([^ ]*\) for .*/\1/p' "$tmp/dump.txt") && [ -n "$chosen" ] &&
+       /usr/bin/python3 tools/reference/compare_dumps.py "$tmp/none.safetensors" "$tmp/auto.safetensors" \
+         --plan "$chosen" > "$tmp/cmp.txt"; then
       ok
     else
       bad "dump --recompute auto --memory-budget $b ($cfg) differs from none or failed:"; cat "$tmp/dump.txt" "$tmp/cmp.txt"
@@ -76,8 +81,19 @@ $remat train --config tiny --steps 2 --eval-every 0 --progress off --recompute a
 $remat train --config tiny --steps 2 --eval-every 0 --progress off --recompute auto --memory-budget 40% $fast \
   --tune-microbatch > "$tmp/tune.txt" 2>&1 && grep -q "^recompute auto: .* with --grad-accum [1-8] " "$tmp/tune.txt" &&
   [ "$(grep -c "^recompute auto: [1-8] micro-batch" "$tmp/tune.txt")" = 4 ] && ok || { bad "train --tune-microbatch"; cat "$tmp/tune.txt"; }
+# mem: its JSON records the plan auto chose, and that plan's replays ran (not only that a file was written).
 $remat mem --config tiny --recompute auto --memory-budget 40% $fast --out "$tmp/mem" > "$tmp/mem.txt" 2>&1 &&
-  [ -s "$tmp/mem.json" ] && ok || { bad "mem auto"; cat "$tmp/mem.txt"; }
+  /usr/bin/python3 - "$tmp/mem.json" "$tmp/mem.txt" <<'PY' && ok || { bad "mem auto"; cat "$tmp/mem.txt"; }
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+chosen = re.search(r"^recompute auto: (\S+) for --memory-budget 40%", open(sys.argv[2]).read(), re.M).group(1)
+assert d["format"] == "remat-mem-1" and d["plan"] == chosen, (d["format"], d["plan"], chosen)
+phases = [p["name"] for p in d["phases"]]
+regions = [c for c in chosen.split("+") if not c.startswith(("offload", "compress"))]
+assert "forward" in phases and "backward" in phases and ("replay" in phases) == bool(regions), (chosen, phases)
+assert (int(d["info"]["replays"]) > 0) == bool(regions), (chosen, d["info"])
+assert d["peak"]["allocated"] > d["initial"]["allocated"] > 0 and len(d["events"]) > 100, d["peak"]
+PY
 
 # bench: auto is one row among the plans, with the plan it chose.
 if $remat bench --config tiny --recompute none,per_block,auto --memory-budget 50% $fast --repeats 1 --warmup 0 --steps 1 \
@@ -90,6 +106,8 @@ assert set(rows) == {"none", "per_block", "auto"}, rows.keys()
 a = rows["auto"]
 assert a["chosen_plan"] and a["chosen_plan"] != "auto" and a["budget_bytes"] > 0, a
 assert d["auto"][0]["row"] == "auto" and d["auto"][0]["fits"] is True, d["auto"]
+# fits from the raw figures: the auto row's measured peak (the median the rows report) within the budget.
+assert a["peak_allocated_bytes"] == d["auto"][0]["peak_allocated_bytes"] <= d["auto"][0]["budget_bytes"], (a, d["auto"])
 assert d["auto"][0]["step_ms_best"] > 0, d["auto"]
 # per_block is the only other row under the budget: the fastest that fits in both views.
 a0 = d["auto"][0]

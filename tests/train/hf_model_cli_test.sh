@@ -25,27 +25,31 @@ make_model qmoe --arch qwen2_moe $common --experts 4 --top-k 2 --moe-intermediat
   --norm-topk 0 --mlp-only-layers 0 --seed 3 --dtype bf16 --shards 3
 make_model mixtral --arch mixtral $common --experts 4 --top-k 2 --intermediate 48 --seed 5
 
-# 1. Plans: bit for bit equal to none.
+# 1. Plans: bit for bit equal to none, and each dump records that it ran the
+# plan (its canonical string after "==" where it differs from the spec) and
+# recomputed, offloaded and replayed MoE dispatch bytes as that plan implies
+# (compare_dumps.py --plan).
 plans_equal() {  # MODEL PLANS...
   local m=$1
   shift
   $remat dump --model "$tmp/$m" --batch 2 --seq 32 --out "$tmp/none.st" > /dev/null || return 1
   local bad=0
-  for plan in "$@"; do
+  for item in "$@"; do  # SPEC or SPEC==CANONICAL (the plan the dump must record it ran)
+    local plan=${item%%==*} ran=${item#*==}
     if ! $remat dump --model "$tmp/$m" --batch 2 --seq 32 --recompute "$plan" --out "$tmp/plan.st" > /dev/null ||
-       ! $py tools/reference/compare_dumps.py "$tmp/none.st" "$tmp/plan.st" > "$tmp/cmp.txt"; then
-      echo "    --recompute $plan differs from none on $m:"
+       ! $py tools/reference/compare_dumps.py "$tmp/none.st" "$tmp/plan.st" --plan "$plan" --ran "$ran" > "$tmp/cmp.txt"; then
+      echo "    --recompute $plan differs from none on $m, or did not run as $ran:"
       sed 's/^/      /' "$tmp/cmp.txt" | head -5
       bad=1
     fi
   done
   [ $bad -eq 0 ]
 }
-dense=$(echo per_block chunk uniform:2 block:1 attention selective:core_attn selective:layernorm selective:mlp \
-  selective:save_matmul selective:save_attention per_block+keep_last offload per_block+offload \
-  per_block@0-1+selective:save_matmul@2-3)
+dense=$(echo per_block chunk uniform:2==chunk@0-1+chunk@2-3 block:1==per_block@0 attention selective:core_attn \
+  selective:layernorm selective:mlp selective:save_matmul selective:save_attention per_block+keep_last==per_block@0-2 \
+  offload per_block+offload per_block@0-1+selective:save_matmul@2-3)
 moe=$(echo per_block chunk attention moe_expert selective:moe_act selective:moe selective:shared_experts \
-  attention+moe_expert offload per_block+offload moe_expert+offload selective:save_matmul per_block+keep_last)
+  attention+moe_expert offload per_block+offload moe_expert+offload selective:save_matmul per_block+keep_last==per_block@0-2)
 check "every dense plan dumps bit-identical to none on Llama (GQA, tied, biases, head_dim 24)" "plans_equal llama $dense"
 check "every dense plan dumps bit-identical to none on Qwen2 (one kv head, q/k/v biases)" "plans_equal qwen2 $dense"
 check "every MoE plan dumps bit-identical to none on Qwen2-MoE (gated shared expert, raw top-K)" \
@@ -54,7 +58,9 @@ check "every MoE plan dumps bit-identical to none on Mixtral" "plans_equal mixtr
 check "--recompute auto (50% budget) dumps bit-identical to none on Qwen2-MoE" \
   "$remat dump --model $tmp/qmoe --batch 2 --seq 32 --recompute auto --memory-budget 50% --profile-rounds 1 \
      --out $tmp/auto.st > $tmp/auto.txt && $remat dump --model $tmp/qmoe --batch 2 --seq 32 --out $tmp/none.st > /dev/null &&
-   $py tools/reference/compare_dumps.py $tmp/none.st $tmp/auto.st > /dev/null || { cat $tmp/auto.txt; false; }"
+   $py tools/reference/compare_dumps.py $tmp/none.st $tmp/auto.st \
+     --plan \"\$(sed -n 's/^recompute auto: \([^ ]*\) for .*/\1/p' $tmp/auto.txt)\" > $tmp/cmp.txt ||
+   { cat $tmp/auto.txt $tmp/cmp.txt; false; }"
 
 # 2. Fine-tune, save a state and a Hugging Face folder (f32: the trained weights exactly).
 train_args="--batch 4 --seq 32 --warmup 2 --eval-every 0 --progress off"

@@ -4,11 +4,23 @@
 (relative to the tensor's own scale, as a sum over a batch is accurate to).
 
 Exit status 0 when both files hold the same tensor names with identical
-dtypes, shapes and bytes (or F32 values within the tolerance; metadata is
-ignored); otherwise prints each difference (and the largest absolute
-difference of float tensors) and exits 1.
+dtypes, shapes and bytes (or F32 values within the tolerance); otherwise
+prints each difference (and the largest absolute difference of float
+tensors) and exits 1.
 
-    compare_dumps.py A.safetensors B.safetensors [--rtol R]
+With --plan SPEC the comparison is a plan's against `none`, and the
+metadata must show that both plans ran (docs/REFERENCE.md, dump): A ran
+`none` (recompute and recompute_plan "none", every effect 0); B was asked
+for SPEC (recompute) and its model ran CANONICAL (recompute_plan; --ran,
+default SPEC), and B's effects are non-zero exactly as CANONICAL implies:
+recomputed_ops with a region (any component but offload, compress and
+selective:moe_act, whose activation is made again inside its consumer's
+backward, not replayed), offloaded_bytes with offload, compressed_saved_bytes with compress, and on
+an MoE config replayed_dispatch_bytes with a region around the router
+(per_block, chunk, selective:moe, selective:mlp, or a selective:save_*
+block region).
+
+    compare_dumps.py A.safetensors B.safetensors [--rtol R] [--plan SPEC [--ran CANONICAL]]
 """
 
 import json
@@ -16,25 +28,85 @@ import struct
 import sys
 
 
+EFFECTS = ("recomputed_ops", "offloaded_bytes", "compressed_saved_bytes", "replayed_dispatch_bytes")
+# Components whose regions replay the routed experts' dispatch and combine:
+# whole blocks, and the module regions around the router (moe_expert starts
+# after the dispatch and does not move rows again).
+DISPATCH_REGIONS = ("per_block", "chunk")
+DISPATCH_MODULES = ("moe", "mlp")
+
+
 def read(path):
     with open(path, "rb") as f:
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8 : 8 + n])
-    header.pop("__metadata__", None)
+    meta = header.pop("__metadata__", {})
     base = 8 + n
-    return {k: (v["dtype"], v["shape"], data[base + v["data_offsets"][0] : base + v["data_offsets"][1]]) for k, v in header.items()}
+    tensors = {k: (v["dtype"], v["shape"], data[base + v["data_offsets"][0] : base + v["data_offsets"][1]]) for k, v in header.items()}
+    return tensors, meta
+
+
+def expected_effects(canonical, moe):
+    """Which effects CANONICAL (a plan's canonical string) makes non-zero."""
+    names = [c.split("@")[0] for c in canonical.split("+")] if canonical != "none" else []
+    kinds = [n.split(":")[0] for n in names]
+    # selective:moe_act is no replay: the expert activation is dropped and made
+    # again inside its consumer's backward (no counter shows it; the recorded
+    # plan does).
+    regions = [n for n, k in zip(names, kinds) if k not in ("offload", "compress") and n != "selective:moe_act"]
+
+    def replays_dispatch(n):
+        kind, _, arg = n.partition(":")
+        return kind in DISPATCH_REGIONS or (kind == "selective" and (arg in DISPATCH_MODULES or arg.startswith("save_")))
+
+    return {"recomputed_ops": bool(regions), "offloaded_bytes": "offload" in kinds,
+            "compressed_saved_bytes": "compress" in kinds,
+            "replayed_dispatch_bytes": moe and any(replays_dispatch(n) for n in regions)}
+
+
+def check_plan(meta, label, spec, canonical):
+    """Problems with what META says ran, against SPEC asked for and CANONICAL run."""
+    problems = []
+    for key in ("recompute", "recompute_plan") + EFFECTS:
+        if key not in meta:
+            problems.append(f"{label}: metadata has no '{key}'")
+    if problems:
+        return problems
+    if meta["recompute"] != spec:
+        problems.append(f"{label}: asked for --recompute '{meta['recompute']}', expected '{spec}'")
+    if meta["recompute_plan"] != canonical:
+        problems.append(f"{label}: the model ran plan '{meta['recompute_plan']}', expected '{canonical}'")
+    moe = json.loads(meta.get("config", "{}")).get("experts", 0) > 0
+    for key, nonzero in expected_effects(canonical, moe).items():
+        value = int(meta[key])
+        if value < 0 or (value > 0) != nonzero:
+            problems.append(f"{label}: {key} {value}, expected {'> 0' if nonzero else '0'} for plan '{canonical}'")
+    return problems
+
+
+def take(args, flag):
+    if flag not in args:
+        return None
+    i = args.index(flag)
+    value = args[i + 1]
+    del args[i : i + 2]
+    return value
 
 
 def main():
     args = sys.argv[1:]
-    rtol = None
-    if "--rtol" in args:
-        i = args.index("--rtol")
-        rtol = float(args[i + 1])
-        del args[i : i + 2]
-    a, b = read(args[0]), read(args[1])
+    rtol = take(args, "--rtol")
+    rtol = float(rtol) if rtol is not None else None
+    spec = take(args, "--plan")
+    canonical = take(args, "--ran") or spec
+    (a, meta_a), (b, meta_b) = read(args[0]), read(args[1])
     bad = 0
+    problems = []
+    if spec is not None:
+        problems = check_plan(meta_a, "A", "none", "none") + check_plan(meta_b, "B", spec, canonical)
+        for p in problems:
+            print(f"plan: {p}")
     worst = 0.0
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
@@ -58,8 +130,11 @@ def main():
                 msg += f" (max abs diff {diff:.3e}, tensor scale {scale:.3e})"
             print(msg)
     tol = f" (rtol {rtol:g}; worst relative difference {worst:.2e})" if rtol is not None else ""
-    print(f"{len(a)} tensors compared, {bad} differ{tol}")
-    return 1 if bad else 0
+    ran = ""
+    if spec is not None:
+        ran = f"; {len(problems)} plan problems" if problems else f"; B ran '{canonical}', its effects as the plan implies"
+    print(f"{len(a)} tensors compared, {bad} differ{tol}{ran}")
+    return 1 if bad or problems else 0
 
 
 if __name__ == "__main__":
