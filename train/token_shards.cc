@@ -154,13 +154,18 @@ void ShardWriter::close() {
 ShardInfo read_shard_header(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   REMAT_CHECK(fd >= 0, IOError, "--data: cannot open ", path, ": ", errno_text());
-  unsigned char h[kHeader];
+  char h[kHeader];
   const ssize_t n = ::pread(fd, h, kHeader, 0);
   struct stat st {};
   ::fstat(fd, &st);
   ::close(fd);
-  REMAT_CHECK(n == ssize_t(kHeader) && std::memcmp(h, kMagic, 8) == 0, IOError, "--data: ", path,
+  return parse_shard_header(std::string_view(h, n > 0 ? std::size_t(n) : 0), std::uint64_t(st.st_size), path);
+}
+
+ShardInfo parse_shard_header(std::string_view head, std::uint64_t file_size, const std::string& path) {
+  REMAT_CHECK(head.size() >= kHeader && std::memcmp(head.data(), kMagic, 8) == 0, IOError, "--data: ", path,
               " is not a token shard (no RMTOKEN1 header; make shards with ./remat tokenize)");
+  const auto* h = reinterpret_cast<const unsigned char*>(head.data());
   ShardInfo s;
   s.path = path;
   s.token_bytes = int(get_u32(h + 8));
@@ -172,7 +177,7 @@ ShardInfo read_shard_header(const std::string& path) {
   REMAT_CHECK(s.token_bytes == 2 || s.token_bytes == 4, IOError, "--data: ", path, " has ", s.token_bytes,
               "-byte tokens (expected 2 or 4)");
   const auto want = std::uint64_t(kHeader) + std::uint64_t(s.count) * std::uint64_t(s.token_bytes);
-  REMAT_CHECK(std::uint64_t(st.st_size) == want, IOError, "--data: ", path, " is ", st.st_size,
+  REMAT_CHECK(file_size == want, IOError, "--data: ", path, " is ", file_size,
               " bytes but its header says ", s.count, " tokens of ", s.token_bytes, " bytes (", want,
               " bytes with the header): truncated or not a shard");
   return s;
