@@ -42,8 +42,8 @@ void check_state_round_trip(const ModelConfig& c) {
 }
 
 // Export then import gives the same config, and keeps every passed-through
-// key that export does not write itself (the dtype, and keys an import
-// ignored, such as the MoE keys of a Qwen2-MoE without experts).
+// key that export does not write itself (the dtype it is given, and keys an
+// import ignored, such as the MoE keys of a Qwen2-MoE without experts).
 void check_export_round_trip(const ModelConfig& c) {
   Json exported, own;
   HfConfig back;
@@ -62,7 +62,7 @@ void check_export_round_trip(const ModelConfig& c) {
   const Json extra = Json::parse(c.hf_extra, "hf_extra");
   const Json back_extra = Json::parse(back.config.hf_extra, "exported hf_extra");
   for (const auto& [k, v] : extra.members())
-    if (!own.has(k) && (!back_extra.has(k) || back_extra.at(k).dump() != v.dump()))
+    if (k != "dtype" && k != "torch_dtype" && !own.has(k) && (!back_extra.has(k) || back_extra.at(k).dump() != v.dump()))
       broken("hf_config", "passed-through key \"" + k + "\" is lost or changed by export/import");
 }
 

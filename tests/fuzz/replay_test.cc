@@ -7,10 +7,12 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -22,6 +24,8 @@
 #include "engine/json.h"
 #include "models/config.h"
 #include "tests/fuzz/targets.h"
+#include "tokenizer/bpe.h"
+#include "train/token_shards.h"
 
 namespace fs = std::filesystem;
 
@@ -128,4 +132,71 @@ TEST_CASE("model config: float fields must be finite and in range") {
   // In range: accepted, and the written config loads back equal.
   const auto c = remat::ModelConfig::from_json(remat::Json::parse(R"({"norm_eps": 0, "z_coef": 0.001})"));
   CHECK(remat::ModelConfig::from_json(remat::Json::parse(c.to_json().dump())).to_json().dump() == c.to_json().dump());
+}
+
+namespace {
+
+// A shard header (train/token_shards.h) followed by `tail`.
+std::string shard_bytes(std::uint32_t width, std::uint64_t count, std::uint64_t vocab, std::int64_t eos,
+                        const std::string& tail = "") {
+  std::string h = "RMTOKEN1";
+  auto put = [&](std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) h.push_back(char((v >> (8 * i)) & 0xff));
+  };
+  put(width, 4);
+  put(0, 4);
+  put(count, 8);
+  put(vocab, 8);
+  h += "0123456789abcdef";
+  put(std::uint64_t(eos), 8);
+  put(1, 8);
+  return h + tail;
+}
+
+}  // namespace
+
+// Found by the token_shard target: the header's EOS id and vocabulary were
+// not checked (EOS 3833745473465810943 with a vocabulary of 65536 loaded),
+// and, found while writing it, a token count whose byte size passes 2^64
+// wrapped around and matched a tiny file (2^62 + 1 tokens in 68 bytes: the
+// reader then read far past the mapping).
+TEST_CASE("token shard header: count, vocabulary and EOS are checked, naming the file") {
+  const std::string two(2, '\0');
+  CHECK(remat::parse_shard_header(shard_bytes(2, 1, 1000, -1, two), 66, "a.tok").count == 1);
+  CHECK(remat::parse_shard_header(shard_bytes(2, 1, 1000, 999, two), 66, "a.tok").eos == 999);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {shard_bytes(4, (std::uint64_t(1) << 62) + 1, 1000, -1, std::string(4, '\0')),
+       "--data: a.tok is 68 bytes but its header says 4611686018427387905 tokens of 4 bytes (over 2^64 bytes with "
+       "the header): truncated or not a shard"},
+      {shard_bytes(2, std::uint64_t(1) << 63, 1000, -1),
+       "--data: a.tok is 64 bytes but its header says 9223372036854775808 tokens of 2 bytes (over 2^64 bytes"},
+      {shard_bytes(2, 1, 0, -1, two), "--data: a.tok has vocabulary 0 in its header (expected 1 .. 2^32)"},
+      {shard_bytes(4, 1, (std::uint64_t(1) << 32) + 1, -1, std::string(4, '\0')),
+       "has vocabulary 4294967297 in its header (expected 1 .. 2^32)"},
+      {shard_bytes(2, 1, 1000, 1000, two),
+       "--data: a.tok has EOS id 1000 in its header, outside its vocabulary of 1000 (expected -1 or 0 .. 999)"},
+      {shard_bytes(2, 1, 1000, -2, two), "has EOS id -2 in its header"},
+  };
+  for (const auto& [bytes, why] : bad) {
+    INFO(why);
+    CHECK_THROWS_AS(remat::parse_shard_header(bytes, bytes.size(), "a.tok"), remat::IOError);
+    CHECK_THROWS_WITH(remat::parse_shard_header(bytes, bytes.size(), "a.tok"), Catch::Contains(why));
+  }
+}
+
+// Found while writing the tokenizer target (reproduced by its binary: ASan's
+// out-of-memory): the loader keeps a table indexed by token id, and one id of
+// 2000000000 made it allocate 64 GB. Ids must now be below 2^22.
+TEST_CASE("tokenizer.json: ids past 2^22 are an error naming the field, before any allocation") {
+  const std::string head = R"({"pre_tokenizer": {"type": "ByteLevel"}, "model": {"type": "BPE", "merges": [], "vocab": )";
+  CHECK_THROWS_WITH(remat::BpeTokenizer::from_json(head + R"({"a": 2000000000}}})", std::nullopt, "t.json"),
+                    Catch::Contains("t.json: model.vocab[\"a\"]: id 2000000000 out of range (ids are 0 .. 4194303)"));
+  CHECK_THROWS_WITH(
+      remat::BpeTokenizer::from_json(
+          head + R"({"a": 0}}, "added_tokens": [{"id": 4194304, "content": "<x>"}]})", std::nullopt, "t.json"),
+      Catch::Contains("t.json: added_tokens[0].id: 4194304 out of range (ids are 0 .. 4194303)"));
+  const auto t = remat::BpeTokenizer::from_json(
+      head + R"({"a": 0}}, "added_tokens": [{"id": 4194303, "content": "<x>"}]})", std::nullopt, "t.json");
+  CHECK(t->vocab_size() == 4194304);
+  CHECK(t->encode("a<x>") == std::vector<std::int32_t>{0, 4194303});
 }
