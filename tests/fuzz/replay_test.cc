@@ -23,6 +23,7 @@
 #include "engine/error.h"
 #include "engine/json.h"
 #include "models/config.h"
+#include "models/hf_config.h"
 #include "tests/fuzz/targets.h"
 #include "tokenizer/bpe.h"
 #include "train/token_shards.h"
@@ -199,4 +200,22 @@ TEST_CASE("tokenizer.json: ids past 2^22 are an error naming the field, before a
       head + R"({"a": 0}}, "added_tokens": [{"id": 4194303, "content": "<x>"}]})", std::nullopt, "t.json");
   CHECK(t->vocab_size() == 4194304);
   CHECK(t->encode("a<x>") == std::vector<std::int32_t>{0, 4194303});
+}
+
+// Found by the hf_config target: a Mixtral config.json with
+// "num_local_experts": 0 imported as a dense model that export then refused
+// ("this model is not a Mixtral"). Import now rejects it, naming the key.
+TEST_CASE("hf config: a Mixtral without experts is an error naming num_local_experts") {
+  const std::string text = R"({"architectures": ["MixtralForCausalLM"], "vocab_size": 320, "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_local_experts": )";
+  for (const char* n : {"0", "-3"}) {
+    INFO(n);
+    CHECK_THROWS_AS(remat::config_from_hf(remat::Json::parse(text + n + "}"), "m/config.json"), remat::Error);
+    CHECK_THROWS_WITH(remat::config_from_hf(remat::Json::parse(text + n + "}"), "m/config.json"),
+                      Catch::Contains(std::string("m/config.json: \"num_local_experts\": ") + n +
+                                      " is not supported (a Mixtral routes every block through its experts: at least 1)"));
+  }
+  const remat::HfConfig one = remat::config_from_hf(remat::Json::parse(text + "1, \"num_experts_per_tok\": 1}"));
+  CHECK(one.config.experts == 1);
+  CHECK(remat::config_to_hf(one.config, "float32").at("num_local_experts").as_int() == 1);
 }
