@@ -207,7 +207,8 @@ TEST_CASE("tokenizer.json: ids past 2^22 are an error naming the field, before a
 // ("this model is not a Mixtral"). Import now rejects it, naming the key.
 TEST_CASE("hf config: a Mixtral without experts is an error naming num_local_experts") {
   const std::string text = R"({"architectures": ["MixtralForCausalLM"], "vocab_size": 320, "hidden_size": 64,
-    "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_local_experts": )";
+    "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_local_experts": )";
   for (const char* n : {"0", "-3"}) {
     INFO(n);
     CHECK_THROWS_AS(remat::config_from_hf(remat::Json::parse(text + n + "}"), "m/config.json"), remat::Error);
