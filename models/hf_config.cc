@@ -197,6 +197,8 @@ void read_moe(Reader& r, const Arch& arch, ModelConfig& c) {
     }
   } else if (a == "mixtral") {
     c.experts = r.integer("num_local_experts", 8);
+    REMAT_CHECK(c.experts >= 1, Error, r.what(), ": \"num_local_experts\": ", c.experts,
+                " is not supported (a Mixtral routes every block through its experts: at least 1)");
     c.top_k = r.integer("num_experts_per_tok", 2);
     c.moe_ffn = c.ffn;
     c.norm_topk = true;

@@ -277,6 +277,11 @@ struct Segment {
   std::int32_t added_id = -1;
 };
 
+// Token ids must be below this: the loader keeps a table indexed by id, so an
+// id far past the vocabulary would cost memory for every id below it. The
+// largest vocabularies in use have about 2^18 tokens.
+constexpr std::int64_t kMaxTokenIds = std::int64_t{1} << 22;
+
 // ---- JSON access with precise errors ----
 
 const Json& member(const Json& object, const std::string& key, const std::string& where) {
@@ -393,8 +398,8 @@ struct BpeTokenizer::Impl {
     for (const auto& [token, value] : vocab.members()) {
       REMAT_CHECK(value.is_number(), Error, where, ".vocab[", Json::quote(token), "]: expected an id");
       const auto id64 = value.as_int();
-      REMAT_CHECK(id64 >= 0 && id64 < (std::int64_t{1} << 31), Error, where, ".vocab[", Json::quote(token),
-                  "]: id ", id64, " out of range");
+      REMAT_CHECK(id64 >= 0 && id64 < kMaxTokenIds, Error, where, ".vocab[", Json::quote(token), "]: id ", id64,
+                  " out of range (ids are 0 .. ", kMaxTokenIds - 1, ")");
       const auto id = static_cast<std::int32_t>(id64);
       if (auto raw = byte_level_to_raw(token)) {
         if (raw->size() == 1) byte_id[static_cast<unsigned char>((*raw)[0])] = id;
@@ -453,8 +458,9 @@ struct BpeTokenizer::Impl {
                   ".content: expected a non-empty string");
       a.content = content.as_string();
       const Json& id = member(t, "id", where);
-      REMAT_CHECK(id.is_number() && id.as_int() >= 0 && id.as_int() < (std::int64_t{1} << 31), Error, where,
-                  ".id: expected an id");
+      REMAT_CHECK(id.is_number(), Error, where, ".id: expected an id");
+      REMAT_CHECK(id.as_int() >= 0 && id.as_int() < kMaxTokenIds, Error, where, ".id: ", id.as_int(),
+                  " out of range (ids are 0 .. ", kMaxTokenIds - 1, ")");
       a.id = static_cast<std::int32_t>(id.as_int());
       a.special = bool_or(t, "special", false, where);
       a.single_word = bool_or(t, "single_word", false, where);

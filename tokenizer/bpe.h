@@ -19,6 +19,7 @@
 //                  the raw text); leftmost-longest, as HF does
 //   decoder        ByteLevel (or null)
 // post_processor and truncation/padding are ignored: encode adds no tokens.
+// Ids (vocab and added tokens) must be below 2^22 (4194304).
 //
 // Encoding: the input is made valid UTF-8 first (replace_invalid_utf8: the
 // reference tokenizers take strings, so the JS/HF path sees each invalid

@@ -3,7 +3,9 @@
 # clang, ASan and UBSan, and runs each for a fixed time.
 #
 # Usage: tools/fuzz.sh [--seconds N] [--no-build] [TARGET...]
-#   TARGET       json, config, plan, safetensors (default: all four, one after another)
+#   TARGET       json, config, plan, safetensors, tokenizer, tokenizer_config,
+#                hf_config, hf_index, token_shard, safetensors_decode
+#                (default: all ten, one after another)
 #   --seconds N  how long each target runs (default 60)
 #   --no-build   use the binaries already in out/fuzz-bin
 #
@@ -20,7 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 
-all_targets=(json config plan safetensors)
+all_targets=(json config plan safetensors tokenizer tokenizer_config hf_config hf_index token_shard safetensors_decode)
 seconds=60
 build=1
 targets=()
@@ -35,7 +37,7 @@ while [ $# -gt 0 ]; do
       shift 2
       ;;
     --no-build) build=0; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz: unknown flag $1; valid flags: --seconds N, --no-build" >&2; exit 64 ;;
     *)
       if [[ " ${all_targets[*]} " != *" $1 "* ]]; then
@@ -91,11 +93,9 @@ for t in "${targets[@]}"; do
   fi
   work="out/fuzz/corpus/$t" crashes="out/fuzz/crashes/$t"
   mkdir -p "$work" "$crashes"
-  dict=()
-  case "$t" in
-    plan) dict=(-dict=tests/fuzz/dict/plan.dict) ;;
-    *) dict=(-dict=tests/fuzz/dict/json.dict) ;;
-  esac
+  # The target's own dictionary, else the JSON one.
+  dict=(-dict=tests/fuzz/dict/json.dict)
+  [ -f "tests/fuzz/dict/$t.dict" ] && dict=(-dict="tests/fuzz/dict/$t.dict")
   seeds=(tests/fuzz/corpus/"$t")
   [ -d "tests/fuzz/crashes/$t" ] && seeds+=("tests/fuzz/crashes/$t")
   log="out/fuzz/$t.log"

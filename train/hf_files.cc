@@ -155,6 +155,37 @@ std::string hf_shard_name(int index, int count) {
 
 // ---- reading ---------------------------------------------------------------
 
+HfIndex parse_hf_index(const std::string& text, const std::string& what) {
+  auto fail = [&](const std::string& why) { return IOError(what + ": " + why); };
+  const Json j = Json::parse(text, what);
+  if (!j.is_object()) throw fail("not a JSON object");
+  HfIndex out;
+  if (j.has("metadata")) {
+    const Json& m = j.at("metadata");
+    if (!m.is_object()) throw fail("\"metadata\" is not a JSON object");
+    if (m.has("total_size")) {
+      const Json& ts = m.at("total_size");
+      if (!ts.is_number() || ts.as_number() < 0) throw fail("metadata.total_size is not a non-negative integer");
+      try {
+        out.total_size = ts.as_int();
+      } catch (const IOError&) {
+        throw fail("metadata.total_size is not a non-negative integer");
+      }
+    }
+  }
+  if (!j.has("weight_map")) throw fail("no \"weight_map\"");
+  const Json& wm = j.at("weight_map");
+  if (!wm.is_object()) throw fail("\"weight_map\" is not a JSON object");
+  for (const auto& [tensor, file] : wm.members()) {
+    if (!file.is_string()) throw fail("weight_map entry of tensor '" + tensor + "' is not a string");
+    const std::string& f = file.as_string();
+    if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos || f.find('\0') != std::string::npos)
+      throw fail("weight_map maps tensor '" + tensor + "' to '" + f + "', which is not a file name in the folder");
+    out.weight_map.emplace(tensor, f);
+  }
+  return out;
+}
+
 CheckpointFiles::CheckpointFiles(std::string dir) : dir_(std::move(dir)) {
   const std::string single = join(dir_, kHfSingleFile), index = join(dir_, kHfIndexFile);
   if (exists(single)) {
@@ -168,36 +199,10 @@ CheckpointFiles::CheckpointFiles(std::string dir) : dir_(std::move(dir)) {
                   kHfIndexFile);
   sharded_ = true;
   auto fail = [&](const std::string& why) { return IOError(index + ": " + why); };
-  const Json j = Json::parse(file_io::read_file(index), index);
-  if (!j.is_object()) throw fail("not a JSON object");
-  if (j.has("metadata")) {
-    const Json& m = j.at("metadata");
-    if (!m.is_object()) throw fail("\"metadata\" is not a JSON object");
-    if (m.has("total_size")) {
-      const Json& ts = m.at("total_size");
-      if (!ts.is_number() || ts.as_number() < 0) throw fail("metadata.total_size is not a non-negative integer");
-      try {
-        (void)ts.as_int();
-      } catch (const IOError&) {
-        throw fail("metadata.total_size is not a non-negative integer");
-      }
-    }
-  }
-  if (!j.has("weight_map")) throw fail("no \"weight_map\"");
-  const Json& wm = j.at("weight_map");
-  if (!wm.is_object()) throw fail("\"weight_map\" is not a JSON object");
-
-  // tensor -> file, as the index says; the files in sorted order.
-  std::map<std::string, std::string> mapped;
+  const HfIndex parsed = parse_hf_index(file_io::read_file(index), index);
+  const std::map<std::string, std::string>& mapped = parsed.weight_map;
   std::map<std::string, std::string> first_tensor;  // file -> a tensor mapped to it (for messages)
-  for (const auto& [tensor, file] : wm.members()) {
-    if (!file.is_string()) throw fail("weight_map entry of tensor '" + tensor + "' is not a string");
-    const std::string& f = file.as_string();
-    if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos || f.find('\0') != std::string::npos)
-      throw fail("weight_map maps tensor '" + tensor + "' to '" + f + "', which is not a file name in the folder");
-    mapped.emplace(tensor, f);
-    first_tensor.emplace(f, tensor);
-  }
+  for (const auto& [tensor, f] : mapped) first_tensor.emplace(f, tensor);
   std::map<std::string, std::size_t> file_index;
   for (const auto& [f, tensor] : first_tensor) {
     const std::string path = join(dir_, f);

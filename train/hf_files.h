@@ -27,6 +27,19 @@ inline constexpr const char* kHfIndexFile = "model.safetensors.index.json";
 // "model-00002-of-00005.safetensors" for (2, 5).
 std::string hf_shard_name(int index, int count);
 
+// A parsed model.safetensors.index.json.
+struct HfIndex {
+  std::map<std::string, std::string> weight_map;  // tensor -> shard file (a plain file name)
+  std::optional<std::int64_t> total_size;         // metadata.total_size, when given
+};
+
+// Parses the text of an index (see CheckpointFiles for its form): a JSON
+// object whose "weight_map" maps each tensor to a plain file name (not
+// empty, ".", "..", nor holding '/' or NUL) and whose "metadata", when
+// present, is an object whose "total_size", when present, is a non-negative
+// integer. Throws IOError "WHAT: why" (`what`: the index's path).
+HfIndex parse_hf_index(const std::string& text, const std::string& what);
+
 // The tensors of a Hugging Face checkpoint folder. The constructor opens the
 // folder's `model.safetensors` (preferred when both exist, as transformers
 // does) or its index and every shard the index names, reads and validates

@@ -192,7 +192,27 @@ SafetensorsReader::Fd::~Fd() {
 SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
   fd_ = Fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
   REMAT_CHECK(fd_.get() >= 0, IOError, "cannot open ", path_, ": ", errno_text());
-  const std::uint64_t data_size = read_header_into_entries();
+  parse(file_size());
+}
+
+SafetensorsReader::SafetensorsReader(std::string what, std::string_view bytes)
+    : path_(std::move(what)), in_memory_(true), bytes_(bytes) {
+  parse(bytes_.size());
+}
+
+SafetensorsReader SafetensorsReader::from_bytes(std::string_view bytes, std::string what) {
+  return SafetensorsReader(std::move(what), bytes);
+}
+
+std::uint64_t SafetensorsReader::file_size() const {
+  struct stat st {};
+  REMAT_CHECK(::fstat(fd_.get(), &st) == 0, IOError, "cannot stat ", path_, ": ", errno_text());
+  if (!S_ISREG(st.st_mode)) throw invalid("not a regular file");
+  return std::uint64_t(st.st_size);
+}
+
+void SafetensorsReader::parse(std::uint64_t file_size) {
+  const std::uint64_t data_size = read_header_into_entries(file_size);
   check_data_layout(data_size);
   read_checksums();
 }
@@ -201,11 +221,7 @@ IOError SafetensorsReader::invalid(const std::string& why) const {
   return IOError(path_ + ": not a valid safetensors file: " + why);
 }
 
-std::uint64_t SafetensorsReader::read_header_into_entries() {
-  struct stat st {};
-  REMAT_CHECK(::fstat(fd_.get(), &st) == 0, IOError, "cannot stat ", path_, ": ", errno_text());
-  if (!S_ISREG(st.st_mode)) throw invalid("not a regular file");
-  const auto file_size = std::uint64_t(st.st_size);
+std::uint64_t SafetensorsReader::read_header_into_entries(std::uint64_t file_size) {
   if (file_size < 8) throw invalid("truncated (" + std::to_string(file_size) + " bytes, no header)");
   unsigned char len[8];
   read_bytes(len, 8, 0, "the header length");
@@ -339,6 +355,13 @@ std::size_t SafetensorsReader::nbytes(const std::string& name) const {
 
 void SafetensorsReader::read_bytes(void* dst, std::uint64_t n, std::uint64_t at, const std::string& what) const {
   auto* p = static_cast<char*>(dst);
+  if (in_memory_) {
+    if (at > bytes_.size() || n > bytes_.size() - at)
+      throw IOError(path_ + ": unexpected end of the data at byte " + std::to_string(bytes_.size()) + " reading " +
+                    what);
+    if (n > 0) std::memcpy(p, bytes_.data() + at, std::size_t(n));
+    return;
+  }
   std::uint64_t done = 0;
   while (done < n) {
     // Linux moves at most 0x7ffff000 bytes a call; ask for 1 GiB at a time.
@@ -399,13 +422,23 @@ void SafetensorsReader::read_into(const std::string& name, Tensor& dst) const {
   }
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
-  const SafetensorsReader reader(path);
+namespace {
+
+// Every tensor of `reader`, its metadata and whether it carried checksums.
+SafetensorsFile read_whole(const SafetensorsReader& reader) {
   SafetensorsFile out;
   for (const auto& name : reader.names()) out.tensors.emplace(name, reader.read(name));
   out.metadata = reader.metadata();
   out.checksummed = reader.checksummed();
   return out;
+}
+
+}  // namespace
+
+SafetensorsFile load_safetensors(const std::string& path) { return read_whole(SafetensorsReader(path)); }
+
+SafetensorsFile decode_safetensors(std::string_view bytes, const std::string& what) {
+  return read_whole(SafetensorsReader::from_bytes(bytes, what));
 }
 
 }  // namespace remat

@@ -79,6 +79,10 @@ void save_safetensors(const std::string& path,
 // memory holds the tensors, not a copy of the file besides.
 SafetensorsFile load_safetensors(const std::string& path);
 
+// load_safetensors of a file held in memory: the same checks and results,
+// the same errors with `what` in place of the path.
+SafetensorsFile decode_safetensors(std::string_view bytes, const std::string& what);
+
 // One safetensors file, read a tensor at a time. The constructor reads and
 // validates the header only (everything load_safetensors checks except the
 // checksums' values: header length (at most 100 MB, the format's limit) and
@@ -92,6 +96,9 @@ SafetensorsFile load_safetensors(const std::string& path);
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(std::string path);
+  // The same reader over a file's bytes in memory (`bytes` must outlive it);
+  // `what` stands for the path in errors and path().
+  static SafetensorsReader from_bytes(std::string_view bytes, std::string what);
 
   const std::string& path() const { return path_; }
   // Tensor names, sorted.
@@ -142,11 +149,16 @@ class SafetensorsReader {
     std::uint64_t begin, end;  // in the data section
     std::optional<std::uint64_t> checksum;
   };
+  SafetensorsReader(std::string what, std::string_view bytes);
   const Entry& entry(const std::string& name) const;
-  // The constructor's steps, in order. Reads the header (its length, its
-  // JSON) and fills entries_ and metadata_, each entry validated; returns
-  // the data section's size.
-  std::uint64_t read_header_into_entries();
+  // The size of the open file (IOError unless it is a regular file).
+  std::uint64_t file_size() const;
+  // The header checks both constructors share, on a file of `file_size` bytes.
+  void parse(std::uint64_t file_size);
+  // parse's steps, in order. Reads the header (its length, its JSON) and
+  // fills entries_ and metadata_, each entry validated; returns the data
+  // section's size.
+  std::uint64_t read_header_into_entries(std::uint64_t file_size);
   // One header entry: dtype, shape and byte range checked against the data section.
   Entry parse_entry(const std::string& name, const Json& entry, std::uint64_t data_size) const;
   // The entries tile the data section exactly (no overlap, no hole).
@@ -157,11 +169,13 @@ class SafetensorsReader {
   // "PATH: not a valid safetensors file: WHY".
   IOError invalid(const std::string& why) const;
   // Reads exactly `n` bytes at file offset `at` into `dst` (pread, retried on
-  // short reads and EINTR); `what` names them in errors.
+  // short reads and EINTR; a copy when in memory); `what` names them in errors.
   void read_bytes(void* dst, std::uint64_t n, std::uint64_t at, const std::string& what) const;
 
   std::string path_;
   Fd fd_;
+  bool in_memory_ = false;
+  std::string_view bytes_;  // the file's bytes when in_memory_
   std::uint64_t data_start_ = 0;  // file offset of the data section
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;

@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <string>
 
 #include "engine/error.h"
 
@@ -154,27 +156,40 @@ void ShardWriter::close() {
 ShardInfo read_shard_header(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   REMAT_CHECK(fd >= 0, IOError, "--data: cannot open ", path, ": ", errno_text());
-  unsigned char h[kHeader];
+  char h[kHeader];
   const ssize_t n = ::pread(fd, h, kHeader, 0);
   struct stat st {};
   ::fstat(fd, &st);
   ::close(fd);
-  REMAT_CHECK(n == ssize_t(kHeader) && std::memcmp(h, kMagic, 8) == 0, IOError, "--data: ", path,
+  return parse_shard_header(std::string_view(h, n > 0 ? std::size_t(n) : 0), std::uint64_t(st.st_size), path);
+}
+
+ShardInfo parse_shard_header(std::string_view head, std::uint64_t file_size, const std::string& path) {
+  REMAT_CHECK(head.size() >= kHeader && std::memcmp(head.data(), kMagic, 8) == 0, IOError, "--data: ", path,
               " is not a token shard (no RMTOKEN1 header; make shards with ./remat tokenize)");
+  const auto* h = reinterpret_cast<const unsigned char*>(head.data());
   ShardInfo s;
   s.path = path;
-  s.token_bytes = int(get_u32(h + 8));
-  s.count = std::int64_t(get_u64(h + 16));
-  s.vocab = std::int64_t(get_u64(h + 24));
+  const std::uint32_t width = get_u32(h + 8);
+  const std::uint64_t count = get_u64(h + 16), vocab = get_u64(h + 24), eos = get_u64(h + 48);
   s.tokenizer_hash.assign(reinterpret_cast<const char*>(h + 32), 16);
-  s.eos = std::int64_t(get_u64(h + 48));
   s.documents = std::int64_t(get_u64(h + 56));
-  REMAT_CHECK(s.token_bytes == 2 || s.token_bytes == 4, IOError, "--data: ", path, " has ", s.token_bytes,
-              "-byte tokens (expected 2 or 4)");
-  const auto want = std::uint64_t(kHeader) + std::uint64_t(s.count) * std::uint64_t(s.token_bytes);
-  REMAT_CHECK(std::uint64_t(st.st_size) == want, IOError, "--data: ", path, " is ", st.st_size,
-              " bytes but its header says ", s.count, " tokens of ", s.token_bytes, " bytes (", want,
+  REMAT_CHECK(width == 2 || width == 4, IOError, "--data: ", path, " has ", width, "-byte tokens (expected 2 or 4)");
+  // The token bytes of a count this large do not fit 64 bits: no file has them.
+  const bool fits = count <= (UINT64_MAX - kHeader) / width;
+  const std::uint64_t want = fits ? kHeader + count * width : 0;
+  REMAT_CHECK(fits && file_size == want, IOError, "--data: ", path, " is ", file_size, " bytes but its header says ",
+              count, " tokens of ", width, " bytes (", fits ? std::to_string(want) : std::string("over 2^64"),
               " bytes with the header): truncated or not a shard");
+  REMAT_CHECK(vocab >= 1 && vocab <= (std::uint64_t(1) << 32), IOError, "--data: ", path, " has vocabulary ", vocab,
+              " in its header (expected 1 .. 2^32): not a shard made by ./remat tokenize");
+  REMAT_CHECK(eos == UINT64_MAX || eos < vocab, IOError, "--data: ", path, " has EOS id ", std::int64_t(eos),
+              " in its header, outside its vocabulary of ", vocab, " (expected -1 or 0 .. ", vocab - 1,
+              "): not a shard made by ./remat tokenize");
+  s.token_bytes = int(width);
+  s.count = std::int64_t(count);
+  s.vocab = std::int64_t(vocab);
+  s.eos = std::int64_t(eos);
   return s;
 }
 

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace remat {
@@ -122,5 +123,10 @@ class MappedShards {
 
 // Reads the header of one shard file (IOError naming the problem).
 ShardInfo read_shard_header(const std::string& path);
+
+// The header of the shard `path` of `file_size` bytes, from its first bytes
+// `head` (the whole 64-byte header when the file has it; more is ignored):
+// what read_shard_header checks and returns, with the same errors.
+ShardInfo parse_shard_header(std::string_view head, std::uint64_t file_size, const std::string& path);
 
 }  // namespace remat

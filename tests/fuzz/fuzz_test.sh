@@ -20,9 +20,9 @@ if [ "$rc" -eq 2 ]; then
   exit 0
 fi
 check "tools/fuzz.sh builds and runs every target without a finding (exit $rc)" '[ "$rc" -eq 0 ]'
-for t in json config plan safetensors; do
+for t in json config plan safetensors tokenizer tokenizer_config hf_config hf_index token_shard safetensors_decode; do
   line=$(grep "^fuzz $t: " "$tmp/fuzz.txt")
-  execs=$(echo "$line" | sed -nE 's/^fuzz [a-z]+: ([0-9]+) executions in .*, 0 crashes$/\1/p')
+  execs=$(echo "$line" | sed -nE 's/^fuzz [a-z_]+: ([0-9]+) executions in .*, 0 crashes$/\1/p')
   # At least every committed input ran (libFuzzer replays them all before it
   # mutates, however slow the machine): a target that stops early (a broken
   # build, a corpus it cannot read) fails here.

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -22,8 +23,11 @@
 #include "engine/error.h"
 #include "engine/json.h"
 #include "models/config.h"
-#include "train/safetensors.h"
+#include "models/hf_config.h"
 #include "tests/fuzz/targets.h"
+#include "tokenizer/bpe.h"
+#include "train/safetensors.h"
+#include "train/token_shards.h"
 
 namespace fs = std::filesystem;
 
@@ -48,7 +52,7 @@ std::vector<fs::path> inputs_in(const fs::path& dir) {
 }  // namespace
 
 TEST_CASE("every committed fuzz input replays through its target without a finding") {
-  REQUIRE(remat::fuzz::targets().size() == 4);
+  REQUIRE(remat::fuzz::targets().size() == 10);
   for (const auto& t : remat::fuzz::targets()) {
     const auto seeds = inputs_in(fs::path("tests/fuzz/corpus") / t.name);
     INFO("target " << t.name << " (run from the repository root)");
@@ -172,4 +176,88 @@ TEST_CASE("pinned serialisations: a config's to_json, JSON dump, plan str and a 
   CHECK(bytes.substr(8, n) == R"({"__metadata__":{"checksum_algorithm":"xxh3-64","checksums":"{\"w\":\"a6e707ccf7703447\"}"},)"
             R"("w":{"data_offsets":[0,24],"dtype":"F32","shape":[2,3]}}    )");
   CHECK(bytes.substr(8 + n) == read_all("tests/fuzz/corpus/safetensors/f32.safetensors").substr(8 + 64));
+namespace {
+
+// A shard header (train/token_shards.h) followed by `tail`.
+std::string shard_bytes(std::uint32_t width, std::uint64_t count, std::uint64_t vocab, std::int64_t eos,
+                        const std::string& tail = "") {
+  std::string h = "RMTOKEN1";
+  auto put = [&](std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) h.push_back(char((v >> (8 * i)) & 0xff));
+  };
+  put(width, 4);
+  put(0, 4);
+  put(count, 8);
+  put(vocab, 8);
+  h += "0123456789abcdef";
+  put(std::uint64_t(eos), 8);
+  put(1, 8);
+  return h + tail;
+}
+
+}  // namespace
+
+// Found by the token_shard target: the header's EOS id and vocabulary were
+// not checked (EOS 3833745473465810943 with a vocabulary of 65536 loaded),
+// and, found while writing it, a token count whose byte size passes 2^64
+// wrapped around and matched a tiny file (2^62 + 1 tokens in 68 bytes: the
+// reader then read far past the mapping).
+TEST_CASE("token shard header: count, vocabulary and EOS are checked, naming the file") {
+  const std::string two(2, '\0');
+  CHECK(remat::parse_shard_header(shard_bytes(2, 1, 1000, -1, two), 66, "a.tok").count == 1);
+  CHECK(remat::parse_shard_header(shard_bytes(2, 1, 1000, 999, two), 66, "a.tok").eos == 999);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {shard_bytes(4, (std::uint64_t(1) << 62) + 1, 1000, -1, std::string(4, '\0')),
+       "--data: a.tok is 68 bytes but its header says 4611686018427387905 tokens of 4 bytes (over 2^64 bytes with "
+       "the header): truncated or not a shard"},
+      {shard_bytes(2, std::uint64_t(1) << 63, 1000, -1),
+       "--data: a.tok is 64 bytes but its header says 9223372036854775808 tokens of 2 bytes (over 2^64 bytes"},
+      {shard_bytes(2, 1, 0, -1, two), "--data: a.tok has vocabulary 0 in its header (expected 1 .. 2^32)"},
+      {shard_bytes(4, 1, (std::uint64_t(1) << 32) + 1, -1, std::string(4, '\0')),
+       "has vocabulary 4294967297 in its header (expected 1 .. 2^32)"},
+      {shard_bytes(2, 1, 1000, 1000, two),
+       "--data: a.tok has EOS id 1000 in its header, outside its vocabulary of 1000 (expected -1 or 0 .. 999)"},
+      {shard_bytes(2, 1, 1000, -2, two), "has EOS id -2 in its header"},
+  };
+  for (const auto& [bytes, why] : bad) {
+    INFO(why);
+    CHECK_THROWS_AS(remat::parse_shard_header(bytes, bytes.size(), "a.tok"), remat::IOError);
+    CHECK_THROWS_WITH(remat::parse_shard_header(bytes, bytes.size(), "a.tok"), Catch::Contains(why));
+  }
+}
+
+// Found while writing the tokenizer target (reproduced by its binary: ASan's
+// out-of-memory): the loader keeps a table indexed by token id, and one id of
+// 2000000000 made it allocate 64 GB. Ids must now be below 2^22.
+TEST_CASE("tokenizer.json: ids past 2^22 are an error naming the field, before any allocation") {
+  const std::string head = R"({"pre_tokenizer": {"type": "ByteLevel"}, "model": {"type": "BPE", "merges": [], "vocab": )";
+  CHECK_THROWS_WITH(remat::BpeTokenizer::from_json(head + R"({"a": 2000000000}}})", std::nullopt, "t.json"),
+                    Catch::Contains("t.json: model.vocab[\"a\"]: id 2000000000 out of range (ids are 0 .. 4194303)"));
+  CHECK_THROWS_WITH(
+      remat::BpeTokenizer::from_json(
+          head + R"({"a": 0}}, "added_tokens": [{"id": 4194304, "content": "<x>"}]})", std::nullopt, "t.json"),
+      Catch::Contains("t.json: added_tokens[0].id: 4194304 out of range (ids are 0 .. 4194303)"));
+  const auto t = remat::BpeTokenizer::from_json(
+      head + R"({"a": 0}}, "added_tokens": [{"id": 4194303, "content": "<x>"}]})", std::nullopt, "t.json");
+  CHECK(t->vocab_size() == 4194304);
+  CHECK(t->encode("a<x>") == std::vector<std::int32_t>{0, 4194303});
+}
+
+// Found by the hf_config target: a Mixtral config.json with
+// "num_local_experts": 0 imported as a dense model that export then refused
+// ("this model is not a Mixtral"). Import now rejects it, naming the key.
+TEST_CASE("hf config: a Mixtral without experts is an error naming num_local_experts") {
+  const std::string text = R"({"architectures": ["MixtralForCausalLM"], "vocab_size": 320, "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_local_experts": )";
+  for (const char* n : {"0", "-3"}) {
+    INFO(n);
+    CHECK_THROWS_AS(remat::config_from_hf(remat::Json::parse(text + n + "}"), "m/config.json"), remat::Error);
+    CHECK_THROWS_WITH(remat::config_from_hf(remat::Json::parse(text + n + "}"), "m/config.json"),
+                      Catch::Contains(std::string("m/config.json: \"num_local_experts\": ") + n +
+                                      " is not supported (a Mixtral routes every block through its experts: at least 1)"));
+  }
+  const remat::HfConfig one = remat::config_from_hf(remat::Json::parse(text + "1, \"num_experts_per_tok\": 1}"));
+  CHECK(one.config.experts == 1);
+  CHECK(remat::config_to_hf(one.config, "float32").at("num_local_experts").as_int() == 1);
 }

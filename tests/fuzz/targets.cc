@@ -1,4 +1,5 @@
 #include "tests/fuzz/targets.h"
+#include "tests/fuzz/invariant.h"
 
 #include <unistd.h>
 
@@ -20,13 +21,6 @@
 namespace remat::fuzz {
 
 namespace {
-
-// An accepted input broke an invariant: report it the way libFuzzer (and a
-// test run) notices, by aborting.
-[[noreturn]] void broken(const char* target, const std::string& what) {
-  std::fprintf(stderr, "fuzz target %s: invariant broken: %s\n", target, what.c_str());
-  std::abort();
-}
 
 // Exercises the typed accessors of every value in `j` (each either answers
 // or throws remat::Error).
@@ -212,8 +206,16 @@ bool safetensors(std::string_view input) {
 }
 
 const std::vector<Target>& targets() {
-  static const std::vector<Target> all = {
-      {"json", &json}, {"config", &config}, {"plan", &plan}, {"safetensors", &safetensors}};
+  static const std::vector<Target> all = {{"json", &json},
+                                          {"config", &config},
+                                          {"plan", &plan},
+                                          {"safetensors", &safetensors},
+                                          {"tokenizer", &tokenizer},
+                                          {"tokenizer_config", &tokenizer_config},
+                                          {"hf_config", &hf_config},
+                                          {"hf_index", &hf_index},
+                                          {"token_shard", &token_shard},
+                                          {"safetensors_decode", &safetensors_decode}};
   return all;
 }
 

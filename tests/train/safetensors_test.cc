@@ -4,6 +4,8 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 #include <unistd.h>
 
 #include "train/safetensors.h"
@@ -176,4 +178,66 @@ TEST_CASE("malformed checksum metadata is rejected", "[safetensors][checksum]") 
   CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("checksum of tensor 'w' is not 16 lowercase hex digits"));
   with("\"checksums\":\"{", "\"checksums\":\"[");
   CHECK_THROWS_WITH(load_safetensors(path), Catch::Contains("checksums") && Catch::Contains("not a valid safetensors file"));
+}
+
+TEST_CASE("decode_safetensors gives load_safetensors' results and errors, naming its source", "[safetensors]") {
+  const std::string dir = temp_dir(), path = dir + "/a.safetensors";
+  save_safetensors(path, {{"w", from_vector<float>({1, 2, 3, 4}, {2, 2})},
+                          {"h", from_vector<float>({0.5f, -1}).to(DType::bf16)},
+                          {"i", from_vector<std::int64_t>({7})}},
+                   {{"step", "3"}});
+  const std::string good = read_all(path);
+  // The file itself, then every byte of it changed once, and a few lengths.
+  std::vector<std::string> variants{good, good.substr(0, 5), good.substr(0, good.size() - 1), good + "x", ""};
+  for (std::size_t i = 0; i < good.size(); ++i) {
+    std::string b = good;
+    b[i] = char(b[i] ^ (i < 8 ? 0x40 : 0x01));
+    variants.push_back(b);
+  }
+  int accepted = 0, rejected = 0;
+  for (std::size_t v = 0; v < variants.size(); ++v) {
+    INFO("variant " << v);
+    write_all(path, variants[v]);
+    std::string file_error, memory_error;
+    SafetensorsFile from_file, from_memory;
+    try {
+      from_file = load_safetensors(path);
+    } catch (const IOError& e) {
+      file_error = e.what();
+    }
+    try {
+      from_memory = decode_safetensors(variants[v], "bytes");
+    } catch (const IOError& e) {
+      memory_error = e.what();
+    }
+    if (!file_error.empty()) {
+      ++rejected;
+      // The same message, with the name where the file's path was.
+      std::string expected = file_error;
+      for (auto at = expected.find(path); at != std::string::npos; at = expected.find(path, at + 5))
+        expected.replace(at, path.size(), "bytes");
+      CHECK(memory_error == expected);
+      continue;
+    }
+    ++accepted;
+    REQUIRE(memory_error.empty());
+    CHECK(from_memory.metadata == from_file.metadata);
+    CHECK(from_memory.checksummed == from_file.checksummed);
+    REQUIRE(from_memory.tensors.size() == from_file.tensors.size());
+    for (const auto& [name, t] : from_file.tensors) {
+      const Tensor& m = from_memory.tensors.at(name);
+      CHECK(m.dtype() == t.dtype());
+      CHECK(m.sizes() == t.sizes());
+      CHECK(std::string(static_cast<const char*>(m.raw_data()), m.nbytes()) ==
+            std::string(static_cast<const char*>(t.raw_data()), t.nbytes()));
+    }
+  }
+  CHECK(accepted >= 1);  // the file itself (and flips inside the header's padding)
+  CHECK(rejected > 100);
+  // A reader over bytes reads one tensor at a time, as over a file.
+  const SafetensorsReader r = SafetensorsReader::from_bytes(good, "bytes");
+  CHECK(r.path() == "bytes");
+  CHECK(r.checksummed());
+  CHECK(r.read("h", DType::f32).to_vector<float>() == std::vector<float>{0.5f, -1});
+  CHECK(r.read("w").to_vector<float>() == std::vector<float>{1, 2, 3, 4});
 }
