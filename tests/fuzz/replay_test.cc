@@ -176,6 +176,8 @@ TEST_CASE("pinned serialisations: a config's to_json, JSON dump, plan str and a 
   CHECK(bytes.substr(8, n) == R"({"__metadata__":{"checksum_algorithm":"xxh3-64","checksums":"{\"w\":\"a6e707ccf7703447\"}"},)"
             R"("w":{"data_offsets":[0,24],"dtype":"F32","shape":[2,3]}}    )");
   CHECK(bytes.substr(8 + n) == read_all("tests/fuzz/corpus/safetensors/f32.safetensors").substr(8 + 64));
+}
+
 namespace {
 
 // A shard header (train/token_shards.h) followed by `tail`.
