@@ -1,6 +1,8 @@
 #include "ops/gemm.h"
 
+#include <blis.h>
 #include <cblas.h>
+#include <omp.h>
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -19,7 +21,8 @@ namespace {
 GemmBackend initial_backend() {
   const char* env = std::getenv("REMAT_GEMM");
   if (env && std::strcmp(env, "eigen") == 0) return GemmBackend::eigen;
-  return GemmBackend::openblas;
+  if (env && std::strcmp(env, "openblas") == 0) return GemmBackend::openblas;
+  return GemmBackend::blis;
 }
 
 std::atomic<GemmBackend>& backend_slot() {
@@ -58,7 +61,7 @@ void eigen_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
   if (ta && tb) eigen_product(am.transpose(), bm.transpose(), alpha, beta, cm);
 }
 
-// The fixed tiling of C [m, n] into row or column strips, a function of the
+// OpenBLAS and Eigen: the fixed tiling of C [m, n] into row or column strips, a function of the
 // shape alone: every element of C is computed by one single-threaded call on
 // its strip, so its summation order, and so its bits, never depend on the
 // thread count (OpenBLAS's and Eigen's own threading split the work by the
@@ -100,6 +103,18 @@ void single_thread_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::i
               int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
+// The whole product on BLIS with `threads` threads of its own: BLIS splits
+// only the loops over C (never the reduction), each micro-tile always by the
+// same kernel over the same k blocks, so the bits do not depend on `threads`.
+void blis_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+               std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc,
+               int threads) {
+  rntm_t rntm = BLIS_RNTM_INITIALIZER;
+  bli_rntm_set_num_threads(threads, &rntm);
+  bli_sgemm_ex(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, m, n, k, &alpha,
+               const_cast<float*>(a), lda, 1, const_cast<float*>(b), ldb, 1, &beta, c, ldc, 1, nullptr, &rntm);
+}
+
 // A product and its strips: strip(i) computes strip i of C.
 struct StripedGemm {
   bool ta = false, tb = false;
@@ -134,11 +149,18 @@ struct StripedGemm {
 }  // namespace
 
 GemmBackend gemm_backend() { return backend_slot().load(); }
+GemmBackend default_gemm_backend() { return initial_backend(); }
 void set_gemm_backend(GemmBackend b) { backend_slot().store(b); }
 
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc, bool serial) {
+  if (gemm_backend() == GemmBackend::blis) {
+    if (m == 0 || n == 0) return;
+    blis_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+              serial || omp_in_parallel() ? 1 : num_threads());
+    return;
+  }
   const StripedGemm g{trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, strips_of(m, n)};
   if (serial) {
     for (std::int64_t i = 0; i < g.strips.count; ++i) g.strip(i);
@@ -150,6 +172,11 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 }
 
 void gemm_pair(const PairedGemm& first, const PairedGemm& second) {
+  if (gemm_backend() == GemmBackend::blis) {
+    for (const PairedGemm* p : {&first, &second})
+      gemm(p->trans_a, p->trans_b, p->m, p->n, p->k, 1.0f, p->a, p->lda, p->b, p->ldb, 0.0f, p->c, p->ldc);
+    return;
+  }
   // Both products' strips in one loop: the same strips, so the same bits, as
   // two gemm() calls, with one team for both.
   const auto striped = [](const PairedGemm& p) {

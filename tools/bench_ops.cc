@@ -87,8 +87,11 @@ void add_gemm_cases(std::vector<BenchOpCase>& c) {
       {"up dW          [1024x1376]^T@[1024x512]", ffn, d, T, true, false},
       {"lm head        [1024x512]@[256x512]^T", T, V, d, false, true},
   };
-  for (auto backend : {ops_detail::GemmBackend::openblas, ops_detail::GemmBackend::eigen}) {
-    const char* bname = backend == ops_detail::GemmBackend::openblas ? "openblas" : "eigen";
+  const std::pair<ops_detail::GemmBackend, const char*> backends[] = {
+      {ops_detail::GemmBackend::blis, "blis"},
+      {ops_detail::GemmBackend::openblas, "openblas"},
+      {ops_detail::GemmBackend::eigen, "eigen"}};
+  for (const auto& [backend, bname] : backends) {
     for (const GemmShape& g : gemms)
       c.push_back({"gemm", g.name, "matmul", bname, [g, backend] {
                      ops_detail::set_gemm_backend(backend);
@@ -99,7 +102,7 @@ void add_gemm_cases(std::vector<BenchOpCase>& c) {
                    }});
   }
   c.push_back({"gemm", "attn scores bmm [32x256x64]@[32x64x256]", "matmul", "per-batch", [] {
-                 ops_detail::set_gemm_backend(ops_detail::GemmBackend::openblas);
+                 ops_detail::set_gemm_backend(ops_detail::default_gemm_backend());
                  Tensor q = rnd({B * H, S, Dh}, 3), k = rnd({B * H, S, Dh}, 4);
                  return std::function<void()>([q, k] { bmm(q, k.transpose(1, 2)); });
                }});
@@ -349,7 +352,7 @@ int run_bench_ops(const std::vector<std::string>& args) {
     o.set("min_ms", t.min_ms).set("max_ms", t.max_ms).set(unit, rate);
     rows.push_back(o);
   }
-  ops_detail::set_gemm_backend(ops_detail::GemmBackend::openblas);
+  ops_detail::set_gemm_backend(ops_detail::default_gemm_backend());
 
   if (flags.has("json")) {
     const std::string path = flags.get("json");

@@ -26,9 +26,11 @@ void check_close(const Tensor& got, const std::vector<double>& want) {
 }
 }  // namespace
 
-TEST_CASE("matmul matches a reference, for every operand layout and both GEMM back ends",
+TEST_CASE("matmul matches a reference, for every operand layout and every GEMM back end",
           "[ops][matmul]") {
-  for (auto backend : {ops_detail::GemmBackend::eigen, ops_detail::GemmBackend::openblas}) {
+  const ops_detail::GemmBackend initial = ops_detail::gemm_backend();
+  for (auto backend : {ops_detail::GemmBackend::eigen, ops_detail::GemmBackend::openblas,
+                       ops_detail::GemmBackend::blis}) {
     ops_detail::set_gemm_backend(backend);
     const Tensor a = normal({7, 5}, 1), b = normal({5, 6}, 2);
     const auto want = ref_matmul(a, b);
@@ -42,7 +44,7 @@ TEST_CASE("matmul matches a reference, for every operand layout and both GEMM ba
     Tensor av = wide.narrow(1, 2, 5);
     check_close(matmul(av, b), ref_matmul(av.contiguous(), b));
   }
-  ops_detail::set_gemm_backend(ops_detail::GemmBackend::openblas);
+  ops_detail::set_gemm_backend(initial);
   // Leading dims fold; batched products.
   Tensor x = normal({2, 3, 5}, 4), w = normal({5, 4}, 5);
   Tensor y = matmul(x, w);

@@ -2,7 +2,8 @@
 // products at the shapes the models use, large enough that a BLAS library's
 // own threading would split them (2-D, batched, the 3-D linears with and
 // without bias, an expert's ragged rows, grouped-query attention), give the
-// same output and input gradients, bit for bit, at 1, 2 and 3 threads.
+// same output and input gradients, bit for bit, at 1, 2 and 3 threads, on
+// every CPU GEMM back end.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -12,6 +13,7 @@
 #include "engine/parallel_for.h"
 #include "engine/rng.h"
 #include "ops/attention.h"
+#include "ops/gemm.h"
 #include "ops/matmul.h"
 #include "tests/ops/op_cases.h"
 
@@ -80,6 +82,12 @@ TEST_CASE("every op case gives the same bits at 1, 2 and 3 threads", "[ops][thre
 }
 
 TEST_CASE("products at model shapes give the same bits at 1, 2 and 3 threads", "[ops][threads]") {
+  // Every CPU GEMM back end: BLIS (the default) by its own partitioning,
+  // OpenBLAS and Eigen through ops/gemm.cc's fixed strips.
+  const auto backend = GENERATE(ops_detail::GemmBackend::blis, ops_detail::GemmBackend::openblas,
+                                ops_detail::GemmBackend::eigen);
+  INFO("GEMM back end " << int(backend));
+  ops_detail::set_gemm_backend(backend);
   require_same_bits("matmul [512, 256] @ [256, 384]", [](const auto& x) { return matmul(x[0], x[1]); },
                     {normal({512, 256}, 1), normal({256, 384}, 2)});
   require_same_bits("matmul [96, 1024] @ [1024, 80] (long reduction)",
@@ -96,4 +104,5 @@ TEST_CASE("products at model shapes give the same bits at 1, 2 and 3 threads", "
   require_same_bits("attention q [2, 8, 160, 32], k v [2, 2, 160, 32] (grouped-query, causal)",
                     [](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); },
                     {normal({2, 8, 160, 32}, 14), normal({2, 2, 160, 32}, 15), normal({2, 2, 160, 32}, 16)});
+  ops_detail::set_gemm_backend(ops_detail::default_gemm_backend());
 }
