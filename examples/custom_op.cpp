@@ -45,6 +45,11 @@ int main() {
   reset_checkpoint_counters();
   const auto plain = weight_grad(false), replayed = weight_grad(true);
   const bool same = std::memcmp(plain.data(), replayed.data(), plain.size() * sizeof(float)) == 0;
+  for (const auto& [name, g] : {std::pair{"plain", &plain}, std::pair{"replayed", &replayed}}) {
+    std::printf("weight gradient %s:", name);  // exact values, for a caller to compare
+    for (float v : *g) std::printf(" %a", double(v));
+    std::printf("\n");
+  }
   std::printf("checkpoint replays %lld, regenerated %lld saves; gradients bit-identical: %s\n",
               static_cast<long long>(checkpoint_counters().replays),
               static_cast<long long>(checkpoint_counters().tensors_regenerated), same ? "yes" : "no");

@@ -9,6 +9,9 @@ void apply_recompute_plan(DecoderModel& model, const RecomputePlan& plan) {
   for (const auto& m : plan.modules)
     REMAT_CHECK(any_moe || (m != "moe_act" && m != "moe" && m != "shared_experts" && m != "moe_expert"), Error,
                 "--recompute ", plan.spec, ": '", m, "' needs MoE blocks, but config '", c.name, "' has none");
+  for (const auto& m : plan.modules)
+    REMAT_CHECK(m != "shared_experts" || c.shared_hidden() > 0, Error, "--recompute ", plan.spec,
+                ": 'shared_experts' needs shared experts, but config '", c.name, "' has none (shared and shared_ffn 0)");
   model.model->blocks->set_plan(plan);
 }
 

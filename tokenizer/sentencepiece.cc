@@ -16,6 +16,11 @@ struct SentencePieceTokenizer::Impl {
   // Control and unknown pieces: matched in the text, decoded as their text.
   std::vector<std::pair<std::string, std::int32_t>> specials;
   std::vector<bool> is_special;
+  // An ordinary piece without a leading "▁" (-1: none), put before the
+  // pieces that follow an unknown piece inside one encoded run, so that the
+  // library keeps their leading space (it drops the first piece's "▁" at the
+  // start of a decode: the dummy prefix of a run).
+  int sentinel = -1;
 
   void encode_run(std::string_view run, std::vector<std::int32_t>& out) const {
     if (run.empty()) return;
@@ -53,30 +58,44 @@ struct SentencePieceTokenizer::Impl {
     return out;
   }
 
-  std::string decode_run(const std::vector<int>& run) const {
+  std::string decode_ids(const std::vector<int>& ids) const {
     std::string text;
-    if (run.empty()) return text;
-    const auto status = processor.Decode(run, &text);
+    const auto status = processor.Decode(ids, &text);
     REMAT_CHECK(status.ok(), Error, what, ": decode failed: ", status.ToString());
     return text;
+  }
+
+  // `run` decoded as the start of an encoded run, or as the continuation of
+  // one (`continues`: it follows an unknown piece the library produced).
+  std::string decode_run(const std::vector<int>& run, bool continues) const {
+    if (run.empty()) return {};
+    if (!continues || sentinel < 0) return decode_ids(run);
+    std::vector<int> with{sentinel};
+    with.insert(with.end(), run.begin(), run.end());
+    const std::string prefix = decode_ids({sentinel}), text = decode_ids(with);
+    return text.compare(0, prefix.size(), prefix) == 0 ? text.substr(prefix.size()) : decode_ids(run);
   }
 
   std::string decode(const std::vector<std::int32_t>& ids) const {
     const int size = processor.GetPieceSize();
     std::string out;
     std::vector<int> run;
+    bool continues = false;
     for (std::int32_t id : ids) {
       REMAT_CHECK(id >= 0 && id < size, Error, what, ": decode: id ", id, " is not in the vocabulary (size ", size,
                   ")");
       if (is_special[static_cast<std::size_t>(id)]) {
-        out += decode_run(run);
+        out += decode_run(run, continues);
         run.clear();
         out += processor.IdToPiece(id);
+        // A control piece ends an encoded run (encode matched it in the
+        // text); an unknown one came from inside a run.
+        continues = processor.IsUnknown(id);
       } else {
         run.push_back(id);
       }
     }
-    out += decode_run(run);
+    out += decode_run(run, continues);
     return replace_invalid_utf8(out);
   }
 };
@@ -98,6 +117,12 @@ std::unique_ptr<SentencePieceTokenizer> SentencePieceTokenizer::from_bytes(const
     impl->is_special[static_cast<std::size_t>(id)] = true;
     const std::string& piece = impl->processor.IdToPiece(id);
     if (!piece.empty()) impl->specials.emplace_back(piece, id);
+  }
+  for (int id = 0; id < size && impl->sentinel < 0; ++id) {
+    const auto& p = impl->processor;
+    if (p.IsControl(id) || p.IsUnknown(id) || p.IsUnused(id) || p.IsByte(id)) continue;
+    const std::string& piece = p.IdToPiece(id);
+    if (!piece.empty() && piece.rfind("\xe2\x96\x81", 0) != 0 && !impl->decode_ids({id}).empty()) impl->sentinel = id;
   }
   return std::unique_ptr<SentencePieceTokenizer>(new SentencePieceTokenizer(std::move(impl)));
 }

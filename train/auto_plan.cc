@@ -494,6 +494,35 @@ PlanProfile profile_plans(const ProfileOptions& opts) {
   return prof;
 }
 
+namespace {
+
+// The component without its offload/compress parts ("" for keeping everything).
+std::string without_hooks(const std::string& component) {
+  std::string out, part;
+  std::istringstream in(component);
+  while (std::getline(in, part, '+'))
+    if (part.rfind("offload", 0) != 0 && part.rfind("compress", 0) != 0) out += (out.empty() ? "" : "+") + part;
+  return out;
+}
+
+// Drops each hooked choice that holds no fewer bytes than the same component
+// without its hook (an offload that found nothing to take on this block,
+// e.g. per_block's small block inputs): the same plan, only with a hook.
+void drop_idle_hooks(std::vector<PlanChoice>& cs) {
+  std::vector<PlanChoice> kept;
+  for (const PlanChoice& h : cs) {
+    bool idle = false;
+    if (h.hooks != 0)
+      for (const PlanChoice& u : cs)
+        idle = idle || (u.hooks == 0 && u.component == without_hooks(h.component) && h.held >= u.held &&
+                        h.work >= u.work && h.forward_work >= u.forward_work);
+    if (!idle) kept.push_back(h);
+  }
+  cs = std::move(kept);
+}
+
+}  // namespace
+
 PlannerInput PlanProfile::planner_input(std::int64_t budget, bool allow_lossy) const {
   PlannerInput in;
   in.forward_base = forward_base;
@@ -509,6 +538,7 @@ PlannerInput PlanProfile::planner_input(std::int64_t budget, bool allow_lossy) c
       if (is_moe_component(c.component) && !moe_blocks.at(std::size_t(i))) continue;
       in.choices[std::size_t(i)].push_back(c.blocks[std::size_t(i)]);
     }
+  for (auto& cs : in.choices) drop_idle_hooks(cs);
   return in;
 }
 

@@ -12,8 +12,8 @@ passed=0
 failed=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-check() {
-  if eval "$2" > "$tmp/check.log" 2>&1; then
+check() {  # a pipeline fails when any command in it fails (an example's exit code counts)
+  if (set -o pipefail; eval "$2") > "$tmp/check.log" 2>&1; then
     passed=$((passed + 1))
     echo "passed: $1"
   else
@@ -34,7 +34,8 @@ want=$(sed -E 's/.*loss.ce ([0-9.]+).*/\1/' "$tmp/dump.txt")
 for build in cmake make; do
   check "custom model ($build build): the loss falls" \
     "'$tmp/$build/custom_model' | tee '$tmp/custom.txt' && grep -qx 'plan none' '$tmp/custom.txt' &&
-     grep -q 'peak allocated' '$tmp/custom.txt'"
+     grep -q 'peak allocated' '$tmp/custom.txt' &&
+     awk '/^loss first/ { n++; if (!(\$5 < \$3)) bad = 1 } END { exit !(n == 1 && !bad) }' '$tmp/custom.txt'"
   for plan in per_block uniform:2+keep_last selective:mlp; do
     check "custom model ($build build) under plan $plan: the loss of none" \
       "'$tmp/$build/custom_model' $plan | tee '$tmp/plan.txt' && grep -qx 'plan $plan' '$tmp/plan.txt' &&
@@ -45,9 +46,14 @@ for build in cmake make; do
      grep -q \"unknown selective name 'attn'\" '$tmp/bad.txt' && grep -q 'selective:NAMES (norm, mlp' '$tmp/bad.txt'"
   check "custom op ($build build): gradcheck passes, bit-identical under a checkpoint region" \
     "'$tmp/$build/custom_op' | tee '$tmp/op.txt' && grep -q 'all within tolerance' '$tmp/op.txt' &&
-     grep -q 'checkpoint replays 1, regenerated 3 saves; gradients bit-identical: yes' '$tmp/op.txt'"
+     grep -q 'checkpoint replays 1, regenerated 3 saves; gradients bit-identical: yes' '$tmp/op.txt' &&
+     [ \"\$(grep '^weight gradient plain:' '$tmp/op.txt' | cut -d: -f2 | wc -w)\" -eq 64 ] &&
+     diff <(grep '^weight gradient plain:' '$tmp/op.txt' | cut -d: -f2) \
+          <(grep '^weight gradient replayed:' '$tmp/op.txt' | cut -d: -f2)"
   check "typed hook ($build build) stacked with checkpoint(): fewer saved bytes, close gradients" \
-    "'$tmp/$build/typed_hook' | tee '$tmp/hook.txt' && grep -q 'hook packed' '$tmp/hook.txt'"
+    "'$tmp/$build/typed_hook' | tee '$tmp/hook.txt' &&
+     awk '/^hook packed/ { p = \$3; a = \$8; b = \$10 } /^max \\|grad difference\\|/ { e = \$NF }
+          END { exit !(p > 0 && b > 0 && b < a && e != \"\" && e < 0.05) }' '$tmp/hook.txt'"
   check "load and forward ($build build) matches the in-tree model" \
     "'$tmp/$build/load_forward' '$tmp/model.safetensors' | grep -qx 'loss.ce $want'"
 done

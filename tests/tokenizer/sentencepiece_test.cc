@@ -2,9 +2,11 @@
 // own trainer (no .model file is available offline): loading by file and by
 // folder, vocab size and BOS/EOS from the model, no BOS/EOS added by encode,
 // control pieces in the text recognised, round trips of normalized text, the
-// hash of the file's bytes, and the errors for a file that is not a model.
+// hash of the file's bytes, the errors for a file that is not a model, and
+// ids equal to the library's own encoding (between special pieces).
 #include <catch2/catch.hpp>
 
+#include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
 #include <algorithm>
@@ -81,6 +83,57 @@ TEST_CASE("SentencePiece model trained here: load, sizes, encode and decode") {
 
   CHECK_THROWS_WITH(tok->decode({static_cast<std::int32_t>(tok->vocab_size())}),
                     Catch::Contains("is not in the vocabulary"));
+}
+
+TEST_CASE("SentencePiece ids are the library's own: whole texts, and the runs between special pieces") {
+  const std::string path = model_dir() + "/tiny.model";
+  const auto tok = load_tokenizer(path);
+  sentencepiece::SentencePieceProcessor lib;
+  REQUIRE(lib.Load(path).ok());
+  const auto lib_ids = [&](const std::string& text) {
+    std::vector<int> ids;
+    REQUIRE(lib.Encode(text, &ids).ok());
+    return std::vector<std::int32_t>(ids.begin(), ids.end());
+  };
+  // Texts outside the training text too: unknown letters, digits, runs of
+  // spaces, newlines, accents and CJK (byte fallback is off: unknown pieces).
+  const std::vector<std::string> texts = {
+      "the quick brown fox jumps over the lazy dog", "  leading and   inner   spaces ",
+      "engine\ntensor\n\nsave", "Zebra 12345 quixotic!?", "caf\xc3\xa9 na\xc3\xafve \xe6\xbc\xa2\xe5\xad\x97",
+      "memorymemory model-train piece_save", "x"};
+  for (const std::string& text : texts) {
+    INFO(text);
+    const auto ids = tok->encode(text);
+    CHECK(ids == lib_ids(text));
+    // The library's decode, but for unknown pieces: remat writes them as
+    // their piece text "<unk>" (encoded again to the same id), the library
+    // as " \xe2\x81\x87 ".
+    std::string decoded;
+    for (std::size_t i = 0; i < ids.size();) {
+      std::size_t j = i;
+      while (j < ids.size() && !lib.IsUnknown(ids[j])) ++j;
+      std::string part;
+      std::vector<int> run(ids.begin() + std::ptrdiff_t(i), ids.begin() + std::ptrdiff_t(j));
+      if (i > 0 && !run.empty()) run.insert(run.begin(), lib.PieceToId("e"));  // keep the run's leading space
+      REQUIRE(lib.Decode(run, &part).ok());
+      decoded += i > 0 && !run.empty() ? part.substr(1) : part;
+      if (j < ids.size()) decoded += "<unk>";
+      i = j + 1;
+    }
+    CHECK(tok->decode(ids) == decoded);
+  }
+  // Text around a control piece is encoded as runs of their own, each with
+  // the library's dummy prefix and trimmed spaces, and decoded so.
+  CHECK(tok->decode(tok->encode("the dog </s> over fox")) == "the dog</s>over fox");
+  // Special pieces in the text: remat matches them itself (the library would
+  // spell "<s>" as ordinary pieces) and encodes the runs between them with
+  // the library.
+  std::vector<std::int32_t> want = lib_ids("the dog ");
+  want.push_back(2);
+  const auto tail = lib_ids(" over fox");
+  want.insert(want.end(), tail.begin(), tail.end());
+  CHECK(tok->encode("the dog </s> over fox") == want);
+  CHECK(lib_ids("</s>") != std::vector<std::int32_t>{2});
 }
 
 TEST_CASE("SentencePiece: a folder with tokenizer.model, and files that are not models") {

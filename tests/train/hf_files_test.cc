@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/json.h"
+#include "engine/memory_poison.h"
 #include "tests/files.h"
 #include "train/hf_files.h"
 #include "train/safetensors.h"
@@ -488,11 +489,14 @@ TEST_CASE("reading one tensor takes that tensor's memory, not the file's", "[hf]
   const std::int64_t f32_rise = rise([&] { f32 = r.read("big"); });
   INFO("reading 64 MiB of f32 raised the peak RSS by " << f32_rise << " bytes");
   CHECK(f32_rise > 48 * kMiB);  // the measurement sees a tensor
-  CHECK(f32_rise < 72 * kMiB);
+  // (An ASan build also touches the block's shadow, 1/8 of it, when the
+  // allocator unpoisons it.)
+  const std::int64_t limit = (detail::kAsanBuild ? 81 : 72) * kMiB;
+  CHECK(f32_rise < limit);
   // 32 MiB of bf16 widened to a 64 MiB f32 tensor: no 32 MiB buffer besides.
   const std::int64_t widen_rise = rise([&] { widened = r.read("half", DType::f32); });
   INFO("reading 32 MiB of bf16 as f32 raised the peak RSS by " << widen_rise << " bytes");
-  CHECK(widen_rise < 72 * kMiB);
+  CHECK(widen_rise < limit);
   CHECK(widened.dtype() == DType::f32);
   CHECK(widened.numel() == big);
   // The whole file: its tensors (96 MiB), not a copy of the file besides.

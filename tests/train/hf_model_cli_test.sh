@@ -48,13 +48,16 @@ plans_equal() {  # MODEL PLANS...
 dense=$(echo per_block chunk uniform:2==chunk@0-1+chunk@2-3 block:1==per_block@0 attention selective:core_attn \
   selective:layernorm selective:mlp selective:save_matmul selective:save_attention per_block+keep_last==per_block@0-2 \
   offload per_block+offload per_block@0-1+selective:save_matmul@2-3)
-moe=$(echo per_block chunk attention moe_expert selective:moe_act selective:moe selective:shared_experts \
+moe=$(echo per_block chunk attention moe_expert selective:moe_act selective:moe \
   attention+moe_expert offload per_block+offload moe_expert+offload selective:save_matmul per_block+keep_last==per_block@0-2)
 check "every dense plan dumps bit-identical to none on Llama (GQA, tied, biases, head_dim 24)" "plans_equal llama $dense"
 check "every dense plan dumps bit-identical to none on Qwen2 (one kv head, q/k/v biases)" "plans_equal qwen2 $dense"
 check "every MoE plan dumps bit-identical to none on Qwen2-MoE (gated shared expert, raw top-K)" \
-  "plans_equal qmoe $moe selective:mlp"
+  "plans_equal qmoe $moe selective:shared_experts selective:mlp"
 check "every MoE plan dumps bit-identical to none on Mixtral" "plans_equal mixtral $moe"
+check "selective:shared_experts is refused on Mixtral (no shared expert), naming why" \
+  "! $remat dump --model $tmp/mixtral --batch 2 --seq 32 --recompute selective:shared_experts --out $tmp/x.st \
+     2> $tmp/err.txt && grep -q \"'shared_experts' needs shared experts, but config\" $tmp/err.txt"
 check "--recompute auto (50% budget) dumps bit-identical to none on Qwen2-MoE" \
   "$remat dump --model $tmp/qmoe --batch 2 --seq 32 --recompute auto --memory-budget 50% --profile-rounds 1 \
      --out $tmp/auto.st > $tmp/auto.txt && $remat dump --model $tmp/qmoe --batch 2 --seq 32 --out $tmp/none.st > /dev/null &&
