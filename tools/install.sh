@@ -67,14 +67,14 @@ rm -f "$prefix/lib/libremat.a"
   echo "END"
 } | ar -M
 
-# What the libraries need at link time: OpenMP, BLIS (its static archive, so
-# its CBLAS symbols never shadow OpenBLAS's), OpenBLAS, OpenMPI (process
+# What the libraries need at link time: OpenMP, OpenBLAS, BLIS (its static
+# archive, after OpenBLAS so that cblas_sgemm resolves to OpenBLAS's), OpenMPI (process
 # groups), xxHash (state checksums), and the CUDA runtime and cuBLASLt when
 # the build has them.
 blis=/usr/lib/x86_64-linux-gnu/blis-openmp/libblis.a
 blas=/usr/lib/x86_64-linux-gnu/openblas-openmp
 mpi=/usr/lib/x86_64-linux-gnu/openmpi/lib
-deps="-fopenmp $blis -L$blas -Wl,-rpath,$blas -lopenblas -L$mpi -Wl,-rpath,$mpi -lmpi -lxxhash"
+deps="-fopenmp -L$blas -Wl,-rpath,$blas -lopenblas $blis -L$mpi -Wl,-rpath,$mpi -lmpi -lxxhash"
 if [ "$with_cuda" -eq 1 ]; then
   cuda=$(readlink -f /usr/local/cuda)/lib64
   deps="$deps -L$cuda -Wl,-rpath,$cuda -lcudart -lcublasLt"

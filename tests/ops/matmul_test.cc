@@ -1,5 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <cblas.h>
+#include <dlfcn.h>
+
 #include "engine/parallel_for.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
@@ -25,6 +28,14 @@ void check_close(const Tensor& got, const std::vector<double>& want) {
   for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == Approx(want[i]).margin(1e-4).epsilon(1e-5));
 }
 }  // namespace
+
+TEST_CASE("the openblas back end is OpenBLAS: BLIS's archive does not shadow its cblas_sgemm", "[ops][matmul]") {
+  Dl_info info{};
+  REQUIRE(dladdr(reinterpret_cast<void*>(&cblas_sgemm), &info) != 0);
+  REQUIRE(info.dli_fname != nullptr);
+  INFO("cblas_sgemm comes from " << info.dli_fname);
+  CHECK(std::string(info.dli_fname).find("libopenblas") != std::string::npos);
+}
 
 TEST_CASE("matmul matches a reference, for every operand layout and every GEMM back end",
           "[ops][matmul]") {

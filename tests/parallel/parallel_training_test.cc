@@ -126,8 +126,8 @@ void check_same(const RunResult& got, const RunResult& ref, const std::string& w
   // f32 gradients summed over ranks in another order than one process sums
   // them: the largest difference relative to the tensor's largest value.
   // 4 ranks, worst over ep 2/4, capacity 0/1 and the three plans: 8.3e-7 on
-  // BLIS (an RMSNorm weight, a sum over each rank's tokens), 6.9e-7 with
-  // REMAT_GEMM=openblas, 9.1e-7 with eigen (q_proj); the loss is equal. The
+  // BLIS (an RMSNorm weight, a sum over each rank's tokens), 9.1e-7 with
+  // REMAT_GEMM=openblas (an expert's up_proj), 9.1e-7 with eigen (q_proj); the loss is equal. The
   // figure follows the kernels' summation order (1.08e-6 was measured with
   // OpenBLAS's own threading, whose order depended on the team size).
   CHECK(worst <= 2e-6);
