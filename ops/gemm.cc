@@ -20,8 +20,8 @@ namespace {
 
 GemmBackend initial_backend() {
   const char* env = std::getenv("REMAT_GEMM");
-  if (env && std::strcmp(env, "eigen") == 0) return GemmBackend::eigen;
-  if (env && std::strcmp(env, "openblas") == 0) return GemmBackend::openblas;
+  for (GemmBackend b : {GemmBackend::eigen, GemmBackend::openblas})
+    if (env && std::strcmp(env, gemm_backend_name(b)) == 0) return b;
   return GemmBackend::blis;
 }
 
@@ -150,6 +150,15 @@ struct StripedGemm {
 
 GemmBackend gemm_backend() { return backend_slot().load(); }
 GemmBackend default_gemm_backend() { return initial_backend(); }
+
+const char* gemm_backend_name(GemmBackend b) {
+  switch (b) {
+    case GemmBackend::eigen: return "eigen";
+    case GemmBackend::openblas: return "openblas";
+    case GemmBackend::blis: return "blis";
+  }
+  return "?";
+}
 void set_gemm_backend(GemmBackend b) { backend_slot().store(b); }
 
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,

@@ -15,6 +15,8 @@ GemmBackend gemm_backend();
 void set_gemm_backend(GemmBackend b);
 // The start-up choice (REMAT_GEMM, else blis), for code that switched back ends.
 GemmBackend default_gemm_backend();
+// The back end's name as REMAT_GEMM spells it ("blis", "openblas", "eigen").
+const char* gemm_backend_name(GemmBackend b);
 
 // Row-major: op(A) is [m, k], op(B) is [k, n], C is [m, n]; lda/ldb/ldc are
 // row strides of the stored (untransposed) matrices. beta is 0 or 1.

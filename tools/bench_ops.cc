@@ -87,11 +87,8 @@ void add_gemm_cases(std::vector<BenchOpCase>& c) {
       {"up dW          [1024x1376]^T@[1024x512]", ffn, d, T, true, false},
       {"lm head        [1024x512]@[256x512]^T", T, V, d, false, true},
   };
-  const std::pair<ops_detail::GemmBackend, const char*> backends[] = {
-      {ops_detail::GemmBackend::blis, "blis"},
-      {ops_detail::GemmBackend::openblas, "openblas"},
-      {ops_detail::GemmBackend::eigen, "eigen"}};
-  for (const auto& [backend, bname] : backends) {
+  for (auto backend : {ops_detail::GemmBackend::blis, ops_detail::GemmBackend::openblas, ops_detail::GemmBackend::eigen}) {
+    const char* bname = ops_detail::gemm_backend_name(backend);
     for (const GemmShape& g : gemms)
       c.push_back({"gemm", g.name, "matmul", bname, [g, backend] {
                      ops_detail::set_gemm_backend(backend);
