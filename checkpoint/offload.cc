@@ -213,6 +213,7 @@ std::any OffloadHooks::pack_tensor(const Tensor& t, const SaveInfo& info) {
   end_ += std::int64_t(e->nbytes);
   queued_write_bytes_ += e->nbytes;
   ++stats_.saves;
+  stats_.bytes_taken += std::int64_t(e->nbytes);
   live_.emplace(e->seq, e);
   e->key = key;
   e->storage = t.impl().storage;
@@ -457,6 +458,7 @@ std::any OffloadHooks::pack_cuda(const Tensor& t, const SaveInfo& info, const Ke
   cuda_->watch.push_back(e);
   e->seq = next_seq_++;
   ++stats_.saves;
+  stats_.bytes_taken += std::int64_t(e->nbytes);
   ++stats_.device_saves;
   stats_.host_bytes += std::int64_t(e->nbytes);
   stats_.host_peak = std::max(stats_.host_peak, stats_.host_bytes);

@@ -65,6 +65,7 @@ struct OffloadOptions {
 
 struct OffloadStats {
   std::int64_t saves = 0;            // tensors taken
+  std::int64_t bytes_taken = 0;      // their bytes (whether or not written before backward needed them)
   std::int64_t bytes_written = 0;
   std::int64_t bytes_read = 0;
   std::int64_t stored_bytes = 0;     // in the spill file now

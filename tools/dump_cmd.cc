@@ -98,7 +98,7 @@ std::vector<std::pair<std::string, Tensor>> dump_tensors(const DecoderModel& mod
 // counters of this thread and the block stack's hooks.
 struct PlanEffects {
   std::int64_t recomputed_ops = 0;           // ops dispatched inside replays
-  std::int64_t offloaded_bytes = 0;          // saves written to the spill file or copied to the host
+  std::int64_t offloaded_bytes = 0;          // bytes of the saves the offload hooks took
   std::int64_t compressed_saved_bytes = 0;   // bytes the compressed saves kept
   std::int64_t replayed_dispatch_bytes = 0;  // MoE dispatch/combine bytes moved again in replays
 
@@ -106,10 +106,9 @@ struct PlanEffects {
   static PlanEffects now(const BlockStack& blocks) {
     PlanEffects e;
     e.recomputed_ops = checkpoint_counters().ops_recomputed;
-    if (const auto& off = blocks.offload_hooks()) {
-      const OffloadStats os = off->stats();
-      e.offloaded_bytes = os.bytes_written + os.bytes_to_host;
-    }
+    // Taken, not written: a save that backward needs before the writer
+    // reaches it is never written, and when that happens depends on timing.
+    if (const auto& off = blocks.offload_hooks()) e.offloaded_bytes = off->stats().bytes_taken;
     if (const auto& comp = blocks.compress_hooks()) e.compressed_saved_bytes = comp->stats().compressed_bytes;
     e.replayed_dispatch_bytes = dispatch_counters().replay_bytes_moved;
     return e;

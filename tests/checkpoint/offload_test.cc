@@ -168,6 +168,7 @@ TEST_CASE("a small view that would keep a large storage alive is offloaded too",
   const OffloadStats s = off->stats();
   CHECK(s.saves == 1);
   CHECK(s.bytes_written == 8 * 128 * 4);  // the view's bytes, not its storage's
+  CHECK(s.bytes_taken == s.bytes_written);
   CHECK(held < 64 * 1024);                // the 128 KiB payload went
   loss.backward();
   const Tensor g1 = w.grad().clone();     // equal to a run without offload, bit for bit
