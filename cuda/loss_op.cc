@@ -18,7 +18,7 @@ std::vector<Tensor> forward(const Tensor& logits, const Tensor& targets, const s
   Tensor row_loss = empty({rows}, TensorOptions(DType::f32, logits.device()));
   cross_entropy_forward(loss.data<float>(), lse.data<float>(), lc.raw_data(), lc.dtype(), tc.raw_data(), tc.dtype(),
                         rows, c, ignore_index, count, row_loss.data<float>(), op_stream());
-  return {loss, lse};
+  return {loss, lse, row_loss};
 }
 
 Tensor backward(const Tensor& g, const Tensor& logits, const Tensor& targets, const Tensor& lse, std::int64_t count,

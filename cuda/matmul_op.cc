@@ -8,12 +8,12 @@
 namespace remat::cuda {
 namespace {
 
-Tensor product(const Tensor& a, const Tensor& b, const Shape& out_shape, std::int64_t batch, std::int64_t m,
-               std::int64_t n, std::int64_t k) {
+// out (batch products of [m, n], contiguous) = a @ b + beta * out.
+void run_gemm(Tensor& out, const Tensor& a, const Tensor& b, std::int64_t batch, std::int64_t m, std::int64_t n,
+              std::int64_t k, float beta) {
   const GemmOperand ga = gemm_operand(a.detach()), gb = gemm_operand(b.detach());
-  Tensor out = empty(out_shape, TensorOptions(a.dtype(), a.device()));
-  if (k == 0) return out.zero_();
   GemmProblem g;
+  g.beta = beta;
   g.trans_a = ga.trans;
   g.trans_b = gb.trans;
   g.m = m;
@@ -36,11 +36,22 @@ Tensor product(const Tensor& a, const Tensor& b, const Shape& out_shape, std::in
     workspace = empty({std::int64_t(gemm_workspace_bytes())}, TensorOptions(DType::boolean, a.device()));
   }
   gemm(g, workspace.raw_data(), gemm_workspace_bytes(), op_stream());
+}
+
+Tensor product(const Tensor& a, const Tensor& b, const Shape& out_shape, std::int64_t batch, std::int64_t m,
+               std::int64_t n, std::int64_t k) {
+  Tensor out = empty(out_shape, TensorOptions(a.dtype(), a.device()));
+  if (k == 0) return out.zero_();
+  run_gemm(out, a, b, batch, m, n, k, 0.0f);
   return out;
 }
 
-const KernelRegistration<MatmulKernels> kCuda(matmul_kernels(), DeviceType::CUDA, {.product = product},
-                                              KernelDTypes::native);
+void accumulate(Tensor& out, const Tensor& a, const Tensor& b) {
+  if (a.size(1) > 0) run_gemm(out, a, b, 1, a.size(0), b.size(1), a.size(1), 1.0f);
+}
+
+const KernelRegistration<MatmulKernels> kCuda(matmul_kernels(), DeviceType::CUDA,
+                                              {.product = product, .accumulate = accumulate}, KernelDTypes::native);
 
 }  // namespace
 }  // namespace remat::cuda

@@ -18,6 +18,13 @@ GemmBackend default_gemm_backend();
 // The back end's name as REMAT_GEMM spells it ("blis", "openblas", "eigen").
 const char* gemm_backend_name(GemmBackend b);
 
+// The reduction block of the current back end: a product over k accumulated
+// block by block (C = A_1 B_1, then C += A_i B_i with beta 1, each A_i [m, kb]
+// with kb a multiple of it, the last block any size) has the bits of the
+// whole product. BLIS's KC for the running CPU (256 on AVX2 Zen); 0 for the
+// strip back ends, which guarantee no such size.
+std::int64_t gemm_reduction_block();
+
 // Row-major: op(A) is [m, k], op(B) is [k, n], C is [m, n]; lda/ldb/ldc are
 // row strides of the stored (untransposed) matrices. beta is 0 or 1.
 // BLIS computes the whole product on the team (one thread inside a parallel

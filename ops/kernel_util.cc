@@ -54,4 +54,25 @@ Tensor f32_contiguous(const Tensor& t) {
 
 Tensor from_f32(const Tensor& t, DType dtype) { return dtype == DType::f32 ? t : t.to(dtype); }
 
+std::int64_t read_class_targets(const char* op, const Tensor& targets, std::int64_t classes,
+                                std::int64_t ignore_index, std::vector<std::int64_t>& out) {
+  out = targets.detach().to_vector<std::int64_t>();
+  const auto n = std::int64_t(out.size());
+  std::int64_t count = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t v = out[std::size_t(i)];
+    if (v == ignore_index) continue;
+    REMAT_CHECK(v >= 0 && v < classes, ShapeError, op, ": target ", v, " at position ", i, " is out of range for ",
+                classes, " classes (expected 0..", classes - 1, " or ignore_index ", ignore_index, ")");
+    ++count;
+  }
+  return count;
+}
+
+double mean_of_row_losses(const float* row_loss, std::int64_t rows, std::int64_t count) {
+  double total = 0;
+  for (std::int64_t r = 0; r < rows; ++r) total += double(row_loss[r]);
+  return count > 0 ? total / double(count) : 0.0;
+}
+
 }  // namespace remat::ops_detail

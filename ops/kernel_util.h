@@ -37,6 +37,16 @@ Tensor f32_contiguous(const Tensor& t);
 // Converts an f32 result back to `dtype` (no copy if dtype is f32).
 Tensor from_f32(const Tensor& t, DType dtype);
 
+// Class targets (i32/i64, any device) read to the host as i64, each checked
+// against [0, classes) or equal to ignore_index (ShapeError naming `op`, the
+// value and its position). Returns how many are not ignore_index.
+std::int64_t read_class_targets(const char* op, const Tensor& targets, std::int64_t classes,
+                                std::int64_t ignore_index, std::vector<std::int64_t>& out);
+// The mean loss of `rows` per-row losses (0 for ignored rows) over `count`
+// counted rows: summed in row order in double, so independent of the thread
+// count and of how the rows were split; 0 when count is 0.
+double mean_of_row_losses(const float* row_loss, std::int64_t rows, std::int64_t count);
+
 // Runs fn(begin, end) over [0, n) in fixed blocks of kElementwiseBlock
 // elements (the last may be shorter), spread over the threads. Block
 // boundaries do not depend on the thread count, so vectorised kernels that

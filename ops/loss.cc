@@ -22,24 +22,6 @@ namespace {
 using ArrayMap = Eigen::Map<Eigen::ArrayXf>;
 using ConstArrayMap = Eigen::Map<const Eigen::ArrayXf>;
 
-// Targets as i64, checked against [0, C) (ignore_index allowed). Returns the
-// number of targets that count.
-std::int64_t read_targets(const Tensor& targets, std::int64_t classes, std::int64_t ignore_index,
-                          std::vector<std::int64_t>& out) {
-  out = targets.detach().to_vector<std::int64_t>();
-  const auto n = std::int64_t(out.size());
-  std::int64_t count = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t v = out[std::size_t(i)];
-    if (v == ignore_index) continue;
-    REMAT_CHECK(v >= 0 && v < classes, ShapeError, "cross_entropy: target ", v, " at position ", i,
-                " is out of range for ", classes, " classes (expected 0..", classes - 1, " or ignore_index ",
-                ignore_index, ")");
-    ++count;
-  }
-  return count;
-}
-
 // ---------------------------------------------------------------------------
 // CPU kernels (f32)
 
@@ -48,10 +30,10 @@ std::vector<Tensor> forward_cpu(const Tensor& logits, const Tensor&, const std::
   const std::int64_t c = logits.size(-1);
   const std::int64_t rows = std::int64_t(tg.size());
   Tensor lf = f32_contiguous(logits);
-  Tensor lse = empty({rows}, DType::f32);
+  Tensor lse = empty({rows}, DType::f32), row_loss = zeros({rows}, DType::f32);
   const float* pl = lf.data<float>();
   float* ps = lse.data<float>();
-  std::vector<float> row_loss(std::size_t(rows), 0.0f);
+  float* pr = row_loss.data<float>();
   parallel_rows(rows, c, [&](std::int64_t r0, std::int64_t r1) {
     Eigen::ArrayXf e(c);  // aligned scratch: exp results do not depend on addresses
     for (std::int64_t r = r0; r < r1; ++r) {
@@ -61,20 +43,17 @@ std::vector<Tensor> forward_cpu(const Tensor& logits, const Tensor&, const std::
       const float s = m + std::log(lane_sum(e.data(), c));
       ps[r] = s;
       const std::int64_t t = tg[std::size_t(r)];
-      if (t != ignore_index) row_loss[std::size_t(r)] = s - row[t];
+      if (t != ignore_index) pr[r] = s - row[t];
     }
   });
-  double total = 0;  // in row order: independent of the thread count
-  for (float v : row_loss) total += double(v);
-  const double mean = count > 0 ? total / double(count) : 0.0;
-  return {full({}, mean, DType::f32), lse};
+  return {full({}, mean_of_row_losses(pr, rows, count), DType::f32), lse, row_loss};
 }
 
 Tensor backward_cpu(const Tensor& g, const Tensor& logits, const Tensor& targets, const Tensor& lse,
                     std::int64_t count, std::int64_t ignore_index) {
   const std::int64_t c = logits.size(-1);
   std::vector<std::int64_t> tg;
-  read_targets(targets, c, ignore_index, tg);
+  read_class_targets("cross_entropy", targets, c, ignore_index, tg);
   const std::int64_t rows = std::int64_t(tg.size());
   Tensor lf = f32_contiguous(logits), sf = f32_contiguous(lse), gf = f32_contiguous(g);
   const float scale = count > 0 ? gf.data<float>()[0] / float(count) : 0.0f;
@@ -83,6 +62,9 @@ Tensor backward_cpu(const Tensor& g, const Tensor& logits, const Tensor& targets
   const float* ps = sf.data<float>();
   float* pd = dl.data<float>();
   parallel_rows(rows, c, [&](std::int64_t r0, std::int64_t r1) {
+    // Aligned scratch, as in the forward: a row's exp bits must not depend
+    // on where the row starts (the chunked loss's rows start elsewhere).
+    Eigen::ArrayXf e(c);
     for (std::int64_t r = r0; r < r1; ++r) {
       ArrayMap o(pd + r * c, c);
       const std::int64_t t = tg[std::size_t(r)];
@@ -90,7 +72,8 @@ Tensor backward_cpu(const Tensor& g, const Tensor& logits, const Tensor& targets
         o.setZero();
         continue;
       }
-      o = (ConstArrayMap(pl + r * c, c) - ps[r]).exp() * scale;
+      e = (ConstArrayMap(pl + r * c, c) - ps[r]).exp();
+      o = e * scale;
       pd[r * c + t] -= scale;
     }
   });
@@ -123,7 +106,7 @@ void check(const OpDef& op, const std::vector<Tensor>& in, const CrossEntropySta
 OpResults forward(const std::vector<Tensor>& in, CrossEntropyState& s) {
   const Tensor &logits = in[0], &targets = in[1];
   std::vector<std::int64_t> tg;
-  s.count = read_targets(targets, logits.size(-1), s.ignore_index, tg);
+  s.count = read_class_targets("cross_entropy", targets, logits.size(-1), s.ignore_index, tg);
   std::vector<Tensor> f = cross_entropy_kernels().run(logits.device(), &CrossEntropyKernels::forward, logits,
                                                       targets, tg, s.count, s.ignore_index);
   return {{f[0]}, {f[1]}};

@@ -19,7 +19,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t i
 // host_targets holds the targets (checked) in row-major order; count is the
 // number of targets that are not ignore_index.
 struct CrossEntropyKernels {
-  // {loss (0-dim f32, the mean over counted rows, summed in row order), lse (f32 [rows])}.
+  // {loss (0-dim f32, the mean over counted rows, summed in row order), lse (f32 [rows]),
+  // row_loss (f32 [rows]: lse - logits[target], 0 where ignored)}.
   std::vector<Tensor> (*forward)(const Tensor& logits, const Tensor& targets,
                                  const std::vector<std::int64_t>& host_targets, std::int64_t count,
                                  std::int64_t ignore_index);

@@ -210,8 +210,15 @@ std::vector<Tensor> grads_2d_cpu(const Tensor& g, const Tensor& a, const Tensor&
   return std::vector<Tensor>{ga.view(a.sizes()), b_transposed ? gb.t() : gb};
 }
 
-const KernelRegistration<MatmulKernels> kCpu(matmul_kernels(), DeviceType::CPU,
-                                             {.product = product_cpu, .grads_2d = grads_2d_cpu}, KernelDTypes::f32);
+void accumulate_cpu(Tensor& out, const Tensor& a, const Tensor& b) {
+  const GemmOperand ga = gemm_operand(a.detach()), gb = gemm_operand(b.detach());
+  gemm(ga.trans, gb.trans, a.size(0), b.size(1), a.size(1), 1.0f, static_cast<const float*>(ga.ptr), ga.ld,
+       static_cast<const float*>(gb.ptr), gb.ld, 1.0f, out.data<float>(), out.size(1));
+}
+
+const KernelRegistration<MatmulKernels> kCpu(
+    matmul_kernels(), DeviceType::CPU,
+    {.product = product_cpu, .grads_2d = grads_2d_cpu, .accumulate = accumulate_cpu}, KernelDTypes::f32);
 
 }  // namespace
 

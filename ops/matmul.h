@@ -44,6 +44,11 @@ struct MatmulKernels {
   // both gradients wanted and f32 operands: {dA, dB} as one fused step;
   // dB comes in b's storage layout when b_transposed.
   std::vector<Tensor> (*grads_2d)(const Tensor& g, const Tensor& a, const Tensor& b, bool b_transposed) = nullptr;
+  // out [m, n] (contiguous, the compute dtype) += a [m, k] @ b [k, n] (2-D, any
+  // strides gemm_operand takes): a product accumulated over k in blocks, with
+  // the bits of the whole product when each block's k is a multiple of the
+  // GEMM's reduction block (linear_cross_entropy's weight gradient).
+  void (*accumulate)(Tensor& out, const Tensor& a, const Tensor& b) = nullptr;
 };
 KernelTable<MatmulKernels>& matmul_kernels();
 

@@ -9,6 +9,7 @@
 #include "ops/index.h"
 #include "ops/inplace.h"
 #include "ops/join.h"
+#include "ops/linear_cross_entropy.h"
 #include "ops/loss.h"
 #include "ops/matmul.h"
 #include "ops/norm.h"

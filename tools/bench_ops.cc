@@ -216,6 +216,11 @@ void add_softmax_loss_cases(std::vector<BenchOpCase>& c) {
                  Tensor logits = rnd({T, 8192}, 9), targets = arange(T);
                  return std::function<void()>([logits, targets] { cross_entropy(logits, targets); });
                }});
+  // The head and its loss at once, 256 rows a time: the logits never whole.
+  c.push_back({"gemm", "linear_cross_entropy [1024x512]@[8192x512]^T, chunk 256", "linear_cross_entropy", "", [] {
+                 Tensor h = rnd({T, d}, 11), w = rnd({8192, d}, 12), targets = arange(T);
+                 return std::function<void()>([h, w, targets] { linear_cross_entropy(h, w, targets, 256); });
+               }});
   c.push_back({"memory", "rotary         [4x8x256x64]", "rotary_embedding", "", [] {
                  Tensor q = rnd({B, H, S, Dh}, 10);
                  return std::function<void()>([q] { rotary_embedding(q); });

@@ -173,6 +173,10 @@ std::vector<OpCase> make_cases() {
   c.push_back({"cross_entropy", "[4, 6], one target ignored",
                [] { return Inputs{randn_f32({4, 6}, 36), i64({2, -100, 5, 0}, {4})}; },
                [](const Inputs& x) { return cross_entropy(x[0], x[1]); }, GradcheckOptions{}, kTranscendental});
+  c.push_back({"linear_cross_entropy", "h [2, 3, 4], w [7, 4], chunks of 2 rows, one target ignored",
+               [] { return Inputs{randn_f32({2, 3, 4}, 51), randn_f32({7, 4}, 52), i64({2, -100, 6, 0, 1, 3}, {2, 3})}; },
+               [](const Inputs& x) { return linear_cross_entropy(x[0], x[1], x[2], 2); }, GradcheckOptions{},
+               kTranscendental});
   c.push_back({"dropout", "p 0.3, a fixed generator", [] { return Inputs{randn_f32({4, 6}, 37)}; },
                [](const Inputs& x) {
                  Generator g(11);
