@@ -20,6 +20,7 @@ std::string valid_forms(const std::vector<std::string>& sub_regions) {
   for (const auto& n : sub_regions) (standalone(n) ? own : selective) += n + ", ";
   return "valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, " + own +
          "keep_last (with block regions), offload, offload:NAMES, compress:bf16|fp8, compress:bf16|fp8:NAMES|all, "
+         "chunked_loss, chunked_loss:N (tokens per chunk), "
          "selective:NAMES (" + selective + "save_matmul, "
          "save_attention, save_ops=OP/OP/... with OP one of " +
          replay_cacheable_list() + "), combined with '+' where they do not overlap";
@@ -141,6 +142,7 @@ std::string RecomputePlan::str() const {
     parts.push_back(std::string("compress:") + compress_format_name(compress_format) +
                     (compress_all ? ":all" : compress_modules.empty() ? "" : ":" + join(compress_modules)) +
                     range_of(compress_range));
+  if (chunked_loss) parts.push_back("chunked_loss" + (loss_chunk > 0 ? ":" + std::to_string(loss_chunk) : ""));
   if (parts.empty()) return "none";
   std::string out;
   for (const auto& p : parts) out += (out.empty() ? "" : "+") + p;
@@ -157,7 +159,8 @@ bool RecomputePlan::operator==(const RecomputePlan& o) const {
   return n_layers == o.n_layers && normalised(*this) == normalised(o) && block_modules == o.block_modules &&
          offload == o.offload && offload_modules == o.offload_modules && offload_range == o.offload_range &&
          compress == o.compress && (!compress || compress_format == o.compress_format) &&
-         compress_modules == o.compress_modules && compress_all == o.compress_all && compress_range == o.compress_range;
+         compress_modules == o.compress_modules && compress_all == o.compress_all && compress_range == o.compress_range &&
+         chunked_loss == o.chunked_loss && loss_chunk == o.loss_chunk;
 }
 
 const std::vector<std::string>& RecomputePlan::builtin_sub_regions() {
@@ -223,6 +226,7 @@ class PlanParser {
     if (t.text == "keep_last") return keep_last_term(t);
     if (t.text == "offload" || t.text.rfind("offload:", 0) == 0) return offload_term(t);
     if (t.text.rfind("compress:", 0) == 0) return compress_term(t);
+    if (t.text == "chunked_loss" || t.text.rfind("chunked_loss:", 0) == 0) return chunked_loss_term(t);
     region_term(t);
   }
 
@@ -240,6 +244,17 @@ class PlanParser {
     if (t.ranged) bad_("'keep_last' takes no @range (it is about the last block)");
     if (keep_last_) bad_("'keep_last' given twice");
     keep_last_ = true;
+  }
+
+  // chunked_loss[:N]
+  void chunked_loss_term(const Term& t) {
+    if (t.ranged) bad_("'" + t.full(*this) + "': chunked_loss takes no @range (the loss comes after the blocks)");
+    if (plan_.chunked_loss) bad_("'" + t.full(*this) + "': chunked_loss given twice");
+    plan_.chunked_loss = true;
+    if (t.text == "chunked_loss") return;
+    const std::int64_t n = parse_int(bad_, "'" + t.text + "': N", t.text.substr(13));
+    if (n < 1) bad_("'" + t.text + "': a chunk must be at least 1 token, got " + std::to_string(n));
+    plan_.loss_chunk = n;
   }
 
   // offload[:NAMES]

@@ -28,6 +28,11 @@
 //   C@A-B                any component but selected:, block: and keep_last,
 //                        limited to blocks A..B (or @A: one block), e.g.
 //                        per_block@0-3+selective:save_matmul@4-7+offload@0-1
+//   chunked_loss[:N]     the LM head and its cross-entropy N tokens at a time
+//                        (ops/linear_cross_entropy.h): the logits are never
+//                        whole, each chunk's made again in backward; N
+//                        omitted: the model's default from its vocabulary
+//                        (models/decoder.h). Needs a model with an LM head.
 //   keep_last            (with block-level regions) the last block leaves its
 //                        region and keeps its saves: its backward starts right
 //                        after the forward, so its replay is redone work. Costs
@@ -90,8 +95,12 @@ struct RecomputePlan {
   // Where offload's spill file goes (empty: the temp folder); set by the
   // caller (--offload-dir), not by the plan string.
   std::string offload_dir;
+  // chunked_loss[:N]: the head and loss in chunks of loss_chunk tokens (0:
+  // the model's default).
+  bool chunked_loss = false;
+  std::int64_t loss_chunk = 0;
 
-  bool is_none() const { return block_regions.empty() && modules.empty() && !offload && !compress; }
+  bool is_none() const { return block_regions.empty() && modules.empty() && !offload && !compress && !chunked_loss; }
   // True if block `i` is inside a block-level region.
   bool block_in_region(std::int64_t i) const;
   // True if the hooks of a ranged (or whole-model) offload / compression

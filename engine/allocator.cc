@@ -63,6 +63,7 @@ const char* category_name(MemoryCategory c) {
     case MemoryCategory::workspace: return "workspace";
     case MemoryCategory::communication: return "communication";
     case MemoryCategory::other: return "other";
+    case MemoryCategory::loss: return "loss";
   }
   return "?";
 }

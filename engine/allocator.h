@@ -33,8 +33,9 @@ enum class MemoryCategory : std::uint8_t {
   workspace,
   communication,
   other,
+  loss,  // the LM head's logits and the loss's (models/decoder.h loss_head)
 };
-inline constexpr std::size_t kNumMemoryCategories = 8;
+inline constexpr std::size_t kNumMemoryCategories = 9;
 
 // "parameter", "gradient", ...
 const char* category_name(MemoryCategory c);

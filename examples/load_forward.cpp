@@ -24,8 +24,10 @@ int main(int argc, char** argv) {
     }
     model.train(false);
     NoGradGuard no_grad;
-    const auto out = model.forward_loss(f.tensors.at("batch.tokens"));
-    std::printf("logits %s\n", shape_str(out.logits.sizes()).c_str());
+    const Tensor tokens = f.tensors.at("batch.tokens");
+    const Tensor logits = model.forward(tokens.narrow(1, 0, tokens.size(1) - 1).contiguous());
+    const auto out = model.forward_loss(tokens);
+    std::printf("logits %s\n", shape_str(logits.sizes()).c_str());
     std::printf("loss.ce %.6f\n", out.ce.item());
   } catch (const Error& e) {
     std::fprintf(stderr, "load_forward: %s\n", e.what());

@@ -72,6 +72,9 @@ std::vector<std::string> BlockStack::sub_regions() const {
 void BlockStack::set_plan(const std::string& spec) { set_plan(RecomputePlan::parse(spec, num_blocks(), sub_regions())); }
 
 void BlockStack::set_plan(const RecomputePlan& plan) {
+  REMAT_CHECK(!plan.chunked_loss || has_lm_head_, Error, "--recompute ", plan.spec,
+              ": chunked_loss needs a model whose blocks are followed by an LM head and cross-entropy that run "
+              "it (the decoder's); this stack's model has none (BlockStack::set_has_lm_head)");
   const std::vector<std::string> offered = sub_regions();
   for (const auto& m : plan.modules)
     if (std::find(offered.begin(), offered.end(), m) == offered.end()) {

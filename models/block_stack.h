@@ -132,13 +132,17 @@ class BlockStack : public Module {
 
   // Makes the stack run with `plan` from now on (replacing any earlier one).
   // Throws Error if the plan was parsed for more blocks than the stack has,
-  // or names a sub-region no block offers (naming it, the blocks' names and
-  // the valid forms).
+  // names a sub-region no block offers (naming it, the blocks' names and
+  // the valid forms), or asks for chunked_loss in a model that declared no
+  // LM head (set_has_lm_head).
   void set_plan(const RecomputePlan& plan);
   // Parses `spec` for this stack (num_blocks(), the blocks' sub_regions())
   // and sets it; parse errors as RecomputePlan::parse.
   void set_plan(const std::string& spec);
   const RecomputePlan& plan() const { return plan_; }
+  // The model around the stack ends in an LM head and cross-entropy that
+  // runs the plan's chunked_loss (the decoder's does); default false.
+  void set_has_lm_head(bool yes) { has_lm_head_ = yes; }
   // Calls `observer` around every block's forward from now on (null: none).
   void set_observer(std::shared_ptr<BlockObserver> observer) { observer_ = std::move(observer); }
 
@@ -173,6 +177,7 @@ class BlockStack : public Module {
   std::shared_ptr<OffloadHooks> spare_offload_;  // the last one made, kept for later plans
   std::shared_ptr<CompressHooks> compress_;
   bool offload_whole_ = false, compress_whole_ = false;  // around the whole forward (else per part)
+  bool has_lm_head_ = false;
   std::vector<std::int64_t> region_of_;  // block -> index into plan_.block_regions, or -1
   std::shared_ptr<BlockObserver> observer_;
   Tensor run_block(std::int64_t i, const Tensor& x) const;  // block i's forward, observed

@@ -3,6 +3,8 @@
 #include "ops/norm.h"
 
 #include "ops/dropout.h"
+#include "engine/allocator.h"
+#include "ops/linear_cross_entropy.h"
 #include "ops/loss.h"
 #include "ops/ops.h"
 
@@ -86,6 +88,7 @@ DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, ExpertPlace
   c.validate();
   Generator gen(seed);
   model = register_module("model", std::make_shared<DecoderStack>(c, gen, placement));
+  model->blocks->set_has_lm_head(true);
   if (!c.tie_embeddings)
     lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab, c.init_std, gen));
 }
@@ -141,6 +144,35 @@ Tensor DecoderModel::head(const Tensor& x) const {
   return logits.dtype() == DType::f32 ? logits : cast(logits, DType::f32);  // the loss in f32
 }
 
+std::int64_t default_loss_chunk(std::int64_t vocab, Device device) {
+  const std::int64_t tile = loss_chunk_tile(device);
+  const std::int64_t rows = std::max<std::int64_t>(1, kLossChunkBytes / (std::max<std::int64_t>(vocab, 1) * 4));
+  return std::max(tile, rows / tile * tile);
+}
+
+std::int64_t DecoderModel::loss_chunk(std::int64_t tokens) const {
+  const RecomputePlan& plan = block_stack().plan();
+  if (plan.chunked_loss && plan.loss_chunk > 0) {
+    REMAT_CHECK(plan.loss_chunk <= tokens, ShapeError, "--recompute ", plan.spec, ": chunks of ", plan.loss_chunk,
+                " tokens, but the batch has ", tokens, " (batch x seq); expected at most ", tokens);
+    return plan.loss_chunk;
+  }
+  return std::min(default_loss_chunk(config_.vocab, output_weight().device()), std::max<std::int64_t>(tokens, 1));
+}
+
+Tensor DecoderModel::loss_head(const Tensor& x, const Tensor& targets) const {
+  // Chunked under the plan's chunked_loss, and always without grad (eval):
+  // the loss has the same bits at any chunk, only the weight's gradient
+  // depends on it.
+  CategoryScope cat(MemoryCategory::loss);  // its logits apart from the blocks' activations
+  if (!block_stack().plan().chunked_loss && grad_enabled()) return cross_entropy(head(x), targets);
+  const Tensor n = model->norm->forward(x);
+  const Tensor w = lm_head ? weight_as(lm_head->weight, n) : weight_as(model->embed_tokens->weight, n);
+  REMAT_CHECK(!lm_head || !lm_head->bias.defined(), Error, "chunked_loss: the LM head has a bias, which the chunked "
+              "loss does not take");
+  return linear_cross_entropy(n, w, targets, loss_chunk(targets.numel()));
+}
+
 Tensor DecoderModel::forward(const Tensor& input_ids) const {
   REMAT_CHECK(input_ids.dim() == 2, ShapeError, "DecoderModel: input_ids must be [batch, seq], got ",
               shape_str(input_ids.sizes()));
@@ -148,7 +180,7 @@ Tensor DecoderModel::forward(const Tensor& input_ids) const {
   return head(run_blocks(embed(input_ids)));
 }
 
-Tensor DecoderModel::forward_cached(const Tensor& input_ids, KVCache& cache) const {
+Tensor DecoderModel::forward_cached(const Tensor& input_ids, KVCache& cache, bool last_only) const {
   REMAT_CHECK(input_ids.dim() == 2, ShapeError, "DecoderModel::forward_cached: input_ids must be [batch, seq], got ",
               shape_str(input_ids.sizes()));
   NoGradGuard no_grad;
@@ -161,7 +193,7 @@ Tensor DecoderModel::forward_cached(const Tensor& input_ids, KVCache& cache) con
               " layers, the model ", L);
   Tensor x = embed(input_ids);
   for (std::size_t i = 0; i < L; ++i) x = model->layers[i]->forward_cached(x, cache.k[i], cache.v[i]);
-  return head(x);
+  return head(last_only ? x.narrow(1, x.size(1) - 1, 1) : x);
 }
 
 DecoderModel::Output DecoderModel::forward_loss(const Tensor& tokens) const {
@@ -172,13 +204,12 @@ DecoderModel::Output DecoderModel::forward_loss(const Tensor& tokens) const {
   Tensor targets = tokens.narrow(1, 1, S).contiguous();
   BlockStack::SaveHooksScope save_hooks(*model->blocks);  // the loss's saves too
   MoETerms terms;
-  Tensor logits;
+  Tensor x;
   {
     MoETermsScope collect(terms);
-    logits = forward(inputs);
+    x = run_blocks(embed(inputs));
   }
-  Output out = combine_loss(cross_entropy(logits, targets), terms.aux, terms.z);
-  out.logits = logits;
+  Output out = combine_loss(loss_head(x, targets), terms.aux, terms.z);
   out.routing = std::move(terms.stats);
   return out;
 }

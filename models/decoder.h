@@ -57,6 +57,12 @@ class DecoderStack : public Module {
   std::shared_ptr<RMSNorm> norm;
 };
 
+// The chunked loss's default chunk: the f32 logits of a chunk of about
+// kLossChunkBytes, rounded down to a multiple of loss_chunk_tile(device) (at
+// least one tile), so the weight's gradient has the unchunked bits.
+inline constexpr std::int64_t kLossChunkBytes = std::int64_t(64) << 20;
+std::int64_t default_loss_chunk(std::int64_t vocab, Device device);
+
 // "f32", "bf16" or "f16" -> the dtype (for --dtype); throws Error otherwise.
 DType compute_dtype_from_name(const std::string& name);
 
@@ -74,7 +80,6 @@ class DecoderModel : public Module {
   DecoderModel(const ModelConfig& c, std::uint64_t seed, ExpertPlacement placement = {});
 
   struct Output {
-    Tensor logits;  // [B, S, vocab]
     Tensor ce;      // mean cross-entropy (0-dim)
     Tensor aux;     // sum over MoE layers of the load-balancing loss (0-dim; 0 when dense)
     Tensor loss;    // ce + aux_coef * aux
@@ -100,12 +105,23 @@ class DecoderModel : public Module {
   Output combine_loss(const Tensor& ce, const std::vector<Tensor>& aux, const std::vector<Tensor>& z) const;
   // Final norm and LM head: [B, S, d] -> logits.
   Tensor head(const Tensor& x) const;
+  // The mean cross-entropy of the last block's output x [B, S, d] against
+  // targets [B, S]: the final norm, the LM head and the loss, as one
+  // linear_cross_entropy in chunks of loss_chunk() tokens under the plan's
+  // chunked_loss or without grad (eval: the same bits at any chunk), else
+  // cross_entropy(head(x)). Allocations in MemoryCategory::loss.
+  Tensor loss_head(const Tensor& x, const Tensor& targets) const;
+  // Tokens per chunk of the chunked loss for a batch of `tokens` positions:
+  // the plan's chunked_loss:N (ShapeError if N > tokens), else
+  // default_loss_chunk() (at most tokens).
+  std::int64_t loss_chunk(std::int64_t tokens) const;
   // The LM head's weight [vocab, d]: lm_head's, or the embedding's when tied.
   const Tensor& output_weight() const;
   // Generation: logits [B, S, vocab] of input_ids [B, S] at the positions
-  // after the cache's, extending the cache (runs without grad). Prefill with
+  // after the cache's, extending the cache (runs without grad); with
+  // last_only, those of the last position only [B, 1, vocab]. Prefill with
   // the prompt, then feed one token at a time.
-  Tensor forward_cached(const Tensor& input_ids, KVCache& cache) const;
+  Tensor forward_cached(const Tensor& input_ids, KVCache& cache, bool last_only = false) const;
 
   const ModelConfig& config() const { return config_; }
   // Mixed precision: activations and compute in `dtype` (bf16, f16 or f32,

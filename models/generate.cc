@@ -81,7 +81,7 @@ std::vector<std::int32_t> generate(const DecoderModel& model, const std::vector<
   Generator gen(opts.seed);
   KVCache cache;
   std::vector<std::int32_t> out;
-  Tensor logits = model.forward_cached(ids_tensor(prompt, device), cache);
+  Tensor logits = model.forward_cached(ids_tensor(prompt, device), cache, /*last_only=*/true);
   for (std::int64_t i = 0; i < opts.max_new; ++i) {
     float u = 0;
     philox_fill_uniform(&u, 1, gen.reserve(1));

@@ -29,6 +29,7 @@ const char* category_colour(MemoryCategory c) {
     case MemoryCategory::workspace: return "#edc948";
     case MemoryCategory::communication: return "#76b7b2";
     case MemoryCategory::other: return "#a0a0a0";
+    case MemoryCategory::loss: return "#ff9da7";
   }
   return "#a0a0a0";
 }

@@ -313,7 +313,7 @@ struct PipelineStage::Pass {
     for (const Tensor& a : u.terms.aux) u.aux_values.push_back(float(a.item()));
     for (const Tensor& z : u.terms.z) u.z_values.push_back(float(z.item()));
     if (last) {
-      u.ce = cross_entropy(model.head(u.y), tokens.narrow(1, 1, seq).contiguous());
+      u.ce = model.loss_head(u.y, tokens.narrow(1, 1, seq).contiguous());
       u.ce_value = float(u.ce.item());
     } else {
       send(u.y, int(s + 1), int(2 * m));
