@@ -38,6 +38,9 @@ const std::vector<ModelConfig>& registry() {
       make("tiny-moe", 256, 128, 4, 4, 344, 128, 8, 8, 2, 128, 1, 1),
       make("bench-dense", 256, 512, 8, 8, 1376, 256, 4),
       make("bench-moe", 256, 256, 4, 4, 688, 256, 4, 8, 2, 256, 1, 1),
+      // A modern vocabulary (Qwen 3's) on a small body: the loss's logits
+      // outweigh every block's activations (the chunked loss, #35).
+      make("bench-vocab", 151669, 256, 4, 4, 688, 512, 4),
   };
   return r;
 }

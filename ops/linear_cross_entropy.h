@@ -12,12 +12,16 @@ namespace remat {
 // cross_entropy(linear(h, w), targets, ignore_index), `chunk` rows of h at a
 // time: h [..., d] floating, w [V, d] (h's dtype and device), targets [...]
 // (h's leading shape) i32/i64 in [0, V) or ignore_index; chunk >= 1. Returns
-// the mean over counted positions (0-dim f32). The forward keeps each chunk's
-// log-sum-exp only (saves h, w, targets and lse [rows] f32); the backward
-// computes each chunk's logits again, writes its rows of dh and adds its part
-// of dw. Logits are f32 whatever h's dtype. In f32 the bits are those of the
-// unchunked pair when chunk is a multiple of loss_chunk_tile() (or covers
-// every row); any chunk is within rounding of it.
+// the mean over counted positions (0-dim f32). The loss is the terminal op,
+// so its gradient is known in the forward: when grad is recorded, each
+// chunk's logits give their softmax gradient at once, which gives the
+// chunk's rows of dh and is added into dw; the forward saves dh (f32, h's
+// shape) and dw (f32 [V, d]) and the backward scales them by the upstream
+// gradient. No more GEMMs than the unchunked pair, and only one chunk's
+// logits at a time. Logits are f32 whatever h's dtype. In f32 the bits are
+// those of the unchunked pair when chunk is a multiple of loss_chunk_tile()
+// (or covers every row) and the upstream gradient is a power of two (1, a
+// loss scale); otherwise within rounding of them.
 Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets, std::int64_t chunk,
                             std::int64_t ignore_index = -100);
 

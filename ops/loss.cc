@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/allocator.h"
 #include "ops/kernel_util.h"
 #include "ops/op.h"
 
@@ -114,6 +115,7 @@ OpResults forward(const std::vector<Tensor>& in, CrossEntropyState& s) {
 
 std::vector<Tensor> backward(const OpBackward<CrossEntropyState>& b) {
   const CrossEntropyState& s = b.state();
+  CategoryScope cat(MemoryCategory::loss);  // the logits' gradient: the loss's bytes, not a parameter's
   return {cross_entropy_kernels().run(b.grad().device(), &CrossEntropyKernels::backward, b.grad(),
                                       b.saved("logits"), b.saved("targets"), b.saved("lse"), s.count,
                                       s.ignore_index),

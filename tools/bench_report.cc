@@ -78,8 +78,8 @@ class BenchReport {
 
   // The per-plan table; each plan's --json row and --html point.
   void plan_table(std::vector<JsonObject>& rows, std::vector<BenchPoint>& points) const {
-    std::printf("\n%-20s %9s %9s %22s %8s %8s %8s %7s %8s %6s %6s %8s %7s %7s%s\n", "plan", "peak MiB", "activ.",
-                "step ms [min-max]", "fwd ms", "bwd ms", "replay", "rep/fwd", "tok/s", "MFU", "HFU", "recomp.",
+    std::printf("\n%-20s %9s %9s %9s %22s %8s %8s %8s %7s %8s %6s %6s %8s %7s %7s%s\n", "plan", "peak MiB", "activ.",
+                "loss", "step ms [min-max]", "fwd ms", "bwd ms", "replay", "rep/fwd", "tok/s", "MFU", "HFU", "recomp.",
                 "x time", "x mem", torch_ ? "  x torch" : "");
     for (std::size_t i = 0; i < m_.plans.size(); ++i) {
       const PlanFigures p = figures(i);
@@ -87,9 +87,9 @@ class BenchReport {
       points.push_back(plan_point(i, p));
       const auto& sv = all(i, "step_ms");
       const std::string spread = fmt("%.0f [%.0f-%.0f]", p.step, min_of(sv), max_of(sv));
-      std::printf("%-20s %9.1f %9.1f %22s %8.0f %8.0f %8.0f %7.2f %8.0f %5.1f%% %5.1f%% %8.0f %6.2fx %6.2fx%s\n",
+      std::printf("%-20s %9.1f %9.1f %9.1f %22s %8.0f %8.0f %8.0f %7.2f %8.0f %5.1f%% %5.1f%% %8.0f %6.2fx %6.2fx%s\n",
                   m_.plans[i].c_str(), med(i, "peak_allocated_bytes") / 1048576.0,
-                  med(i, "activation_bytes") / 1048576.0, spread.c_str(), med(i, "forward_ms"),
+                  med(i, "activation_bytes") / 1048576.0, med(i, "loss_bytes") / 1048576.0, spread.c_str(), med(i, "forward_ms"),
                   med(i, "backward_ms"), p.replay_ms, p.replay_fwd, p.tps, 100 * p.mfu, 100 * p.hfu,
                   med(i, "recomputed_ops"), p.time_ratio, p.mem_ratio,
                   torch_ ? fmt("  %6.2fx", p.tps / torch_tps_).c_str() : "");
@@ -105,6 +105,7 @@ class BenchReport {
     j.set("device", o_.device.str());
     j.set("peak_allocated_bytes", med("peak_allocated_bytes")).set("peak_reserved_bytes", med("peak_reserved_bytes"));
     j.set("persistent_bytes", med("persistent_bytes")).set("activation_bytes", med("activation_bytes"));
+    j.set("loss_bytes", med("loss_bytes"));
     j.set("step_ms", p.step).set("step_ms_min", min_of(sv)).set("step_ms_max", max_of(sv));
     j.set("forward_ms", med("forward_ms")).set("forward_ms_min", min_of(all(i, "forward_ms")));
     j.set("forward_ms_max", max_of(all(i, "forward_ms")));

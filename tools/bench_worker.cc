@@ -150,6 +150,7 @@ void prepare_model(DecoderModel& model, const ParallelLayout& layout, const Work
 struct WorkerSeries {
   std::vector<double> step_ms, fwd_ms, bwd_ms, replay_flops, replay_wall, offloaded, offload_wait, compressed;
   std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
+  std::int64_t loss = 0;   // the loss category's most (the head's logits and the loss's)
   CommCounters comm_step;  // the last timed step's collectives
 };
 
@@ -261,6 +262,7 @@ class WorkerSteps {
     // (constant from the first step on); activations: the rest of the peak.
     s.persistent = persistent_bytes(model_.named_parameters(), opt_);
     s.activations = std::max(s.activations, st.allocated_peak - s.persistent);
+    s.loss = std::max(s.loss, st.category_peak[std::size_t(MemoryCategory::loss)]);
     s.ops = checkpoint_counters().ops_recomputed - m.ops_recomputed;
     s.replayed = dispatch_counters().replay_bytes_moved - m.replay_bytes_moved;
     s.comm_step = layout_.counters() - m.comm;
@@ -299,7 +301,7 @@ JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const
   j.set("offloaded_bytes", median(s.offloaded)).set("offload_ms", median(s.offload_wait));
   j.set("compressed_saved_bytes", median(s.compressed));
   j.set("peak_allocated_bytes", s.peak_alloc).set("peak_reserved_bytes", s.peak_res);
-  j.set("persistent_bytes", s.persistent).set("activation_bytes", s.activations);
+  j.set("persistent_bytes", s.persistent).set("activation_bytes", s.activations).set("loss_bytes", s.loss);
   j.set("recomputed_ops", s.ops).set("replayed_comm_bytes", s.replayed);
   // Rank 0's replayed FLOPs stand for each rank's: times W for the job's.
   j.set("model_flops", model_flops(model, layout.ep)).set("replay_flops", median(s.replay_flops) * double(W));

@@ -236,10 +236,13 @@ void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs&
   const TimelinePoint& peak = t.points.at(t.peak_point);
   std::int64_t replays = 0;
   for (const auto& ph : t.phases) replays += ph.name == "replay";
-  std::printf("mem: %s, recompute %s: peak allocated %s at %.2f ms (%s%s%s), reserved peak %s, %zu events, "
-              "%lld replay phases\n",
+  std::int64_t loss_most = 0;  // the loss region's own peak (its logits and their gradient)
+  for (const TimelinePoint& p : t.points) loss_most = std::max(loss_most, p.bytes[std::size_t(MemoryCategory::loss)]);
+  std::printf("mem: %s, recompute %s: peak allocated %s at %.2f ms (%s%s%s; loss %s of it, %s at most), reserved "
+              "peak %s, %zu events, %lld replay phases\n",
               rec.config.c_str(), rec.plan.c_str(), format_bytes(peak.allocated).c_str(), double(peak.t_ns) / 1e6,
               t.peak_phase.c_str(), t.peak_tag.empty() ? "" : ", op ", t.peak_tag.c_str(),
+              format_bytes(peak.bytes[std::size_t(MemoryCategory::loss)]).c_str(), format_bytes(loss_most).c_str(),
               format_bytes(t.reserved_peak).c_str(), rec.events.size(), static_cast<long long>(replays));
   std::printf("  wrote %s and %s\n", out.json_path().c_str(), out.html_path().c_str());
 }

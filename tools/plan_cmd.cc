@@ -102,8 +102,15 @@ struct Measured {
 
 void print_profile(const PlanProfile& prof) {
   std::printf("profile: %zu components in %.0f s; persistent %s, plan none: peak %s (activations %s), step %.0f ms\n",
-              prof.candidates.size(), prof.seconds, format_mib(prof.persistent).c_str(),
+              prof.candidates.size() + prof.chunked_loss.measured, prof.seconds, format_mib(prof.persistent).c_str(),
               format_mib(prof.none_peak).c_str(), format_mib(prof.none_activation_bytes()).c_str(), prof.none_step_ms);
+  // The loss region (the head's logits and the loss's) apart from the blocks.
+  std::printf("loss region: %s at most in plan none's step", format_mib(prof.none_loss_peak).c_str());
+  if (prof.chunked_loss.measured)
+    std::printf("; chunked_loss: %s at most, forward-end base %s (none's %s), step +%.0f ms",
+                format_mib(prof.chunked_loss.loss_peak).c_str(), format_mib(prof.chunked_loss.forward_base).c_str(),
+                format_mib(prof.forward_base).c_str(), prof.chunked_loss.extra_ms);
+  std::printf("\n");
 }
 
 // The plan chosen for budget `text` and its table (chosen, alternatives,
@@ -293,7 +300,18 @@ class PlanJson {
     for (std::size_t i = 0; i < prof_.backward_bases.size(); ++i)
       bb += (i ? ", " : "") + std::to_string(prof_.backward_bases[i]);
     bases.set_raw("backward_bases", bb + "]");
+    bases.set("loss_peak", prof_.none_loss_peak);
     doc.set_raw("bases", bases.str());
+    if (const ChunkedLossProfile& c = prof_.chunked_loss; c.measured) {
+      JsonObject cl;
+      cl.set("forward_base", c.forward_base).set("block_forward_base", c.block_forward_base);
+      cl.set("fixed_peak", c.fixed_peak).set("loss_peak", c.loss_peak).set("extra_ms", c.extra_ms);
+      std::string cb = "[";
+      for (std::size_t i = 0; i < c.backward_bases.size(); ++i)
+        cb += (i ? ", " : "") + std::to_string(c.backward_bases[i]);
+      cl.set_raw("backward_bases", cb + "]");
+      doc.set_raw("chunked_loss", cl.str());
+    }
     std::vector<JsonObject> cands;
     for (const auto& cand : prof_.candidates) cands.push_back(candidate_json(cand));
     doc.set_raw("candidates", json_array(cands));

@@ -43,6 +43,7 @@ struct StepMeasure {
   std::vector<std::int64_t> fwd_before, fwd_peak, fwd_after, bwd_start, bwd_peak;
   std::vector<double> fwd_ms, bwd_ms;
   std::int64_t pre_peak = 0, head_peak = 0, tail_peak = 0, peak = 0;
+  std::int64_t loss_peak = 0;  // MemoryCategory::loss's peak over the step
   double step_ms = 0;
   std::int64_t dispatch_bytes = 0, replay_dispatch_bytes = 0;  // MoE tokens moved in the forward / again in replays
 };
@@ -117,8 +118,10 @@ class Probe final : public BlockObserver {
   }
   // Ends the window opened last: returns its peak, last_ms_ its duration.
   std::int64_t close() {
-    const std::int64_t p = alloc_.stats().allocated_peak;
+    const MemoryStats st = alloc_.stats();
+    const std::int64_t p = st.allocated_peak;
     m_.peak = std::max(m_.peak, p);
+    m_.loss_peak = std::max(m_.loss_peak, st.category_peak[std::size_t(MemoryCategory::loss)]);
     const auto t = now();
     last_ms_ = ms_between(t_, t);
     t_ = t;
@@ -183,6 +186,9 @@ class TraceBlocks final : public BlockObserver {
   std::shared_ptr<BlockObserver> inner_;
   SaveTrace* trace_;
 };
+
+// The one candidate that is a whole plan, not a per-block component.
+const std::string kChunkedLoss = "chunked_loss";
 
 // True if any '+' part of the component is an MoE part (moe_expert+offload too).
 bool is_moe_component(const std::string& c) {
@@ -273,6 +279,7 @@ std::vector<std::string> default_candidates(const ModelConfig& c, bool allow_los
     v.push_back("compress:bf16");
     v.push_back("per_block+compress:fp8");
   }
+  v.push_back(kChunkedLoss);
   return v;
 }
 
@@ -293,7 +300,8 @@ std::vector<CandidatePlan> candidate_plans(const ProfileOptions& opts) {
     if (!s.empty() && s != "none") comps.push_back(s);
   std::vector<CandidatePlan> out;
   for (const auto& comp : comps) {
-    CandidatePlan c{comp, comp.empty() ? "none" : whole_plan(comp, n), {}};
+    // chunked_loss is about the head, not the blocks: the plan is itself.
+    CandidatePlan c{comp, comp.empty() ? "none" : comp == kChunkedLoss ? comp : whole_plan(comp, n), {}};
     c.plan = RecomputePlan::parse(c.spec, n);
     c.plan.offload_dir = opts.offload_dir;
     out.push_back(std::move(c));
@@ -364,7 +372,7 @@ std::vector<double> median_per_block(const std::vector<StepMeasure>& ms, std::ve
 struct Derived {
   std::vector<std::int64_t> held, fwd_before, fwd_peak, bwd_start, bwd_peak;
   std::vector<double> ms;  // forward + backward per block
-  std::int64_t head_peak = 0, pre_peak = 0, tail_peak = 0, peak = 0;
+  std::int64_t head_peak = 0, pre_peak = 0, tail_peak = 0, peak = 0, loss_peak = 0;
   double step_ms = 0;
   std::int64_t dispatch_bytes = 0, replay_dispatch_bytes = 0;
   double peak_spread = 0;  // (max - min) / max of the step peak over the rounds
@@ -400,6 +408,7 @@ Derived derive(const std::vector<StepMeasure>& ms, std::int64_t n) {
   x.pre_peak = w.pre_peak;
   x.tail_peak = w.tail_peak;
   x.peak = w.peak;
+  x.loss_peak = w.loss_peak;
   std::vector<double> steps;
   for (const auto& m : ms) steps.push_back(m.step_ms);
   x.step_ms = median_of(steps);
@@ -408,16 +417,44 @@ Derived derive(const std::vector<StepMeasure>& ms, std::int64_t n) {
   return x;
 }
 
-// The planner's bases (planner.h) from the `none` candidate.
+// The planner's bases (planner.h) from a step that kept every block's saves.
+struct Bases {
+  std::int64_t forward_base = 0, block_forward_base = 0, fixed_peak = 0;
+  std::vector<std::int64_t> backward_bases;
+};
+Bases bases_of(const Derived& x, std::int64_t n) {
+  Bases b;
+  b.block_forward_base = x.fwd_before[0];
+  b.forward_base = x.head_peak - x.sum_held(n);
+  b.fixed_peak = std::max(x.pre_peak, x.tail_peak);
+  for (std::int64_t i = 0; i < n; ++i) b.backward_bases.push_back(x.bwd_start[std::size_t(i)] - x.sum_held(i + 1));
+  return b;
+}
+
+// The planner's bases from the `none` candidate.
 void set_bases(PlanProfile& prof, const Derived& none) {
-  const std::int64_t n = prof.n_blocks;
   prof.none_peak = none.peak;
   prof.none_step_ms = none.step_ms;
-  prof.block_forward_base = none.fwd_before[0];
-  prof.forward_base = none.head_peak - none.sum_held(n);
-  prof.fixed_peak = std::max(none.pre_peak, none.tail_peak);
-  for (std::int64_t i = 0; i < n; ++i)
-    prof.backward_bases.push_back(none.bwd_start[std::size_t(i)] - none.sum_held(i + 1));
+  prof.none_loss_peak = none.loss_peak;
+  Bases b = bases_of(none, prof.n_blocks);
+  prof.block_forward_base = b.block_forward_base;
+  prof.forward_base = b.forward_base;
+  prof.fixed_peak = b.fixed_peak;
+  prof.backward_bases = std::move(b.backward_bases);
+}
+
+// The chunked loss's bases and cost from its step (`x`) against none's.
+ChunkedLossProfile chunked_loss_profile(const Derived& x, const Derived& none, std::int64_t n) {
+  ChunkedLossProfile c;
+  c.measured = true;
+  Bases b = bases_of(x, n);
+  c.forward_base = b.forward_base;
+  c.block_forward_base = b.block_forward_base;
+  c.fixed_peak = b.fixed_peak;
+  c.backward_bases = std::move(b.backward_bases);
+  c.loss_peak = x.loss_peak;
+  c.extra_ms = std::max(0.0, x.step_ms - none.step_ms);
+  return c;
 }
 
 // Candidate `c` (measured as `x`) with its per-block costs against `none`
@@ -489,7 +526,12 @@ PlanProfile profile_plans(const ProfileOptions& opts) {
     prof.peak_spread = std::max(prof.peak_spread, d.back().peak_spread);
   }
   set_bases(prof, d[0]);
-  for (std::size_t k = 0; k < cands.size(); ++k) prof.candidates.push_back(candidate_costs(prof, cands[k], d[k], d[0], k == 0));
+  for (std::size_t k = 0; k < cands.size(); ++k) {
+    if (cands[k].component == kChunkedLoss)
+      prof.chunked_loss = chunked_loss_profile(d[k], d[0], n);
+    else
+      prof.candidates.push_back(candidate_costs(prof, cands[k], d[k], d[0], k == 0));
+  }
   prof.seconds = ms_between(wall0, Clock::now()) * 1e-3;
   return prof;
 }
@@ -523,12 +565,13 @@ void drop_idle_hooks(std::vector<PlanChoice>& cs) {
 
 }  // namespace
 
-PlannerInput PlanProfile::planner_input(std::int64_t budget, bool allow_lossy) const {
+PlannerInput PlanProfile::planner_input(std::int64_t budget, bool allow_lossy, bool chunked) const {
   PlannerInput in;
-  in.forward_base = forward_base;
-  in.backward_bases = backward_bases;
-  in.block_forward_base = block_forward_base;
-  in.fixed_peak = fixed_peak;
+  const bool c = chunked && chunked_loss.measured;
+  in.forward_base = c ? chunked_loss.forward_base : forward_base;
+  in.backward_bases = c ? chunked_loss.backward_bases : backward_bases;
+  in.block_forward_base = c ? chunked_loss.block_forward_base : block_forward_base;
+  in.fixed_peak = c ? chunked_loss.fixed_peak : fixed_peak;
   in.budget = budget;
   in.allow_lossy = allow_lossy;
   in.choices.assign(std::size_t(n_blocks), {});
@@ -667,16 +710,57 @@ void pick_alternatives(const PlanProfile& profile, const PlannerInput& in, bool 
 
 }  // namespace
 
-AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow_lossy, std::size_t max_alternatives,
-                     std::int64_t reserve, bool hooks) {
-  AutoPlan a;
-  a.budget = budget;
-  a.margin = std::max(0.01, profile.peak_spread);
-  a.planned_budget = budget - std::int64_t(double(budget) * a.margin) - reserve;
-  PlannerInput in = profile.planner_input(a.planned_budget, allow_lossy);
+namespace {
+
+// `plan` with chunked_loss added ("none" becomes "chunked_loss").
+std::string with_chunked_loss(const std::string& plan) { return plan == "none" ? kChunkedLoss : plan + "+" + kChunkedLoss; }
+
+// The choice for one loss variant (chunked or not): the solver's answer,
+// the simpler plan preferred, the alternatives; best.feasible false when
+// none fits. Under chunked_loss every plan carries it and its extra time.
+AutoPlan choose_for_variant(const PlanProfile& profile, const AutoPlan& base, bool chunked, bool allow_lossy,
+                            std::size_t max_alternatives, bool hooks) {
+  AutoPlan a = base;
+  a.chunked_loss = chunked;
+  PlannerInput in = profile.planner_input(a.planned_budget, allow_lossy, chunked);
   if (!hooks) drop_hooks(in);
   a.smallest = smallest_peak_plan(in);
   a.best = solve_plan(in);
+  if (a.best.feasible) {
+    prefer_simpler_plan(profile, in, a);
+    pick_alternatives(profile, in, allow_lossy, max_alternatives, a);
+  }
+  if (chunked) {
+    for (PlannerResult* r : {&a.best, &a.optimum, &a.smallest}) {
+      r->plan = with_chunked_loss(r->plan);
+      r->time_ms += profile.chunked_loss.extra_ms;
+    }
+    for (PlannerResult& r : a.alternatives) {
+      r.plan = with_chunked_loss(r.plan);
+      r.time_ms += profile.chunked_loss.extra_ms;
+    }
+  }
+  a.predicted_step_ms = profile.none_step_ms + a.best.time_ms;
+  return a;
+}
+
+}  // namespace
+
+AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow_lossy, std::size_t max_alternatives,
+                     std::int64_t reserve, bool hooks) {
+  AutoPlan base;
+  base.budget = budget;
+  base.margin = std::max(0.01, profile.peak_spread);
+  base.planned_budget = budget - std::int64_t(double(budget) * base.margin) - reserve;
+  // The loss unchunked, and chunked when the profile measured it: the one
+  // with the least predicted time that fits (unchunked on a tie).
+  AutoPlan a = choose_for_variant(profile, base, false, allow_lossy, max_alternatives, hooks);
+  if (profile.chunked_loss.measured) {
+    AutoPlan c = choose_for_variant(profile, base, true, allow_lossy, max_alternatives, hooks);
+    const PlannerResult smallest = c.smallest.peak < a.smallest.peak ? c.smallest : a.smallest;
+    if (c.best.feasible && (!a.best.feasible || c.best.time_ms < a.best.time_ms)) a = std::move(c);
+    a.smallest = smallest;
+  }
   REMAT_CHECK(a.best.feasible, Error, "--memory-budget ", format_mib(budget), " (", budget,
               " bytes): no plan fits (planning for ", format_mib(a.planned_budget),
               ", the budget less a ", 100 * a.margin, "% margin for prediction error and batch-to-batch variation",
@@ -684,9 +768,6 @@ AutoPlan choose_plan(const PlanProfile& profile, std::int64_t budget, bool allow
               "); the smallest predicted peak is ",
               format_mib(a.smallest.peak), " (", a.smallest.peak, " bytes), reached by --recompute ", a.smallest.plan,
               allow_lossy ? "" : " (lossless plans only; --allow-lossy adds compression)");
-  prefer_simpler_plan(profile, in, a);
-  a.predicted_step_ms = profile.none_step_ms + a.best.time_ms;
-  pick_alternatives(profile, in, allow_lossy, max_alternatives, a);
   return a;
 }
 

@@ -51,6 +51,17 @@ struct ProfiledCandidate {
   std::int64_t dispatch_bytes = 0, replay_dispatch_bytes = 0;
 };
 
+// The step under chunked_loss (no block plan): the planner's bases with the
+// loss chunked, and what chunking costs. A plan string may add chunked_loss
+// to any block plan; the blocks' own costs do not depend on it.
+struct ChunkedLossProfile {
+  bool measured = false;  // the profile ran it (a model with an LM head)
+  std::int64_t forward_base = 0, block_forward_base = 0, fixed_peak = 0;
+  std::vector<std::int64_t> backward_bases;
+  std::int64_t loss_peak = 0;  // MemoryCategory::loss's peak in its step
+  double extra_ms = 0;         // its step time less none's (>= 0)
+};
+
 struct PlanProfile {
   std::string config;
   std::int64_t n_blocks = 0;
@@ -62,6 +73,8 @@ struct PlanProfile {
   std::int64_t forward_base = 0, block_forward_base = 0, fixed_peak = 0;
   std::vector<std::int64_t> backward_bases;
   std::vector<ProfiledCandidate> candidates;  // [0]: keeping everything (`none`)
+  std::int64_t none_loss_peak = 0;            // MemoryCategory::loss's peak in none's step (the logits...)
+  ChunkedLossProfile chunked_loss;
   std::vector<ProfiledSave> saves;            // the traced none step
   double seconds = 0;                         // the profile's wall time
   // The largest (max - min) / max of one candidate's step peak over the
@@ -69,8 +82,9 @@ struct PlanProfile {
   double peak_spread = 0;
 
   std::int64_t none_activation_bytes() const { return none_peak - persistent; }
-  // The solver's input for `budget` (absolute peak allocated bytes).
-  PlannerInput planner_input(std::int64_t budget, bool allow_lossy) const;
+  // The solver's input for `budget` (absolute peak allocated bytes), with
+  // the bases of the unchunked loss or (chunked, when measured) chunked_loss's.
+  PlannerInput planner_input(std::int64_t budget, bool allow_lossy, bool chunked = false) const;
 };
 
 struct ProfileOptions {
@@ -92,7 +106,8 @@ struct ProfileOptions {
 // block, attention and mlp regions with offload (boundaries and what stays
 // saved); for MoE models moe_expert, moe_act and moe_expert with offload;
 // with allow_lossy compress:fp8, compress:bf16 and the block region with fp8
-// boundaries.
+// boundaries; and chunked_loss (measured as the whole plan, not per block:
+// PlanProfile::chunked_loss).
 std::vector<std::string> default_candidates(const ModelConfig& config, bool allow_lossy);
 
 // Runs the profile (Error for an unknown component, as --recompute would say).
@@ -122,6 +137,9 @@ struct AutoPlan {
   // (at most `max_alternatives`).
   std::vector<PlannerResult> alternatives;
   PlannerResult smallest;          // the least predicted peak
+  // Every plan above ends in +chunked_loss when the chunked loss's bases
+  // gave the least predicted time (its extra time included).
+  bool chunked_loss = false;
 };
 
 // The least predicted step time within `budget` less the margin. Throws Error if no
