@@ -49,6 +49,17 @@ for config in tiny tiny-moe; do
   done
 done
 
+# The chunked loss on the last stage (#35): 2 x 128 tokens per micro-batch
+# make one chunk of the loss tile (256), so one process's unchunked bits.
+common=(--config tiny --steps 3 --warmup 1 --eval-every 0 --seed 5 --grad-accum 4 --progress off)
+for plan in chunked_loss per_block+chunked_loss; do
+  timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --pp 2 --recompute $plan --save "$tmp/pp" \
+    > "$tmp/pp.txt" 2>&1
+  check "tiny pp 2 1f1b $plan: the state equals one unchunked process's bit for bit" \
+    "same_state $tmp/one-tiny $tmp/pp || { tail -5 $tmp/pp.txt; false; }"
+  rm -rf "$tmp/pp"
+done
+
 # Dropout and random routes: block b of micro-batch m draws from stream
 # (m, b) whatever the schedule, so a pipeline draws one process's masks.
 echo '{"name": "tiny-moe", "random_routing": true}' > "$tmp/random-routes.json"

@@ -17,15 +17,16 @@ remat=./bazel-bin/tools/remat
 common=(--config tiny-moe --steps 4 --warmup 2 --eval-every 0 --seed 5)
 
 env -u OMP_NUM_THREADS $remat train "${common[@]}" --log "$tmp/one.jsonl" > "$tmp/one.txt" 2>&1
-timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --ep 2 --recompute per_block \
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --ep 2 --recompute per_block+chunked_loss \
   --log "$tmp/ep2.jsonl" > "$tmp/ep2.txt" 2>&1
 rc=$?
 check "mpirun -np 2 train --ep 2 runs" '[ $rc -eq 0 ] && [ -s "$tmp/ep2.jsonl" ]' || tail -5 "$tmp/ep2.txt"
-timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --dp 2 --log "$tmp/dp2.jsonl" > "$tmp/dp2.txt" 2>&1
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --dp 2 --recompute chunked_loss --log "$tmp/dp2.jsonl" \
+  > "$tmp/dp2.txt" 2>&1
 rc=$?
 check "mpirun -np 2 train --dp 2 runs" '[ $rc -eq 0 ] && [ -s "$tmp/dp2.jsonl" ]' || tail -5 "$tmp/dp2.txt"
 check "only rank 0 prints" '[ "$(grep -c "^remat train:" "$tmp/ep2.txt")" -eq 1 ] && [ "$(grep -c "^done:" "$tmp/ep2.txt")" -eq 1 ]'
-check "ep 2 and dp 2 log the losses of one process; per_block replays the dispatch/combine bytes" \
+check "ep 2 (per_block+chunked_loss) and dp 2 (chunked_loss) log the losses of one process; per_block replays the dispatch/combine bytes" \
   "/usr/bin/python3 - '$tmp' <<'PY'
 import json, sys
 d = sys.argv[1]
