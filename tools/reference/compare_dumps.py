@@ -18,7 +18,8 @@ selective:moe_act, whose activation is made again inside its consumer's
 backward, not replayed), offloaded_bytes with offload, compressed_saved_bytes with compress, and on
 an MoE config replayed_dispatch_bytes with a region around the router
 (per_block, chunk, selective:moe, selective:mlp, or a selective:save_*
-block region).
+block region) on a block range that holds an MoE block. chunked_loss is
+no region (its op makes the head's gradients with its logits).
 
     compare_dumps.py A.safetensors B.safetensors [--rtol R] [--plan SPEC [--ran CANONICAL]]
 """
@@ -47,22 +48,46 @@ def read(path):
     return tensors, meta
 
 
-def expected_effects(canonical, moe):
-    """Which effects CANONICAL (a plan's canonical string) makes non-zero."""
-    names = [c.split("@")[0] for c in canonical.split("+")] if canonical != "none" else []
+def moe_layers(config):
+    """The indices of the config's MoE blocks (models/config.h is_moe_layer)."""
+    if config.get("experts", 0) <= 0:
+        return set()
+    first, step = config.get("dense_first", 0), config.get("sparse_step", 1) or 1
+    dense = set(config.get("dense_layers", []))
+    return {i for i in range(config.get("n_layers", 0))
+            if i >= first and (step <= 1 or (i + 1) % step == 0) and i not in dense}
+
+
+def blocks_of(component, n_layers):
+    """The blocks a canonical component applies to: its @A-B, else all."""
+    _, _, r = component.partition("@")
+    if not r:
+        return set(range(n_layers))
+    lo, _, hi = r.partition("-")
+    return set(range(int(lo), int(hi or lo) + 1))
+
+
+def expected_effects(canonical, config):
+    """Which effects CANONICAL (a plan's canonical string) makes non-zero on CONFIG (the dump's)."""
+    comps = canonical.split("+") if canonical != "none" else []
+    names = [c.split("@")[0] for c in comps]
     kinds = [n.split(":")[0] for n in names]
     # selective:moe_act is no replay: the expert activation is dropped and made
     # again inside its consumer's backward (no counter shows it; the recorded
-    # plan does).
-    regions = [n for n, k in zip(names, kinds) if k not in ("offload", "compress") and n != "selective:moe_act"]
+    # plan does). chunked_loss is no region either: its op makes the head's
+    # gradients with its logits.
+    regions = [c for c, n, k in zip(comps, names, kinds)
+               if k not in ("offload", "compress", "chunked_loss") and n != "selective:moe_act"]
+    moe = moe_layers(config)
 
-    def replays_dispatch(n):
-        kind, _, arg = n.partition(":")
-        return kind in DISPATCH_REGIONS or (kind == "selective" and (arg in DISPATCH_MODULES or arg.startswith("save_")))
+    def replays_dispatch(c):
+        kind, _, arg = c.split("@")[0].partition(":")
+        around_router = kind in DISPATCH_REGIONS or (kind == "selective" and (arg in DISPATCH_MODULES or arg.startswith("save_")))
+        return around_router and bool(blocks_of(c, config.get("n_layers", 0)) & moe)
 
     return {"recomputed_ops": bool(regions), "offloaded_bytes": "offload" in kinds,
             "compressed_saved_bytes": "compress" in kinds,
-            "replayed_dispatch_bytes": moe and any(replays_dispatch(n) for n in regions)}
+            "replayed_dispatch_bytes": any(replays_dispatch(c) for c in regions)}
 
 
 def check_plan(meta, label, spec, canonical):
@@ -77,8 +102,8 @@ def check_plan(meta, label, spec, canonical):
         problems.append(f"{label}: asked for --recompute '{meta['recompute']}', expected '{spec}'")
     if meta["recompute_plan"] != canonical:
         problems.append(f"{label}: the model ran plan '{meta['recompute_plan']}', expected '{canonical}'")
-    moe = json.loads(meta.get("config", "{}")).get("experts", 0) > 0
-    for key, nonzero in expected_effects(canonical, moe).items():
+    config = json.loads(meta.get("config", "{}"))
+    for key, nonzero in expected_effects(canonical, config).items():
         value = int(meta[key])
         if value < 0 or (value > 0) != nonzero:
             problems.append(f"{label}: {key} {value}, expected {'> 0' if nonzero else '0'} for plan '{canonical}'")
