@@ -1,5 +1,7 @@
 #include "checkpoint/planner.h"
 
+#include "checkpoint/plan.h"
+
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -163,7 +165,13 @@ std::string plan_string(const std::vector<std::vector<PlanChoice>>& choices, con
       b = e + 1;
     }
   }
-  return out.empty() ? "none" : out;
+  if (out.empty()) return "none";
+  // In canonical order (RecomputePlan::str()), as a dump records the plan it ran.
+  try {
+    return RecomputePlan::parse(out, std::int64_t(n)).str();
+  } catch (const Error&) {
+    return out;  // parts named by a user's blocks: as built
+  }
 }
 
 PlannerResult solve_plan(const PlannerInput& in) {

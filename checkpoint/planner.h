@@ -85,7 +85,7 @@ PlannerResult smallest_peak_plan(const PlannerInput& in);
 // "offload@..." of "per_block+offload") over the blocks that take it, one
 // `part@A-B` per run of consecutive blocks (no range when a region or module
 // part covers every block; offload and compression parts always carry
-// theirs).
+// theirs), in canonical order (RecomputePlan::str(): what a dump records).
 std::string plan_string(const std::vector<std::vector<PlanChoice>>& choices, const std::vector<std::size_t>& choice);
 
 }  // namespace remat

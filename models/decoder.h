@@ -60,7 +60,7 @@ class DecoderStack : public Module {
 // The chunked loss's default chunk: the f32 logits of a chunk of about
 // kLossChunkBytes, rounded down to a multiple of loss_chunk_tile(device) (at
 // least one tile), so the weight's gradient has the unchunked bits.
-inline constexpr std::int64_t kLossChunkBytes = std::int64_t(64) << 20;
+inline constexpr std::int64_t kLossChunkBytes = std::int64_t(16) << 20;
 std::int64_t default_loss_chunk(std::int64_t vocab, Device device);
 
 // "f32", "bf16" or "f16" -> the dtype (for --dtype); throws Error otherwise.
