@@ -13,12 +13,14 @@ metadata must show that both plans ran (docs/REFERENCE.md, dump): A ran
 `none` (recompute and recompute_plan "none", every effect 0); B was asked
 for SPEC (recompute) and its model ran CANONICAL (recompute_plan; --ran,
 default SPEC), and B's effects are non-zero exactly as CANONICAL implies:
-recomputed_ops with a region (any component but offload, compress and
-selective:moe_act, whose activation is made again inside its consumer's
-backward, not replayed), offloaded_bytes with offload, compressed_saved_bytes with compress, and on
-an MoE config replayed_dispatch_bytes with a region around the router
-(per_block, chunk, selective:moe, selective:mlp, or a selective:save_*
-block region).
+recomputed_ops with a region (any component but offload, compress,
+chunked_loss[:N] and selective:moe_act: the last two are no replay, the
+activation or the logits are made again inside their consumer's or their own
+op's backward), offloaded_bytes with offload, compressed_saved_bytes with
+compress, and on an MoE config replayed_dispatch_bytes with a region around
+the router (per_block, chunk, selective:moe, selective:mlp, or a
+selective:save_* block region). chunked_loss has no counter of its own: the
+recorded plan shows it ran, the bits that it changed nothing.
 
     compare_dumps.py A.safetensors B.safetensors [--rtol R] [--plan SPEC [--ran CANONICAL]]
 """
@@ -53,8 +55,10 @@ def expected_effects(canonical, moe):
     kinds = [n.split(":")[0] for n in names]
     # selective:moe_act is no replay: the expert activation is dropped and made
     # again inside its consumer's backward (no counter shows it; the recorded
-    # plan does).
-    regions = [n for n, k in zip(names, kinds) if k not in ("offload", "compress") and n != "selective:moe_act"]
+    # plan does). Nor is chunked_loss[:N]: linear_cross_entropy makes each
+    # chunk's logits again inside its own backward, outside every region.
+    regions = [n for n, k in zip(names, kinds)
+               if k not in ("offload", "compress", "chunked_loss") and n != "selective:moe_act"]
 
     def replays_dispatch(n):
         kind, _, arg = n.partition(":")
