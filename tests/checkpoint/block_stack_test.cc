@@ -249,3 +249,30 @@ TEST_CASE("the decoder's layers are a block stack that apply_recompute_plan sets
   CHECK(m.model->layers[1]->regions() == std::set<std::string>{"attention"});
   CHECK_THROWS_WITH(m.model->blocks->set_plan("moe_expert"), Catch::Contains("unknown component 'moe_expert'"));
 }
+
+TEST_CASE("chunked_loss is refused on a stack whose model declared no LM head", "[checkpoint][block_stack][chunked_loss]") {
+  Net net(4);  // its head runs cross_entropy itself: no LM head that takes the plan
+  BlockStack& s = *net.stack;
+  s.set_plan("per_block");
+  for (const std::string spec : {"chunked_loss", "chunked_loss:256", "per_block+chunked_loss"}) {
+    INFO(spec);
+    const std::string e = error_of([&] { s.set_plan(spec); });
+    CHECK_THAT(e, Catch::Contains("--recompute " + spec + ": chunked_loss needs a model whose blocks are followed by "
+                                  "an LM head") &&
+                      Catch::Contains("this stack's model has none (BlockStack::set_has_lm_head)"));
+    CHECK_THROWS_WITH(s.set_plan(RecomputePlan::parse(spec, 4)), Catch::Contains("chunked_loss needs a model"));
+    CHECK(s.plan().str() == "per_block");  // a rejected plan leaves the old one
+  }
+  // A model that declares its head (as the decoder does) may ask for it.
+  s.set_has_lm_head(true);
+  s.set_plan("per_block+chunked_loss:256");
+  CHECK(s.plan().chunked_loss);
+  CHECK(s.plan().loss_chunk == 256);
+  ModelConfig c = ModelConfig::named("tiny");
+  c.n_layers = 2;
+  DecoderModel m(c, 0);
+  m.model->blocks->set_plan("chunked_loss");
+  CHECK(m.model->blocks->plan().chunked_loss);
+  apply_recompute_plan(m, RecomputePlan::parse("per_block+chunked_loss:512", 2));
+  CHECK(m.model->blocks->plan().str() == "per_block+chunked_loss:512");
+}

@@ -74,7 +74,8 @@ TEST_CASE("plans parse against the sub-region names a model's blocks offer", "[c
   CHECK_THROWS_WITH(RecomputePlan::parse("selective:foo", 4),
                     Catch::Contains("valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, "
                                     "attention, moe_expert, keep_last (with block regions), offload, offload:NAMES, "
-                                     "compress:bf16|fp8, compress:bf16|fp8:NAMES|all, selective:NAMES "
+                                    "compress:bf16|fp8, compress:bf16|fp8:NAMES|all, chunked_loss, "
+                                    "chunked_loss:N (tokens per chunk), selective:NAMES "
                                     "(core_attn, layernorm, mlp, moe_act, moe, shared_experts, save_matmul, "
                                     "save_attention, save_ops=OP/OP/... with OP one of "));
   CHECK_THROWS_WITH(RecomputePlan::parse("selective:attention", 4),
@@ -272,4 +273,65 @@ TEST_CASE("block ranges limit components; plans print back to an equal plan", "[
   CHECK(RecomputePlan::parse("per_block+keep_last", 8).str() == "per_block@0-6");
   CHECK(RecomputePlan::parse("uniform:4", 8).str() == "chunk@0-3+chunk@4-7");
   CHECK(RecomputePlan::parse("none", 8).str() == "none");
+}
+
+TEST_CASE("chunked_loss parses, prints last, compares and refuses bad sizes", "[checkpoint][plan][chunked_loss]") {
+  const auto plain = RecomputePlan::parse("chunked_loss", 4);
+  CHECK(plain.chunked_loss);
+  CHECK(plain.loss_chunk == 0);  // the model's default
+  CHECK(!plain.is_none());
+  CHECK(plain.block_regions.empty());
+  CHECK(plain.modules.empty());
+  CHECK(plain.str() == "chunked_loss");
+  const auto n = RecomputePlan::parse("chunked_loss:512", 4);
+  CHECK(n.chunked_loss);
+  CHECK(n.loss_chunk == 512);
+  CHECK(!n.is_none());
+  CHECK(n.str() == "chunked_loss:512");
+  CHECK(RecomputePlan::parse("chunked_loss:1", 4).loss_chunk == 1);
+  // With other components: the blocks' plan as without it, chunked_loss printed last.
+  const auto pb = RecomputePlan::parse("chunked_loss:256+per_block", 4);
+  CHECK(pb.block_regions == Groups{{0}, {1}, {2}, {3}});
+  CHECK(pb.loss_chunk == 256);
+  CHECK(pb.str() == "per_block+chunked_loss:256");
+  CHECK(RecomputePlan::parse("per_block+chunked_loss:256", 4).str() == "per_block+chunked_loss:256");
+  CHECK(RecomputePlan::parse("chunked_loss+offload+selective:save_matmul", 4).str() ==
+        "selective:save_matmul+offload+chunked_loss");
+  CHECK(RecomputePlan::parse("chunked_loss+compress:fp8+per_block@0-1", 4).str() ==
+        "per_block@0-1+compress:fp8+chunked_loss");
+  // Equality: the component and its size count, the order written does not.
+  CHECK(RecomputePlan::parse("chunked_loss:256+per_block", 4) == pb);
+  CHECK(!(RecomputePlan::parse("per_block+chunked_loss:512", 4) == pb));
+  CHECK(!(RecomputePlan::parse("per_block+chunked_loss", 4) == pb));
+  CHECK(!(RecomputePlan::parse("per_block", 4) == pb));
+  CHECK(!(RecomputePlan::parse("none", 4) == plain));
+  CHECK(RecomputePlan::parse("chunked_loss", 4) == plain);
+  for (const std::string spec : {"chunked_loss", "chunked_loss:512", "per_block+chunked_loss:256",
+                                 "per_block@0-3+selective:save_matmul@4-7+offload@0-1+chunked_loss:100",
+                                 "uniform:2+keep_last+compress:bf16+chunked_loss"}) {
+    INFO(spec);
+    const auto plan = RecomputePlan::parse(spec, 8);
+    CHECK(RecomputePlan::parse(plan.str(), 8) == plan);
+    CHECK(RecomputePlan::parse(plan.str(), 8).str() == plan.str());
+  }
+
+  using Catch::Contains;
+  CHECK_THROWS_WITH(RecomputePlan::parse("chunked_loss@0-1", 4),
+                    Contains("'chunked_loss@0-1': chunked_loss takes no @range (the loss comes after the blocks)"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block+chunked_loss@2", 4), Contains("chunked_loss takes no @range"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("chunked_loss+chunked_loss:256", 4),
+                    Contains("'chunked_loss:256': chunked_loss given twice"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("chunked_loss:0", 4),
+                    Contains("'chunked_loss:0': a chunk must be at least 1 token, got 0"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("chunked_loss:-5", 4),
+                    Contains("'chunked_loss:-5': N expects a non-negative integer, got '-5'"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("chunked_loss:abc", 4),
+                    Contains("'chunked_loss:abc': N expects a non-negative integer, got 'abc'"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("chunked_loss:1.5", 4), Contains("expects a non-negative integer, got '1.5'"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("chunked_loss:", 4), Contains("expects a non-negative integer, got ''"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("chunked_loss:99999999999999999999", 4), Contains("is too large"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("none+chunked_loss", 4), Contains("'none' cannot be combined"));
+  // The valid forms name it.
+  CHECK_THROWS_WITH(RecomputePlan::parse("chunked_los", 4),
+                    Contains("unknown component 'chunked_los'") && Contains("chunked_loss, chunked_loss:N"));
 }

@@ -1,5 +1,6 @@
 // Generation with the KV cache (models/generate.h): the cached forward gives
-// the logits of the whole-sequence forward, greedy decoding with the cache
+// the logits of the whole-sequence forward, the prefill's last position alone
+// (last_only) those of the full prefill's last row, greedy decoding with the cache
 // equals greedy decoding recomputed without it, and sampling follows its
 // options.
 #include <catch2/catch.hpp>
@@ -89,6 +90,28 @@ TEST_CASE("generate: cached logits equal the whole sequence's", "[generate]") {
       scale = std::max(scale, double(std::abs(w[i])));
     }
     CHECK(worst <= 1e-4 * scale);
+  }
+}
+
+TEST_CASE("generate: a prefill of the last position's logits only gives that row of the full logits",
+          "[generate]") {
+  for (const ModelConfig& c : configs()) {
+    INFO(c.name);
+    DecoderModel model(c, 1);
+    model.train(false);
+    const auto ids = prompt_of(17, c.vocab);
+    std::vector<std::int64_t> v(ids.begin(), ids.end());
+    const Tensor prompt = from_vector<std::int64_t>(v, {1, 17});
+    KVCache all, last;
+    const Tensor full = model.forward_cached(prompt, all);
+    const Tensor one = model.forward_cached(prompt, last, /*last_only=*/true);
+    REQUIRE(full.sizes() == Shape{1, 17, c.vocab});
+    REQUIRE(one.sizes() == Shape{1, 1, c.vocab});
+    CHECK(one.to_vector<float>() == full.narrow(1, 16, 1).contiguous().to_vector<float>());
+    // The cache is the whole prompt's either way: the next step's logits agree.
+    CHECK(last.length() == 17);
+    const Tensor next = from_vector<std::int64_t>({std::int64_t(5 % c.vocab)}, {1, 1});
+    CHECK(model.forward_cached(next, last, true).to_vector<float>() == model.forward_cached(next, all).to_vector<float>());
   }
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Hugging Face models through the CLI (#21): every recompute plan (and auto)
-# dumps bit-identically to `none` on each architecture; train --model
+# dumps bit-identically to `none` on each architecture, the chunked loss too
+# (#35; the tied GQA Llama), whose bad chunk sizes are refused with reasons; train --model
 # fine-tunes (f32, and bf16 with a plan) and --save-hf writes a folder whose config.json has the same
 # architecture and whose weights are the trained ones (dump --model of it
 # passes the float64 reference); export --resume does the same from a state;
@@ -47,17 +48,28 @@ plans_equal() {  # MODEL PLANS...
 }
 dense=$(echo per_block chunk uniform:2==chunk@0-1+chunk@2-3 block:1==per_block@0 attention selective:core_attn \
   selective:layernorm selective:mlp selective:save_matmul selective:save_attention per_block+keep_last==per_block@0-2 \
-  offload per_block+offload per_block@0-1+selective:save_matmul@2-3)
+  offload per_block+offload per_block@0-1+selective:save_matmul@2-3 chunked_loss per_block+chunked_loss)
 moe=$(echo per_block chunk attention moe_expert selective:moe_act selective:moe \
   attention+moe_expert offload per_block+offload moe_expert+offload selective:save_matmul per_block+keep_last==per_block@0-2)
 check "every dense plan dumps bit-identical to none on Llama (GQA, tied, biases, head_dim 24)" "plans_equal llama $dense"
 check "every dense plan dumps bit-identical to none on Qwen2 (one kv head, q/k/v biases)" "plans_equal qwen2 $dense"
 check "every MoE plan dumps bit-identical to none on Qwen2-MoE (gated shared expert, raw top-K)" \
-  "plans_equal qmoe $moe selective:shared_experts selective:mlp"
+  "plans_equal qmoe $moe selective:shared_experts selective:mlp chunked_loss per_block+chunked_loss"
 check "every MoE plan dumps bit-identical to none on Mixtral" "plans_equal mixtral $moe"
 check "selective:shared_experts is refused on Mixtral (no shared expert), naming why" \
   "! $remat dump --model $tmp/mixtral --batch 2 --seq 32 --recompute selective:shared_experts --out $tmp/x.st \
      2> $tmp/err.txt && grep -q \"'shared_experts' needs shared experts, but config\" $tmp/err.txt"
+# The chunked loss's bad sizes: more tokens per chunk than the batch has (2 x
+# 32), under 1, or a block range.
+check "--recompute chunked_loss:100000 is refused naming the batch's 64 tokens" \
+  "! $remat dump --model $tmp/llama --batch 2 --seq 32 --recompute chunked_loss:100000 --out $tmp/x.st 2> $tmp/err.txt &&
+   grep -qF 'chunks of 100000 tokens, but the batch has 64 (batch x seq); expected at most 64' $tmp/err.txt ||
+   { cat $tmp/err.txt; false; }"
+check "--recompute chunked_loss:0 and chunked_loss@0-1 are refused with their reasons" \
+  "! $remat dump --model $tmp/llama --batch 2 --seq 32 --recompute chunked_loss:0 --out $tmp/x.st 2> $tmp/err.txt &&
+   grep -qF \"'chunked_loss:0': a chunk must be at least 1 token, got 0\" $tmp/err.txt &&
+   ! $remat dump --model $tmp/llama --batch 2 --seq 32 --recompute chunked_loss@0-1 --out $tmp/x.st 2> $tmp/err.txt &&
+   grep -qF 'chunked_loss takes no @range (the loss comes after the blocks)' $tmp/err.txt || { cat $tmp/err.txt; false; }"
 check "--recompute auto (50% budget) dumps bit-identical to none on Qwen2-MoE" \
   "$remat dump --model $tmp/qmoe --batch 2 --seq 32 --recompute auto --memory-budget 50% --profile-rounds 1 \
      --out $tmp/auto.st > $tmp/auto.txt && $remat dump --model $tmp/qmoe --batch 2 --seq 32 --out $tmp/none.st > /dev/null &&
