@@ -154,7 +154,8 @@ std::int64_t DecoderModel::loss_chunk(std::int64_t tokens) const {
   const RecomputePlan& plan = block_stack().plan();
   if (plan.chunked_loss && plan.loss_chunk > 0) {
     REMAT_CHECK(plan.loss_chunk <= tokens, ShapeError, "--recompute ", plan.spec, ": chunks of ", plan.loss_chunk,
-                " tokens, but the batch has ", tokens, " (batch x seq); expected at most ", tokens);
+                " tokens, but the loss sees ", tokens, " at a time (a micro-batch's sequences x seq); expected at most ",
+                tokens);
     return plan.loss_chunk;
   }
   return std::min(default_loss_chunk(config_.vocab, output_weight().device()), std::max<std::int64_t>(tokens, 1));

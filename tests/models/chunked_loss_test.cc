@@ -164,10 +164,10 @@ TEST_CASE("chunked loss: chunk sizes, the default and the refusal of chunks past
   CHECK(model.loss_chunk(300) == 300);
   CHECK_THROWS_AS(model.loss_chunk(299), ShapeError);
   CHECK_THROWS_WITH(model.loss_chunk(299), Catch::Contains("--recompute chunked_loss:300: chunks of 300 tokens, but "
-                                                           "the batch has 299 (batch x seq); expected at most 299"));
+                                                           "the loss sees 299 at a time (a micro-batch's sequences x seq); expected at most 299"));
   // Through forward_loss: 2 x 100 tokens.
   CHECK_THROWS_WITH(model.forward_loss(token_ids(2, 101, c.vocab, 1)),
-                    Catch::Contains("chunks of 300 tokens, but the batch has 200 (batch x seq)"));
+                    Catch::Contains("chunks of 300 tokens, but the loss sees 200 at a time"));
 }
 
 TEST_CASE("chunked loss: the step's peak holds one chunk of logits, not the batch's", "[models][chunked_loss][memory]") {

@@ -63,7 +63,7 @@ check "selective:shared_experts is refused on Mixtral (no shared expert), naming
 # 32), under 1, or a block range.
 check "--recompute chunked_loss:100000 is refused naming the batch's 64 tokens" \
   "! $remat dump --model $tmp/llama --batch 2 --seq 32 --recompute chunked_loss:100000 --out $tmp/x.st 2> $tmp/err.txt &&
-   grep -qF 'chunks of 100000 tokens, but the batch has 64 (batch x seq); expected at most 64' $tmp/err.txt ||
+   grep -qF 'chunks of 100000 tokens, but the loss sees 64 at a time' $tmp/err.txt ||
    { cat $tmp/err.txt; false; }"
 check "--recompute chunked_loss:0 and chunked_loss@0-1 are refused with their reasons" \
   "! $remat dump --model $tmp/llama --batch 2 --seq 32 --recompute chunked_loss:0 --out $tmp/x.st 2> $tmp/err.txt &&
