@@ -142,13 +142,15 @@ TEST_CASE("planner: a hand-checked stack, the last block kept, plan strings", "[
   CHECK(lean.plan == "per_block@0-2");
 
   // Plan strings: runs of one component get one range; multi-part components
-  // get the range on each part; the result parses.
+  // get the range on each part; the result parses, and is in canonical order
+  // (RecomputePlan::str(): block regions, module regions, hooks).
   std::vector<std::vector<PlanChoice>> ch(6, {{"", 0, 0, 0}, {"per_block", 0, 0, 0}, {"per_block+offload", 0, 0, 0},
                                              {"selective:mlp", 0, 0, 0}});
   CHECK(plan_string(ch, {1, 1, 1, 1, 1, 1}) == "per_block");
   CHECK(plan_string(ch, {0, 0, 0, 0, 0, 0}) == "none");
   const std::string s = plan_string(ch, {2, 2, 1, 3, 3, 0});
-  CHECK(s == "per_block@0-2+offload@0-1+selective:mlp@3-4");
+  CHECK(s == "per_block@0-2+selective:mlp@3-4+offload@0-1");
+  CHECK(s == RecomputePlan::parse(s, 6).str());
   // A hook part keeps its range even over every block; parts split into runs.
   CHECK(plan_string(ch, {2, 2, 2, 2, 2, 2}) == "per_block+offload@0-5");
   CHECK(plan_string(ch, {1, 3, 1, 1, 0, 1}) == "per_block@0+per_block@2-3+per_block@5+selective:mlp@1");
