@@ -165,7 +165,7 @@ class BenchReport {
     const double step = med(ti_, "step_ms");
     const double mfu = med(base_, "model_flops") / (step * 1e-3) / peak_;
     const std::string spread = fmt("%.0f [%.0f-%.0f]", step, min_of(sv), max_of(sv));
-    std::printf("%-20s %9s %9s %22s %8.0f %8.0f %8s %7s %8.0f %5.1f%%\n", "torch", "-", "-", spread.c_str(),
+    std::printf("%-20s %9s %9s %9s %22s %8.0f %8.0f %8s %7s %8.0f %5.1f%%\n", "torch", "-", "-", "-", spread.c_str(),
                 med(ti_, "forward_ms"), med(ti_, "backward_ms"), "-", "-", torch_tps_, 100 * mfu);
     JsonObject j;
     j.set("framework", m_.framework).set("step_ms", step).set("step_ms_min", min_of(sv));

@@ -19,7 +19,7 @@ doc = json.load(open(sys.argv[1]))
 assert doc['order'] == 'williams' and doc['baseline_plan'] == 'none' and doc['repeats'] == 2, doc.keys()
 rows = doc['rows']
 keys = ['plan', 'config', 'repeats', 'peak_allocated_bytes', 'peak_reserved_bytes', 'persistent_bytes',
-        'activation_bytes', 'step_ms', 'step_ms_min', 'step_ms_max', 'forward_ms', 'forward_ms_min', 'forward_ms_max',
+        'activation_bytes', 'loss_bytes', 'step_ms', 'step_ms_min', 'step_ms_max', 'forward_ms', 'forward_ms_min', 'forward_ms_max',
         'backward_ms', 'backward_ms_min', 'backward_ms_max', 'replay_ms', 'replay_forwards', 'tokens_per_s',
         'recomputed_ops', 'replayed_comm_bytes', 'mfu', 'hfu', 'time_ratio', 'memory_ratio', 'torch_ratio']
 assert [r['plan'] for r in rows] == ['none', 'per_block', 'selected:0,2'], rows
@@ -66,7 +66,7 @@ for r in runs:
     assert ('activation_bytes' in r) == (r['variant'] != 'torch'), r
 PY" || cat "$tmp/b.txt"
 check "the table prints the spread, the ratio to PyTorch and the best-step view" \
-  'grep -qE "^none +[0-9.]+ +[0-9.]+ +[0-9]+ \[[0-9]+-[0-9]+\]" "$tmp/b.txt" && grep -qE "^torch " "$tmp/b.txt" && grep -q "x torch" "$tmp/b.txt" && grep -qE "^best step " "$tmp/b.txt" && grep -qE "^per_block +[0-9]+ \[[0-9]+-[0-9]+\] +[0-9.]+x +[0-9.]+x$" "$tmp/b.txt"'
+  'grep -qE "^none +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9]+ \[[0-9]+-[0-9]+\]" "$tmp/b.txt" && grep -qE "^torch " "$tmp/b.txt" && grep -q "x torch" "$tmp/b.txt" && grep -qE "^best step " "$tmp/b.txt" && grep -qE "^per_block +[0-9]+ \[[0-9]+-[0-9]+\] +[0-9.]+x +[0-9.]+x$" "$tmp/b.txt"'
 check "bench HTML plot written" 'grep -q "<svg" "$tmp/b.html" && grep -q "per_block" "$tmp/b.html"'
 ./bazel-bin/tools/remat bench --config tiny --baseline tf > "$tmp/bad1.txt" 2>&1
 check "--baseline other than torch is refused" 'grep -q "bench: --baseline expects .torch., got .tf." "$tmp/bad1.txt"'
