@@ -9,8 +9,10 @@
 #include "engine/parallel_for.h"
 #include "checkpoint/checkpoint.h"
 #include "moe/dispatch.h"
+#include "ops/linear_cross_entropy.h"
 #include "tools/args.h"
 #include "tools/auto_plan_flags.h"
+#include "ops/linear_cross_entropy.h"
 #include "tools/commands.h"
 #include "train/data.h"
 #include "train/hf_model.h"
@@ -138,6 +140,7 @@ std::map<std::string, std::string> dump_metadata(const ModelConfig& c, std::uint
           {"replayed_dispatch_bytes", std::to_string(did.replayed_dispatch_bytes)},
           {"moe_dropped", std::to_string(dropped)},
           {"moe_z_loss", Json::format_number(z)},
+          {"loss_chunk_tile", std::to_string(loss_chunk_tile(device))},
           {"device", device.str()}};
 }
 

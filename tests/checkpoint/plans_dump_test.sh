@@ -66,13 +66,17 @@ for seed in 0 1; do
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:fp8:all per_block+compress:fp8:all" 0.15
 done
 check tests/checkpoint/data/tiny_moe_random.json 0 "$moe"
-# Several chunks: 4 x 160 = 640 tokens, two whole chunks of 256 and a part,
-# or one of 512 and a part. loss_chunk_tile() (BLIS's KC, the weight
-# gradient's reduction block) is 256 on AVX2 BLIS, and no command prints it,
-# so it is written here: at its multiples the LM head's weight gradient sums
-# the same blocks as unchunked, at any other chunk (100) it is within rounding.
-tile=256
-dump_args=(--batch 4 --seq 160)
+# Several chunks: 4 x (tile/2 + 32) tokens, two whole chunks of the LM head's
+# GEMM tile and a part, or one of twice the tile and a part. The tile
+# (loss_chunk_tile(), BLIS's KC for this CPU: 256 on AVX2) is in every dump's
+# metadata: at its multiples the head's weight gradient sums the same blocks
+# as unchunked; at any other chunk (100) it is within rounding.
+./bazel-bin/tools/remat dump --config tiny --out "$tmp/tile.safetensors" > /dev/null || exit 1
+tile=$(/usr/bin/python3 -c "
+import json, struct, sys
+f = open(sys.argv[1], 'rb'); n, = struct.unpack('<Q', f.read(8))
+print(json.loads(f.read(n))['__metadata__']['loss_chunk_tile'])" "$tmp/tile.safetensors")
+dump_args=(--batch 4 --seq $((tile / 2 + 32)))
 for cfg in tests/checkpoint/data/tiny_dropout.json tests/checkpoint/data/tiny_moe_dropout.json; do
   check "$cfg" 0 "chunked_loss:$tile per_block+chunked_loss:$((2 * tile))"
   check "$cfg" 0 "chunked_loss:100 per_block+chunked_loss:100" 1e-6
