@@ -30,9 +30,10 @@
 //                        per_block@0-3+selective:save_matmul@4-7+offload@0-1
 //   chunked_loss[:N]     the LM head and its cross-entropy N tokens at a time
 //                        (ops/linear_cross_entropy.h): the logits are never
-//                        whole, each chunk's made again in backward; N
-//                        omitted: the model's default from its vocabulary
-//                        (models/decoder.h). Needs a model with an LM head.
+//                        whole, each chunk's gradients made with them in the
+//                        forward; N omitted: the model's default from its
+//                        vocabulary (models/decoder.h). Needs a model with an
+//                        LM head.
 //   keep_last            (with block-level regions) the last block leaves its
 //                        region and keeps its saves: its backward starts right
 //                        after the forward, so its replay is redone work. Costs

@@ -17,6 +17,7 @@
 #include "engine/rng.h"
 #include "models/decoder.h"
 #include "models/recompute.h"
+#include "tests/models/llama_style_config.h"
 #include "ops/linear_cross_entropy.h"
 
 using namespace remat;
@@ -49,13 +50,7 @@ double relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 // Dense, MoE, and the tied GQA Llama shape (the LM head is the embedding).
 std::vector<ModelConfig> configs() {
-  ModelConfig llama = ModelConfig::named("tiny");
-  llama.name = "llama-style";
-  llama.arch = "llama";
-  llama.kv_heads = 2;
-  llama.head_size = 48;
-  llama.tie_embeddings = true;
-  llama.qkv_bias = llama.o_bias = true;
+  const ModelConfig llama = testing::llama_style_config();
   return {ModelConfig::named("tiny"), ModelConfig::named("tiny-moe"), llama};
 }
 

@@ -13,6 +13,7 @@
 #include "engine/grad_mode.h"
 #include "models/decoder.h"
 #include "models/generate.h"
+#include "tests/models/llama_style_config.h"
 
 using namespace remat;
 
@@ -22,13 +23,7 @@ namespace {
 // embeddings, attention biases (Llama); one key/value head, a gated shared
 // expert, raw top-K weights, a dense layer (Qwen2-MoE); Mixtral's experts.
 std::vector<ModelConfig> configs() {
-  ModelConfig llama = ModelConfig::named("tiny");
-  llama.name = "llama-style";
-  llama.arch = "llama";
-  llama.kv_heads = 2;
-  llama.head_size = 48;
-  llama.tie_embeddings = true;
-  llama.qkv_bias = llama.o_bias = true;
+  const ModelConfig llama = testing::llama_style_config();
   ModelConfig qmoe = ModelConfig::named("tiny-moe");
   qmoe.name = "qwen2-moe-style";
   qmoe.arch = "qwen2_moe";
