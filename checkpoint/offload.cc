@@ -45,6 +45,9 @@ struct OffloadHooks::Entry {
   // (copy to the host in flight), stored, reading (copy back queued),
   // memory, released.
   bool cuda = false;
+  // A meta save: the ideal spill file, written at once and read back when
+  // the prefetch asks (no thread, no file; docs/META.md).
+  bool meta = false;
   int device_index = 0;
   PinnedBuffer host;
   std::unique_ptr<Event> to_host, to_device;
@@ -93,6 +96,7 @@ std::shared_ptr<OffloadHooks::Entry> new_entry(const Tensor& t, const SaveInfo& 
   e->dtype = t.dtype();
   e->nbytes = t.nbytes();
   e->data = t.contiguous();
+  e->meta = t.device().is_meta();
   return e;
 }
 
@@ -175,7 +179,7 @@ bool OffloadHooks::wants(const Tensor& t, const SaveInfo&) const {
   if (t.device().is_cuda()) {
     const int index = cuda_index_.load();
     if (index >= 0 && index != t.device().index) return false;
-  } else if (!t.device().is_cpu() || failed_.load()) {
+  } else if (!(t.device().is_cpu() || t.device().is_meta()) || failed_.load()) {
     return false;
   }
   const MemoryCategory c = t.impl().storage->category();  // weights stay where they are anyway
@@ -218,6 +222,16 @@ std::any OffloadHooks::pack_tensor(const Tensor& t, const SaveInfo& info) {
   e->key = key;
   e->storage = t.impl().storage;
   by_view_[key] = e;
+  if (e->meta) {  // written at once: the memory is free now
+    queued_write_bytes_ -= e->nbytes;
+    e->state = Entry::State::stored;
+    e->on_file = true;
+    e->data = Tensor();
+    stats_.bytes_written += std::int64_t(e->nbytes);
+    stats_.stored_bytes += std::int64_t(e->nbytes);
+    stats_.stored_peak = std::max(stats_.stored_peak, stats_.stored_bytes);
+    return e;
+  }
   jobs_.push_back(Job{e, false});
   lock.unlock();
   cv_.notify_all();
@@ -259,7 +273,11 @@ Tensor OffloadHooks::unpack_tensor(std::any packed, const SaveInfo&) {
     }
     case S::stored: {  // nothing started: read it here
       ++stats_.sync_reads;
-      out = empty(e->sizes, e->dtype);
+      out = empty(e->sizes, TensorOptions(e->dtype, e->meta ? kMeta : kCPU));
+      if (e->meta) {
+        stats_.bytes_read += std::int64_t(e->nbytes);
+        break;
+      }
       const std::int64_t t0 = now_ns();
       const int err = read_all(fd_, static_cast<char*>(out.raw_data()), e->nbytes, e->offset);
       stats_.wait_ns += now_ns() - t0;
@@ -290,9 +308,10 @@ void OffloadHooks::prefetch_before(std::uint64_t seq) {
       prefetched_bytes_ += p.nbytes;
       continue;
     }
-    p.data = empty(p.sizes, p.dtype);  // allocated here, on the calling thread
-    p.state = S::reading;
+    p.data = empty(p.sizes, TensorOptions(p.dtype, p.meta ? kMeta : kCPU));  // allocated here, on the calling thread
+    p.state = p.meta ? S::loaded : S::reading;  // meta: read back at once
     prefetched_bytes_ += p.nbytes;
+    if (p.meta) continue;
     jobs_.push_front(Job{it->second, true});  // reads before writes: backward waits on them
   }
 }

@@ -140,6 +140,11 @@ struct CachingAllocator::Block {
   std::size_t size = 0;
   std::size_t requested = 0;
   StreamId stream = 0;
+  // Which segment, in the order segments were reserved: ties between cached
+  // blocks of one size go to the older segment, then the lower address in
+  // it, so the choice never depends on where the device put a segment (a
+  // meta run, whose addresses are made up, picks as the CPU does).
+  std::uint64_t segment = 0;
   bool small = false;
   bool allocated = false;
   MemoryCategory category = MemoryCategory::other;
@@ -152,6 +157,7 @@ struct CachingAllocator::Block {
 bool CachingAllocator::BlockLess::operator()(const Block* a, const Block* b) const {
   if (a->stream != b->stream) return a->stream < b->stream;
   if (a->size != b->size) return a->size < b->size;
+  if (a->segment != b->segment) return a->segment < b->segment;
   return a->ptr < b->ptr;
 }
 
@@ -192,6 +198,7 @@ CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, std::size
   Block key;
   key.stream = stream;
   key.size = size;
+  key.segment = 0;
   key.ptr = nullptr;
   auto it = pool.lower_bound(&key);
   if (it == pool.end() || (*it)->stream != stream) return nullptr;
@@ -210,6 +217,7 @@ CachingAllocator::Block* CachingAllocator::reserve_segment(std::size_t segment_s
   b->ptr = static_cast<char*>(p);
   b->size = segment_size;
   b->stream = stream;
+  b->segment = ++segments_reserved_;
   b->small = small;
   stats_.reserved_bytes += std::int64_t(segment_size);
   stats_.reserved_peak = std::max(stats_.reserved_peak, stats_.reserved_bytes);
@@ -283,6 +291,7 @@ DataPtr CachingAllocator::allocate(std::size_t bytes, StreamId stream) {
     rest->ptr = block->ptr + size;
     rest->size = remaining;
     rest->stream = block->stream;
+    rest->segment = block->segment;
     rest->small = block->small;
     rest->prev = block;
     rest->next = block->next;
@@ -523,9 +532,29 @@ class CpuMemoryBackend final : public MemoryBackend {
   void raw_free(void* ptr) override { std::free(ptr); }
 };
 
+// The meta device's memory: addresses without memory. Each segment gets a
+// fresh, 512-aligned range of a made-up address space that nothing reads or
+// writes (a meta tensor's data access throws first), so a 70B model's
+// parameters cost no RAM; segments are never handed out twice.
+class MetaMemoryBackend final : public MemoryBackend {
+ public:
+  Device device() const override { return kMeta; }
+  void* raw_alloc(std::size_t bytes) override {
+    const std::uintptr_t p = next_;
+    next_ += (bytes + kAlign - 1) / kAlign * kAlign + kAlign;  // a gap: no two segments touch
+    return reinterpret_cast<void*>(p);
+  }
+  void raw_free(void*) override {}
+
+ private:
+  static constexpr std::uintptr_t kAlign = 512;
+  std::uintptr_t next_ = std::uintptr_t(1) << 44;  // called under the allocator's lock
+};
+
 struct Registry {
   std::mutex mu;
   std::unique_ptr<CachingAllocator> cpu;
+  std::unique_ptr<CachingAllocator> meta;
   std::vector<std::unique_ptr<CachingAllocator>> cuda;
 };
 
@@ -546,6 +575,10 @@ CachingAllocator& allocator_for(Device device) {
   if (device.is_cpu()) {
     if (!r.cpu) r.cpu = std::make_unique<CachingAllocator>(make_cpu_memory_backend());
     return *r.cpu;
+  }
+  if (device.is_meta()) {
+    if (!r.meta) r.meta = std::make_unique<CachingAllocator>(std::make_unique<MetaMemoryBackend>());
+    return *r.meta;
   }
   DeviceBackend& backend = detail::cuda_backend("allocating memory", device);
   const int n = backend.device_count();

@@ -238,6 +238,7 @@ class CachingAllocator {
   MemoryStats stats_;
   std::int64_t limit_ = 0;
   std::int64_t segments_ = 0;  // segments currently reserved
+  std::uint64_t segments_reserved_ = 0;  // segments ever reserved (Block::segment)
   std::size_t history_capacity_ = 0;
   std::vector<MemoryEvent> history_;
   std::uint64_t history_seq_ = 0;
@@ -249,7 +250,8 @@ class CachingAllocator {
 std::unique_ptr<MemoryBackend> make_cpu_memory_backend();
 
 // The allocator of a device: one per device, created on first use, alive for
-// the whole process. Throws DeviceError for a CUDA device that is not present.
+// the whole process (meta's hands out addresses without memory). Throws
+// DeviceError for a CUDA device that is not present.
 CachingAllocator& allocator_for(Device device);
 
 // Human-readable byte count, e.g. "1.50 MiB".

@@ -31,6 +31,10 @@ void detail::add_into(Tensor& acc, const Tensor& g) {
     return;
   }
   Tensor src = g.dtype() == acc.dtype() ? g : g.to(acc.dtype());
+  if (acc.device().is_meta()) {  // the CPU's temporaries, no arithmetic
+    acc.bump_version();
+    return;
+  }
   const std::array<const Shape*, 2> st{&acc.strides(), &src.strides()};
   visit_dtype(acc.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -95,7 +99,8 @@ Tensor detail::sum_to_shape(const Tensor& g, const Shape& shape) {
   }
   if (g.device().is_cuda()) return sum_to_shape_cuda(g, shape, out_strides_in_g);
   Tensor gf = g.dtype() == DType::f32 ? g : g.to(DType::f32);
-  Tensor acc = zeros(shape, DType::f32);
+  Tensor acc = zeros(shape, TensorOptions(DType::f32, g.device()));
+  if (g.device().is_meta()) return g.dtype() == DType::f32 ? acc : acc.to(g.dtype());  // the CPU's allocations
   float* o = acc.data<float>();
   const float* in = gf.data<float>();
   // Serial over the input: the result must not depend on thread count.

@@ -96,6 +96,7 @@ namespace {
 struct Generators {
   std::mutex mu;
   Generator cpu{0};
+  Generator meta{0};  // advances as the CPU's would; draws nothing
   std::vector<std::unique_ptr<Generator>> cuda;
 };
 Generators& generators() {
@@ -107,6 +108,7 @@ Generators& generators() {
 Generator& default_generator(Device device) {
   Generators& g = generators();
   if (device.is_cpu()) return g.cpu;
+  if (device.is_meta()) return g.meta;
   std::lock_guard<std::mutex> lock(g.mu);
   REMAT_CHECK(device.index >= 0 && device.index < cuda_device_count(), DeviceError,
               "default_generator: device ", device, " is not available");
@@ -119,6 +121,7 @@ Generator& default_generator(Device device) {
 void manual_seed(std::uint64_t seed) {
   Generators& g = generators();
   g.cpu.manual_seed(seed);
+  g.meta.manual_seed(seed);
   std::lock_guard<std::mutex> lock(g.mu);
   const int n = cuda_device_count();
   if (g.cuda.size() < std::size_t(n)) g.cuda.resize(std::size_t(n));

@@ -71,8 +71,17 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+void detail::check_has_values(const Tensor& t, const char* what) {
+  if (!t.device().is_meta()) return;
+  const char* op = current_tag();
+  throw DeviceError(std::string(*op ? op : what) + ": a meta tensor (" + dtype_name(t.dtype()) + " " +
+                    shape_str(t.sizes()) + ") has a shape but no values" + (*op ? std::string(" (") + what + ")" : "") +
+                    "; meta runs only what shapes decide (docs/META.md): run on cpu or cuda to read values");
+}
+
 void* Tensor::raw_data() const {
   const auto& im = impl();
+  detail::check_has_values(*this, "data access");
   REMAT_CHECK(!im.released, Error, "a ", dtype_name(im.dtype), " tensor of shape ", shape_str(im.sizes),
               " was released (release_storage: its values live on another rank) and has no elements to read or write");
   if (!im.storage || !im.storage->data()) return nullptr;
@@ -119,15 +128,20 @@ double detail::read_element(const Tensor& t, std::int64_t off) {
 }
 
 double Tensor::item() const {
+  detail::check_has_values(*this, "item");
   REMAT_CHECK(numel() == 1, ShapeError, "item: expected a one-element tensor, got shape ",
               shape_str(sizes()));
   return detail::read_element(*this, element_offset(Shape(std::size_t(dim()), 0), "item"));
 }
 
-double Tensor::at(const Shape& index) const { return detail::read_element(*this, element_offset(index, "at")); }
+double Tensor::at(const Shape& index) const {
+  detail::check_has_values(*this, "at");
+  return detail::read_element(*this, element_offset(index, "at"));
+}
 
 void Tensor::set(const Shape& index, double value) {
   detail::check_inplace(*this, "set");
+  detail::check_has_values(*this, "set");
   const std::int64_t off = element_offset(index, "set");
   const std::size_t es = element_size(dtype());
   char* dst = static_cast<char*>(impl().storage->data()) + off * std::int64_t(es);
@@ -147,6 +161,11 @@ std::vector<T> Tensor::to_vector() const {
   Tensor c = to(kCPU).to(dtype_v<T>).contiguous();
   const T* p = static_cast<const T*>(c.raw_data());
   return std::vector<T>(p, p + c.numel());
+}
+
+void mirror_host_read(const Tensor& t, DType dtype) {
+  if (!t.defined() || !t.device().is_meta()) return;
+  const Tensor c = t.detach().to(dtype).contiguous();  // to_vector's copies on a CPU tensor
 }
 
 template std::vector<float> Tensor::to_vector<float>() const;

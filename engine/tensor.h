@@ -64,7 +64,7 @@ struct TensorImpl {
 
 struct TensorOptions {
   DType dtype = DType::f32;
-  Device device = kCPU;
+  Device device = default_device();  // kCPU unless a DefaultDeviceScope says otherwise
 
   TensorOptions() = default;
   TensorOptions(DType t) : dtype(t) {}   // NOLINT: implicit on purpose
@@ -231,7 +231,13 @@ Tensor arange(std::int64_t end, TensorOptions opts = DType::i64);
 Tensor arange(double start, double end, double step, TensorOptions opts = DType::f32);
 // A tensor holding `values` with shape `sizes` (shape [n] when omitted).
 template <typename T>
-Tensor from_vector(const std::vector<T>& values, Shape sizes = {}, Device device = kCPU);
+Tensor from_vector(const std::vector<T>& values, Shape sizes = {}, Device device = default_device());
+
+// Meta's stand-in for t.to_vector<T>() with dtype_v<T> == `dtype`: the
+// allocations the read makes when t is on the CPU (a cast, a contiguous
+// copy), without values, so a shape-only path keeps the CPU's allocation
+// sequence. Does nothing unless t is a meta tensor.
+void mirror_host_read(const Tensor& t, DType dtype);
 // Standard normal / uniform [0, 1) values drawn from `gen` (the device's
 // default generator when null). Floating dtypes only.
 Tensor randn(const Shape& sizes, TensorOptions opts = {}, Generator* gen = nullptr);

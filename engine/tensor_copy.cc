@@ -121,6 +121,13 @@ void Tensor::copy_from(const Tensor& src_in) {
   REMAT_CHECK(src_in.defined(), Error, "copy_: source tensor is undefined");
   Tensor src = src_in.sizes() == sizes() ? src_in : src_in.expand(sizes());
   if (numel() == 0) return;
+  if (device().is_meta()) {  // shapes only: the CPU's temporaries, no bytes (host or meta sources)
+    REMAT_CHECK(src.device().is_meta() || src.device().is_cpu(), DeviceError, "copy_: from ", src.device(),
+                " to meta: meta tensors take their shapes from the host (use .to(kCPU) first)");
+    if (src.device().is_meta() && shares_storage_with(src) && !is_same(src)) src = src.clone();
+    return;
+  }
+  detail::check_has_values(src, "copy to another device");
   if (device().is_cpu() && src.device().is_cpu()) {
     // Overlapping storage (e.g. x.copy_(x.t())) goes through a temporary.
     if (shares_storage_with(src) && !is_same(src)) src = src.clone();
@@ -161,7 +168,7 @@ void Tensor::copy_from(const Tensor& src_in) {
 Tensor& Tensor::fill_(double value) {
   detail::check_inplace(*this, "fill_");
   bump_version();
-  if (numel() == 0) return *this;
+  if (numel() == 0 || device().is_meta()) return *this;
   if (device().is_cuda()) {
     if (!is_contiguous()) {
       Tensor dense = full(sizes(), value, TensorOptions(dtype(), device()));

@@ -26,5 +26,8 @@ void check_inplace(const Tensor& self, const char* op);
 // The element at storage element offset `off` of t, as double (read from the
 // device for a CUDA tensor).
 double read_element(const Tensor& t, std::int64_t off);
+// Throws DeviceError when `t` is a meta tensor (it has no values), naming the
+// running op (the allocator's tag) and `what` was asked of it.
+void check_has_values(const Tensor& t, const char* what);
 
 }  // namespace remat::detail

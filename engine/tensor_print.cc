@@ -51,6 +51,7 @@ void print_dim(std::ostream& os, const Tensor& c, std::size_t d, std::int64_t ba
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "tensor(undefined)";
+  detail::check_has_values(t, "printing values");
   Tensor c = t.to(kCPU).contiguous();
   os << "tensor(";
   if (c.dim() == 0) {

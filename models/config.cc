@@ -31,6 +31,44 @@ ModelConfig make(const char* name, std::int64_t vocab, std::int64_t d, std::int6
   return c;
 }
 
+// Meta-Llama-3-8B / -70B: vocabulary 128256, 8 key/value heads, rope theta
+// 500000, RMSNorm eps 1e-5, untied head; a step of 8192 tokens.
+ModelConfig llama3(const char* name, std::int64_t d, std::int64_t layers, std::int64_t heads, std::int64_t ffn) {
+  ModelConfig c = make(name, 128256, d, layers, heads, ffn, 8192, 1);
+  c.arch = "llama";
+  c.kv_heads = 8;
+  c.rope_theta = 500000;
+  c.norm_eps = 1e-5;
+  return c;
+}
+
+// Mixtral-8x7B-v0.1: 8 experts of 14336, top-2, every block sparse,
+// vocabulary 32000, 8 key/value heads, rope theta 1e6.
+ModelConfig mixtral_8x7b() {
+  ModelConfig c = make("mixtral-8x7b", 32000, 4096, 32, 32, 14336, 4096, 1, 8, 2, 14336);
+  c.arch = "mixtral";
+  c.kv_heads = 8;
+  c.rope_theta = 1e6;
+  c.norm_eps = 1e-5;
+  return c;
+}
+
+// Qwen2-57B-A14B (Qwen2-MoE): 64 experts of 2560, top-8 unnormalised, a
+// gated shared expert of 20480, q/k/v biases, 4 key/value heads.
+ModelConfig qwen2_57b_a14b() {
+  ModelConfig c = make("qwen2-moe-57b", 151936, 3584, 28, 28, 18944, 4096, 1, 64, 8, 2560);
+  c.arch = "qwen2_moe";
+  c.kv_heads = 4;
+  c.qkv_bias = true;
+  c.shared_ffn = 20480;
+  c.shared_gate = true;
+  c.norm_topk = false;
+  c.rope_theta = 1e6;
+  c.norm_eps = 1e-6;
+  c.aux_coef = 0.001;
+  return c;
+}
+
 // docs/REFERENCE.md#models-and-configs.
 const std::vector<ModelConfig>& registry() {
   static const std::vector<ModelConfig> r = {
@@ -41,6 +79,12 @@ const std::vector<ModelConfig>& registry() {
       // A modern vocabulary (Qwen 3's) on a small body: the loss's logits
       // outweigh every block's activations (the chunked loss, #35).
       make("bench-vocab", 151669, 256, 4, 4, 688, 512, 4),
+      // Published shapes, for --device meta (docs/META.md): sizes from each
+      // model's Hugging Face config.json; seq and batch are a training step's.
+      llama3("llama3-8b", 4096, 32, 32, 14336),
+      llama3("llama3-70b", 8192, 80, 64, 28672),
+      mixtral_8x7b(),
+      qwen2_57b_a14b(),
   };
   return r;
 }
@@ -48,7 +92,7 @@ const std::vector<ModelConfig>& registry() {
 const char* kKeys[] = {"name",   "vocab",   "d_model",  "n_layers",    "n_heads",  "ffn",
                        "seq",    "batch",   "experts",  "top_k",       "moe_ffn",  "shared",
                        "dense_first", "dropout", "rope_theta", "norm_eps", "init_std", "aux_coef",
-                       "z_coef", "capacity_factor", "random_routing",
+                       "z_coef", "capacity_factor", "random_routing", "balanced_routing",
                        // Hugging Face architectures (left out of to_json at their defaults)
                        "arch", "kv_heads", "head_size", "tie_embeddings", "qkv_bias", "o_bias", "shared_ffn",
                        "shared_gate", "norm_topk", "sparse_step", "dense_layers", "hf_extra"};
@@ -95,6 +139,7 @@ void ModelConfig::validate() const {
   need(std::find(std::begin(kArchs), std::end(kArchs), arch) != std::end(kArchs),
        "arch must be one of \"\" (remat), llama, qwen2, qwen2_moe, mixtral; got \"" + arch + "\"");
   need(ffn > 0, "ffn must be > 0");
+  need(!(random_routing && balanced_routing), "random_routing and balanced_routing exclude each other");
   need(seq > 0 && batch > 0, "seq and batch must be > 0");
   need(dropout >= 0 && dropout < 1, "dropout must be in [0, 1)");
   // Finite too: a config is saved with its state as JSON, which has no inf.
@@ -172,6 +217,7 @@ Json ModelConfig::to_json() const {
     j.set("dense_layers", a);
   }
   if (hf_extra != d.hf_extra) j.set("hf_extra", Json::string(hf_extra));
+  if (balanced_routing) j.set("balanced_routing", Json::boolean(true));
   return j;
 }
 
@@ -219,6 +265,7 @@ ModelConfig ModelConfig::from_json(const Json& j) {
   getd("z_coef", c.z_coef);
   getd("capacity_factor", c.capacity_factor);
   if (j.has("random_routing")) c.random_routing = j.at("random_routing").as_bool();
+  if (j.has("balanced_routing")) c.balanced_routing = j.at("balanced_routing").as_bool();
   auto getb = [&](const char* k, bool& v) {
     if (j.has(k)) v = j.at(k).as_bool();
   };

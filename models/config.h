@@ -33,6 +33,10 @@ struct ModelConfig {
   double z_coef = 0.0;           // router z-loss coefficient
   double capacity_factor = 0.0;  // 0: dropless; else each expert keeps ceil(cf * T * K / E) rows
   bool random_routing = false;   // uniform random routes (seeded; for benchmarks)
+  // Balanced routes: token t's k-th slot goes to expert (t K + k) mod E, so
+  // every expert gets T K / E slots and none drops ("uniform routes"; the
+  // routes a meta run assumes whatever the router picks, docs/META.md).
+  bool balanced_routing = false;
 
   // Hugging Face architectures (docs/REFERENCE.md#models-and-configs). Every
   // default below is remat's own decoder; JSON keys at their defaults are left

@@ -18,7 +18,8 @@ thread_local bool tls_skip_weight_init = false;
 Tensor init_normal(const Shape& shape, double std, Generator& gen) {
   CategoryScope cat(MemoryCategory::parameter);
   NoGradGuard ng;
-  if (tls_skip_weight_init) return empty(shape, DType::f32);
+  // (A model built under DefaultDeviceScope(meta) draws nothing: same allocation.)
+  if (tls_skip_weight_init || default_device().is_meta()) return empty(shape, DType::f32);
   Tensor t = randn(shape, DType::f32, &gen);
   if (std != 1.0) {
     float* p = t.data<float>();

@@ -142,6 +142,7 @@ RouterOptions MoELayer::router_options() const {
   RouterOptions ro;
   ro.top_k = config_.top_k;
   ro.random_routing = config_.random_routing;
+  ro.balanced_routing = config_.balanced_routing;
   ro.compute_z_loss = config_.z_coef > 0;
   ro.normalize_topk = config_.norm_topk;
   ro.expert_bias = expert_bias;
@@ -204,8 +205,10 @@ void MoELayer::report(const RouterOutput& r, const Routing& routing) const {
   const double mean = double(all_slots) / double(config_.experts);
   st.imbalance = mean > 0 ? double(mx) / mean : 0.0;
   st.dropped = routing.dropped;
-  st.aux = r.aux.item();
-  st.z = r.z.defined() ? r.z.item() : 0.0;
+  if (!r.aux.device().is_meta()) {  // meta: no values
+    st.aux = r.aux.item();
+    st.z = r.z.defined() ? r.z.item() : 0.0;
+  }
   terms->aux.push_back(r.aux);
   if (r.z.defined()) terms->z.push_back(r.z);
   terms->stats.push_back(st);

@@ -6,6 +6,7 @@
 #include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/recompute_context.h"
+#include "moe/router.h"
 #include "ops/moe_rows.h"
 #include "ops/op.h"
 #include "ops/ops.h"
@@ -65,7 +66,7 @@ std::vector<std::int64_t> slots_per_expert(const Tensor& indices, std::int64_t e
               "make_routing: indices must be [tokens, top_k] i64, got ", shape_str(indices.sizes()), " ",
               indices.dtype());
   std::vector<std::int64_t> count(std::size_t(experts), 0);
-  const auto idx = indices.contiguous().to_vector<std::int64_t>();
+  const auto idx = host_routes(indices.contiguous(), experts);
   for (std::size_t s = 0; s < idx.size(); ++s) {
     const std::int64_t e = idx[s];
     REMAT_CHECK(e >= 0 && e < experts, ShapeError, "make_routing: expert index ", e, " at slot ", s,
@@ -90,7 +91,7 @@ Routing make_routing(const Tensor& indices, std::int64_t experts, const std::vec
   r.top_k = indices.size(1);
   r.experts = experts;
   r.indices = indices;
-  const auto idx = indices.contiguous().to_vector<std::int64_t>();
+  const auto idx = host_routes(indices.contiguous(), experts);
   const std::int64_t slots = r.tokens * r.top_k;
   r.counts.resize(std::size_t(experts));
   r.offsets.resize(std::size_t(experts));

@@ -29,7 +29,22 @@ Tensor random_indices(std::int64_t tokens, std::int64_t experts, std::int64_t k,
   return from_vector<std::int64_t>(idx, {tokens, k}, device);
 }
 
+// Slot s to expert s mod E: K consecutive experts per token, so distinct.
+std::vector<std::int64_t> balanced_routes(std::int64_t slots, std::int64_t experts) {
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(slots));
+  for (std::int64_t s = 0; s < slots; ++s) idx[std::size_t(s)] = s % experts;
+  return idx;
+}
+
 }  // namespace
+
+std::vector<std::int64_t> host_routes(const Tensor& indices, std::int64_t experts) {
+  if (indices.device().is_meta()) {
+    mirror_host_read(indices, DType::i64);
+    return balanced_routes(indices.numel(), experts);
+  }
+  return indices.to_vector<std::int64_t>();
+}
 
 RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOptions& opts) {
   LocalRouting local;
@@ -56,6 +71,7 @@ RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOpt
 
   auto choose = [&]() -> Tensor {
     if (opts.random_routing) return random_indices(T, E, K, x.device());
+    if (opts.balanced_routing) return from_vector<std::int64_t>(balanced_routes(T * K, E), {T, K}, x.device());
     NoGradGuard ng;
     Tensor scores = out.probs.detach();
     if (opts.expert_bias.defined()) scores = add(scores, opts.expert_bias.to(DType::f32).to(scores.device()));
@@ -69,7 +85,7 @@ RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOpt
   // over the global batch when ranks share it.
   const bool global = context.global();
   out.slots_per_expert.assign(std::size_t(E), 0);
-  for (std::int64_t e : out.indices.to_vector<std::int64_t>()) out.slots_per_expert[std::size_t(e)]++;
+  for (std::int64_t e : host_routes(out.indices, E)) out.slots_per_expert[std::size_t(e)]++;
   if (global) out.slots_per_expert = context.global_slots(out.slots_per_expert);
   std::int64_t all_slots = 0;
   for (auto c : out.slots_per_expert) all_slots += c;

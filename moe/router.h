@@ -18,6 +18,7 @@ namespace remat {
 struct RouterOptions {
   std::int64_t top_k = 2;
   bool random_routing = false;
+  bool balanced_routing = false;  // slot s (token s / K) to expert s mod E (host_routes)
   Tensor expert_bias;  // [E] added to the scores for selection only (optional)
   bool compute_z_loss = false;
   // Renormalise the top-K weights to sum to 1 (Mixtral, remat); false keeps
@@ -64,6 +65,12 @@ struct RouterOutput {
   Tensor z;        // 0-dim: mean over tokens of logsumexp(logits)^2 (undefined unless asked)
   std::vector<std::int64_t> slots_per_expert;  // f_e * T * K (over the global batch when parallel)
 };
+
+// The routes of `indices` [T, K] (i64) read to the host, slot by slot. A
+// meta tensor has no values: its routes are the balanced ones, slot s to
+// expert s mod `experts` (every expert T K / E slots), the CPU's host read
+// mirrored on the meta allocator.
+std::vector<std::int64_t> host_routes(const Tensor& indices, std::int64_t experts);
 
 // Routes tokens x [T, d] with router weight [E, d], asking `context` for
 // the ranks' sums and the choice (the first form: LocalRouting).

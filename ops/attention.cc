@@ -262,6 +262,7 @@ Tensor sum_query_groups(const Tensor& per_query_head, const Geometry& g, const S
   if (!per_query_head.defined() || g.group == 1) return per_query_head;
   const std::int64_t rows = g.s * g.d, kv_heads = g.bh / g.group;
   Tensor out = empty(kv_sizes, DType::f32);
+  if (skip_compute(out)) return out;
   const float* src = per_query_head.data<float>();
   float* dst = out.data<float>();
   parallel_rows(kv_heads, g.group * rows, [&](std::int64_t h0, std::int64_t h1) {
@@ -283,6 +284,7 @@ std::vector<Tensor> forward_cpu(const Tensor& q, const Tensor& k, const Tensor& 
   const Tensor qf = f32_contiguous(q), kf = f32_contiguous(k), vf = f32_contiguous(v);
   Tensor o = empty(q.sizes(), DType::f32);
   Tensor l = empty({q.size(0), q.size(1), q.size(2)}, DType::f32);
+  if (skip_compute(l)) return {o, l};
   forward_kernel(qf.data<float>(), kf.data<float>(), vf.data<float>(), o.data<float>(), l.data<float>(), geo);
   return {o, l};
 }
@@ -298,9 +300,11 @@ std::vector<Tensor> backward_cpu(const Tensor& grad, const Tensor& q, const Tens
   if (need_dq) dq = empty(q.sizes(), DType::f32);
   if (need_dk) dk = empty(q.sizes(), DType::f32);
   if (need_dv) dv = empty(q.sizes(), DType::f32);
-  auto ptr = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
-  backward_kernel(qf.data<float>(), kf.data<float>(), vf.data<float>(), of.data<float>(), gf.data<float>(),
-                  lf.data<float>(), ptr(dq), ptr(dk), ptr(dv), g);
+  if (!skip_compute(qf)) {
+    auto ptr = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
+    backward_kernel(qf.data<float>(), kf.data<float>(), vf.data<float>(), of.data<float>(), gf.data<float>(),
+                    lf.data<float>(), ptr(dq), ptr(dk), ptr(dv), g);
+  }
   return {dq, sum_query_groups(dk, g, k.sizes()), sum_query_groups(dv, g, k.sizes())};
 }
 

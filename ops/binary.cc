@@ -150,6 +150,7 @@ Tensor binary_f32(const Tensor& a, const Tensor& b) {
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), "binary kernel");
   Tensor af = a.detach(), bf = b.detach();
   Tensor out = empty(shape, DType::f32);
+  if (skip_compute(out)) return out;
   float* po = out.data<float>();
   const float* pa = af.data<float>();
   const float* pb = bf.data<float>();

@@ -28,6 +28,7 @@ Tensor apply_cpu(const Tensor& x, double p, RngState state) {
   const float scale = float(1.0 / (1.0 - p));
   Tensor xf = f32_contiguous(x);
   Tensor out = empty(x.sizes(), DType::f32);
+  if (skip_compute(out)) return out;
   const float* px = xf.data<float>();
   float* po = out.data<float>();
   const std::int64_t n = x.numel();

@@ -16,7 +16,13 @@ KernelTable<EmbeddingKernels>& embedding_kernels() {
   return t;
 }
 
-std::vector<std::int64_t> host_ids(const Tensor& ids) { return ids.detach().to(kCPU).to_vector<std::int64_t>(); }
+std::vector<std::int64_t> host_ids(const Tensor& ids) {
+  if (ids.device().is_meta()) {  // meta: shapes only (the read's copies on meta, no values)
+    mirror_host_read(ids, DType::i64);
+    return {};
+  }
+  return ids.detach().to(kCPU).to_vector<std::int64_t>();
+}
 
 IdGroups group_ids(const std::vector<std::int64_t>& ids, std::int64_t vocab) {
   const std::int64_t n = std::int64_t(ids.size());
@@ -54,7 +60,7 @@ void check(const OpDef& op, const std::vector<Tensor>& in, const NoState&) {
 
 OpResults forward(const std::vector<Tensor>& in, NoState&) {
   const Tensor &weight = in[0], &ids = in[1];
-  const std::vector<std::int64_t> idv = host_ids(ids);
+  const std::vector<std::int64_t> idv = host_ids(ids);  // none on meta: shapes only
   const std::int64_t vocab = weight.size(0);
   for (std::size_t i = 0; i < idv.size(); ++i)
     REMAT_CHECK(idv[i] >= 0 && idv[i] < vocab, ShapeError, "embedding: id ", idv[i], " at position ", i,
@@ -92,6 +98,7 @@ Tensor forward_cpu(const Tensor& weight, const Tensor&, const std::vector<std::i
   Tensor w = weight.detach().contiguous();
   const std::int64_t d = w.size(1);
   Tensor out = empty(out_shape, weight.dtype());
+  if (skip_compute(out)) return out;
   const std::size_t row_bytes = std::size_t(d) * element_size(w.dtype());
   const char* src = static_cast<const char*>(w.raw_data());
   char* dst = static_cast<char*>(out.raw_data());
@@ -106,14 +113,15 @@ Tensor forward_cpu(const Tensor& weight, const Tensor&, const std::vector<std::i
 // are grouped by id (a stable counting sort), then each touched row is summed
 // by one thread: no atomics, and the same order for any thread count.
 Tensor backward_cpu(const Tensor& g, const Tensor& ids_t, std::int64_t vocab, std::int64_t d, DType) {
-  const std::vector<std::int64_t> ids = host_ids(ids_t);  // checked by the forward
+  const std::vector<std::int64_t> ids = host_ids(ids_t);  // checked by the forward (none on meta)
+  Tensor gf = f32_contiguous(g);
+  Tensor grad = zeros({vocab, d}, DType::f32);
+  if (skip_compute(grad)) return grad;
   const std::int64_t n = std::int64_t(ids.size());
   const IdGroups grp = group_ids(ids, vocab);
   const std::vector<std::int64_t>& start = grp.start;
   const std::vector<std::int64_t>& touched = grp.touched;
   const std::vector<std::int64_t>& order = grp.order;
-  Tensor gf = f32_contiguous(g);
-  Tensor grad = zeros({vocab, d}, DType::f32);
   const float* pg = gf.data<float>();
   float* pw = grad.data<float>();
   const std::int64_t avg = std::max<std::int64_t>(1, n / std::max<std::int64_t>(std::int64_t(touched.size()), 1));

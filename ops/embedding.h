@@ -35,7 +35,8 @@ struct IdGroups {
   std::vector<std::int64_t> start, touched, order;
 };
 IdGroups group_ids(const std::vector<std::int64_t>& ids, std::int64_t vocab);
-// `ids` (on any device) as i64 values in row-major order.
+// `ids` (on any device) as i64 values in row-major order; empty for meta ids
+// (no values; the CPU's copies are made on meta).
 std::vector<std::int64_t> host_ids(const Tensor& ids);
 
 }  // namespace remat

@@ -87,7 +87,8 @@ std::int64_t grain_for(std::int64_t k) {
 
 Tensor host_index(const Tensor& index) {
   NoGradGuard ng;
-  Tensor ix = index.detach().to(kCPU);
+  // meta: stays on meta (no values to read); the cast and contiguous copy below land there, as on the CPU
+  Tensor ix = index.device().is_meta() ? index.detach() : index.detach().to(kCPU);
   ix = ix.dtype() == DType::i64 ? ix : ix.to(DType::i64);
   return ix.contiguous();
 }
@@ -106,6 +107,7 @@ namespace {
 Tensor checked_index(const char* op, const Tensor& index, const Tensor& x, std::int64_t d) {
   NoGradGuard ng;
   Tensor ix = host_index(index);
+  if (skip_compute(ix)) return ix;  // meta: shapes only
   const std::int64_t n = x.size(d);
   const std::int64_t* p = ix.data<std::int64_t>();
   const std::int64_t count = ix.numel();
@@ -130,6 +132,7 @@ Tensor checked_index(const char* op, const Tensor& index, const Tensor& x, std::
 // shared by every r. out may be any strided view.
 void gather_core(const Tensor& out, const Tensor& x, const Tensor& idx, std::int64_t d,
                  const Shape& rest, std::int64_t k, bool idx_1d) {
+  if (skip_compute(out)) return;
   const Split so = split_strides(out, d), sx = split_strides(x, d);
   const Split si = idx_1d ? Split{Shape(rest.size(), 0), 1} : split_strides(idx, d);
   const std::int64_t* pi = idx.data<std::int64_t>();
@@ -158,6 +161,7 @@ void scatter_add_core(const Tensor& out, const Tensor& src, const Tensor& idx, s
                       const Shape& rest, std::int64_t k, bool idx_1d) {
   NoGradGuard ng;
   Tensor sf = src.dtype() == DType::f32 ? src.detach() : src.detach().to(DType::f32);
+  if (skip_compute(out)) return;
   const Split so = split_strides(out, d), ss = split_strides(sf, d);
   const Split si = idx_1d ? Split{Shape(rest.size(), 0), 1} : split_strides(idx, d);
   const std::int64_t* pi = idx.data<std::int64_t>();
@@ -178,7 +182,7 @@ void scatter_add_core(const Tensor& out, const Tensor& src, const Tensor& idx, s
 // A fresh contiguous f32 copy of x.
 Tensor f32_copy(const Tensor& x) {
   Tensor out = empty(x.sizes(), DType::f32);
-  detail::copy_cpu(out, x.detach());
+  if (!skip_compute(out)) detail::copy_cpu(out, x.detach());
   return out;
 }
 

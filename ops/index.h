@@ -54,7 +54,8 @@ struct IndexKernels {
 };
 KernelTable<IndexKernels>& index_kernels();
 
-// `index` as a contiguous i64 tensor on the CPU (no copy for one already).
+// `index` as a contiguous i64 tensor on the CPU (no copy for one already); a
+// meta index stays on meta (no values: the CPU's cast and copy, shapes only).
 Tensor host_index(const Tensor& index);
 
 }  // namespace remat

@@ -118,6 +118,7 @@ const Op<UpdateState> kCopy({.name = "copy_", .inputs = {"dst", "src"}, .outputs
 
 template <UpdateFn F>
 void update_f(Tensor& x, const Tensor& y, float alpha) {
+  if (skip_compute(x)) return;
   const std::array<const Shape*, 2> st{&x.strides(), &y.strides()};
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -30,7 +30,7 @@ void check_list(const char* op, const std::vector<Tensor>& xs) {
 // the rest through the strided copy.
 Tensor cat_cpu(const std::vector<Tensor>& xs, std::int64_t d, const Shape& shape) {
   Tensor out = empty(shape, TensorOptions(xs[0].dtype(), xs[0].device()));
-  if (out.numel() == 0) return out;
+  if (out.numel() == 0 || skip_compute(out)) return out;
   std::int64_t outer = 1, inner = 1;
   for (std::int64_t k = 0; k < d; ++k) outer *= shape[std::size_t(k)];
   for (std::int64_t k = d + 1; k < std::int64_t(shape.size()); ++k) inner *= shape[std::size_t(k)];

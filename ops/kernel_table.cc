@@ -5,7 +5,7 @@ namespace remat {
 std::vector<DeviceType> KernelTableBase::devices() const {
   std::vector<DeviceType> d;
   for (int i = 0; i < kDeviceTypes; ++i)
-    if (registered_[std::size_t(i)]) d.push_back(DeviceType(i));
+    if (has(DeviceType(i))) d.push_back(DeviceType(i));
   return d;
 }
 
@@ -20,6 +20,11 @@ void KernelTableBase::missing(Device device) const {
 
 void KernelTableBase::duplicate(DeviceType t) const {
   throw Error(detail::concat(name_, ": ", device_type_name(t), " kernels registered twice"));
+}
+
+void KernelTableBase::meta_registration() const {
+  throw Error(detail::concat(name_, ": meta kernels are not registered; meta runs the CPU's kernels, which stop "
+                                    "before touching memory (ops/kernel_table.h)"));
 }
 
 Tensor stage_f32(const Tensor& t) {

@@ -12,6 +12,13 @@
 // are (CUDA's kernels read bf16 and f16 themselves). The op's runner then
 // converts each output to the dtype its OpSpec declares and each input
 // gradient to its input's dtype (ops/op.h), so no op decides per device.
+//
+// The meta device registers no kernels: it runs the CPU's, under a
+// DefaultDeviceScope(meta), so their staging copies, scratch and outputs are
+// made on the meta allocator in the CPU's order; each CPU kernel returns
+// before it touches memory when its operands are meta (skip_compute in
+// ops/kernel_util.h). Meta's allocation sequence is the CPU's by
+// construction, not by a second copy of every kernel.
 #pragma once
 
 #include <array>
@@ -43,9 +50,12 @@ class KernelTableBase {
   KernelTableBase& operator=(const KernelTableBase&) = delete;
 
   const char* name() const { return name_; }
-  bool has(DeviceType t) const { return registered_[std::size_t(t)]; }
-  // The device types with kernels, in DeviceType order.
+  // Whether `t` has kernels (meta has whenever the CPU has).
+  bool has(DeviceType t) const { return registered_[std::size_t(kernel_slot(t))]; }
+  // The device types with kernels, in DeviceType order (meta when the CPU has).
   std::vector<DeviceType> devices() const;
+  // The device type whose kernels `t` runs: the CPU's for meta, its own otherwise.
+  static constexpr DeviceType kernel_slot(DeviceType t) { return t == DeviceType::Meta ? DeviceType::CPU : t; }
 
  protected:
   void mark(DeviceType t);
@@ -54,6 +64,8 @@ class KernelTableBase {
   [[noreturn]] void missing(Device device) const;
   // Throws Error: `t` registered twice.
   [[noreturn]] void duplicate(DeviceType t) const;
+  // Throws Error: meta runs the CPU's kernels and registers none.
+  [[noreturn]] void meta_registration() const;
 
  private:
   const char* name_;
@@ -77,6 +89,7 @@ class KernelTable final : public KernelTableBase {
   // Registers `t`'s kernels. Call at static initialisation (through
   // KernelRegistration below); throws Error if `t` already has kernels.
   void add(DeviceType t, Kernels fns, KernelDTypes dtypes) {
+    if (t == DeviceType::Meta) meta_registration();
     if (has(t)) duplicate(t);
     entries_[std::size_t(t)] = Entry{std::move(fns), dtypes};
     mark(t);
@@ -85,7 +98,7 @@ class KernelTable final : public KernelTableBase {
   // `device`'s kernels; throws DeviceError naming the table and the device
   // when it has none.
   const Entry& on(Device device) const {
-    const auto& e = entries_[std::size_t(device.type)];
+    const auto& e = entries_[std::size_t(kernel_slot(device.type))];
     if (!e) missing(device);
     return *e;
   }
@@ -108,6 +121,10 @@ class KernelTable final : public KernelTableBase {
   R run(Device device, R (*Kernels::*fn)(P...), A&&... args) const {
     const Entry& e = on(device);
     const bool stage = e.dtypes == KernelDTypes::f32;
+    if (device.is_meta()) {  // the CPU's kernel, allocating on meta and computing nothing
+      DefaultDeviceScope scope(device);
+      return (e.fns.*fn)(pass<P>(stage, std::forward<A>(args))...);
+    }
     return (e.fns.*fn)(pass<P>(stage, std::forward<A>(args))...);
   }
 

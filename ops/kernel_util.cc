@@ -56,6 +56,11 @@ Tensor from_f32(const Tensor& t, DType dtype) { return dtype == DType::f32 ? t :
 
 std::int64_t read_class_targets(const char* op, const Tensor& targets, std::int64_t classes,
                                 std::int64_t ignore_index, std::vector<std::int64_t>& out) {
+  if (targets.device().is_meta()) {  // meta: shapes only, and every target counts (no padding)
+    mirror_host_read(targets, DType::i64);
+    out.assign(std::size_t(targets.numel()), 0);
+    return targets.numel();
+  }
   out = targets.detach().to_vector<std::int64_t>();
   const auto n = std::int64_t(out.size());
   std::int64_t count = 0;

@@ -32,6 +32,12 @@ Tensor contiguous_detached(const Tensor& t);
 // Throws ShapeError unless t.dim() == n.
 void check_dim(const char* op, const Tensor& t, std::int64_t n, const char* what);
 
+// True when `t` is a meta tensor. A CPU kernel serves the meta device too
+// (ops/kernel_table.h): it makes every tensor it would make, in the same
+// order, and returns them as soon as skip_compute says so, before touching
+// any memory.
+inline bool skip_compute(const Tensor& t) { return t.defined() && t.device().is_meta(); }
+
 // `t` as a contiguous f32 tensor (no copy if it already is one).
 Tensor f32_contiguous(const Tensor& t);
 // Converts an f32 result back to `dtype` (no copy if dtype is f32).
@@ -39,7 +45,8 @@ Tensor from_f32(const Tensor& t, DType dtype);
 
 // Class targets (i32/i64, any device) read to the host as i64, each checked
 // against [0, classes) or equal to ignore_index (ShapeError naming `op`, the
-// value and its position). Returns how many are not ignore_index.
+// value and its position). Returns how many are not ignore_index. Meta
+// targets have no values: every one counts (out holds zeros).
 std::int64_t read_class_targets(const char* op, const Tensor& targets, std::int64_t classes,
                                 std::int64_t ignore_index, std::vector<std::int64_t>& out);
 // The mean loss of `rows` per-row losses (0 for ignored rows) over `count`

@@ -104,8 +104,14 @@ OpResults forward(const std::vector<Tensor>& in, LinearCrossEntropyState& s) {
   }
   if (s.grad_w && !g.dw.defined()) g.dw = zeros({v, d}, f32);  // no rows
   // The row losses summed in row order, as cross_entropy sums them.
-  const std::vector<float> host_loss = row_loss.to_vector<float>();
-  Tensor loss = full({}, mean_of_row_losses(host_loss.data(), rows, s.count), f32);
+  Tensor loss;
+  if (dev.is_meta()) {  // meta: shapes only
+    mirror_host_read(row_loss, DType::f32);
+    loss = full({}, 0.0, f32);
+  } else {
+    const std::vector<float> host_loss = row_loss.to_vector<float>();
+    loss = full({}, mean_of_row_losses(host_loss.data(), rows, s.count), f32);
+  }
   return {{loss}, {g.dh.defined() ? g.dh.view(h.sizes()) : Tensor(), g.dw}};
 }
 
@@ -114,7 +120,9 @@ OpResults forward(const std::vector<Tensor>& in, LinearCrossEntropyState& s) {
 // a loss scale is, keeps them too).
 std::vector<Tensor> backward(const OpBackward<LinearCrossEntropyState>& b) {
   const Tensor& g = b.grad();
-  const bool unit = g.detach().to(DType::f32).item() == 1.0;
+  // meta has no values: its upstream gradient counts as the loss's own seed, 1
+  const Tensor g32 = g.detach().to(DType::f32);
+  const bool unit = g.device().is_meta() || g32.item() == 1.0;
   auto scaled = [&](const char* name) {
     const Tensor t = b.saved(name);
     return unit ? t : mul(t, g.detach().to(DType::f32));
@@ -149,7 +157,7 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
 }
 
 std::int64_t loss_chunk_tile(Device device) {
-  if (!device.is_cpu()) return 1;
+  if (!device.is_cpu() && !device.is_meta()) return 1;  // meta runs the CPU's kernels
   return std::max<std::int64_t>(gemm_reduction_block(), 1);
 }
 

@@ -32,6 +32,7 @@ std::vector<Tensor> forward_cpu(const Tensor& logits, const Tensor&, const std::
   const std::int64_t rows = std::int64_t(tg.size());
   Tensor lf = f32_contiguous(logits);
   Tensor lse = empty({rows}, DType::f32), row_loss = zeros({rows}, DType::f32);
+  if (skip_compute(lse)) return {full({}, 0.0, DType::f32), lse, row_loss};
   const float* pl = lf.data<float>();
   float* ps = lse.data<float>();
   float* pr = row_loss.data<float>();
@@ -57,6 +58,7 @@ Tensor backward_cpu(const Tensor& g, const Tensor& logits, const Tensor& targets
   read_class_targets("cross_entropy", targets, c, ignore_index, tg);
   const std::int64_t rows = std::int64_t(tg.size());
   Tensor lf = f32_contiguous(logits), sf = f32_contiguous(lse), gf = f32_contiguous(g);
+  if (skip_compute(gf)) return empty(logits.sizes(), DType::f32);
   const float scale = count > 0 ? gf.data<float>()[0] / float(count) : 0.0f;
   Tensor dl = empty(logits.sizes(), DType::f32);
   const float* pl = lf.data<float>();

@@ -50,7 +50,7 @@ GemmOperand gemm_operand(const Tensor& t_in) {
     bstride = r * c;
   }
   op.keep = t;
-  op.ptr = t.raw_data();
+  op.ptr = skip_compute(t) ? nullptr : t.raw_data();
   op.batch_stride = bstride;
   return op;
 }
@@ -109,7 +109,8 @@ std::vector<Tensor> backward(const OpBackward<MatmulState>& bw) {
     // One op call of its own, so op hooks (memory timeline phases, op tags)
     // see the backward's products.
     return run_op_call(OpCall{"matmul_backward", {g, as, bs}},
-                       [&] { return kernels.grads_2d(g, as, bs, s.b_transposed); });
+                       [&] { return matmul_kernels().run(g.device(), &MatmulKernels::grads_2d, g, as, bs,
+                                                         s.b_transposed); });
   }
   Tensor ga, gb;
   if (need_a) ga = matmul(g, bs.transpose(-1, -2));
@@ -156,6 +157,7 @@ Tensor product_cpu(const Tensor& a, const Tensor& b, const Shape& out_shape, std
                    std::int64_t n, std::int64_t k) {
   GemmOperand ga = gemm_operand(a.detach()), gb = gemm_operand(b.detach());
   Tensor out = empty(out_shape, DType::f32);
+  if (skip_compute(out)) return out;
   float* po = out.data<float>();
   const auto* pa = static_cast<const float*>(ga.ptr);
   const auto* pb = static_cast<const float*>(gb.ptr);
@@ -199,12 +201,13 @@ std::vector<Tensor> grads_2d_cpu(const Tensor& g, const Tensor& a, const Tensor&
   const std::int64_t m = a2.size(0);
   const GemmOperand og = gemm_operand(g2), obt = gemm_operand(b.detach().t());
   Tensor ga = empty({m, k}, DType::f32);
-  const PairedGemm first = product_args(og, obt, m, k, n, ga.data<float>());
   // dB [k, n], or its transpose [n, k] when b is stored transposed.
   const GemmOperand lhs = b_transposed ? gemm_operand(g2.t()) : gemm_operand(a2.t());
   const GemmOperand rhs = b_transposed ? gemm_operand(a2) : gemm_operand(g2);
   const std::int64_t rows = b_transposed ? n : k, cols = b_transposed ? k : n;
   Tensor gb = empty({rows, cols}, DType::f32);
+  if (skip_compute(gb)) return std::vector<Tensor>{ga.view(a.sizes()), b_transposed ? gb.t() : gb};
+  const PairedGemm first = product_args(og, obt, m, k, n, ga.data<float>());
   const PairedGemm second = product_args(lhs, rhs, rows, cols, m, gb.data<float>());
   gemm_pair(first, second);
   return std::vector<Tensor>{ga.view(a.sizes()), b_transposed ? gb.t() : gb};
@@ -212,6 +215,7 @@ std::vector<Tensor> grads_2d_cpu(const Tensor& g, const Tensor& a, const Tensor&
 
 void accumulate_cpu(Tensor& out, const Tensor& a, const Tensor& b) {
   const GemmOperand ga = gemm_operand(a.detach()), gb = gemm_operand(b.detach());
+  if (skip_compute(out)) return;
   gemm(ga.trans, gb.trans, a.size(0), b.size(1), a.size(1), 1.0f, static_cast<const float*>(ga.ptr), ga.ld,
        static_cast<const float*>(gb.ptr), gb.ld, 1.0f, out.data<float>(), out.size(1));
 }

@@ -42,6 +42,7 @@ void gather_cpu(Tensor& out, const Tensor& x, const Tensor& idx, const Tensor& w
               "moe gather_rows: the CPU kernel writes a contiguous f32 tensor, got ", describe(out));
   Tensor xf = f32_contiguous(x.detach());
   Tensor wf = w.defined() ? f32_contiguous(w.detach()) : Tensor();
+  if (skip_compute(out)) return;
   const float* px = xf.data<float>();
   const std::int64_t* src = idx.data<std::int64_t>();
   const float* pw = wf.defined() ? wf.data<float>() : nullptr;
@@ -72,6 +73,7 @@ Tensor sum_rows_cpu(const Tensor& y, const Tensor& w, const Tensor& token_of_row
   Tensor yf = f32_contiguous(y.detach());
   Tensor wf = w.defined() ? f32_contiguous(w.detach()) : Tensor();
   Tensor out = zeros({tokens, d});
+  if (skip_compute(out)) return out;
   const float* py = yf.data<float>();
   const float* pw = wf.defined() ? wf.data<float>() : nullptr;
   const std::int64_t* dst = token_of_row.data<std::int64_t>();
@@ -95,10 +97,11 @@ Tensor sum_rows_cpu(const Tensor& y, const Tensor& w, const Tensor& token_of_row
 Tensor row_dots_cpu(const Tensor& a, const Tensor& a_rows, const Tensor& b) {
   const std::int64_t r = a_rows.size(0), d = a.size(1);
   Tensor af = f32_contiguous(a.detach()), bf = f32_contiguous(b.detach());
+  Tensor out = empty({r});
+  if (skip_compute(out)) return out;
   const float* ap = af.data<float>();
   const float* bp = bf.data<float>();
   const std::int64_t* rows = a_rows.data<std::int64_t>();
-  Tensor out = empty({r});
   float* p = out.data<float>();
   parallel_rows(r, d, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t k = r0; k < r1; ++k) p[k] = lane_dot(ap + rows[k] * d, bp + k * d, d);

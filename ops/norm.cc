@@ -56,6 +56,7 @@ std::vector<Tensor> rms_forward_cpu(const Tensor& x, const Tensor& w, float eps)
   const std::int64_t d = x.size(-1), rows = num_rows(x);
   Tensor xf = f32_contiguous(x), wf = f32_contiguous(w);
   Tensor y = empty(x.sizes(), DType::f32), rstd = empty({rows}, DType::f32);
+  if (skip_compute(y)) return {y, rstd};
   const float* px = xf.data<float>();
   const float* pw = wf.data<float>();
   float* py = y.data<float>();
@@ -79,38 +80,41 @@ std::vector<Tensor> rms_backward_cpu(const Tensor& g, const Tensor& x, const Ten
   const std::int64_t d = x.size(-1), rows = num_rows(x);
   Tensor gf = f32_contiguous(g), xf = f32_contiguous(x), rf = f32_contiguous(rstd);
   Tensor wf = need_dx ? f32_contiguous(w) : Tensor();  // saved only when dx is needed
-  const float* pg = gf.data<float>();
-  const float* px = xf.data<float>();
-  const float* pw = need_dx ? wf.data<float>() : nullptr;
-  const float* pr = rf.data<float>();
   Tensor dx = need_dx ? empty(x.sizes(), DType::f32) : Tensor();
-  float* pdx = need_dx ? dx.data<float>() : nullptr;
+  const bool meta = skip_compute(gf);
   const std::int64_t br = block_rows(d);
   const std::int64_t blocks = (rows + br - 1) / br;
-  std::vector<float> partial(need_dw ? std::size_t(blocks * d) : 0, 0.0f);
-  const float inv_d = d > 0 ? 1.0f / float(d) : 0.0f;
-  parallel_for(0, blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
-    for (std::int64_t b = b0; b < b1; ++b) {
-      float* part = need_dw ? partial.data() + b * d : nullptr;
-      for (std::int64_t r = b * br; r < std::min(rows, (b + 1) * br); ++r) {
-        const float* gr = pg + r * d;
-        const float* xr = px + r * d;
-        const float rs = pr[r];
-        if (need_dx) {
-          const float dot = lane_acc(d, [&](std::int64_t j) { return (gr[j] * pw[j]) * xr[j]; });
-          const float c = rs * rs * dot * inv_d;
-          float* o = pdx + r * d;
-          for (std::int64_t j = 0; j < d; ++j) o[j] = rs * (gr[j] * pw[j] - xr[j] * c);
+  std::vector<float> partial(need_dw && !meta ? std::size_t(blocks * d) : 0, 0.0f);
+  if (!meta) {
+    const float* pg = gf.data<float>();
+    const float* px = xf.data<float>();
+    const float* pw = need_dx ? wf.data<float>() : nullptr;
+    const float* pr = rf.data<float>();
+    float* pdx = need_dx ? dx.data<float>() : nullptr;
+    const float inv_d = d > 0 ? 1.0f / float(d) : 0.0f;
+    parallel_for(0, blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
+      for (std::int64_t b = b0; b < b1; ++b) {
+        float* part = need_dw ? partial.data() + b * d : nullptr;
+        for (std::int64_t r = b * br; r < std::min(rows, (b + 1) * br); ++r) {
+          const float* gr = pg + r * d;
+          const float* xr = px + r * d;
+          const float rs = pr[r];
+          if (need_dx) {
+            const float dot = lane_acc(d, [&](std::int64_t j) { return (gr[j] * pw[j]) * xr[j]; });
+            const float c = rs * rs * dot * inv_d;
+            float* o = pdx + r * d;
+            for (std::int64_t j = 0; j < d; ++j) o[j] = rs * (gr[j] * pw[j] - xr[j] * c);
+          }
+          if (need_dw)
+            for (std::int64_t j = 0; j < d; ++j) part[j] += gr[j] * (xr[j] * rs);
         }
-        if (need_dw)
-          for (std::int64_t j = 0; j < d; ++j) part[j] += gr[j] * (xr[j] * rs);
       }
-    }
-  });
+    });
+  }
   Tensor dw;
   if (need_dw) {
     dw = empty({d}, DType::f32);
-    sum_partials(partial, blocks, d, dw.data<float>());
+    if (!meta) sum_partials(partial, blocks, d, dw.data<float>());
   }
   return {dx, dw};
 }
@@ -316,6 +320,7 @@ std::vector<Tensor> add_rms_forward_cpu(const Tensor& x, const Tensor& res, cons
   const std::int64_t d = x.size(-1), rows = num_rows(x);
   Tensor xc = contiguous_detached(x), rc = contiguous_detached(res), wf = f32_contiguous(w);
   Tensor h = empty(x.sizes(), dt), y = empty(x.sizes(), dt), rstd = empty({rows}, DType::f32);
+  if (skip_compute(h)) return {h, y, rstd};
   with_float_type(dt, [&](auto tag) {
     using T = decltype(tag);
     add_rms_forward_rows<T>(h.data<T>(), y.data<T>(), rstd.data<float>(), xc.data<T>(), rc.data<T>(),
@@ -380,18 +385,21 @@ std::vector<Tensor> add_rms_backward_cpu(const Tensor& gh, const Tensor& gy, con
   Tensor wf = need_dh ? f32_contiguous(w) : Tensor();
   Tensor rf = f32_contiguous(rstd);
   Tensor dh = need_dh ? empty(h.sizes(), kt) : Tensor();
+  const bool meta = skip_compute(hc);
   const std::int64_t blocks = (rows + block_rows(d) - 1) / block_rows(d);
-  std::vector<float> partial(need_dw ? std::size_t(blocks * d) : 0, 0.0f);
-  with_float_type(kt, [&](auto tag) {
-    using T = decltype(tag);
-    add_rms_backward_rows<T>(need_dh ? dh.data<T>() : nullptr, need_dw ? partial.data() : nullptr,
-                             need_dh ? ghc.data<T>() : nullptr, gyc.data<T>(), hc.data<T>(),
-                             need_dh ? wf.data<float>() : nullptr, rf.data<float>(), rows, d);
-  });
+  std::vector<float> partial(need_dw && !meta ? std::size_t(blocks * d) : 0, 0.0f);
+  if (!meta) {
+    with_float_type(kt, [&](auto tag) {
+      using T = decltype(tag);
+      add_rms_backward_rows<T>(need_dh ? dh.data<T>() : nullptr, need_dw ? partial.data() : nullptr,
+                               need_dh ? ghc.data<T>() : nullptr, gyc.data<T>(), hc.data<T>(),
+                               need_dh ? wf.data<float>() : nullptr, rf.data<float>(), rows, d);
+    });
+  }
   Tensor dw;
   if (need_dw) {
     dw = empty({d}, DType::f32);
-    sum_partials(partial, blocks, d, dw.data<float>());
+    if (!meta) sum_partials(partial, blocks, d, dw.data<float>());
     dw = dw.to(dt);
   }
   if (need_dh && kt != dt) dh = dh.to(dt);
@@ -408,6 +416,7 @@ std::vector<Tensor> ln_forward_cpu(const Tensor& x, const Tensor& w, const Tenso
   Tensor wf = w.defined() ? f32_contiguous(w) : Tensor();
   Tensor bf = b.defined() ? f32_contiguous(b) : Tensor();
   Tensor y = empty(x.sizes(), DType::f32), mean = empty({rows}, DType::f32), rstd = empty({rows}, DType::f32);
+  if (skip_compute(y)) return {y, mean, rstd};
   const float* px = xf.data<float>();
   const float* pw = w.defined() ? wf.data<float>() : nullptr;
   const float* pb = b.defined() ? bf.data<float>() : nullptr;
@@ -450,59 +459,62 @@ std::vector<Tensor> ln_backward_cpu(const Tensor& g, const Tensor& x, const Tens
   Tensor wf = need_dx && w.defined() ? f32_contiguous(w) : Tensor();
   Tensor mf = need_x ? f32_contiguous(mean) : Tensor();
   Tensor rf = need_x ? f32_contiguous(rstd) : Tensor();
-  const float* pg = gf.data<float>();
-  const float* px = need_x ? xf.data<float>() : nullptr;
-  const float* pw = wf.defined() ? wf.data<float>() : nullptr;
-  const float* pm = need_x ? mf.data<float>() : nullptr;
-  const float* pr = need_x ? rf.data<float>() : nullptr;
   Tensor dx = need_dx ? empty(g.sizes(), DType::f32) : Tensor();
-  float* pdx = need_dx ? dx.data<float>() : nullptr;
+  const bool meta = skip_compute(gf);
   const std::int64_t br = block_rows(d);
   const std::int64_t blocks = (rows + br - 1) / br;
-  std::vector<float> part_w(need_dw ? std::size_t(blocks * d) : 0, 0.0f);
-  std::vector<float> part_b(need_db ? std::size_t(blocks * d) : 0, 0.0f);
-  const float inv_d = d > 0 ? 1.0f / float(d) : 0.0f;
-  parallel_for(0, blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
-    for (std::int64_t b = b0; b < b1; ++b) {
-      float* pwp = need_dw ? part_w.data() + b * d : nullptr;
-      float* pbp = need_db ? part_b.data() + b * d : nullptr;
-      for (std::int64_t r = b * br; r < std::min(rows, (b + 1) * br); ++r) {
-        const float* gr = pg + r * d;
-        const float* xr = need_x ? px + r * d : nullptr;
-        const float m = need_x ? pm[r] : 0.0f, rs = need_x ? pr[r] : 0.0f;
-        if (need_dx) {
-          float* o = pdx + r * d;
-          float s1, s2;
-          if (pw) {
-            s1 = lane_acc(d, [&](std::int64_t j) { return gr[j] * pw[j]; });
-            s2 = lane_acc(d, [&](std::int64_t j) { return (gr[j] * pw[j]) * ((xr[j] - m) * rs); });
-          } else {
-            s1 = lane_sum(gr, d);
-            s2 = lane_acc(d, [&](std::int64_t j) { return gr[j] * ((xr[j] - m) * rs); });
+  std::vector<float> part_w(need_dw && !meta ? std::size_t(blocks * d) : 0, 0.0f);
+  std::vector<float> part_b(need_db && !meta ? std::size_t(blocks * d) : 0, 0.0f);
+  if (!meta) {
+    const float* pg = gf.data<float>();
+    const float* px = need_x ? xf.data<float>() : nullptr;
+    const float* pw = wf.defined() ? wf.data<float>() : nullptr;
+    const float* pm = need_x ? mf.data<float>() : nullptr;
+    const float* pr = need_x ? rf.data<float>() : nullptr;
+    float* pdx = need_dx ? dx.data<float>() : nullptr;
+    const float inv_d = d > 0 ? 1.0f / float(d) : 0.0f;
+    parallel_for(0, blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
+      for (std::int64_t b = b0; b < b1; ++b) {
+        float* pwp = need_dw ? part_w.data() + b * d : nullptr;
+        float* pbp = need_db ? part_b.data() + b * d : nullptr;
+        for (std::int64_t r = b * br; r < std::min(rows, (b + 1) * br); ++r) {
+          const float* gr = pg + r * d;
+          const float* xr = need_x ? px + r * d : nullptr;
+          const float m = need_x ? pm[r] : 0.0f, rs = need_x ? pr[r] : 0.0f;
+          if (need_dx) {
+            float* o = pdx + r * d;
+            float s1, s2;
+            if (pw) {
+              s1 = lane_acc(d, [&](std::int64_t j) { return gr[j] * pw[j]; });
+              s2 = lane_acc(d, [&](std::int64_t j) { return (gr[j] * pw[j]) * ((xr[j] - m) * rs); });
+            } else {
+              s1 = lane_sum(gr, d);
+              s2 = lane_acc(d, [&](std::int64_t j) { return gr[j] * ((xr[j] - m) * rs); });
+            }
+            const float a = s1 * inv_d, c = s2 * inv_d;
+            if (pw) {
+              for (std::int64_t j = 0; j < d; ++j)
+                o[j] = rs * ((gr[j] * pw[j] - a) - ((xr[j] - m) * rs) * c);
+            } else {
+              for (std::int64_t j = 0; j < d; ++j) o[j] = rs * ((gr[j] - a) - ((xr[j] - m) * rs) * c);
+            }
           }
-          const float a = s1 * inv_d, c = s2 * inv_d;
-          if (pw) {
-            for (std::int64_t j = 0; j < d; ++j)
-              o[j] = rs * ((gr[j] * pw[j] - a) - ((xr[j] - m) * rs) * c);
-          } else {
-            for (std::int64_t j = 0; j < d; ++j) o[j] = rs * ((gr[j] - a) - ((xr[j] - m) * rs) * c);
-          }
+          if (need_dw)
+            for (std::int64_t j = 0; j < d; ++j) pwp[j] += gr[j] * ((xr[j] - m) * rs);
+          if (need_db)
+            for (std::int64_t j = 0; j < d; ++j) pbp[j] += gr[j];
         }
-        if (need_dw)
-          for (std::int64_t j = 0; j < d; ++j) pwp[j] += gr[j] * ((xr[j] - m) * rs);
-        if (need_db)
-          for (std::int64_t j = 0; j < d; ++j) pbp[j] += gr[j];
       }
-    }
-  });
+    });
+  }
   Tensor dw, db;
   if (need_dw) {
     dw = empty({d}, DType::f32);
-    sum_partials(part_w, blocks, d, dw.data<float>());
+    if (!meta) sum_partials(part_w, blocks, d, dw.data<float>());
   }
   if (need_db) {
     db = empty({d}, DType::f32);
-    sum_partials(part_b, blocks, d, db.data<float>());
+    if (!meta) sum_partials(part_b, blocks, d, db.data<float>());
   }
   return {dx, dw, db};
 }

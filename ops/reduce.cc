@@ -62,6 +62,7 @@ Folded fold(const Tensor& x, const std::vector<std::int64_t>& rd) {
 Tensor sum_cpu(const Tensor& x, const std::vector<std::int64_t>& rd, bool keepdim, float scale) {
   Folded f = fold(x, rd);
   Tensor out = empty(keepdim ? f.keep_shape : f.out_shape, DType::f32);
+  if (skip_compute(out)) return out;
   const float* p = f.mat.data<float>();
   float* o = out.data<float>();
   const std::int64_t inner = f.inner;
@@ -98,6 +99,7 @@ std::vector<Tensor> max_cpu(const Tensor& x, const std::vector<std::int64_t>& rd
   Folded f = fold(x, rd);
   Tensor values = empty(keepdim ? f.keep_shape : f.out_shape, DType::f32);
   Tensor index = empty(keepdim ? f.keep_shape : f.out_shape, DType::i64);
+  if (skip_compute(values)) return {values, index};
   const float* p = f.mat.data<float>();
   float* v = values.data<float>();
   std::int64_t* ix = index.data<std::int64_t>();
@@ -136,6 +138,7 @@ Tensor max_backward_cpu(const Tensor& g, const Tensor& index, const Shape& xs, s
   const std::int64_t rows = gx.numel() / std::max<std::int64_t>(inner, 1);
   Tensor gsrc = xs.empty() ? gf : gf.permute(perm).contiguous();
   Tensor isrc = xs.empty() ? ic : ic.permute(perm).contiguous();
+  if (skip_compute(gx)) return gx;
   const float* pg = gsrc.data<float>();
   const std::int64_t* pi = isrc.data<std::int64_t>();
   float* base = gx.data<float>();

@@ -23,6 +23,10 @@ namespace {
 
 Tensor rotate_cpu(const Tensor& x, double theta, std::int64_t position_offset, float sign) {
   const std::int64_t seq = x.size(-2), d = x.size(-1), half = d / 2;
+  if (skip_compute(x)) {
+    Tensor xf = f32_contiguous(x);
+    return empty(x.sizes(), DType::f32);
+  }
   // cos / sin of pos * inv_freq_i, computed in double, per (s, i).
   std::vector<float> cs(std::size_t(seq * half)), sn(std::size_t(seq * half));
   for (std::int64_t i = 0; i < half; ++i) {

@@ -62,6 +62,7 @@ const Op<> kSwiglu({.name = "swiglu",
 Tensor forward_cpu(const Tensor& gate, const Tensor& up) {
   Tensor gf = f32_contiguous(gate), uf = f32_contiguous(up);
   Tensor out = empty(gate.sizes(), DType::f32);
+  if (skip_compute(out)) return out;
   const float* pg = gf.data<float>();
   const float* pu = uf.data<float>();
   float* po = out.data<float>();
@@ -80,6 +81,7 @@ std::vector<Tensor> backward_cpu(const Tensor& dy, const Tensor& gate, const Ten
   Tensor uf = need_dgate ? f32_contiguous(up) : Tensor();
   Tensor dgate = need_dgate ? empty(gate.sizes(), DType::f32) : Tensor();
   Tensor dup = need_dup ? empty(gate.sizes(), DType::f32) : Tensor();
+  if (skip_compute(df)) return {dgate, dup};
   const float* pd = df.data<float>();
   const float* pg = gf.data<float>();
   const float* pu = need_dgate ? uf.data<float>() : nullptr;

@@ -47,6 +47,7 @@ std::vector<Tensor> forward_cpu(const Tensor& x, std::int64_t k, std::int64_t d,
   Shape pshape;
   for (auto p : perm) pshape.push_back(shape[std::size_t(p)]);
   Tensor pv = empty(pshape, DType::f32), pi = empty(pshape, DType::i64);
+  if (skip_compute(values)) return {values, indices};
   const std::int64_t rows = n == 0 ? 0 : mat.numel() / n;
   const float* pm = mat.data<float>();
   float* ov = pv.data<float>();
@@ -72,8 +73,9 @@ std::vector<Tensor> forward_cpu(const Tensor& x, std::int64_t k, std::int64_t d,
 }
 
 // Indices within a row are distinct: scatter_add places each g once.
-Tensor backward_cpu(const Tensor& g, const Tensor& indices, const Shape& xs, std::int64_t d, DType dtype) {
-  return scatter_add(zeros(xs, dtype), d, indices, g);
+// g arrives staged to f32; the op's runner gives the gradient the input's dtype.
+Tensor backward_cpu(const Tensor& g, const Tensor& indices, const Shape& xs, std::int64_t d, DType) {
+  return scatter_add(zeros(xs, g.dtype()), d, indices, g);
 }
 
 const KernelRegistration<TopkKernels> kCpu(topk_kernels(), DeviceType::CPU, {forward_cpu, backward_cpu},

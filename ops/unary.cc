@@ -101,6 +101,7 @@ template <typename Fn>
 Tensor map(const Tensor& x, Fn&& fn) {
   Tensor xf = f32_contiguous(x);
   Tensor out = empty(x.sizes(), DType::f32);
+  if (skip_compute(out)) return out;
   const float* px = xf.data<float>();
   float* po = out.data<float>();
   parallel_elementwise(x.numel(), [&](std::int64_t i0, std::int64_t i1) {
@@ -116,6 +117,7 @@ template <typename Fn>
 Tensor map2(const Tensor& a, const Tensor& b, Fn&& fn) {
   Tensor af = f32_contiguous(a), bf = f32_contiguous(b);
   Tensor out = empty(a.sizes(), DType::f32);
+  if (skip_compute(out)) return out;
   const float* pa = af.data<float>();
   const float* pb = bf.data<float>();
   float* po = out.data<float>();

@@ -1,5 +1,6 @@
 // ./remat mem: the allocator's history over one training step, written as
 // JSON and as an HTML picture (tools/mem_timeline.h).
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -80,12 +81,18 @@ struct MemOptions {
   std::string stem;  // --out without a trailing .json or .html
   std::int64_t steps_before = 0, capacity = 0;
   std::uint64_t seed = 0;
+  Device device = kCPU;  // cpu, or meta: the same step on shapes alone (docs/META.md)
+  std::string dtype = "f32";  // the compute dtype (parameters, gradients and optimizer state stay f32)
 };
 
 std::vector<FlagSpec> mem_flag_specs() {
   return with_auto_plan_flags(
       {text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
        text_flag("recompute", "recompute plan, as for train", "none"),
+       text_flag("device", "cpu, or meta: the step on shapes alone, its allocations exactly the CPU's", "cpu"),
+       text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and optimizer state stay f32)", "f32"),
+       int_flag("batch", "sequences per step (default: the config's)", std::nullopt, {.min = 1}),
+       int_flag("seq", "tokens per sequence (default: the config's)", std::nullopt, {.min = 1}),
        text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
        int_flag("seed", "seed for weights, data and dropout", 0, {.min = 0}),
        int_flag("steps-before", "training steps run before the recorded one, so optimizer state exists", 1,
@@ -106,6 +113,12 @@ MemOptions mem_options(const Flags& f) {
   REMAT_CHECK(!m.stem.empty() && !ends_with(m.stem, "/"), Error, "--out '", f.get("out"),
               "' names no file (expected e.g. --out out/tiny-mem)");
   m.steps_before = f.get_int("steps-before");
+  m.device = device_flag(f);
+  m.dtype = f.get("dtype");
+  REMAT_CHECK(m.dtype == "f32" || m.dtype == "bf16", Error, "mem: --dtype ", m.dtype,
+              ": expected f32 or bf16 (f16 trains with a loss scaler; use train)");
+  REMAT_CHECK(m.device.is_cpu() || m.device.is_meta(), DeviceError, "mem: --device ", m.device.str(),
+              ": mem records the CPU's or meta's allocator (expected cpu or meta)");
   m.capacity = f.get_int("capacity");
   apply_threads_flag(f);
   m.seed = std::uint64_t(f.get_int("seed"));
@@ -114,12 +127,16 @@ MemOptions mem_options(const Flags& f) {
 
 // The trainer's options for the recorded run (the plan resolved: auto is
 // profiled and chosen here).
-TrainOptions mem_train_options(const Flags& f, std::uint64_t seed) {
+TrainOptions mem_train_options(const Flags& f, const MemOptions& m) {
   TrainOptions o;
   o.config = ModelConfig::load(f.get("config"));
+  if (f.has("batch")) o.config.batch = f.get_int("batch");
+  if (f.has("seq")) o.config.seq = f.get_int("seq");
   o.config.validate();
-  o.seed = seed;
-  o.recompute = resolve_recompute(f, f.get("recompute"), o.config, "f32", kCPU, seed);
+  o.seed = m.seed;
+  o.device = m.device;
+  o.dtype = compute_dtype_from_name(m.dtype);
+  o.recompute = resolve_recompute(f, f.get("recompute"), o.config, m.dtype, m.device, m.seed);
   return o;
 }
 
@@ -166,16 +183,30 @@ class MemOutputs {
 class MemTrainer {
  public:
   MemTrainer(const TrainOptions& o, const RecomputePlan& plan)
-      : o_(o), corpus_(generated_corpus(o.seed)), alloc_(allocator_for(kCPU)) {
+      : o_(o), alloc_(allocator_for(o.device)) {
     const ModelConfig& c = o.config;
     manual_seed(o.seed);
-    model_ = std::make_unique<DecoderModel>(c, o.seed);
+    {
+      // On meta the model is built there: its parameters take no memory.
+      DefaultDeviceScope on(o.device);
+      model_ = std::make_unique<DecoderModel>(c, o.seed);
+    }
+    model_->set_compute_dtype(o.dtype);
     apply_recompute_plan(*model_, plan);
     AdamWOptions ao;
     ao.weight_decay = o.weight_decay;
     optimizer_ = std::make_unique<AdamW>(model_->named_parameters(), ao);
-    sampler_ = std::make_unique<BatchSampler>(corpus_.train, c.batch, c.seq, o.seed + 1);
+    if (!o.device.is_meta()) {
+      corpus_ = generated_corpus(o.seed);
+      sampler_ = std::make_unique<BatchSampler>(corpus_.train, c.batch, c.seq, o.seed + 1);
+    }
     model_->train(true);
+  }
+
+  // The next batch: the sampler's, or on meta a batch of its shape (no tokens).
+  Tensor next_batch() {
+    if (sampler_) return sampler_->next();
+    return empty({o_.config.batch, o_.config.seq + 1}, TensorOptions(DType::i64, o_.device));
   }
 
   // One training step as Trainer::run does it; `w` (when recording) marks
@@ -186,14 +217,14 @@ class MemTrainer {
     };
     const double lr = cosine_lr(step_, o_.warmup, o_.steps, o_.lr, o_.min_lr);
     phase("zero_grad");
-    Tensor batch = sampler_->next();
+    Tensor batch = next_batch();
     model_->zero_grad();
-    double loss;
+    double loss = std::nan("");  // meta has no values
     {
       CategoryScope cat(MemoryCategory::activation);
       phase("forward");
       auto out = model_->forward_loss(batch);
-      loss = out.loss.item();
+      if (!o_.device.is_meta()) loss = out.loss.item();
       phase("backward");
       out.loss.backward();
     }
@@ -244,6 +275,11 @@ void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs&
               t.peak_phase.c_str(), t.peak_tag.empty() ? "" : ", op ", t.peak_tag.c_str(),
               format_bytes(peak.bytes[std::size_t(MemoryCategory::loss)]).c_str(), format_bytes(loss_most).c_str(),
               format_bytes(t.reserved_peak).c_str(), rec.events.size(), static_cast<long long>(replays));
+  std::string cats;  // the peak by category (they add up to the peak)
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c)
+    if (peak.bytes[c] > 0)
+      cats += std::string(cats.empty() ? "" : ", ") + category_name(MemoryCategory(c)) + " " + format_bytes(peak.bytes[c]);
+  std::printf("  at the peak: %s\n", cats.c_str());
   std::printf("  wrote %s and %s\n", out.json_path().c_str(), out.html_path().c_str());
 }
 
@@ -282,7 +318,8 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
   rec.saved_at_peak_total = watcher->saved_at_peak().live_bytes;
   rec.info = {{"seed", std::to_string(m.seed)},
               {"steps before", std::to_string(m.steps_before)},
-              {"loss", std::to_string(loss)},
+              {"device", o.device.str()},
+              {"loss", o.device.is_meta() ? std::string("- (meta: shapes only)") : std::to_string(loss)},
               {"parameters", std::to_string(run.model().num_parameters())},
               {"replays", std::to_string(cc.replays)},
               {"recomputed ops", std::to_string(cc.ops_recomputed)},
@@ -297,7 +334,7 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
 int run_mem(const std::vector<std::string>& args) {
   Flags f("mem", "the allocator history over one training step as JSON and HTML", args, mem_flag_specs());
   const MemOptions m = mem_options(f);
-  const TrainOptions o = mem_train_options(f, m.seed);
+  const TrainOptions o = mem_train_options(f, m);
   RecomputePlan plan = RecomputePlan::parse(o.recompute, o.config.n_layers);
   if (f.has("offload-dir")) plan.offload_dir = f.get("offload-dir");
   MemOutputs out(m.stem);

@@ -777,6 +777,9 @@ std::int64_t measure_plan_peak(const ProfileOptions& opts, const std::string& pl
   StepRig rig(opts);
   apply_recompute_plan(rig.model, parsed);
   CachingAllocator& alloc = allocator_for(opts.device);
+  // The cache as a fresh process has it: which cached block a request gets
+  // (and so its bytes) must not depend on what ran before (offload's thread).
+  alloc.empty_cache();
   std::int64_t peak = 0;
   for (std::int64_t step = 0; step < std::max<std::int64_t>(2, steps); ++step) {
     rig.step([&] { alloc.reset_peak(); });

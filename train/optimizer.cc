@@ -102,7 +102,7 @@ std::vector<double> cpu_grad_sq_partials(const std::vector<Tensor>& params) {
     Tensor gc = g.to(DType::f32).contiguous();
     const std::int64_t n = gc.numel();
     if (n == 0) continue;
-    append_chunks(chunks, gc.data<float>(), n);
+    if (!gc.device().is_meta()) append_chunks(chunks, gc.data<float>(), n);  // meta: shapes only (a sum of 0)
     keep.push_back(std::move(gc));
   }
   std::vector<double> partial(chunks.size());
@@ -156,8 +156,8 @@ void adamw_chunk(const AdamWChunk& c, const AdamWStepScalars& s) {
 AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWOptions opts) : opts_(opts) {
   CategoryScope cat(MemoryCategory::optimizer);
   for (auto& [name, p] : params) {
-    REMAT_CHECK(p.dtype() == DType::f32 && (p.device().is_cpu() || p.device().is_cuda()), DTypeError,
-                "AdamW: parameter '", name, "' must be an f32 CPU or CUDA tensor (master weights), got ", p.dtype(),
+    REMAT_CHECK(p.dtype() == DType::f32 && (p.device().is_cpu() || p.device().is_cuda() || p.device().is_meta()),
+                DTypeError, "AdamW: parameter '", name, "' must be an f32 CPU, CUDA or meta tensor (master weights), got ", p.dtype(),
                 " on ", p.device());
     // The update runs over the parameter's buffer as a flat array.
     REMAT_CHECK(p.is_contiguous(), DeviceError, "AdamW: parameter '", name, "' on ", p.device(),
@@ -205,6 +205,10 @@ void AdamW::step(double lr) {
         it = devices.end() - 1;
       }
       device_slots[std::size_t(it - devices.begin())].push_back(d);
+      continue;
+    }
+    if (s.param.device().is_meta()) {  // shapes only: the CPU's copies, no update
+      cpu_grads.push_back(std::move(gc));
       continue;
     }
     float* p = s.param.data<float>();
@@ -303,7 +307,7 @@ void scale_grads(const std::vector<Tensor>& params, float scale) {
   std::vector<CpuSpan> chunks;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
-    if (!g.defined() || g.device().is_cuda()) continue;
+    if (!g.defined() || g.device().is_cuda() || g.device().is_meta()) continue;
     if (const std::int64_t n = g.numel(); n > 0) append_chunks(chunks, g.data<float>(), n);
   }
   for_each_chunk(chunks.size(), [&](std::size_t c) {

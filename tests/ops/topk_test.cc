@@ -133,3 +133,11 @@ TEST_CASE("topk: gradients flow to the picked entries", "[ops][topk][grad]") {
   CHECK(v2.grad_fn()->saved_tensors()[0]->info().is_output);
   CHECK(v2.grad_fn()->saved_tensors()[0]->info().meta.dtype == DType::i64);
 }
+
+TEST_CASE("topk: a bf16 input's gradient is bf16, the upstream values at the picked entries", "[ops][topk][grad]") {
+  Tensor leaf = from_vector<float>({1, 3, 3, 2}).to(DType::bf16).set_requires_grad();
+  auto [v, i] = topk(leaf, 2);
+  sum(v.to(DType::f32) * from_vector<float>({10, 20})).backward();
+  REQUIRE(leaf.grad().dtype() == DType::bf16);
+  CHECK(leaf.grad().to(DType::f32).to_vector<float>() == F32{0, 10, 20, 0});
+}

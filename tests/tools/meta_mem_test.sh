@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The meta device is exact: `mem --device meta` records the same allocator
+# history as `mem` on the CPU, event for event (kind, block bytes, category,
+# op tag, allocated and reserved bytes after it, phase markers), so the peaks
+# are equal to the byte. Every plan of plans_dump_test.sh except offload
+# (whose CPU history depends on when the spill file's writes finish), in f32
+# and bf16, on tiny (dropout on), tiny-moe with balanced routes, bench-dense
+# and bench-moe (balanced). Then the meta-only checks: a 70B shape on one
+# core in seconds and little RAM, and the refusals.
+set -u
+cd "$(dirname "$(readlink -f "$0")")/../.."
+passed=0
+failed=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+remat=./bazel-bin/tools/remat
+
+fail() {
+  failed=$((failed + 1))
+  echo "FAILED: $*"
+}
+
+# check CONFIG DTYPE "PLANS" [more mem flags]: each plan on cpu and on meta.
+check() {
+  local config=$1 dtype=$2 plans=$3
+  shift 3
+  for plan in $plans; do
+    if ! $remat mem --config "$config" --dtype "$dtype" --recompute "$plan" "$@" --out "$tmp/cpu" \
+         > /dev/null 2> "$tmp/err"; then
+      fail "cpu mem $config $dtype $plan: $(tail -1 "$tmp/err")"
+      continue
+    fi
+    if ! $remat mem --device meta --config "$config" --dtype "$dtype" --recompute "$plan" "$@" --out "$tmp/meta" \
+         > /dev/null 2> "$tmp/err"; then
+      fail "meta mem $config $dtype $plan: $(tail -1 "$tmp/err")"
+      continue
+    fi
+    if /usr/bin/python3 - "$tmp/cpu.json" "$tmp/meta.json" > "$tmp/cmp.txt" 2>&1 <<'PY'
+import json, sys
+cpu, meta = (json.load(open(p)) for p in sys.argv[1:3])
+key = lambda e: (e["kind"], e["size"], e["category"], e["tag"], e["allocated"], e["reserved"])
+a, b = [key(e) for e in cpu["events"]], [key(e) for e in meta["events"]]
+for i, (x, y) in enumerate(zip(a, b)):
+    if x != y:
+        sys.exit(f"event {i} of {len(a)}: cpu {x}, meta {y}")
+if len(a) != len(b):
+    sys.exit(f"cpu recorded {len(a)} events, meta {len(b)}")
+for k in ("allocated", "reserved_peak", "by_category"):
+    if cpu["peak"][k] != meta["peak"][k]:
+        sys.exit(f"peak {k}: cpu {cpu['peak'][k]}, meta {meta['peak'][k]}")
+assert len(a) > 100, len(a)
+PY
+    then
+      passed=$((passed + 1))
+    else
+      fail "--recompute $plan ($config, $dtype): meta's history differs from the CPU's: $(cat "$tmp/cmp.txt")"
+    fi
+  done
+}
+
+dense="none per_block chunk selected:0,2 uniform:2 block:3 attention selective:core_attn selective:layernorm
+       selective:mlp selective:save_matmul selective:save_attention selective:save_ops=matmul/scaled_dot_product_attention
+       selective:mlp,layernorm selected:1,3+block:1 attention+selective:mlp per_block+keep_last uniform:2+keep_last
+       per_block@0-1+selective:save_matmul@2-3 selective:mlp@1-2+attention@0
+       uniform:2@0-1+selective:save_attention@2-3
+       compress:bf16 compress:fp8 compress:fp8:mlp per_block+compress:fp8 compress:bf16:all
+       chunked_loss per_block+chunked_loss selective:save_matmul+chunked_loss"
+moe="none per_block chunk per_block+keep_last attention moe_expert selective:moe_act selective:moe selective:shared_experts
+     attention+moe_expert per_block@0-1+moe_expert@2-3 selective:save_matmul compress:fp8 per_block+compress:bf16
+     chunked_loss per_block+chunked_loss"
+tiny=tests/checkpoint/data/tiny_dropout.json
+echo '{"name": "tiny-moe", "dropout": 0.1, "balanced_routing": true}' > "$tmp/tiny_moe.json"
+echo '{"name": "bench-moe", "balanced_routing": true}' > "$tmp/bench_moe.json"
+check "$tiny" f32 "$dense"
+check "$tiny" bf16 "none per_block selective:save_matmul attention+selective:mlp compress:fp8 per_block+chunked_loss"
+check "$tmp/tiny_moe.json" f32 "$moe"
+check "$tmp/tiny_moe.json" bf16 "none per_block moe_expert selective:moe per_block+chunked_loss"
+check bench-dense f32 "none per_block selective:save_matmul uniform:2+keep_last" --steps-before 0
+check bench-dense bf16 "per_block" --steps-before 0
+check "$tmp/bench_moe.json" f32 "none per_block moe_expert attention+moe_expert" --steps-before 0
+check "$tmp/bench_moe.json" bf16 "per_block" --steps-before 0
+
+# A 70B shape at 8192 tokens: quick, small, and its peak by category printed.
+if /usr/bin/time -f "%e %M" -o "$tmp/time" $remat mem --device meta --config llama3-70b --seq 8192 \
+     --recompute per_block --out "$tmp/l70" > "$tmp/l70.txt" 2>&1; then
+  read -r secs kib < "$tmp/time"
+  if /usr/bin/python3 -c "import sys; s, k = float(sys.argv[1]), int(sys.argv[2]); sys.exit(not (s < 60 and k < 1 << 20))" \
+       "$secs" "$kib" && grep -q "at the peak: parameter 262.83 GiB, gradient" "$tmp/l70.txt"; then
+    passed=$((passed + 1))
+  else
+    fail "llama3-70b on meta: ${secs}s, ${kib} KiB (want < 60 s, < 1 GiB), or no per-category peak: $(cat "$tmp/l70.txt")"
+  fi
+else
+  fail "llama3-70b on meta: $(tail -2 "$tmp/l70.txt")"
+fi
+
+# Refusals: a device mem does not record, a dtype it does not train.
+expect_error() {
+  local want=$1
+  shift
+  if $remat "$@" > "$tmp/out.txt" 2>&1; then
+    fail "$* succeeded; expected an error containing '$want'"
+  elif grep -q -- "$want" "$tmp/out.txt"; then
+    passed=$((passed + 1))
+  else
+    fail "$*: expected '$want', got: $(cat "$tmp/out.txt")"
+  fi
+}
+expect_error "expected cpu or meta" mem --device cuda --config tiny --out "$tmp/x"
+expect_error "unknown device 'metal'; expected cpu, cuda, cuda:N or meta" mem --device metal --config tiny --out "$tmp/x"
+expect_error "expected f32 or bf16" mem --device meta --dtype f16 --config tiny --out "$tmp/x"
+
+echo "remat-tests: $passed passed, $failed failed, 0 skipped"
+[ "$failed" -eq 0 ]
