@@ -76,6 +76,30 @@ class StepWatcher final : public OpHook {
   SavedBytesReport snapshot_;
 };
 
+// Records, for each block's first forward of the step (not its replays),
+// the bytes held for backward that the forward added from the end of the
+// block before (block 0: from the step's start, so the embedding's saves
+// count there) to its own end: its saves, or under a block region its
+// boundary, whose hold comes before the block runs.
+class BlockSaves final : public BlockObserver {
+ public:
+  explicit BlockSaves(std::size_t blocks) : bytes_(blocks, 0), done_(blocks, false), last_(saved_bytes_live()) {}
+  void before_block(std::int64_t, const Tensor&) override {}
+  void after_block(std::int64_t i, const Tensor&) override {
+    if (in_recompute() || done_[std::size_t(i)]) return;
+    const std::int64_t now = saved_bytes_live();
+    bytes_[std::size_t(i)] = now - last_;
+    last_ = now;
+    done_[std::size_t(i)] = true;
+  }
+  const std::vector<std::int64_t>& bytes() const { return bytes_; }
+
+ private:
+  std::vector<std::int64_t> bytes_;
+  std::vector<bool> done_;
+  std::int64_t last_;
+};
+
 // The command's own flags, checked once.
 struct MemOptions {
   std::string stem;  // --out without a trailing .json or .html
@@ -280,6 +304,22 @@ void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs&
     if (peak.bytes[c] > 0)
       cats += std::string(cats.empty() ? "" : ", ") + category_name(MemoryCategory(c)) + " " + format_bytes(peak.bytes[c]);
   std::printf("  at the peak: %s\n", cats.c_str());
+  // Per block: each one's bytes when there are few, else the range.
+  const auto& b = rec.block_saved_bytes;
+  if (!b.empty()) {
+    std::string per;
+    if (b.size() <= 8) {
+      for (std::size_t i = 0; i < b.size(); ++i) per += std::string(i ? ", " : "") + format_bytes(b[i]);
+    } else {
+      const auto [lo, hi] = std::minmax_element(b.begin(), b.end());
+      std::int64_t total = 0;
+      for (auto x : b) total += x;
+      per = format_bytes(*lo) + " (block " + std::to_string(lo - b.begin()) + ") to " + format_bytes(*hi) + " (block " +
+            std::to_string(hi - b.begin()) + "), " + format_bytes(total) + " over " + std::to_string(b.size()) +
+            " blocks";
+    }
+    std::printf("  held for backward per block (after its forward): %s\n", per.c_str());
+  }
   std::printf("  wrote %s and %s\n", out.json_path().c_str(), out.html_path().c_str());
 }
 
@@ -298,6 +338,8 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
   rec.initial_bytes = before.category_bytes;
   rec.initial_reserved = before.reserved_bytes;
   auto watcher = std::make_shared<StepWatcher>(alloc);
+  auto blocks = std::make_shared<BlockSaves>(std::size_t(o.config.n_layers));
+  run.model().model->blocks->set_observer(blocks);
   double loss = 0;
   alloc.enable_history(std::size_t(m.capacity));
   try {
@@ -309,6 +351,8 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
   }
   rec.events = alloc.history();
   alloc.enable_history(0);
+  run.model().model->blocks->set_observer(nullptr);
+  rec.block_saved_bytes = blocks->bytes();
   *allocated_peak = alloc.stats().allocated_peak;
   const CheckpointCounters cc = checkpoint_counters();
   REMAT_CHECK(std::int64_t(rec.events.size()) < m.capacity || rec.events.empty() || rec.events.front().seq == 0,

@@ -139,6 +139,9 @@ std::string timeline_json(const MemRecording& r, const Timeline& t) {
   }
   out += "},\n";
   out += "\"saved_at_peak_total\": " + num(r.saved_at_peak_total) + ",\n";
+  out += "\"block_saved_bytes\": [";
+  for (std::size_t i = 0; i < r.block_saved_bytes.size(); ++i) out += (i ? ", " : "") + num(r.block_saved_bytes[i]);
+  out += "],\n";
   out += "\"duration_us\": " + us(t.end_ns) + ",\n";
   out += "\"events\": [";
   for (std::size_t i = 0; i < r.events.size(); ++i) {

@@ -33,6 +33,11 @@ struct MemRecording {
   // total held then (each storage once).
   std::map<std::string, std::int64_t> saved_at_peak_by_op;
   std::int64_t saved_at_peak_total = 0;
+  // Per block, in order: the bytes held for backward that the recorded
+  // step's forward added from the end of the block before (block 0: from the
+  // step's start) to the block's end: what it keeps until its backward (its
+  // saves, or under a block region its boundary).
+  std::vector<std::int64_t> block_saved_bytes;
   // Extra facts for the reader (seed, replays, ...), as (key, value) pairs;
   // values are written as JSON strings and shown in the HTML summary.
   std::vector<std::pair<std::string, std::string>> info;
