@@ -52,6 +52,7 @@ class BenchReport {
                 base_plan().c_str(), base_plan().c_str(), base_plan().c_str(),
                 torch_ ? fmt("; x torch: tokens/s over %s's", m_.framework.c_str()).c_str() : "");
     best_step_table();
+    estimate_table();
     const std::vector<JsonObject> auto_rows = planner_table();
     if (o_.ep > 1) comm_table();
     if (o_.json_path) write_json(*o_.json_path, rows, torch_row, auto_rows);
@@ -74,6 +75,18 @@ class BenchReport {
     p.mem_ratio = base_act_ > 0 ? med(i, "activation_bytes") / base_act_ : 0.0;
     p.time_ratio = p.step / base_ms_;
     return p;
+  }
+
+  // The time estimate next to the measured step, per plan (CPU runs).
+  void estimate_table() const {
+    if (m_.plans.empty() || med(0, "estimated_step_ms") <= 0) return;
+    std::printf("\ntime estimate (an estimate: the op table's costs on this machine's measured GEMM peak and memory\n"
+                "bandwidth, checkpoint/time_estimate.h) next to the measured median step:\n");
+    std::printf("%-32s %12s %12s %9s\n", "plan", "estimate ms", "measured ms", "error");
+    for (std::size_t i = 0; i < m_.plans.size(); ++i) {
+      const double est = med(i, "estimated_step_ms"), step = med(i, "step_ms");
+      std::printf("%-32s %12.1f %12.1f %+8.1f%%\n", m_.plans[i].c_str(), est, step, 100 * (est / step - 1));
+    }
   }
 
   // The per-plan table; each plan's --json row and --html point.
@@ -118,6 +131,10 @@ class BenchReport {
     j.set("compressed_saved_bytes", med("compressed_saved_bytes"));
     j.set("model_flops", med("model_flops")).set("recomputed_flops", med("replay_flops")).set("peak_flops", peak_);
     j.set("time_ratio", p.time_ratio).set("memory_ratio", p.mem_ratio);
+    // The cpu-measured roofline estimate of the same step, and how far it is
+    // from the measured median (checkpoint/time_estimate.h); 0 off the CPU.
+    const double est = med("estimated_step_ms");
+    j.set("estimated_step_ms", est).set("estimate_error", est > 0 ? est / p.step - 1 : 0.0);
     if (torch_) j.set("torch_ratio", p.tps / torch_tps_);
     j.set("step_ms_best", med("step_ms_best")).set("time_ratio_best", med("step_ms_best") / base_best_);
     if (torch_) j.set("torch_ratio_best", torch_best_ / med("step_ms_best"));  // equal tokens per step

@@ -13,6 +13,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/plan.h"
+#include "checkpoint/time_estimate.h"
 #include "engine/autograd.h"
 #include "engine/device_runtime.h"
 #include "engine/json.h"
@@ -149,6 +150,7 @@ void prepare_model(DecoderModel& model, const ParallelLayout& layout, const Work
 // Each timed step's figures, and the highest peaks over them.
 struct WorkerSeries {
   std::vector<double> step_ms, fwd_ms, bwd_ms, replay_flops, replay_wall, offloaded, offload_wait, compressed;
+  std::vector<double> estimated_ms;  // the cpu-measured time estimate of each timed step (CPU workers)
   std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
   std::int64_t loss = 0;   // the loss category's most (the head's logits and the loss's)
   CommCounters comm_step;  // the last timed step's collectives
@@ -179,7 +181,9 @@ class WorkerSteps {
         reducer_(make_grad_reducer(layout, model.named_parameters(), 25ll << 20)),
         corpus_(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
         sampler_(corpus_.train, o.config.batch, o.config.seq, o.seed + 1),
-        flops_hook_(std::make_shared<ReplayFlops>()), hook_(flops_hook_), alloc_(allocator_for(o.device)) {}
+        flops_hook_(std::make_shared<ReplayFlops>()), hook_(flops_hook_),
+        estimator_(o.device.is_cpu() ? std::make_shared<StepTimeEstimator>(device_model("cpu-measured")) : nullptr),
+        estimator_hook_(estimator_), alloc_(allocator_for(o.device)) {}
 
   // One step; its figures go to the series when `timed`.
   void step(bool timed) {
@@ -205,6 +209,7 @@ class WorkerSteps {
     m.replay_ns = checkpoint_counters().replay_ns;
     m.replay_bytes_moved = dispatch_counters().replay_bytes_moved;
     flops_hook_->flops = 0;
+    if (estimator_) estimator_->reset();
     m.offload = offload_ ? offload_->stats() : OffloadStats{};
     m.compress = compress_ ? compress_->stats() : CompressHooks::Stats{};
     return m;
@@ -255,6 +260,10 @@ class WorkerSteps {
     s.fwd_ms.push_back(t.forward_ms);
     s.bwd_ms.push_back(t.backward_ms);
     s.replay_flops.push_back(flops_hook_->flops);
+    if (estimator_) {
+      estimator_->add_optimizer(model_.num_parameters());
+      s.estimated_ms.push_back(estimator_->estimate().total() * 1e3);
+    }
     s.replay_wall.push_back(double(checkpoint_counters().replay_ns - m.replay_ns) * 1e-6);
     s.peak_alloc = std::max(s.peak_alloc, st.allocated_peak);
     s.peak_res = std::max(s.peak_res, st.reserved_peak);
@@ -282,6 +291,8 @@ class WorkerSteps {
   BatchSampler sampler_;
   std::shared_ptr<ReplayFlops> flops_hook_;
   OpHookScope hook_;
+  std::shared_ptr<StepTimeEstimator> estimator_;  // observes every op (checkpoint/time_estimate.h)
+  OpHookScope estimator_hook_;
   CachingAllocator& alloc_;
   WorkerSeries series_;
 };
@@ -294,6 +305,7 @@ JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const
   JsonObject j;
   j.set("step_ms", median(s.step_ms)).set("forward_ms", median(s.fwd_ms)).set("backward_ms", median(s.bwd_ms));
   j.set("step_ms_best", min_of(s.step_ms));
+  j.set("estimated_step_ms", s.estimated_ms.empty() ? 0.0 : median(s.estimated_ms));
   // A GEMM peak probe while the cores are warm from the steps: bench keeps the
   // highest figure of all (short bursts of other load lower any one of them).
   if (device.is_cpu()) j.set("gemm_peak_flops", measure_peak_flops(5));

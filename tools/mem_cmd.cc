@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/time_estimate.h"
 #include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/op_hooks.h"
@@ -107,6 +108,7 @@ struct MemOptions {
   std::uint64_t seed = 0;
   Device device = kCPU;  // cpu, or meta: the same step on shapes alone (docs/META.md)
   std::string dtype = "f32";  // the compute dtype (parameters, gradients and optimizer state stay f32)
+  std::string device_model = "cpu-measured";  // for the time estimate (checkpoint/time_estimate.h)
 };
 
 std::vector<FlagSpec> mem_flag_specs() {
@@ -115,6 +117,8 @@ std::vector<FlagSpec> mem_flag_specs() {
        text_flag("recompute", "recompute plan, as for train", "none"),
        text_flag("device", "cpu, or meta: the step on shapes alone, its allocations exactly the CPU's", "cpu"),
        text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and optimizer state stay f32)", "f32"),
+       text_flag("device-model", "the device the step's time estimate is for: h100, h200, b200 or cpu-measured",
+                 "cpu-measured"),
        int_flag("batch", "sequences per step (default: the config's)", std::nullopt, {.min = 1}),
        int_flag("seq", "tokens per sequence (default: the config's)", std::nullopt, {.min = 1}),
        text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
@@ -139,6 +143,8 @@ MemOptions mem_options(const Flags& f) {
   m.steps_before = f.get_int("steps-before");
   m.device = device_flag(f);
   m.dtype = f.get("dtype");
+  m.device_model = f.get("device-model");
+  (void)device_model(m.device_model == "cpu-measured" ? "h100" : m.device_model);  // an unknown name fails here
   REMAT_CHECK(m.dtype == "f32" || m.dtype == "bf16", Error, "mem: --dtype ", m.dtype,
               ": expected f32 or bf16 (f16 trains with a loss scaler; use train)");
   REMAT_CHECK(m.device.is_cpu() || m.device.is_meta(), DeviceError, "mem: --device ", m.device.str(),
@@ -320,6 +326,8 @@ void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs&
     }
     std::printf("  held for backward per block (after its forward): %s\n", per.c_str());
   }
+  for (const auto& [k, v] : rec.info)
+    if (k.rfind("estimated step time", 0) == 0) std::printf("  %s: %s\n", k.c_str(), v.c_str());
   std::printf("  wrote %s and %s\n", out.json_path().c_str(), out.html_path().c_str());
 }
 
@@ -339,12 +347,15 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
   rec.initial_reserved = before.reserved_bytes;
   auto watcher = std::make_shared<StepWatcher>(alloc);
   auto blocks = std::make_shared<BlockSaves>(std::size_t(o.config.n_layers));
+  auto estimator = std::make_shared<StepTimeEstimator>(device_model(m.device_model));
   run.model().model->blocks->set_observer(blocks);
   double loss = 0;
   alloc.enable_history(std::size_t(m.capacity));
   try {
     OpHookScope scope(watcher);
+    OpHookScope estimate(estimator);
     loss = run.step(watcher.get());
+    estimator->add_optimizer(run.model().num_parameters());
   } catch (...) {
     alloc.enable_history(0);
     throw;
@@ -370,6 +381,11 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
               {"saved-bytes peak", format_bytes(saved_bytes_report().peak_bytes)},
               {"threads", std::to_string(num_threads())}};
   add_hook_info(run.model(), rec);
+  const StepEstimate& e = estimator->estimate();
+  rec.info.emplace_back("estimated step time (" + m.device_model + ", an estimate)",
+                        std::to_string(e.total() * 1e3) + " ms (forward " + std::to_string(e.forward * 1e3) +
+                            ", backward " + std::to_string(e.backward * 1e3) + ", replay " +
+                            std::to_string(e.replay * 1e3) + ", optimizer " + std::to_string(e.optimizer * 1e3) + ")");
   return rec;
 }
 

@@ -1,0 +1,65 @@
+// A step's time, estimated from the op table's costs (engine/op_def.h
+// OpCost) on a named device model, for devices this machine does not have
+// and for steps run on the meta device. It is an estimate, labelled so
+// wherever it is printed: a roofline per op call plus a fixed cost per call.
+//
+// Per op call with a cost: t = max(matmul_flops / matmul peak + vector_flops
+// / vector peak, bytes / memory bandwidth) + overhead, the matmul peak the
+// 16-bit one when the call's first input is bf16 or f16. Forward calls that
+// record autograd add 2 t for their backward (dgrad and wgrad for products;
+// the same ratio for the rest; the op calls backward itself makes are not
+// counted again); calls inside a checkpoint replay add t; AdamW adds its
+// bytes (4 f32 tensors read, 3 written, per parameter) over the bandwidth.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/op_hooks.h"
+
+namespace remat {
+
+// A device for the estimate.
+struct DeviceModel {
+  std::string name;
+  double matmul16_flops = 0;  // dense bf16/f16 matrix peak, FLOP/s
+  double matmul32_flops = 0;  // dense f32 matrix peak, FLOP/s
+  double vector_flops = 0;    // f32 peak outside matrix units, FLOP/s
+  double memory_bw = 0;       // device memory, bytes/s
+  double link_bw = 0;         // to another device, bytes/s each way
+  double op_seconds = 0;      // fixed cost per op call (launch, dispatch)
+  std::string source;         // where the figures come from
+};
+
+// "h100", "h200", "b200" (published dense peaks and bandwidths), or
+// "cpu-measured" (this machine's GEMM peak and memory bandwidth, measured
+// on first use, about a second). Throws Error naming `name` and listing the
+// known ones.
+DeviceModel device_model(const std::string& name);
+std::vector<std::string> device_model_names();
+
+// What the estimate adds up to, in seconds.
+struct StepEstimate {
+  double forward = 0, backward = 0, replay = 0, optimizer = 0;
+  double total() const { return forward + backward + replay + optimizer; }
+};
+
+// An op hook that adds up a step's estimate while the step runs (install
+// it with OpHookScope; it observes and changes nothing).
+class StepTimeEstimator final : public OpHook {
+ public:
+  explicit StepTimeEstimator(DeviceModel model) : model_(std::move(model)) {}
+  void after(const OpCall& call, const std::vector<Tensor>& outputs) override;
+  // AdamW over `params` f32 parameters.
+  void add_optimizer(std::int64_t params);
+  const StepEstimate& estimate() const { return est_; }
+  void reset() { est_ = {}; }
+  const DeviceModel& model() const { return model_; }
+
+ private:
+  DeviceModel model_;
+  StepEstimate est_;
+};
+
+}  // namespace remat
