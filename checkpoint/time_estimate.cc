@@ -9,7 +9,7 @@
 #include "engine/error.h"
 #include "engine/op_def.h"
 #include "engine/recompute_context.h"
-#include "ops/gemm.h"
+#include "ops/matmul.h"
 
 namespace remat {
 
@@ -17,19 +17,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// The best of twelve 1024^3 f32 GEMMs (all threads), in FLOP/s.
-double measured_gemm_flops() {
-  const std::int64_t n = 1024;
-  std::vector<float> a(static_cast<std::size_t>(n * n), 1.0f), b(a), c(a);
-  double best = 0;
-  for (int i = 0; i < 12; ++i) {
-    const auto t0 = Clock::now();
-    ops_detail::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    best = std::max(best, 2.0 * double(n * n * n) / seconds_since(t0));
-  }
-  return best;
-}
 
 // The best of a few 64 MiB copies (well past the caches), in bytes moved
 // (read + written) per second.
@@ -50,12 +37,13 @@ double measured_memory_bw() {
 // 4.8 TB/s, NVLink 4 900 GB/s (450 each way). B200 (HGX, 1000 W): 2.25
 // PFLOP/s bf16, 80 TFLOP/s f32, HBM3e 8 TB/s, NVLink 5 1.8 TB/s (900 each
 // way) (NVIDIA's Blackwell figures as collected at
-// glennklockwood.com/garden/processors/B200). f32 products are counted at the
-// f32 (non-tensor-core) rate, as remat's f32 GEMMs do not use TF32. A kernel
-// launch and its dispatch: 5 us.
-const DeviceModel kH100{"h100", 989.4e12, 66.9e12, 66.9e12, 3.35e12, 450e9, 5e-6, "NVIDIA H100 SXM datasheet"};
-const DeviceModel kH200{"h200", 989.4e12, 66.9e12, 66.9e12, 4.8e12, 450e9, 5e-6, "NVIDIA H200 SXM datasheet"};
-const DeviceModel kB200{"b200", 2.25e15, 80e12, 80e12, 8.0e12, 900e9, 5e-6, "NVIDIA HGX B200 (1000 W) figures"};
+// glennklockwood.com/garden/processors/B200). The host link: PCIe Gen5 x16,
+// 64 GB/s each way (Hopper); Gen6 x16, 128 GB/s (Blackwell). f32 products
+// are counted at the f32 (non-tensor-core) rate, as remat's f32 GEMMs do not
+// use TF32. A kernel launch and its dispatch: 5 us.
+const DeviceModel kH100{"h100", 989.4e12, 66.9e12, 66.9e12, 3.35e12, 450e9, 64e9, 5e-6, "NVIDIA H100 SXM datasheet"};
+const DeviceModel kH200{"h200", 989.4e12, 66.9e12, 66.9e12, 4.8e12, 450e9, 64e9, 5e-6, "NVIDIA H200 SXM datasheet"};
+const DeviceModel kB200{"b200", 2.25e15, 80e12, 80e12, 8.0e12, 900e9, 128e9, 5e-6, "NVIDIA HGX B200 (1000 W) figures"};
 
 }  // namespace
 
@@ -72,8 +60,9 @@ DeviceModel device_model(const std::string& name) {
     static std::once_flag once;
     static DeviceModel m;
     std::call_once(once, [] {
-      const double gemm = measured_gemm_flops();
-      m = DeviceModel{"cpu-measured", gemm, gemm, gemm, measured_memory_bw(), 0, 2e-6,
+      // Offload's spill file sits in the page cache: host "transfers" at memory speed.
+      const double gemm = cpu_gemm_peak_flops(12), bw = measured_memory_bw();
+      m = DeviceModel{"cpu-measured", gemm, gemm, gemm, bw, 0, bw, 2e-6,
                       "this machine: best 1024^3 f32 GEMM, best 64 MiB memcpy"};
     });
     return m;
@@ -103,6 +92,10 @@ void StepTimeEstimator::after(const OpCall& call, const std::vector<Tensor>& out
     return o.defined() && o.requires_grad();
   });
   if (records) est_.backward += 2 * t;
+}
+
+void StepTimeEstimator::add_transfer(std::int64_t bytes) {
+  if (bytes > 0) est_.offload += double(bytes) / model_.host_bw;
 }
 
 void StepTimeEstimator::add_optimizer(std::int64_t params) {

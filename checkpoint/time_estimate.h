@@ -9,7 +9,9 @@
 // record autograd add 2 t for their backward (dgrad and wgrad for products;
 // the same ratio for the rest; the op calls backward itself makes are not
 // counted again); calls inside a checkpoint replay add t; AdamW adds its
-// bytes (4 f32 tensors read, 3 written, per parameter) over the bandwidth.
+// bytes (4 f32 tensors read, 3 written, per parameter) over the bandwidth;
+// offload adds the bytes it moved over the host link, not overlapped (an
+// upper bound: a real run hides some behind compute).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +30,7 @@ struct DeviceModel {
   double vector_flops = 0;    // f32 peak outside matrix units, FLOP/s
   double memory_bw = 0;       // device memory, bytes/s
   double link_bw = 0;         // to another device, bytes/s each way
+  double host_bw = 0;         // to host memory (offload), bytes/s each way
   double op_seconds = 0;      // fixed cost per op call (launch, dispatch)
   std::string source;         // where the figures come from
 };
@@ -41,8 +44,8 @@ std::vector<std::string> device_model_names();
 
 // What the estimate adds up to, in seconds.
 struct StepEstimate {
-  double forward = 0, backward = 0, replay = 0, optimizer = 0;
-  double total() const { return forward + backward + replay + optimizer; }
+  double forward = 0, backward = 0, replay = 0, optimizer = 0, offload = 0;
+  double total() const { return forward + backward + replay + optimizer + offload; }
 };
 
 // An op hook that adds up a step's estimate while the step runs (install
@@ -53,6 +56,8 @@ class StepTimeEstimator final : public OpHook {
   void after(const OpCall& call, const std::vector<Tensor>& outputs) override;
   // AdamW over `params` f32 parameters.
   void add_optimizer(std::int64_t params);
+  // `bytes` moved between the device and the host (offload's writes and reads).
+  void add_transfer(std::int64_t bytes);
   const StepEstimate& estimate() const { return est_; }
   void reset() { est_ = {}; }
   const DeviceModel& model() const { return model_; }

@@ -53,7 +53,7 @@ DeviceInfo device_info(Device device) {
 }
 
 void set_current_device(Device device) {
-  if (device.is_cpu()) return;
+  if (!device.is_cuda()) return;
   present("set_current_device", device).set_device(device.index);
 }
 
@@ -62,7 +62,7 @@ void use_device_if_present(Device device) {
 }
 
 void synchronize(Device device) {
-  if (device.is_cpu()) return;
+  if (!device.is_cuda()) return;  // the CPU's and meta's work is done when queued
   DeviceBackend& b = present("synchronize", device);
   const int previous = b.current_device();
   if (previous == device.index) return b.synchronize();

@@ -32,12 +32,13 @@ int cuda_device_count();
 // Properties of CUDA device `device`; throws DeviceError if it is absent.
 DeviceInfo device_info(Device device);
 // Makes CUDA device `device` current on the calling thread (nothing for the
-// CPU); throws DeviceError if it is absent.
+// CPU or meta); throws DeviceError if it is absent.
 void set_current_device(Device device);
 // Makes `device` current when it is a CUDA device that is present; otherwise
 // does nothing (the first use of an absent device then says why).
 void use_device_if_present(Device device);
-// Blocks until all work queued on `device` is done (nothing for the CPU).
+// Blocks until all work queued on `device` is done (nothing for the CPU or
+// meta).
 void synchronize(Device device);
 
 // The calling thread's current stream: every kernel the engine and the ops

@@ -1,6 +1,10 @@
 // matmul: its definition (bmm and linear are built on it) and the CPU kernels.
 #include "ops/matmul.h"
 
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
 #include "ops/binary.h"
 #include "ops/gemm.h"
 #include "ops/kernel_util.h"
@@ -225,6 +229,20 @@ const KernelRegistration<MatmulKernels> kCpu(
     {.product = product_cpu, .grads_2d = grads_2d_cpu, .accumulate = accumulate_cpu}, KernelDTypes::f32);
 
 }  // namespace
+
+double cpu_gemm_peak_flops(int tries) {
+  using Clock = std::chrono::steady_clock;
+  const std::int64_t n = 1024;
+  std::vector<float> a(static_cast<std::size_t>(n * n), 1.0f), b(a), c(a);
+  double best = 0;
+  for (int i = 0; i < tries; ++i) {
+    const auto t0 = Clock::now();
+    gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, 2.0 * double(n * n * n) / s);
+  }
+  return best;
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   // A 2-D right operand stored transposed (linear's w.t()): its gradient is

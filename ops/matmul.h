@@ -17,6 +17,11 @@ namespace remat {
 Tensor matmul(const Tensor& a, const Tensor& b);
 // Batched product of 3-D tensors: [B, m, k] @ [B, k, n] -> [B, m, n].
 Tensor bmm(const Tensor& a, const Tensor& b);
+// The best of `tries` 1024^3 f32 products on the CPU, in FLOP/s: the
+// machine's practical GEMM peak. Its buffers are plain host memory, not the
+// caching allocator's, so measuring leaves the allocator as it was.
+double cpu_gemm_peak_flops(int tries);
+
 // x [..., in] @ w[out, in]^T (+ bias [out]) -> [..., out].
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 

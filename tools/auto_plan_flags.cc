@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "checkpoint/time_estimate.h"
 #include "engine/error.h"
 #include "parallel/process_group.h"
 
@@ -14,7 +15,9 @@ std::vector<FlagSpec> auto_plan_flag_specs() {
           bool_flag("tune-microbatch", "train with --recompute auto: also choose the micro-batches per step "
                     "(--grad-accum) at the same global batch, for the least predicted step time"),
           int_flag("profile-rounds", "with --recompute auto: measured steps per plan component in the profile", 3,
-                   {.min = 1, .max = 100})};
+                   {.min = 1, .max = 100}),
+          text_flag("device-model", "the device step times are estimated for (with --device meta, and mem's "
+                    "estimate): h100, h200, b200 or cpu-measured", "cpu-measured")};
 }
 
 std::vector<FlagSpec> with_auto_plan_flags(std::vector<FlagSpec> specs) {
@@ -30,6 +33,8 @@ ProfileOptions profile_options_for_flags(const Flags& f, const ModelConfig& c, c
   o.device = device;
   o.seed = seed;
   o.rounds = f.get_int("profile-rounds");
+  o.device_model = f.get("device-model");
+  (void)device_model(o.device_model == "cpu-measured" ? "h100" : o.device_model);  // an unknown name fails here
   o.allow_lossy = f.get_bool("allow-lossy");
   if (f.has("offload-dir")) o.offload_dir = f.get("offload-dir");
   if (verbose)

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/device_runtime.h"
-#include "ops/gemm.h"
+#include "ops/matmul.h"
 
 namespace remat::tools {
 
@@ -36,19 +36,7 @@ double model_flops(const DecoderModel& m, std::int64_t ep) {
   return tokens * (6.0 * active_params(m, ep) + 12.0 * double(c.n_layers) * double(c.d_model) * double(c.seq));
 }
 
-double measure_peak_flops(int tries) {
-  using Clock = std::chrono::steady_clock;
-  const std::int64_t n = 1024;
-  std::vector<float> a(static_cast<std::size_t>(n * n), 1.0f), b(a), c(a);
-  double best = 0;
-  for (int i = 0; i < tries; ++i) {
-    const auto t0 = Clock::now();
-    ops_detail::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    best = std::max(best, 2.0 * double(n * n * n) / (ms * 1e-3));
-  }
-  return best;
-}
+double measure_peak_flops(int tries) { return cpu_gemm_peak_flops(tries); }
 
 // H100/H200 SXM: the datasheet figures (989.4 TFLOP/s bf16/f16 tensor-core
 // dense, 66.9 TFLOP/s f32); other GPUs: SMs x clock x per-SM rate (Hopper:

@@ -117,8 +117,6 @@ std::vector<FlagSpec> mem_flag_specs() {
        text_flag("recompute", "recompute plan, as for train", "none"),
        text_flag("device", "cpu, or meta: the step on shapes alone, its allocations exactly the CPU's", "cpu"),
        text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and optimizer state stay f32)", "f32"),
-       text_flag("device-model", "the device the step's time estimate is for: h100, h200, b200 or cpu-measured",
-                 "cpu-measured"),
        int_flag("batch", "sequences per step (default: the config's)", std::nullopt, {.min = 1}),
        int_flag("seq", "tokens per sequence (default: the config's)", std::nullopt, {.min = 1}),
        text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
@@ -336,6 +334,8 @@ void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs&
 // facts the page shows. *allocated_peak: the allocator's own peak over it.
 MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOptions& m, std::int64_t* allocated_peak) {
   CachingAllocator& alloc = run.alloc();
+  // First: measuring the cpu-measured model allocates (before the peak reset).
+  auto estimator = std::make_shared<StepTimeEstimator>(device_model(m.device_model));
   MemRecording rec;
   rec.config = o.config.name;
   rec.plan = o.recompute;
@@ -347,14 +347,16 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
   rec.initial_reserved = before.reserved_bytes;
   auto watcher = std::make_shared<StepWatcher>(alloc);
   auto blocks = std::make_shared<BlockSaves>(std::size_t(o.config.n_layers));
-  auto estimator = std::make_shared<StepTimeEstimator>(device_model(m.device_model));
   run.model().model->blocks->set_observer(blocks);
   double loss = 0;
   alloc.enable_history(std::size_t(m.capacity));
   try {
     OpHookScope scope(watcher);
     OpHookScope estimate(estimator);
+    const auto& off = run.model().block_stack().offload_hooks();
+    const std::int64_t host0 = off ? off->stats().bytes_written + off->stats().bytes_read : 0;
     loss = run.step(watcher.get());
+    if (off) estimator->add_transfer(off->stats().bytes_written + off->stats().bytes_read - host0);
     estimator->add_optimizer(run.model().num_parameters());
   } catch (...) {
     alloc.enable_history(0);
@@ -385,7 +387,8 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
   rec.info.emplace_back("estimated step time (" + m.device_model + ", an estimate)",
                         std::to_string(e.total() * 1e3) + " ms (forward " + std::to_string(e.forward * 1e3) +
                             ", backward " + std::to_string(e.backward * 1e3) + ", replay " +
-                            std::to_string(e.replay * 1e3) + ", optimizer " + std::to_string(e.optimizer * 1e3) + ")");
+                            std::to_string(e.replay * 1e3) + ", optimizer " + std::to_string(e.optimizer * 1e3) +
+                            ", offload " + std::to_string(e.offload * 1e3) + ")");
   return rec;
 }
 

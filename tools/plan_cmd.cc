@@ -43,7 +43,7 @@ std::vector<FlagSpec> plan_flag_specs() {
   std::vector<FlagSpec> specs = {
       text_flag("config", "model config name or FILE.json", "bench-dense"),
       text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
-      text_flag("device", "cpu, cuda or cuda:N", "cpu"),
+      text_flag("device", "cpu, cuda, cuda:N or meta (shapes only: exact bytes, estimated times; docs/META.md)", "cpu"),
       int_flag("seed", "seed", 0, {.min = 0}),
       text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
       text_flag("json", "write the profile, the choice and (with --measure) the measurements to FILE"),
@@ -338,6 +338,8 @@ int run_plan(const std::vector<std::string>& args) {
           "from one profile), with predictions", args, plan_flag_specs());
   apply_threads_flag(f);
   const PlanOptions o = plan_options(f);
+  REMAT_CHECK(!(o.device.is_meta() && f.get_bool("measure")), Error,
+              "plan: --measure runs the plans for real; --device meta has no values to run (drop one)");
   std::printf("remat plan: config %s, %d threads; profiling %lld rounds of each plan component on every block\n",
               o.model.name.c_str(), num_threads(), static_cast<long long>(f.get_int("profile-rounds")));
   std::fflush(stdout);
@@ -345,6 +347,9 @@ int run_plan(const std::vector<std::string>& args) {
   const PlanProfile prof = profile_plans(popts);
   for (const auto& b : o.budget_texts) parse_memory_budget(b, prof);  // a bad text is an error before any choice
   print_profile(prof);
+  if (o.device.is_meta())
+    std::printf("(--device meta: bytes are the step's own, exactly; step times are estimates for --device-model %s)\n",
+                popts.device_model.c_str());
 
   std::vector<Choice> choices;
   for (const auto& text : o.budget_texts) choices.push_back(choose_for_budget(f, o, prof, popts, text));

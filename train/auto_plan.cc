@@ -10,6 +10,7 @@
 
 #include "checkpoint/offload.h"
 #include "checkpoint/plan.h"
+#include "checkpoint/time_estimate.h"
 #include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/device_runtime.h"
@@ -54,7 +55,10 @@ struct StepMeasure {
 // allocator's peak is reset at each window's start and read at its end.
 class Probe final : public BlockObserver {
  public:
-  Probe(CachingAllocator& alloc, Device device, std::int64_t n) : alloc_(alloc), device_(device), n_(n) {}
+  // `clock`: on meta, the time estimate whose running total is the step's
+  // clock (null: the wall clock).
+  Probe(CachingAllocator& alloc, Device device, std::int64_t n, const StepTimeEstimator* clock)
+      : alloc_(alloc), device_(device), n_(n), clock_(clock) {}
 
   void start_step() {
     m_ = StepMeasure{};
@@ -109,6 +113,9 @@ class Probe final : public BlockObserver {
 
  private:
   Clock::time_point now() {
+    if (clock_)
+      return Clock::time_point(
+          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(clock_->estimate().total())));
     if (!device_.is_cpu()) synchronize(device_);
     return Clock::now();
   }
@@ -134,6 +141,7 @@ class Probe final : public BlockObserver {
   StepMeasure m_;
   Clock::time_point t_, step_t0_;
   double last_ms_ = 0;
+  const StepTimeEstimator* clock_;
 };
 
 // Records every save of a step (an identity hook: it keeps the tensor as is).
@@ -215,9 +223,11 @@ std::string whole_plan(const std::string& component, std::int64_t n) {
 class StepRig {
  public:
   explicit StepRig(const ProfileOptions& o)
-      : seed_(o.seed), device(o.device), model(o.config, o.seed), opt(init_model(o)),
-        corpus(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
-        sampler(corpus.train, o.config.batch, o.config.seq, o.seed + 1) {}
+      : seed_(o.seed), device(o.device), building_(std::in_place, o.device), model(o.config, o.seed),
+        opt(init_model(o)), corpus(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
+        sampler(corpus.train, o.config.batch, o.config.seq, o.seed + 1) {
+    building_.reset();
+  }
   StepRig(const StepRig&) = delete;
   StepRig& operator=(const StepRig&) = delete;
 
@@ -233,7 +243,7 @@ class StepRig {
       std::unique_ptr<SavedTensorHooksScope> tracing;
       if (trace) tracing = std::make_unique<SavedTensorHooksScope>(trace);
       Tensor loss = model.forward_loss(batch).loss;
-      (void)loss.item();
+      if (!device.is_meta()) (void)loss.item();
       tracing.reset();
       loss.backward();
     }
@@ -250,6 +260,16 @@ class StepRig {
 
  public:
   Device device;
+
+ private:
+  // The model is built on its device (on meta: no memory, nothing drawn).
+  struct BuildOn {
+    explicit BuildOn(Device d) : scope(d) {}
+    DefaultDeviceScope scope;
+  };
+  std::optional<BuildOn> building_;
+
+ public:
   DecoderModel model;
   AdamW opt;
   Corpus corpus;
@@ -311,17 +331,26 @@ std::vector<CandidatePlan> candidate_plans(const ProfileOptions& opts) {
 
 // One step of `rig` under the plan already applied, measured by `probe` (and
 // traced into `trace` when set).
-StepMeasure measure_step(StepRig& rig, const std::shared_ptr<Probe>& probe, const std::shared_ptr<SaveTrace>& trace) {
+StepMeasure measure_step(StepRig& rig, const std::shared_ptr<Probe>& probe, const std::shared_ptr<SaveTrace>& trace,
+                         StepTimeEstimator* estimator) {
   BlockStack& stack = *rig.model.model->blocks;
   if (trace)
     stack.set_observer(std::make_shared<TraceBlocks>(probe, trace.get()));
   else
     stack.set_observer(probe);
   DispatchCounters moved0;
+  const auto& offload = rig.model.block_stack().offload_hooks();
+  const auto moved_to_host = [&] { return offload ? offload->stats().bytes_written + offload->stats().bytes_read : 0; };
+  std::int64_t host0 = 0;
   rig.step([&] {
     moved0 = dispatch_counters();
+    host0 = moved_to_host();
     probe->start_step();
   }, trace);
+  if (estimator) {  // (meta: the estimate is the step's clock)
+    estimator->add_transfer(moved_to_host() - host0);
+    estimator->add_optimizer(rig.model.num_parameters());
+  }
   StepMeasure m = probe->end_step();
   m.dispatch_bytes = dispatch_counters().bytes_moved - moved0.bytes_moved;
   m.replay_dispatch_bytes = dispatch_counters().replay_bytes_moved - moved0.replay_bytes_moved;
@@ -334,7 +363,11 @@ StepMeasure measure_step(StepRig& rig, const std::shared_ptr<Probe>& probe, cons
 // round. Returns the measured rounds per candidate.
 std::vector<std::vector<StepMeasure>> measure_rounds(const ProfileOptions& opts, StepRig& rig,
                                                      const std::vector<CandidatePlan>& cands, PlanProfile& prof) {
-  auto probe = std::make_shared<Probe>(allocator_for(opts.device), opts.device, opts.config.n_layers);
+  // On meta the step's clock is the time estimate (the same for every round).
+  std::shared_ptr<StepTimeEstimator> estimator;
+  if (opts.device.is_meta()) estimator = std::make_shared<StepTimeEstimator>(device_model(opts.device_model));
+  OpHookScope estimating(estimator ? std::shared_ptr<OpHook>(estimator) : std::make_shared<OpHook>());
+  auto probe = std::make_shared<Probe>(allocator_for(opts.device), opts.device, opts.config.n_layers, estimator.get());
   const std::size_t K = cands.size();
   std::vector<std::vector<StepMeasure>> measured(K);
   for (std::int64_t round = 0; round <= opts.rounds; ++round) {
@@ -346,7 +379,7 @@ std::vector<std::vector<StepMeasure>> measure_rounds(const ProfileOptions& opts,
       apply_recompute_plan(rig.model, cands[k].plan);
       // The warm-up step of none also traces every save.
       const auto trace = round == 0 && k == 0 ? std::make_shared<SaveTrace>() : nullptr;
-      const StepMeasure m = measure_step(rig, probe, trace);
+      const StepMeasure m = measure_step(rig, probe, trace, estimator.get());
       if (trace) prof.saves = trace->saves;
       if (round > 0) measured[k].push_back(m);
     }

@@ -91,6 +91,9 @@ struct ProfileOptions {
   ModelConfig config;
   std::string dtype = "f32";
   Device device = kCPU;
+  // On meta (docs/META.md) the bytes are exact and the step times are the
+  // time estimate's on this device model (checkpoint/time_estimate.h).
+  std::string device_model = "cpu-measured";
   std::uint64_t seed = 0;
   std::int64_t rounds = 3;        // measured rounds (after one warm-up round)
   bool allow_lossy = false;       // also measure compression candidates

@@ -80,6 +80,31 @@ check bench-dense bf16 "per_block" --steps-before 0
 check "$tmp/bench_moe.json" f32 "none per_block moe_expert attention+moe_expert" --steps-before 0
 check "$tmp/bench_moe.json" bf16 "per_block" --steps-before 0
 
+# The planner on meta: bench-dense and bench-moe (balanced) at 25/50/75% of
+# plan none's activations, times estimated for an H200 (whose PCIe link makes
+# offload dear, so the choices are recompute plans, whose CPU peaks do not
+# depend on I/O timing); each chosen plan's real CPU step fits its budget.
+for cfg in bench-dense "$tmp/bench_moe.json"; do
+  if ! $remat plan --device meta --device-model h200 --config "$cfg" --memory-budget 25%,50%,75% --profile-rounds 1 \
+       --json "$tmp/plan.json" > "$tmp/plan.txt" 2>&1; then
+    fail "plan --device meta --config $cfg: $(tail -3 "$tmp/plan.txt")"
+    continue
+  fi
+  grep -q "step times are estimates for --device-model h200" "$tmp/plan.txt" ||
+    fail "plan --device meta does not say its step times are estimates: $(head -5 "$tmp/plan.txt")"
+  while read -r plan budget; do
+    if $remat mem --config "$cfg" --recompute "$plan" --out "$tmp/real" > /dev/null 2> "$tmp/err" &&
+       /usr/bin/python3 -c "import json, sys; sys.exit(json.load(open(sys.argv[1]))['peak']['allocated'] > int(sys.argv[2]))" \
+         "$tmp/real.json" "$budget"; then
+      passed=$((passed + 1))
+    else
+      fail "meta's plan $plan for $cfg: the CPU step peaks above its budget of $budget bytes, or failed: $(tail -1 "$tmp/err")"
+    fi
+  done < <(/usr/bin/python3 -c "
+import json, sys
+for b in json.load(open(sys.argv[1]))['budgets']: print(b['chosen_plan'], b['budget_bytes'])" "$tmp/plan.json")
+done
+
 # A 70B shape at 8192 tokens: quick, small, and its peak by category printed.
 if /usr/bin/time -f "%e %M" -o "$tmp/time" $remat mem --device meta --config llama3-70b --seq 8192 \
      --recompute per_block --out "$tmp/l70" > "$tmp/l70.txt" 2>&1; then
@@ -109,6 +134,9 @@ expect_error() {
 expect_error "expected cpu or meta" mem --device cuda --config tiny --out "$tmp/x"
 expect_error "unknown device 'metal'; expected cpu, cuda, cuda:N or meta" mem --device metal --config tiny --out "$tmp/x"
 expect_error "expected f32 or bf16" mem --device meta --dtype f16 --config tiny --out "$tmp/x"
+expect_error "unknown device model 'h300'; known: h100, h200, b200, cpu-measured" mem --device meta --device-model h300 \
+  --config tiny --out "$tmp/x"
+expect_error "--device meta has no values to run" plan --device meta --measure --config tiny --memory-budget 50%
 
 echo "remat-tests: $passed passed, $failed failed, 0 skipped"
 [ "$failed" -eq 0 ]
