@@ -33,6 +33,7 @@
 #include "checkpoint/plan.h"
 #include "checkpoint/policy.h"
 #include "checkpoint/replay_memo.h"
+#include "checkpoint/time_estimate.h"
 #include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/custom_op.h"
