@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "checkpoint/checkpoint.h"
 #include "engine/autograd.h"
 #include "engine/error.h"
 #include "engine/op_def.h"
@@ -72,9 +73,25 @@ DeviceModel device_model(const std::string& name) {
   throw Error("unknown device model '" + name + "'; known: " + known);
 }
 
+std::optional<std::vector<Tensor>> StepTimeEstimator::before(const OpCall& call) {
+  open_.emplace_back(&call, checkpoint_counters().ops_skipped);
+  return std::nullopt;
+}
+
 void StepTimeEstimator::after(const OpCall& call, const std::vector<Tensor>& outputs) {
+  std::int64_t skipped_before = -1;
+  for (std::size_t i = open_.size(); i-- > 0;)
+    if (open_[i].first == &call) {
+      skipped_before = open_[i].second;
+      open_.resize(i);
+      break;
+    }
   if (!call.op) return;  // custom ops, and the calls backward makes of its own
   const bool replay = in_recompute();
+  if (replay && skipped_before >= 0 && checkpoint_counters().ops_skipped > skipped_before) {
+    est_.replay += model_.op_seconds;  // the kernel did not run: a policy handed back its outputs
+    return;
+  }
   if (!replay && backward_mode() != BackwardMode::none) return;  // counted with the forward call
   const OpCost c = call.op->cost(call);
   if (c.matmul_flops == 0 && c.vector_flops == 0 && c.bytes == 0) return;  // an op that runs others

@@ -8,13 +8,15 @@
 // 16-bit one when the call's first input is bf16 or f16. Forward calls that
 // record autograd add 2 t for their backward (dgrad and wgrad for products;
 // the same ratio for the rest; the op calls backward itself makes are not
-// counted again); calls inside a checkpoint replay add t; AdamW adds its
+// counted again); calls inside a checkpoint replay add t, or only the fixed
+// cost when a save policy handed back their cached outputs; AdamW adds its
 // bytes (4 f32 tensors read, 3 written, per parameter) over the bandwidth;
 // offload adds the bytes it moved over the host link, not overlapped (an
 // upper bound: a real run hides some behind compute).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +55,7 @@ struct StepEstimate {
 class StepTimeEstimator final : public OpHook {
  public:
   explicit StepTimeEstimator(DeviceModel model) : model_(std::move(model)) {}
+  std::optional<std::vector<Tensor>> before(const OpCall& call) override;
   void after(const OpCall& call, const std::vector<Tensor>& outputs) override;
   // AdamW over `params` f32 parameters.
   void add_optimizer(std::int64_t params);
@@ -65,6 +68,10 @@ class StepTimeEstimator final : public OpHook {
  private:
   DeviceModel model_;
   StepEstimate est_;
+  // Open calls and the replay kernels skipped before each began (a call
+  // whose count grew took cached outputs); a call an exception cut short
+  // is dropped with the next one that closes below it.
+  std::vector<std::pair<const OpCall*, std::int64_t>> open_;
 };
 
 }  // namespace remat
