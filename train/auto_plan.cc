@@ -583,14 +583,19 @@ std::string without_hooks(const std::string& component) {
 // Drops each hooked choice that holds no fewer bytes than the same component
 // without its hook (an offload that found nothing to take on this block,
 // e.g. per_block's small block inputs): the same plan, only with a hook.
+// "No fewer" allows for less than the smallest save a hook takes (offload's
+// 64 KiB): two runs of one plan can differ by a cached block's unsplit tail
+// (which block a request gets follows the order frees arrive in, and
+// offload's writer frees from its own thread), and such a hook took nothing.
 void drop_idle_hooks(std::vector<PlanChoice>& cs) {
+  const std::int64_t kTook = std::int64_t(OffloadOptions{}.min_bytes);
   std::vector<PlanChoice> kept;
   for (const PlanChoice& h : cs) {
     bool idle = false;
     if (h.hooks != 0)
       for (const PlanChoice& u : cs)
-        idle = idle || (u.hooks == 0 && u.component == without_hooks(h.component) && h.held >= u.held &&
-                        h.work >= u.work && h.forward_work >= u.forward_work);
+        idle = idle || (u.hooks == 0 && u.component == without_hooks(h.component) && h.held + kTook > u.held &&
+                        h.work + kTook > u.work && h.forward_work + kTook > u.forward_work);
     if (!idle) kept.push_back(h);
   }
   cs = std::move(kept);
