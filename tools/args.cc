@@ -242,8 +242,11 @@ void apply_threads_flag(const Flags& f) {
   if (f.has("threads")) set_num_threads(int(f.get_int("threads")));
 }
 
-Device device_flag(const Flags& f) {
+Device device_flag(const Flags& f, bool meta_ok) {
   const Device device = Device::parse(f.get("device"));
+  REMAT_CHECK(meta_ok || !device.is_meta(), DeviceError, "--device meta runs on shapes alone and ", f.command(),
+              " needs values (real data, losses, weights); for memory and plans use `mem --device meta` "
+              "or `plan --device meta` (docs/META.md)");
   use_device_if_present(device);
   return device;
 }

@@ -84,6 +84,8 @@ class Flags {
   double get_double(const std::string& name) const;
   // Whether a boolean flag is set (--flag, --flag=true; --flag=false clears it).
   bool get_bool(const std::string& name) const;
+  // The command these flags are for ("train", "mem", ...).
+  const std::string& command() const { return command_; }
 
   // The text -h/--help prints.
   const std::string& help() const { return help_; }
@@ -103,9 +105,11 @@ class Flags {
 FlagSpec threads_flag_spec();
 void apply_threads_flag(const Flags& f);
 
-// --device (default cpu): cpu, cuda or cuda:N. A CUDA device that is present
-// becomes the thread's current one, so kernels, cuBLASLt and the default
-// stream run where the memory is (an absent one fails later, naming it).
-Device device_flag(const Flags& f);
+// --device (default cpu): cpu, cuda or cuda:N, and meta where `meta_ok`
+// (commands that read values refuse it, naming the ones that take it). A
+// CUDA device that is present becomes the thread's current one, so kernels,
+// cuBLASLt and the default stream run where the memory is (an absent one
+// fails later, naming it).
+Device device_flag(const Flags& f, bool meta_ok = false);
 
 }  // namespace remat::tools

@@ -139,7 +139,7 @@ MemOptions mem_options(const Flags& f) {
   REMAT_CHECK(!m.stem.empty() && !ends_with(m.stem, "/"), Error, "--out '", f.get("out"),
               "' names no file (expected e.g. --out out/tiny-mem)");
   m.steps_before = f.get_int("steps-before");
-  m.device = device_flag(f);
+  m.device = device_flag(f, true);
   m.dtype = f.get("dtype");
   m.device_model = f.get("device-model");
   (void)device_model(m.device_model == "cpu-measured" ? "h100" : m.device_model);  // an unknown name fails here

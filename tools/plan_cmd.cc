@@ -70,7 +70,7 @@ PlanOptions plan_options(const Flags& f) {
   o.config = f.get("config");
   o.model = ModelConfig::load(o.config);
   o.dtype = compute_dtype_from_name(f.get("dtype"));
-  o.device = device_flag(f);
+  o.device = device_flag(f, true);
   o.seed = std::uint64_t(f.get_int("seed"));
   o.lossy = f.get_bool("allow-lossy");
   return o;

@@ -137,6 +137,9 @@ expect_error "expected f32 or bf16" mem --device meta --dtype f16 --config tiny 
 expect_error "unknown device model 'h300'; known: h100, h200, b200, cpu-measured" mem --device meta --device-model h300 \
   --config tiny --out "$tmp/x"
 expect_error "--device meta has no values to run" plan --device meta --measure --config tiny --memory-budget 50%
+expect_error "remat train: --device meta runs on shapes alone and train needs values" train --device meta --config tiny --steps 1
+expect_error "remat dump: --device meta runs on shapes alone and dump needs values" dump --device meta --config tiny --out "$tmp/x.safetensors"
+expect_error "remat bench: --device meta runs on shapes alone and bench needs values" bench --device meta --config tiny --recompute none
 
 echo "remat-tests: $passed passed, $failed failed, 0 skipped"
 [ "$failed" -eq 0 ]
