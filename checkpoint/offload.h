@@ -83,6 +83,10 @@ struct OffloadStats {
   std::int64_t host_peak = 0;
   std::int64_t pinned_bytes = 0;     // the pinned pool: buffers in use and free
   std::int64_t pinned_allocs = 0;    // pinned buffers allocated (each reused after)
+
+  // Bytes moved off the device and back (the spill file's writes and reads,
+  // CUDA's copies to and from the host): what a time estimate charges.
+  std::int64_t moved_bytes() const { return bytes_written + bytes_read + bytes_to_host + bytes_to_device; }
 };
 
 class OffloadHooks final : public TypedSavedTensorHooks {

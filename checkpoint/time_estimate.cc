@@ -50,6 +50,11 @@ const DeviceModel kB200{"b200", 2.25e15, 80e12, 80e12, 8.0e12, 900e9, 128e9, 5e-
 
 std::vector<std::string> device_model_names() { return {"h100", "h200", "b200", "cpu-measured"}; }
 
+void check_device_model(const std::string& name) {
+  const auto known = device_model_names();
+  if (std::find(known.begin(), known.end(), name) == known.end()) (void)device_model(name);  // throws, listing them
+}
+
 DeviceModel device_model(const std::string& name) {
   if (name == "h100") return kH100;
   if (name == "h200") return kH200;

@@ -43,6 +43,8 @@ struct DeviceModel {
 // known ones.
 DeviceModel device_model(const std::string& name);
 std::vector<std::string> device_model_names();
+// Throws device_model's Error unless `name` is a known model (measures nothing).
+void check_device_model(const std::string& name);
 
 // What the estimate adds up to, in seconds.
 struct StepEstimate {

@@ -34,7 +34,7 @@ ProfileOptions profile_options_for_flags(const Flags& f, const ModelConfig& c, c
   o.seed = seed;
   o.rounds = f.get_int("profile-rounds");
   o.device_model = f.get("device-model");
-  (void)device_model(o.device_model == "cpu-measured" ? "h100" : o.device_model);  // an unknown name fails here
+  check_device_model(o.device_model);
   o.allow_lossy = f.get_bool("allow-lossy");
   if (f.has("offload-dir")) o.offload_dir = f.get("offload-dir");
   if (verbose)

@@ -142,7 +142,7 @@ MemOptions mem_options(const Flags& f) {
   m.device = device_flag(f, true);
   m.dtype = f.get("dtype");
   m.device_model = f.get("device-model");
-  (void)device_model(m.device_model == "cpu-measured" ? "h100" : m.device_model);  // an unknown name fails here
+  check_device_model(m.device_model);
   REMAT_CHECK(m.dtype == "f32" || m.dtype == "bf16", Error, "mem: --dtype ", m.dtype,
               ": expected f32 or bf16 (f16 trains with a loss scaler; use train)");
   REMAT_CHECK(m.device.is_cpu() || m.device.is_meta(), DeviceError, "mem: --device ", m.device.str(),
@@ -290,8 +290,12 @@ void add_hook_info(const DecoderModel& model, MemRecording& rec) {
                                                   format_bytes(comp->stats().original_bytes) + ")");
 }
 
-// The line about the peak and the files written.
-void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs& out) {
+// The info key of the step's time estimate (labelled an estimate, with its device model).
+std::string estimate_key(const MemOptions& m) { return "estimated step time (" + m.device_model + ", an estimate)"; }
+
+// The line about the peak, the peak by category, the blocks' bytes, the
+// estimate and the files written.
+void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs& out, const MemOptions& m) {
   const TimelinePoint& peak = t.points.at(t.peak_point);
   std::int64_t replays = 0;
   for (const auto& ph : t.phases) replays += ph.name == "replay";
@@ -325,7 +329,7 @@ void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs&
     std::printf("  held for backward per block (after its forward): %s\n", per.c_str());
   }
   for (const auto& [k, v] : rec.info)
-    if (k.rfind("estimated step time", 0) == 0) std::printf("  %s: %s\n", k.c_str(), v.c_str());
+    if (k == estimate_key(m)) std::printf("  %s: %s\n", k.c_str(), v.c_str());
   std::printf("  wrote %s and %s\n", out.json_path().c_str(), out.html_path().c_str());
 }
 
@@ -354,9 +358,9 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
     OpHookScope scope(watcher);
     OpHookScope estimate(estimator);
     const auto& off = run.model().block_stack().offload_hooks();
-    const std::int64_t host0 = off ? off->stats().bytes_written + off->stats().bytes_read : 0;
+    const std::int64_t moved0 = off ? off->stats().moved_bytes() : 0;
     loss = run.step(watcher.get());
-    if (off) estimator->add_transfer(off->stats().bytes_written + off->stats().bytes_read - host0);
+    if (off) estimator->add_transfer(off->stats().moved_bytes() - moved0);
     estimator->add_optimizer(run.model().num_parameters());
   } catch (...) {
     alloc.enable_history(0);
@@ -384,11 +388,12 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
               {"threads", std::to_string(num_threads())}};
   add_hook_info(run.model(), rec);
   const StepEstimate& e = estimator->estimate();
-  rec.info.emplace_back("estimated step time (" + m.device_model + ", an estimate)",
-                        std::to_string(e.total() * 1e3) + " ms (forward " + std::to_string(e.forward * 1e3) +
-                            ", backward " + std::to_string(e.backward * 1e3) + ", replay " +
-                            std::to_string(e.replay * 1e3) + ", optimizer " + std::to_string(e.optimizer * 1e3) +
-                            ", offload " + std::to_string(e.offload * 1e3) + ")");
+  rec.info.emplace_back(estimate_key(m), std::to_string(e.total() * 1e3) + " ms (forward " +
+                                             std::to_string(e.forward * 1e3) + ", backward " +
+                                             std::to_string(e.backward * 1e3) + ", replay " +
+                                             std::to_string(e.replay * 1e3) + ", optimizer " +
+                                             std::to_string(e.optimizer * 1e3) + ", offload " +
+                                             std::to_string(e.offload * 1e3) + ")");
   return rec;
 }
 
@@ -412,7 +417,7 @@ int run_mem(const std::vector<std::string>& args) {
   REMAT_CHECK(peak.allocated == allocated_peak, Error, "the recorded events peak at ", peak.allocated,
               " bytes but the allocator's peak over the step is ", allocated_peak);
   out.write_and_keep(timeline_json(rec, t), timeline_html(rec, t));
-  print_summary(rec, t, out);
+  print_summary(rec, t, out, m);
   return 0;
 }
 

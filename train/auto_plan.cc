@@ -340,7 +340,7 @@ StepMeasure measure_step(StepRig& rig, const std::shared_ptr<Probe>& probe, cons
     stack.set_observer(probe);
   DispatchCounters moved0;
   const auto& offload = rig.model.block_stack().offload_hooks();
-  const auto moved_to_host = [&] { return offload ? offload->stats().bytes_written + offload->stats().bytes_read : 0; };
+  const auto moved_to_host = [&] { return offload ? offload->stats().moved_bytes() : 0; };
   std::int64_t host0 = 0;
   rig.step([&] {
     moved0 = dispatch_counters();

@@ -80,6 +80,40 @@ check bench-dense bf16 "per_block" --steps-before 0
 check "$tmp/bench_moe.json" f32 "none per_block moe_expert attention+moe_expert" --steps-before 0
 check "$tmp/bench_moe.json" bf16 "per_block" --steps-before 0
 
+# Each block's bytes held for backward: under per_block on tiny, blocks 1-3
+# keep exactly their f32 boundary input (batch 8 x seq 128 x d 128 x 4 B);
+# block 0 also the embedding's saves (its ids).
+if $remat mem --device meta --config tiny --recompute per_block --out "$tmp/pb" > /dev/null 2> "$tmp/err" &&
+   /usr/bin/python3 -c "
+import json, sys
+b = json.load(open(sys.argv[1]))['block_saved_bytes']
+assert b[1:] == [8 * 128 * 128 * 4] * 3 and 8 * 128 * 128 * 4 < b[0] < 8 * 128 * 128 * 4 + 65536, b" "$tmp/pb.json"; then
+  passed=$((passed + 1))
+else
+  fail "block_saved_bytes under per_block on tiny are not the block boundaries: $(tail -1 "$tmp/err")"
+fi
+
+# The time estimate (h100): none replays nothing and its backward is twice
+# its forward; per_block adds a replay and costs more; the fixed cost of a
+# call keeps every part above zero.
+est() {
+  $remat mem --device meta --config tiny --device-model h100 --recompute "$1" --out "$tmp/est" 2>&1 |
+    sed -n 's/.*estimated step time (h100, an estimate): \([0-9.]*\) ms (forward \([0-9.]*\), backward \([0-9.]*\), replay \([0-9.]*\).*/\1 \2 \3 \4/p'
+}
+read -r n_total n_fwd n_bwd n_replay <<< "$(est none)"
+read -r p_total p_fwd p_bwd p_replay <<< "$(est per_block)"
+if /usr/bin/python3 -c "
+import sys
+n_total, n_fwd, n_bwd, n_replay, p_total, p_fwd, p_bwd, p_replay = map(float, sys.argv[1:])
+assert n_fwd > 0 and n_replay == 0 and abs(n_bwd - 2 * n_fwd) < 1e-3 * n_bwd, sys.argv
+assert p_replay > 0 and p_total > n_total and abs(p_fwd - n_fwd) < 1e-3 * n_fwd, sys.argv
+" "${n_total:-x}" "${n_fwd:-x}" "${n_bwd:-x}" "${n_replay:-x}" "${p_total:-x}" "${p_fwd:-x}" "${p_bwd:-x}" "${p_replay:-x}" \
+     2> "$tmp/err"; then
+  passed=$((passed + 1))
+else
+  fail "the time estimate's parts for none / per_block on tiny (h100) are not as documented: $(tail -1 "$tmp/err")"
+fi
+
 # The planner on meta: bench-dense and bench-moe (balanced) at 25/50/75% of
 # plan none's activations, times estimated for an H200 (whose PCIe link makes
 # offload dear, so the choices are recompute plans, whose CPU peaks do not
