@@ -5,6 +5,7 @@
 #include "engine/autograd.h"
 
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -57,6 +58,12 @@ class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
       : Node("AccumulateGrad"), leaf_(std::move(leaf)) {
+    // Runs as soon as it is ready, so a parameter's incoming gradient is
+    // added and freed at once. A leaf's sink outlives the graphs that use it
+    // (its creation order is the first use's), so by creation order it would
+    // wait behind every newer node: a pipeline stage's second micro-batch
+    // held all its weight gradients to the end of its backward.
+    sequence_nr_ = std::numeric_limits<std::uint64_t>::max();
     outputs.push_back(TensorMeta{leaf_->sizes, leaf_->dtype,
                                  leaf_->storage ? leaf_->storage->device() : kCPU});
   }

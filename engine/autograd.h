@@ -246,7 +246,8 @@ class Node : public std::enable_shared_from_this<Node> {
   Node& operator=(const Node&) = delete;
 
   const char* name() const { return name_; }
-  // Creation order; backward runs newer nodes first.
+  // Creation order; backward runs newer nodes first (a leaf's AccumulateGrad
+  // is the largest: it runs as soon as it is ready).
   std::uint64_t sequence_nr() const { return sequence_nr_; }
 
   // Saves `t` for backward (through the active hooks); returns its index.
