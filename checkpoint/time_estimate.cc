@@ -41,10 +41,16 @@ double measured_memory_bw() {
 // glennklockwood.com/garden/processors/B200). The host link: PCIe Gen5 x16,
 // 64 GB/s each way (Hopper); Gen6 x16, 128 GB/s (Blackwell). f32 products
 // are counted at the f32 (non-tensor-core) rate, as remat's f32 GEMMs do not
-// use TF32. A kernel launch and its dispatch: 5 us.
-const DeviceModel kH100{"h100", 989.4e12, 66.9e12, 66.9e12, 3.35e12, 450e9, 64e9, 5e-6, "NVIDIA H100 SXM datasheet"};
-const DeviceModel kH200{"h200", 989.4e12, 66.9e12, 66.9e12, 4.8e12, 450e9, 64e9, 5e-6, "NVIDIA H200 SXM datasheet"};
-const DeviceModel kB200{"b200", 2.25e15, 80e12, 80e12, 8.0e12, 900e9, 128e9, 5e-6, "NVIDIA HGX B200 (1000 W) figures"};
+// use TF32. A kernel launch and its dispatch: 5 us. Between nodes (DGX
+// H100 / H200 / B200): one 400 Gb/s ConnectX-7 port per GPU, 50 GB/s each
+// way; eight GPUs a node; 10 us fixed per collective (NCCL's small-message
+// latency is of that order).
+const DeviceModel kH100{"h100", 989.4e12, 66.9e12, 66.9e12, 3.35e12, 450e9, 64e9, 5e-6, "NVIDIA H100 SXM datasheet",
+                        8, 50e9, 10e-6};
+const DeviceModel kH200{"h200", 989.4e12, 66.9e12, 66.9e12, 4.8e12, 450e9, 64e9, 5e-6, "NVIDIA H200 SXM datasheet",
+                        8, 50e9, 10e-6};
+const DeviceModel kB200{"b200", 2.25e15, 80e12, 80e12, 8.0e12, 900e9, 128e9, 5e-6, "NVIDIA HGX B200 (1000 W) figures",
+                        8, 50e9, 10e-6};
 
 }  // namespace
 
@@ -68,8 +74,9 @@ DeviceModel device_model(const std::string& name) {
     std::call_once(once, [] {
       // Offload's spill file sits in the page cache: host "transfers" at memory speed.
       const double gemm = cpu_gemm_peak_flops(12), bw = measured_memory_bw();
-      m = DeviceModel{"cpu-measured", gemm, gemm, gemm, bw, 0, bw, 2e-6,
-                      "this machine: best 1024^3 f32 GEMM, best 64 MiB memcpy"};
+      // Ranks of one machine talk through shared memory: memcpy speed, one node.
+      m = DeviceModel{"cpu-measured", gemm, gemm, gemm, bw, bw, bw, 2e-6,
+                      "this machine: best 1024^3 f32 GEMM, best 64 MiB memcpy", 1 << 30, bw, 5e-6};
     });
     return m;
   }

@@ -35,6 +35,12 @@ struct DeviceModel {
   double host_bw = 0;         // to host memory (offload), bytes/s each way
   double op_seconds = 0;      // fixed cost per op call (launch, dispatch)
   std::string source;         // where the figures come from
+  // The link model (train/comm_estimate.h): devices per node, joined by
+  // link_bw; between nodes network_bw per device each way; a fixed cost per
+  // collective, send or receive.
+  int devices_per_node = 8;
+  double network_bw = 0;
+  double comm_seconds = 0;
 };
 
 // "h100", "h200", "b200" (published dense peaks and bandwidths), or
@@ -49,7 +55,8 @@ void check_device_model(const std::string& name);
 // What the estimate adds up to, in seconds.
 struct StepEstimate {
   double forward = 0, backward = 0, replay = 0, optimizer = 0, offload = 0;
-  double total() const { return forward + backward + replay + optimizer + offload; }
+  double comm = 0;  // collectives, sends and receives, not overlapped (train/comm_estimate.h)
+  double total() const { return forward + backward + replay + optimizer + offload + comm; }
 };
 
 // An op hook that adds up a step's estimate while the step runs (install
@@ -63,6 +70,8 @@ class StepTimeEstimator final : public OpHook {
   void add_optimizer(std::int64_t params);
   // `bytes` moved between the device and the host (offload's writes and reads).
   void add_transfer(std::int64_t bytes);
+  // Communication estimated elsewhere (train/comm_estimate.h).
+  void add_comm(double seconds) { est_.comm += seconds; }
   const StepEstimate& estimate() const { return est_; }
   void reset() { est_ = {}; }
   const DeviceModel& model() const { return model_; }

@@ -71,6 +71,13 @@ class TagScope {
   const char* previous_;
 };
 
+// The tag of host bookkeeping: the small host tensors a collective reads or
+// writes for the program's own decisions (routing counts, the gradient
+// buckets' order fingerprint, losses gathered from pipeline stages). They
+// live in host memory on every device; a meta run, which stands for the
+// device, keeps them on the host (docs/META.md).
+inline constexpr const char* kHostTag = "host";
+
 // Allocator statistics for one device. Byte counts are of blocks (rounded
 // sizes); `requested_bytes` is what callers asked for.
 struct MemoryStats {

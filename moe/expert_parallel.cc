@@ -7,6 +7,7 @@ namespace remat {
 
 SlotCounts ProcessBatchGroup::gather_counts(const std::vector<std::int64_t>& local) {
   const auto E = std::int64_t(local.size());
+  TagScope host(kHostTag);
   Tensor all = group_->all_gather(from_vector<std::int64_t>(local, {1, E}));
   const auto v = all.to_vector<std::int64_t>();
   SlotCounts c;

@@ -44,7 +44,7 @@ GradReducer::GradReducer(std::vector<ReducedParameter> params, std::int64_t buck
   for (auto& b : buckets_) {
     const std::int64_t n = b.offsets.back() + params_[b.members.back()].param.numel();
     CategoryScope cat(MemoryCategory::gradient);
-    b.flat = empty({n});
+    b.flat = empty({n}, TensorOptions(DType::f32, params_[b.members.front()].param.device()));
   }
   stats_.buckets = std::int64_t(buckets_.size());
   for (std::size_t k = 0; k < params_.size(); ++k) {
@@ -88,16 +88,17 @@ void GradReducer::on_ready(std::size_t k) {
 }
 
 void GradReducer::start(Bucket& b) {
-  float* flat = b.flat.data<float>();
+  const bool meta = b.flat.device().is_meta();  // shapes only: the gradients' contiguous copies, no values
+  float* flat = meta ? nullptr : b.flat.data<float>();
   for (std::size_t i = 0; i < b.members.size(); ++i) {
     const Tensor& p = params_[b.members[i]].param;
     Tensor g = p.grad();
-    float* dst = flat + b.offsets[i];
     if (g.defined()) {
       Tensor gc = g.contiguous();
-      std::memcpy(dst, gc.data<float>(), std::size_t(p.numel()) * sizeof(float));
-    } else {
-      std::fill_n(dst, p.numel(), 0.0f);
+      if (meta) continue;
+      std::memcpy(flat + b.offsets[i], gc.data<float>(), std::size_t(p.numel()) * sizeof(float));
+    } else if (!meta) {
+      std::fill_n(flat + b.offsets[i], p.numel(), 0.0f);
     }
   }
   stats_.bytes += std::int64_t(b.flat.nbytes());
@@ -120,6 +121,7 @@ void GradReducer::finish() {
     std::int64_t fp = 0;
     for (std::size_t i : start_order_)
       if (buckets_[i].group == g) fp = (fp * 1000003 + std::int64_t(i) + 1) % 2147483647;
+    TagScope host(kHostTag);
     Tensor v = from_vector<std::int64_t>({fp, -fp}, {2});
     g->all_reduce(v, ReduceOp::max);
     const auto m = v.to_vector<std::int64_t>();
@@ -134,15 +136,17 @@ void GradReducer::finish() {
       b.work->wait();
       b.work.reset();
     }
-    const float* flat = b.flat.data<float>();
+    const bool meta = b.flat.device().is_meta();
+    const float* flat = meta ? nullptr : b.flat.data<float>();
     for (std::size_t i = 0; i < b.members.size(); ++i) {
       const Tensor& p = params_[b.members[i]].param;
       Tensor g = p.grad();
       if (!g.defined() || !g.is_contiguous()) {
         CategoryScope cat(MemoryCategory::gradient);
-        g = empty(p.sizes());
+        g = empty(p.sizes(), TensorOptions(DType::f32, p.device()));
         p.set_grad(g);
       }
+      if (meta) continue;
       std::memcpy(g.data<float>(), flat + b.offsets[i], std::size_t(p.numel()) * sizeof(float));
       g.bump_version();
     }

@@ -217,9 +217,16 @@ class SingleProcessGroup final : public ProcessGroup {
 
 }  // namespace
 
+std::shared_ptr<CommWork> done_work() { return std::make_shared<DoneWork>(); }
+
 std::shared_ptr<CommWork> ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op) {
   all_reduce(t, op);
   return std::make_shared<DoneWork>();
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split_by(const std::function<std::pair<int, int>(int)>& color_key) {
+  const auto [color, key] = color_key(rank());
+  return split(color, key);
 }
 
 std::shared_ptr<ProcessGroup> single_process_group() { return std::make_shared<SingleProcessGroup>(); }

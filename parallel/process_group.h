@@ -17,8 +17,10 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/tensor.h"
@@ -113,6 +115,11 @@ class ProcessGroup {
   virtual void barrier() = 0;
   // The sub-group of the ranks that pass the same `color`, ordered by `key`.
   virtual std::shared_ptr<ProcessGroup> split(int color, int key) = 0;
+  // The same split, with every rank's (color, key) given by `color_key` of
+  // its rank in this group: a pure function of the rank, the same on every
+  // rank. A collective, as split; a simulated group (parallel/
+  // simulated_group.h), which sees no other rank, evaluates it for each.
+  virtual std::shared_ptr<ProcessGroup> split_by(const std::function<std::pair<int, int>(int rank)>& color_key);
 
   // Point to point. Tensors are contiguous and on the group's device (CPU for
   // MPI, the group's CUDA device for NCCL); `dst` / `src` is another rank of
@@ -205,6 +212,10 @@ std::shared_ptr<ProcessGroup> world_group();
 // process runs under an MPI launcher, so that no peer waits forever on a
 // rank that failed; otherwise returns.
 void abort_job(int code);
+
+// A CommWork that is already done (what a group returns for an operation it
+// completed at once).
+std::shared_ptr<CommWork> done_work();
 
 // A group of one process (collectives are identities).
 std::shared_ptr<ProcessGroup> single_process_group();

@@ -14,12 +14,16 @@
 #include "engine/recompute_context.h"
 #include "models/decoder.h"
 #include "models/recompute.h"
+#include "parallel/simulated_group.h"
 #include "tools/args.h"
 #include "tools/auto_plan_flags.h"
 #include "tools/commands.h"
 #include "tools/mem_timeline.h"
+#include "train/comm_estimate.h"
 #include "train/data.h"
 #include "train/optimizer.h"
+#include "train/parallel_layout.h"
+#include "train/pipeline.h"
 #include "train/trainer.h"
 
 namespace remat::tools {
@@ -109,6 +113,8 @@ struct MemOptions {
   Device device = kCPU;  // cpu, or meta: the same step on shapes alone (docs/META.md)
   std::string dtype = "f32";  // the compute dtype (parameters, gradients and optimizer state stay f32)
   std::string device_model = "cpu-measured";  // for the time estimate (checkpoint/time_estimate.h)
+  std::optional<WorldSpec> world;  // --simulate-world: rank `rank` of this job, on meta
+  int rank = 0;
 };
 
 std::vector<FlagSpec> mem_flag_specs() {
@@ -117,7 +123,13 @@ std::vector<FlagSpec> mem_flag_specs() {
        text_flag("recompute", "recompute plan, as for train", "none"),
        text_flag("device", "cpu, or meta: the step on shapes alone, its allocations exactly the CPU's", "cpu"),
        text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and optimizer state stay f32)", "f32"),
-       int_flag("batch", "sequences per step (default: the config's)", std::nullopt, {.min = 1}),
+       int_flag("batch", "sequences per step over all ranks (default: the config's; with --simulate-world, the "
+                "config's per micro-batch per data-parallel rank)", std::nullopt, {.min = 1}),
+       text_flag("simulate-world", "dp=D,ep=E,pp=P: one rank of a job that is not running, on meta (docs/META.md)"),
+       int_flag("simulate-rank", "the rank of --simulate-world to run (stage-major: rank s*D + d)", 0, {.min = 0}),
+       int_flag("grad-accum", "micro-batches per step (default 1; under pp, the pipeline's stages)", std::nullopt,
+                {.min = 1}),
+       text_flag("pp-schedule", "pipeline schedule under pp: 1f1b or gpipe", "1f1b"),
        int_flag("seq", "tokens per sequence (default: the config's)", std::nullopt, {.min = 1}),
        text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
        int_flag("seed", "seed for weights, data and dropout", 0, {.min = 0}),
@@ -148,6 +160,16 @@ MemOptions mem_options(const Flags& f) {
   REMAT_CHECK(m.device.is_cpu() || m.device.is_meta(), DeviceError, "mem: --device ", m.device.str(),
               ": mem records the CPU's or meta's allocator (expected cpu or meta)");
   m.capacity = f.get_int("capacity");
+  REMAT_CHECK(f.has("simulate-world") || !f.has("simulate-rank"), Error,
+              "mem: --simulate-rank needs --simulate-world dp=D,ep=E,pp=P");
+  if (f.has("simulate-world")) {
+    m.world = parse_world_spec(f.get("simulate-world"));
+    REMAT_CHECK(m.device.is_meta(), DeviceError, "mem: --simulate-world runs one rank of a job that is not running, "
+                "on shapes alone; add --device meta");
+    m.rank = int(f.get_int("simulate-rank"));
+    REMAT_CHECK(m.rank < m.world->ranks(), Error, "mem: --simulate-rank ", m.rank, ": the job ", m.world->str(),
+                " has ranks 0 to ", m.world->ranks() - 1);
+  }
   apply_threads_flag(f);
   m.seed = std::uint64_t(f.get_int("seed"));
   return m;
@@ -158,7 +180,17 @@ MemOptions mem_options(const Flags& f) {
 TrainOptions mem_train_options(const Flags& f, const MemOptions& m) {
   TrainOptions o;
   o.config = ModelConfig::load(f.get("config"));
-  if (f.has("batch")) o.config.batch = f.get_int("batch");
+  const WorldSpec w = m.world.value_or(WorldSpec{});
+  o.pp = w.pp;
+  o.ep = w.ep;
+  o.grad_accum = f.has("grad-accum") ? f.get_int("grad-accum") : w.pp;
+  o.pp_schedule = parse_pipeline_schedule(f.get("pp-schedule"));
+  if (f.has("batch"))
+    o.config.batch = f.get_int("batch");
+  else if (m.world)  // the config's batch is what one rank runs at a time
+    o.config.batch *= w.dp * o.grad_accum;
+  REMAT_CHECK(o.config.batch % (w.dp * o.grad_accum) == 0, Error, "mem: --batch ", o.config.batch,
+              " sequences do not divide into ", w.dp, " data-parallel rank(s) x ", o.grad_accum, " micro-batches");
   if (f.has("seq")) o.config.seq = f.get_int("seq");
   o.config.validate();
   o.seed = m.seed;
@@ -207,23 +239,35 @@ class MemOutputs {
 };
 
 // The run the trainer would do (train/trainer.cc), step by step here so the
-// phases can be marked: same corpus, model, plan, AdamW, schedule and clip.
+// phases can be marked: same corpus, model, plan, AdamW, schedule and clip;
+// on `job` (one process, or a simulated rank), with its data-, expert- and
+// pipeline-parallel groups, gradient reducer and micro-batches.
 class MemTrainer {
  public:
-  MemTrainer(const TrainOptions& o, const RecomputePlan& plan)
+  MemTrainer(const TrainOptions& o, const RecomputePlan& plan, std::shared_ptr<ProcessGroup> job)
       : o_(o), alloc_(allocator_for(o.device)) {
     const ModelConfig& c = o.config;
+    const JobGroups groups = split_job_groups(std::move(job), o.pp, 0, c);
+    layout_ = make_parallel_layout(groups.world, o.ep, c);
     manual_seed(o.seed);
     {
       // On meta the model is built there: its parameters take no memory.
       DefaultDeviceScope on(o.device);
-      model_ = std::make_unique<DecoderModel>(c, o.seed);
+      model_ = std::make_unique<DecoderModel>(c, o.seed, layout_.placement());
     }
+    apply_parallel_layout(*model_, layout_, o.reuse_routing_metadata);
     model_->set_compute_dtype(o.dtype);
     apply_recompute_plan(*model_, plan);
+    pipeline_group_ = groups.pipeline;
+    if (groups.pipeline)
+      pipeline_ = std::make_unique<PipelineStage>(*model_, groups.pipeline, balanced_stages(*model_, o.pp),
+                                                  o.pp_schedule);
+    const auto params = pipeline_ ? pipeline_->parameters() : model_->named_parameters();
+    for (const auto& [name, p] : params) owned_.push_back(p);
+    reducer_ = make_grad_reducer(layout_, params, o.bucket_bytes);
     AdamWOptions ao;
     ao.weight_decay = o.weight_decay;
-    optimizer_ = std::make_unique<AdamW>(model_->named_parameters(), ao);
+    optimizer_ = std::make_unique<AdamW>(params, ao);
     if (!o.device.is_meta()) {
       corpus_ = generated_corpus(o.seed);
       sampler_ = std::make_unique<BatchSampler>(corpus_.train, c.batch, c.seq, o.seed + 1);
@@ -231,14 +275,16 @@ class MemTrainer {
     model_->train(true);
   }
 
-  // The next batch: the sampler's, or on meta a batch of its shape (no tokens).
+  // This rank's share of the next batch: the sampler's, or on meta a batch
+  // of its shape (no tokens).
   Tensor next_batch() {
-    if (sampler_) return sampler_->next();
-    return empty({o_.config.batch, o_.config.seq + 1}, TensorOptions(DType::i64, o_.device));
+    Tensor global = sampler_ ? sampler_->next()
+                             : empty({o_.config.batch, o_.config.seq + 1}, TensorOptions(DType::i64, o_.device));
+    return batch_shard(global, *layout_.world);
   }
 
   // One training step as Trainer::run does it; `w` (when recording) marks
-  // the phases. Returns the loss.
+  // the phases. Returns the loss (the last micro-batch's, this rank's).
   double step(StepWatcher* w) {
     auto phase = [&](const char* name) {
       if (w) w->phase(name);
@@ -248,16 +294,35 @@ class MemTrainer {
     Tensor batch = next_batch();
     model_->zero_grad();
     double loss = std::nan("");  // meta has no values
+    const std::int64_t M = o_.grad_accum;
+    const double seed = 1.0 / double(layout_.world->size() * M);
     {
       CategoryScope cat(MemoryCategory::activation);
       phase("forward");
-      auto out = model_->forward_loss(batch);
-      if (!o_.device.is_meta()) loss = out.loss.item();
-      phase("backward");
-      out.loss.backward();
+      if (pipeline_) {
+        std::function<void()> arm;
+        if (reducer_) arm = [this] { reducer_->prepare(); };
+        const auto r = pipeline_->step(batch, M, seed, arm);
+        if (!o_.device.is_meta()) loss = r.loss.back();
+      } else {
+        Generator& gen = default_generator(o_.device);
+        const RngState streams = gen.state();
+        const std::int64_t rows = batch.size(0) / M;
+        for (std::int64_t m = 0; m < M; ++m) {
+          RngStreamScope keyed(gen, streams, m, o_.config.n_layers);
+          if (m > 0) phase("forward");
+          auto out = model_->forward_loss(M == 1 ? batch : batch.narrow(0, m * rows, rows));
+          if (!o_.device.is_meta()) loss = out.loss.item();
+          phase("backward");
+          if (reducer_ && m == M - 1) reducer_->prepare();
+          out.loss.backward(seed != 1.0 ? full({}, seed, TensorOptions(out.loss.dtype(), out.loss.device())) : Tensor());
+        }
+        gen.set_state(rng_streams_end(streams, M, o_.config.n_layers));
+      }
+      if (reducer_) reducer_->finish();
     }
     phase("optimizer");
-    clip_grad_norm(model_->parameters(), o_.clip);
+    clip_grad_norm(owned_, o_.clip);
     optimizer_->step(lr);
     ++step_;
     if (w) w->check_peak();
@@ -267,12 +332,31 @@ class MemTrainer {
 
   DecoderModel& model() { return *model_; }
   CachingAllocator& alloc() { return alloc_; }
+  const PipelineStage* pipeline() const { return pipeline_.get(); }
+  const ParallelLayout& layout() const { return layout_; }
+  // Every group this rank communicates on (the layout's and the pipeline's).
+  std::vector<std::shared_ptr<ProcessGroup>> groups() const {
+    auto g = layout_.groups();
+    if (pipeline_group_) g.push_back(pipeline_group_);
+    return g;
+  }
+  // The parameters this rank holds and updates (a stage's own).
+  std::int64_t owned_parameters() const {
+    std::int64_t n = 0;
+    for (const Tensor& p : owned_) n += p.numel();
+    return n;
+  }
 
  private:
   const TrainOptions& o_;
   Corpus corpus_;
   CachingAllocator& alloc_;
+  ParallelLayout layout_;
   std::unique_ptr<DecoderModel> model_;
+  std::unique_ptr<PipelineStage> pipeline_;
+  std::shared_ptr<ProcessGroup> pipeline_group_;
+  std::vector<Tensor> owned_;
+  std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<BatchSampler> sampler_;
   std::int64_t step_ = 0;
@@ -288,6 +372,19 @@ void add_hook_info(const DecoderModel& model, MemRecording& rec) {
   if (const auto& comp = model.block_stack().compress_hooks())
     rec.info.emplace_back("compressed saves (all steps)", format_bytes(comp->stats().compressed_bytes) + " (from " +
                                                   format_bytes(comp->stats().original_bytes) + ")");
+}
+
+// What a simulated rank runs: its stage's blocks, its replica, its experts.
+std::string rank_role(MemTrainer& run) {
+  std::string role;
+  if (const PipelineStage* st = run.pipeline())
+    role = "stage " + std::to_string(st->stage()) + " (blocks " + std::to_string(st->bounds()[std::size_t(st->stage())]) +
+           "-" + std::to_string(st->bounds()[std::size_t(st->stage()) + 1] - 1) + ")";
+  const auto& l = run.layout();
+  role += std::string(role.empty() ? "" : ", ") + "data-parallel rank " + std::to_string(l.world->rank()) + " of " +
+          std::to_string(l.world->size());
+  if (l.ep > 1) role += ", expert-parallel rank " + std::to_string(l.ep_group->rank()) + " of " + std::to_string(l.ep);
+  return role;
 }
 
 // The info key of the step's time estimate (labelled an estimate, with its device model).
@@ -313,7 +410,8 @@ void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs&
       cats += std::string(cats.empty() ? "" : ", ") + category_name(MemoryCategory(c)) + " " + format_bytes(peak.bytes[c]);
   std::printf("  at the peak: %s\n", cats.c_str());
   // Per block: each one's bytes when there are few, else the range.
-  const auto& b = rec.block_saved_bytes;
+  const std::vector<std::int64_t> b(rec.block_saved_bytes.begin() + rec.first_block,
+                                    rec.block_saved_bytes.begin() + rec.end_block);
   if (!b.empty()) {
     std::string per;
     if (b.size() <= 8) {
@@ -322,14 +420,15 @@ void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs&
       const auto [lo, hi] = std::minmax_element(b.begin(), b.end());
       std::int64_t total = 0;
       for (auto x : b) total += x;
-      per = format_bytes(*lo) + " (block " + std::to_string(lo - b.begin()) + ") to " + format_bytes(*hi) + " (block " +
-            std::to_string(hi - b.begin()) + "), " + format_bytes(total) + " over " + std::to_string(b.size()) +
-            " blocks";
+      per = format_bytes(*lo) + " (block " + std::to_string(rec.first_block + (lo - b.begin())) + ") to " +
+            format_bytes(*hi) + " (block " + std::to_string(rec.first_block + (hi - b.begin())) + "), " +
+            format_bytes(total) + " over " + std::to_string(b.size()) + " blocks";
     }
     std::printf("  held for backward per block (after its forward): %s\n", per.c_str());
   }
   for (const auto& [k, v] : rec.info)
-    if (k == estimate_key(m)) std::printf("  %s: %s\n", k.c_str(), v.c_str());
+    if (k == estimate_key(m) || k == "simulated rank" || k == "communication (this rank)")
+      std::printf("  %s: %s\n", k.c_str(), v.c_str());
   std::printf("  wrote %s and %s\n", out.json_path().c_str(), out.html_path().c_str());
 }
 
@@ -353,15 +452,24 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
   auto blocks = std::make_shared<BlockSaves>(std::size_t(o.config.n_layers));
   run.model().model->blocks->set_observer(blocks);
   double loss = 0;
+  std::int64_t comm_bytes = 0;  // sent by this rank over the step (received, for receives)
   alloc.enable_history(std::size_t(m.capacity));
   try {
     OpHookScope scope(watcher);
     OpHookScope estimate(estimator);
     const auto& off = run.model().block_stack().offload_hooks();
     const std::int64_t moved0 = off ? off->stats().moved_bytes() : 0;
+    const auto groups = run.groups();
+    std::vector<CommCounters> comm0;
+    for (const auto& g : groups) comm0.push_back(g->counters());
     loss = run.step(watcher.get());
     if (off) estimator->add_transfer(off->stats().moved_bytes() - moved0);
-    estimator->add_optimizer(run.model().num_parameters());
+    estimator->add_optimizer(run.owned_parameters());
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      const CommCounters d = groups[i]->counters() - comm0[i];
+      estimator->add_comm(comm_seconds(*groups[i], d, estimator->model()));
+      for (CommPhase p : {CommPhase::forward, CommPhase::backward, CommPhase::replay}) comm_bytes += d.bytes_in(p);
+    }
   } catch (...) {
     alloc.enable_history(0);
     throw;
@@ -370,6 +478,11 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
   alloc.enable_history(0);
   run.model().model->blocks->set_observer(nullptr);
   rec.block_saved_bytes = blocks->bytes();
+  rec.end_block = std::int64_t(rec.block_saved_bytes.size());
+  if (const PipelineStage* st = run.pipeline()) {
+    rec.first_block = st->bounds()[std::size_t(st->stage())];
+    rec.end_block = st->bounds()[std::size_t(st->stage()) + 1];
+  }
   *allocated_peak = alloc.stats().allocated_peak;
   const CheckpointCounters cc = checkpoint_counters();
   REMAT_CHECK(std::int64_t(rec.events.size()) < m.capacity || rec.events.empty() || rec.events.front().seq == 0,
@@ -382,10 +495,15 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
               {"device", o.device.str()},
               {"loss", o.device.is_meta() ? std::string("- (meta: shapes only)") : std::to_string(loss)},
               {"parameters", std::to_string(run.model().num_parameters())},
+              {"parameters held (this rank)", std::to_string(run.owned_parameters())},
               {"replays", std::to_string(cc.replays)},
               {"recomputed ops", std::to_string(cc.ops_recomputed)},
               {"saved-bytes peak", format_bytes(saved_bytes_report().peak_bytes)},
               {"threads", std::to_string(num_threads())}};
+  if (m.world) {
+    rec.info.emplace_back("simulated rank", std::to_string(m.rank) + " of " + m.world->str() + ": " + rank_role(run));
+    rec.info.emplace_back("communication (this rank)", format_bytes(comm_bytes));
+  }
   add_hook_info(run.model(), rec);
   const StepEstimate& e = estimator->estimate();
   rec.info.emplace_back(estimate_key(m), std::to_string(e.total() * 1e3) + " ms (forward " +
@@ -393,7 +511,8 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
                                              std::to_string(e.backward * 1e3) + ", replay " +
                                              std::to_string(e.replay * 1e3) + ", optimizer " +
                                              std::to_string(e.optimizer * 1e3) + ", offload " +
-                                             std::to_string(e.offload * 1e3) + ")");
+                                             std::to_string(e.offload * 1e3) + ", communication " +
+                                             std::to_string(e.comm * 1e3) + ")");
   return rec;
 }
 
@@ -407,7 +526,7 @@ int run_mem(const std::vector<std::string>& args) {
   if (f.has("offload-dir")) plan.offload_dir = f.get("offload-dir");
   MemOutputs out(m.stem);
 
-  MemTrainer run(o, plan);
+  MemTrainer run(o, plan, m.world ? simulated_world(int(m.world->ranks()), m.rank) : single_process_group());
   for (std::int64_t i = 0; i < m.steps_before; ++i) run.step(nullptr);
   std::int64_t allocated_peak = 0;
   const MemRecording rec = record_step(run, o, m, &allocated_peak);

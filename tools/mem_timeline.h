@@ -38,6 +38,8 @@ struct MemRecording {
   // step's start) to the block's end: what it keeps until its backward (its
   // saves, or under a block region its boundary).
   std::vector<std::int64_t> block_saved_bytes;
+  std::int64_t first_block = 0;  // the blocks this rank runs (a pipeline stage's), [first_block, end_block)
+  std::int64_t end_block = 0;
   // Extra facts for the reader (seed, replays, ...), as (key, value) pairs;
   // values are written as JSON strings and shown in the HTML summary.
   std::vector<std::pair<std::string, std::string>> info;

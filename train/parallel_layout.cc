@@ -1,6 +1,7 @@
 #include "train/parallel_layout.h"
 
 #include <algorithm>
+#include <sstream>
 
 #include "moe/expert_parallel.h"
 
@@ -17,16 +18,71 @@ ParallelLayout make_parallel_layout(std::shared_ptr<ProcessGroup> world, std::in
   ParallelLayout l;
   l.world = world;
   l.ep = ep;
-  const int r = world->rank();
   if (W == 1) {
     l.ep_group = world;
     l.expert_replicas = world;
     return l;
   }
-  l.ep_group = world->split(int(r / ep), r);
-  l.expert_replicas = world->split(int(r % ep), r);
-  l.grad_group = world->split(0, r);
+  const int k = int(ep);
+  l.ep_group = world->split_by([k](int r) { return std::pair{r / k, r}; });
+  l.expert_replicas = world->split_by([k](int r) { return std::pair{r % k, r}; });
+  l.grad_group = world->split_by([](int r) { return std::pair{0, r}; });
   return l;
+}
+
+std::string WorldSpec::str() const {
+  return "dp=" + std::to_string(dp) + ",ep=" + std::to_string(ep) + ",pp=" + std::to_string(pp);
+}
+
+WorldSpec parse_world_spec(const std::string& text) {
+  const std::string form = "expected dp=D,ep=E,pp=P (any of them; the others are 1), e.g. dp=8,pp=4";
+  WorldSpec w;
+  std::vector<std::string> seen;
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    REMAT_CHECK(eq != std::string::npos && (key == "dp" || key == "ep" || key == "pp"), Error, "world '", text,
+                "': '", item, "' is not an axis; ", form);
+    REMAT_CHECK(std::find(seen.begin(), seen.end(), key) == seen.end(), Error, "world '", text, "': ", key,
+                " is given twice; ", form);
+    seen.push_back(key);
+    std::int64_t v = 0;
+    std::size_t used = 0;
+    try {
+      v = std::stoll(item.substr(eq + 1), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    REMAT_CHECK(used > 0 && used == item.size() - eq - 1 && v >= 1, Error, "world '", text, "': ", key, " must be a "
+                "whole number >= 1, got '", item.substr(eq + 1), "'; ", form);
+    (key == "dp" ? w.dp : key == "ep" ? w.ep : w.pp) = v;
+  }
+  REMAT_CHECK(!seen.empty(), Error, "world '", text, "': names no axis; ", form);
+  REMAT_CHECK(w.dp % w.ep == 0, Error, "world '", text, "': ep=", w.ep, " must divide dp=", w.dp,
+              " (the experts are split within each stage's data-parallel ranks)");
+  return w;
+}
+
+JobGroups split_job_groups(std::shared_ptr<ProcessGroup> job, std::int64_t pp, std::int64_t dp,
+                           const ModelConfig& c) {
+  if (pp <= 1) {
+    REMAT_CHECK(pp == 1, Error, "--pp must be >= 1, got ", pp);
+    return {job, nullptr};
+  }
+  auto refuse = [&](bool bad, const std::string& what) { REMAT_CHECK(!bad, Error, "--pp ", pp, ": ", what); };
+  const int P = int(pp), N = job->size();
+  refuse(N % P != 0, "this job has " + std::to_string(N) + " rank(s), not a multiple of " + std::to_string(P) +
+         " stages; start it with `mpirun -np " + std::to_string(P) + " ./remat train ... --pp " +
+         std::to_string(P) + "` (one rank per stage), or P x D ranks for D data-parallel replicas");
+  const int D = N / P;
+  refuse(dp > 0 && dp != D, "--dp " + std::to_string(dp) + " needs " + std::to_string(P * dp) +
+         " ranks (pp x dp), this job has " + std::to_string(N));
+  refuse(c.tie_embeddings, "tied embeddings live on the first and the last stage; not built yet");
+  JobGroups g;  // (collectives over the job: every rank, in this order)
+  g.pipeline = job->split_by([D](int r) { return std::pair{r % D, r / D}; });  // replica d's stages
+  g.world = D == 1 ? single_process_group() : job->split_by([D](int r) { return std::pair{r / D, r % D}; });
+  return g;
 }
 
 std::vector<std::shared_ptr<ProcessGroup>> ParallelLayout::groups() const {

@@ -20,6 +20,29 @@
 
 namespace remat {
 
+// The shape of a job: dp data-parallel replicas (ep of them split the
+// experts) of a pipeline of pp stages, dp x pp ranks.
+struct WorldSpec {
+  std::int64_t dp = 1, ep = 1, pp = 1;
+  std::int64_t ranks() const { return dp * pp; }
+  std::string str() const;  // "dp=8,ep=1,pp=4"
+};
+// "dp=D,ep=E,pp=P" (any of them, any order; the rest 1). Error naming the
+// text and the expected form for an unknown key, a value < 1, a key given
+// twice, or ep not dividing dp.
+WorldSpec parse_world_spec(const std::string& text);
+
+// The groups of one rank of a job of pp x dp ranks, stage-major: rank
+// s * D + d runs stage s of data-parallel replica d (D = job size / pp).
+struct JobGroups {
+  std::shared_ptr<ProcessGroup> world;     // this rank's data-parallel replicas (of its stage)
+  std::shared_ptr<ProcessGroup> pipeline;  // replica d's pp stages (null when pp == 1)
+};
+// pp == 1: {job, null}. Error naming --pp when the job's size is not a
+// multiple of pp, when dp (0: any) is not size / pp, or when the config ties
+// its embeddings (they would live on two stages). A collective over `job`.
+JobGroups split_job_groups(std::shared_ptr<ProcessGroup> job, std::int64_t pp, std::int64_t dp, const ModelConfig& c);
+
 // The groups of a run on `world` with expert-parallel degree `ep`.
 struct ParallelLayout {
   std::shared_ptr<ProcessGroup> world;

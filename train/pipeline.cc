@@ -269,6 +269,8 @@ struct PipelineStage::Pass {
       : stage(st), batch(b), micro_batches(M), rows(b.size(0) / M), seq(b.size(1) - 1), seed(sd), train(tr),
         timing(tm), first(st.stage_ == 0), last(st.stage_ == st.stages() - 1), mb(std::size_t(M)) {}
 
+  // A loss term's value (0 on meta, which has none: docs/META.md).
+  static float value(const Tensor& t) { return t.device().is_meta() ? 0.0f : float(t.item()); }
   // A blocking receive, its wait counted as idle.
   void recv(Tensor& t, int src, int tag) {
     const auto t0 = Clock::now();
@@ -305,16 +307,16 @@ struct PipelineStage::Pass {
     if (first) {
       u.x = model.embed(tokens.narrow(1, 0, seq).contiguous());
     } else {
-      u.x = empty({rows, seq, model.config().d_model}, model.compute_dtype());
+      u.x = empty({rows, seq, model.config().d_model}, TensorOptions(model.compute_dtype(), batch.device()));
       recv(u.x, int(s - 1), int(2 * m));
       if (train) u.x.set_requires_grad(true);
     }
     u.y = model.run_blocks(u.x, stage.bounds_[std::size_t(s)], stage.bounds_[std::size_t(s + 1)], u.terms);
-    for (const Tensor& a : u.terms.aux) u.aux_values.push_back(float(a.item()));
-    for (const Tensor& z : u.terms.z) u.z_values.push_back(float(z.item()));
+    for (const Tensor& a : u.terms.aux) u.aux_values.push_back(value(a));
+    for (const Tensor& z : u.terms.z) u.z_values.push_back(value(z));
     if (last) {
       u.ce = model.loss_head(u.y, tokens.narrow(1, 1, seq).contiguous());
-      u.ce_value = float(u.ce.item());
+      u.ce_value = value(u.ce);
     } else {
       send(u.y, int(s + 1), int(2 * m));
     }
@@ -331,13 +333,13 @@ struct PipelineStage::Pass {
     Micro& u = mb[std::size_t(m)];
     const auto& cfg = stage.model_.config();
     const std::int64_t s = stage.stage_;
-    const Tensor seed_t = full({}, seed, TensorOptions(DType::f32, kCPU));
+    const Tensor seed_t = full({}, seed, TensorOptions(DType::f32, batch.device()));
     std::vector<Tensor> roots, grads;
     if (last) {
       roots.push_back(u.ce);
       grads.push_back(seed_t);
     } else {
-      Tensor g = empty(u.y.sizes(), u.y.dtype());
+      Tensor g = empty(u.y.sizes(), TensorOptions(u.y.dtype(), u.y.device()));
       recv(g, int(s + 1), int(2 * m + 1));
       roots.push_back(u.y);
       grads.push_back(g);
@@ -374,6 +376,7 @@ struct PipelineStage::Pass {
       for (float a : u.aux_values) mine[at++] = a;
       for (float z : u.z_values) mine[at++] = z;
     }
+    TagScope host(kHostTag);
     const std::vector<float> all = stage.group_->all_gather(from_vector<float>(mine, {width})).to_vector<float>();
     std::vector<double> out, aux_values;  // loss_0.., then aux_0..
     for (std::int64_t m = 0; m < used; ++m) {

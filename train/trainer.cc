@@ -36,11 +36,6 @@ double sum_in_rank_order(ProcessGroup& g, double v) {
 
 // ---- building ---------------------------------------------------------------
 
-struct Trainer::Groups {
-  std::shared_ptr<ProcessGroup> world;     // this rank's data-parallel replicas (of its stage)
-  std::shared_ptr<ProcessGroup> pipeline;  // --pp: this replica's stages (null without)
-};
-
 namespace {
 // f16 computes with dynamic loss scaling; bf16 and f32 do not scale.
 LossScaler loss_scaler_for(const TrainOptions& o) {
@@ -59,7 +54,7 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scale
   RecomputePlan plan = RecomputePlan::parse(opts_.recompute, c.n_layers);
   plan.offload_dir = opts_.offload_dir;
   job_ = opts_.group ? opts_.group : world_group();
-  const Groups groups = split_job();
+  const JobGroups groups = split_job();
   const ProcessGroup& world = *groups.world;
   REMAT_CHECK(opts_.dp == 0 || opts_.dp == world.size(), Error, "--dp ", opts_.dp, ": this job has ", world.size(),
               " rank(s); start it with `mpirun -np ", opts_.dp, " ./remat train ...`");
@@ -79,29 +74,10 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scale
   if (!opts_.resume_dir.empty()) resume(opts_.resume_dir);
 }
 
-Trainer::Groups Trainer::split_job() const {
-  if (opts_.pp <= 1) {
-    REMAT_CHECK(opts_.pp == 1, Error, "--pp must be >= 1, got ", opts_.pp);
-    return {job_, nullptr};
-  }
-  // pp x dp ranks, stage-major: rank s * D + d runs stage s of data-parallel
-  // replica d. Replica d's stages form a pipeline; stage s's D replicas
-  // share each batch (and split the experts under --ep) as data parallel does.
-  auto refuse = [&](bool bad, const std::string& what) { REMAT_CHECK(!bad, Error, "--pp ", opts_.pp, ": ", what); };
-  const int P = int(opts_.pp), N = job_->size();
-  refuse(N % P != 0, "this job has " + std::to_string(N) + " rank(s), not a multiple of " + std::to_string(P) +
-         " stages; start it with `mpirun -np " + std::to_string(P) + " ./remat train ... --pp " +
-         std::to_string(P) + "` (one rank per stage), or P x D ranks for D data-parallel replicas");
-  const int D = N / P;
-  refuse(opts_.dp > 0 && opts_.dp != D, "--dp " + std::to_string(opts_.dp) + " needs " +
-         std::to_string(P * opts_.dp) + " ranks (pp x dp), this job has " + std::to_string(N));
-  refuse(opts_.config.tie_embeddings, "tied embeddings live on the first and the last stage; not built yet");
-  refuse(!opts_.device.is_cpu(), "pipelines run on the CPU under MPI for now (NCCL stages are not built yet)");
-  const int stage = job_->rank() / D, replica = job_->rank() % D;
-  Groups g;
-  g.pipeline = job_->split(replica, stage);  // (collectives over the job: every rank, in this order)
-  g.world = D == 1 ? single_process_group() : job_->split(stage, replica);
-  return g;
+JobGroups Trainer::split_job() const {
+  REMAT_CHECK(opts_.pp <= 1 || opts_.device.is_cpu(), Error, "--pp ", opts_.pp,
+              ": pipelines run on the CPU under MPI for now (NCCL stages are not built yet)");
+  return split_job_groups(job_, opts_.pp, opts_.dp, opts_.config);
 }
 
 void Trainer::build_model(const RecomputePlan& plan, const ProcessGroup& world) {

@@ -100,11 +100,9 @@ class Trainer {
   struct StepStart;
   // Per step: the loss of the micro-batches (and the pipeline's timings).
   struct StepLoss;
-  // The process groups of this rank: its data-parallel world and (--pp) its pipeline.
-  struct Groups;
 
   // ---- building (the constructor's steps)
-  Groups split_job() const;  // --pp: stage-major pipelines and replicas (Error for a layout that cannot run)
+  JobGroups split_job() const;  // --pp: stage-major pipelines and replicas (Error for a layout that cannot run)
   void build_model(const RecomputePlan& plan, const ProcessGroup& world);  // seeded or --model weights, on the device
   void build_pipeline(std::shared_ptr<ProcessGroup> pipeline_group);  // this rank's stage (split or balanced)
   void build_optimizer();  // gradient reducer, AdamW over this rank's parameters, the batch sampler

@@ -153,6 +153,45 @@ else
   fail "llama3-70b on meta: $(tail -2 "$tmp/l70.txt")"
 fi
 
+# One rank of a job that is not running (--simulate-world): 70B over dp=8 x
+# pp=4 (rank 0: stage 0; rank 31: the last stage) and Mixtral under ep=8,
+# each quick and small, with its stage's or experts' share of the parameters.
+sim() {  # sim NAME "WANT..." mem flags
+  local name=$1 want=$2
+  shift 2
+  if /usr/bin/time -f "%e %M" -o "$tmp/time" $remat mem --device meta "$@" --out "$tmp/$name" > "$tmp/$name.txt" 2>&1; then
+    read -r secs kib < "$tmp/time"
+    local ok=1
+    /usr/bin/python3 -c "import sys; s, k = float(sys.argv[1]), int(sys.argv[2]); sys.exit(not (s < 60 and k < 1 << 20))" \
+      "$secs" "$kib" || ok=0
+    while IFS= read -r w; do grep -qF -- "$w" "$tmp/$name.txt" || ok=0; done <<< "$want"
+    if [ $ok -eq 1 ]; then passed=$((passed + 1)); else fail "$name: ${secs}s ${kib} KiB, want: $want; got: $(cat "$tmp/$name.txt")"; fi
+  else
+    fail "$name: $(tail -2 "$tmp/$name.txt")"
+  fi
+}
+sim l70_dp8_pp4_r0 "simulated rank: 0 of dp=8,ep=1,pp=4: stage 0 (blocks 0-18), data-parallel rank 0 of 8
+at the peak: parameter 64.48 GiB
+held for backward per block (after its forward): 256.00 MiB (block 1) to 258.00 MiB (block 0), 4.75 GiB over 19 blocks
+estimated step time (h200, an estimate)" --config llama3-70b --seq 8192 --recompute per_block \
+  --simulate-world dp=8,pp=4 --simulate-rank 0 --device-model h200
+sim l70_dp8_pp4_r31 "simulated rank: 31 of dp=8,ep=1,pp=4: stage 3 (blocks 61-79), data-parallel rank 7 of 8" \
+  --config llama3-70b --seq 8192 --recompute per_block --simulate-world pp=4,dp=8 --simulate-rank 31
+sim mixtral_ep8 "simulated rank: 0 of dp=8,ep=8,pp=1: data-parallel rank 0 of 8, expert-parallel rank 0 of 8
+at the peak: parameter 26.98 GiB" --config mixtral-8x7b --seq 4096 --recompute per_block --simulate-world dp=8,ep=8
+# A world of one rank is the one-process step, event for event.
+$remat mem --device meta --config tiny --out "$tmp/one" > /dev/null 2>&1
+$remat mem --device meta --config tiny --simulate-world dp=1 --out "$tmp/one_sim" > /dev/null 2>&1
+if /usr/bin/python3 -c "
+import json, sys
+a, b = (json.load(open(f))['events'] for f in sys.argv[1:])
+key = lambda e: (e['kind'], e['size'], e['category'], e['tag'], e['allocated'], e['reserved'])
+sys.exit(not (len(a) > 100 and list(map(key, a)) == list(map(key, b))))" "$tmp/one.json" "$tmp/one_sim.json"; then
+  passed=$((passed + 1))
+else
+  fail "mem --simulate-world dp=1 differs from the one-process step"
+fi
+
 # Refusals: a device mem does not record, a dtype it does not train.
 expect_error() {
   local want=$1
@@ -174,6 +213,15 @@ expect_error "--device meta has no values to run" plan --device meta --measure -
 expect_error "remat train: --device meta runs on shapes alone and train needs values" train --device meta --config tiny --steps 1
 expect_error "remat dump: --device meta runs on shapes alone and dump needs values" dump --device meta --config tiny --out "$tmp/x.safetensors"
 expect_error "remat bench: --device meta runs on shapes alone and bench needs values" bench --device meta --config tiny --recompute none
+
+expect_error "mem: --simulate-world runs one rank of a job that is not running, on shapes alone; add --device meta" \
+  mem --config tiny --simulate-world dp=2 --out "$tmp/x"
+expect_error "mem: --simulate-rank 8: the job dp=4,ep=1,pp=2 has ranks 0 to 7" mem --device meta --config tiny \
+  --simulate-world dp=4,pp=2 --simulate-rank 8 --out "$tmp/x"
+expect_error "world 'tp=2': 'tp=2' is not an axis; expected dp=D,ep=E,pp=P" mem --device meta --config tiny \
+  --simulate-world tp=2 --out "$tmp/x"
+expect_error "mem: --simulate-rank needs --simulate-world" mem --device meta --config tiny --simulate-rank 1 --out "$tmp/x"
+expect_error "ep=3 must divide dp=4" mem --device meta --config tiny-moe --simulate-world dp=4,ep=3 --out "$tmp/x"
 
 echo "remat-tests: $passed passed, $failed failed, 0 skipped"
 [ "$failed" -eq 0 ]
