@@ -2,6 +2,7 @@
 // parameters, batch, loss terms and gradients written to safetensors.
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <optional>
 
@@ -12,8 +13,8 @@
 #include "ops/linear_cross_entropy.h"
 #include "tools/args.h"
 #include "tools/auto_plan_flags.h"
-#include "ops/linear_cross_entropy.h"
 #include "tools/commands.h"
+#include "tools/json.h"
 #include "train/data.h"
 #include "train/hf_model.h"
 #include "train/safetensors.h"
@@ -37,8 +38,8 @@ std::vector<FlagSpec> dump_flag_specs() {
        text_flag("recompute", "recompute plan", "none"),
        text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
        text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and the loss stay f32)", "f32"),
-       text_flag("device", "cpu, cuda or cuda:N", "cpu"),
-       text_flag("out", "output FILE.safetensors (required)"),
+       text_flag("device", "cpu, cuda, cuda:N, or meta (shapes and saved bytes only, to FILE.json)", "cpu"),
+       text_flag("out", "output FILE.safetensors, or FILE.json on meta (required)"),
        threads_flag_spec()});
 }
 
@@ -83,16 +84,18 @@ Tensor dump_batch(const ModelConfig& c, std::uint64_t seed, bool hf) {
 
 // What the file holds: the parameters, the batch, the loss terms and the
 // gradients (zero for a parameter the batch did not reach, e.g. an expert no
-// token was routed to), all on the CPU.
+// token was routed to), where they are (`to_host`: all on the CPU).
 std::vector<std::pair<std::string, Tensor>> dump_tensors(const DecoderModel& model, const Tensor& tokens,
-                                                         const DecoderModel::Output& out) {
+                                                         const DecoderModel::Output& out, bool to_host = true) {
+  auto host = [&](const Tensor& t) { return to_host ? t.to(kCPU) : t; };
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [name, p] : model.named_parameters()) tensors.emplace_back(name, p.detach().to(kCPU));
+  for (const auto& [name, p] : model.named_parameters()) tensors.emplace_back(name, host(p.detach()));
   tensors.emplace_back("batch.tokens", tokens);
-  tensors.emplace_back("loss.ce", out.ce.detach().to(kCPU));
-  tensors.emplace_back("loss.aux", out.aux.detach().to(kCPU));
+  tensors.emplace_back("loss.ce", host(out.ce.detach()));
+  tensors.emplace_back("loss.aux", host(out.aux.detach()));
   for (const auto& [name, p] : model.named_parameters())
-    tensors.emplace_back("grad." + name, p.grad().defined() ? p.grad().to(kCPU) : zeros(p.sizes()));
+    tensors.emplace_back("grad." + name, p.grad().defined() ? host(p.grad())
+                                                            : zeros(p.sizes(), TensorOptions(DType::f32, p.device())));
   return tensors;
 }
 
@@ -144,6 +147,78 @@ std::map<std::string, std::string> dump_metadata(const ModelConfig& c, std::uint
           {"device", device.str()}};
 }
 
+// --device meta: the same forward and backward on shapes alone (a Hugging
+// Face folder read for its config.json and headers only); FILE.json gets
+// what shapes decide: every tensor the safetensors dump would hold (name,
+// dtype, shape, bytes), the bytes held for backward at the forward's end by
+// op, the plan's effects and the allocator's peak (docs/META.md).
+int dump_meta(const Flags& f, const ModelConfig& c, std::uint64_t seed, const std::string& plan,
+              const RecomputePlan& parsed, const std::string& hf_dir) {
+  const std::string out_path = f.get("out");
+  REMAT_CHECK(out_path.size() > 5 && out_path.compare(out_path.size() - 5, 5, ".json") == 0, Error,
+              "dump: --device meta has no values to write: it writes shapes and saved bytes to --out FILE.json, got '",
+              out_path, "'");
+  REMAT_CHECK(!f.has("load"), DeviceError, "dump: --load reads a file's values, which meta cannot hold; use --model "
+              "DIR (read for its config.json and headers only) or --config");
+  std::ofstream file(out_path);
+  REMAT_CHECK(file.good(), IOError, "dump: cannot write ", out_path);
+  manual_seed(seed);
+  std::unique_ptr<DecoderModel> model;
+  {
+    DefaultDeviceScope on(kMeta);
+    std::optional<SkipWeightInit> loaded_next;
+    if (!hf_dir.empty()) loaded_next.emplace();
+    model = std::make_unique<DecoderModel>(c, seed);
+  }
+  model->set_compute_dtype(compute_dtype_from_name(f.get("dtype")));
+  apply_recompute_plan(*model, parsed);
+  if (!hf_dir.empty()) load_hf_weights(*model, hf_dir);
+  CachingAllocator& alloc = allocator_for(kMeta);
+  alloc.reset_peak();
+  const Tensor tokens = empty({c.batch, c.seq + 1}, TensorOptions(DType::i64, kMeta));
+  const PlanEffects before = PlanEffects::now(model->block_stack());
+  auto out = model->forward_loss(tokens);
+  const SavedBytesReport held = saved_bytes_report();
+  out.loss.backward();
+  const PlanEffects did = PlanEffects::now(model->block_stack()) - before;
+
+  std::string tensors = "[";
+  std::int64_t count = 0;
+  for (const auto& [name, t] : dump_tensors(*model, tokens, out, false)) {
+    tensors += std::string(count++ ? ",\n  " : "\n  ") +
+               JsonObject().set("name", name).set("dtype", dtype_name(t.dtype())).set_raw("shape", [&] {
+                 std::string sh = "[";
+                 for (std::int64_t d = 0; d < t.dim(); ++d) sh += (d ? ", " : "") + std::to_string(t.size(d));
+                 return sh + "]";
+               }()).set("bytes", std::int64_t(t.nbytes())).str();
+  }
+  tensors += "\n]";
+  JsonObject by_op;
+  for (const auto& [op, bytes] : held.bytes_by_op) by_op.set(op, bytes);
+  JsonObject doc;
+  doc.set("format", "remat-dump-meta-1");
+  for (const auto& [k, v] : dump_metadata(c, seed, plan, *model, did, out, kMeta)) {
+    if (k == "moe_dropped" || k == "moe_z_loss") continue;  // (values meta does not have)
+    const bool number = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+    if (k == "config" || number)
+      doc.set_raw(k, v);
+    else
+      doc.set(k, v);
+  }
+  if (!hf_dir.empty()) doc.set("model", hf_dir);
+  doc.set("saved_after_forward_bytes", held.live_bytes)
+      .set_raw("saved_after_forward_by_op", by_op.str())
+      .set("peak_allocated_bytes", alloc.stats().allocated_peak)
+      .set_raw("tensors", tensors);
+  file << doc.str() << "\n";
+  file.close();
+  REMAT_CHECK(file.good(), IOError, "dump: writing ", out_path, " failed");
+  std::printf("dump: %s  meta: shapes only, %lld tensors, %s held for backward after the forward, peak %s\n",
+              out_path.c_str(), static_cast<long long>(count), format_bytes(held.live_bytes).c_str(),
+              format_bytes(alloc.stats().allocated_peak).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int run_dump(const std::vector<std::string>& args) {
@@ -155,10 +230,11 @@ int run_dump(const std::vector<std::string>& args) {
               "dump: --model DIR brings its own config and weights; drop --config / --load");
   const ModelConfig c = dump_config(f, hf_dir);
   const auto seed = std::uint64_t(f.get_int("seed"));
-  const Device device = device_flag(f);
+  const Device device = device_flag(f, true);
   const std::string plan = resolve_recompute(f, f.get("recompute"), c, f.get("dtype"), device, seed);
   RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
   if (f.has("offload-dir")) parsed.offload_dir = f.get("offload-dir");
+  if (device.is_meta()) return dump_meta(f, c, seed, plan, parsed, hf_dir);
 
   manual_seed(seed);
   std::optional<SkipWeightInit> loaded_next;  // --model: every parameter is read from the folder

@@ -111,6 +111,9 @@ void load_hf_weights(DecoderModel& model, const std::string& dir) {
     if (!bad_dtype.empty()) msg += "\n  not floating point: " + some(bad_dtype);
     throw IOError(msg);
   }
+  // A model on meta has no values to fill: the folder's config.json and
+  // headers, checked above, are all it reads (docs/META.md).
+  if (!params.empty() && params.front().second.device().is_meta()) return;
   NoGradGuard ng;
   for (const auto& [name, p] : params) {
     Tensor dst = p;
@@ -121,7 +124,8 @@ void load_hf_weights(DecoderModel& model, const std::string& dir) {
   }
 }
 
-std::unique_ptr<DecoderModel> load_hf_model(const std::string& dir, std::int64_t batch, std::int64_t seq) {
+std::unique_ptr<DecoderModel> load_hf_model(const std::string& dir, std::int64_t batch, std::int64_t seq,
+                                            Device device) {
   ModelConfig c = load_hf_config(dir).config;
   c.batch = batch;
   c.seq = seq;
@@ -129,6 +133,7 @@ std::unique_ptr<DecoderModel> load_hf_model(const std::string& dir, std::int64_t
   std::unique_ptr<DecoderModel> model;
   {
     SkipWeightInit loaded_next;  // every parameter is read below
+    DefaultDeviceScope on(device);
     model = std::make_unique<DecoderModel>(c, 0);
   }
   load_hf_weights(*model, dir);

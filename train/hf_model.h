@@ -36,11 +36,14 @@ std::string hf_weights_dtype(const std::string& dir);
 // every tensor of the folder must be a parameter of the model (under expert
 // parallelism: or a routed expert another rank holds); otherwise an IOError
 // lists the missing, unexpected and mis-shaped tensors (the first few of
-// each, with counts) before any parameter is changed.
+// each, with counts) before any parameter is changed. A model on meta reads
+// the headers only (the same checks; no tensor data).
 void load_hf_weights(DecoderModel& model, const std::string& dir);
 
-// The model of folder `dir` with its weights, seq and batch set on its config.
-std::unique_ptr<DecoderModel> load_hf_model(const std::string& dir, std::int64_t batch, std::int64_t seq);
+// The model of folder `dir` with its weights, seq and batch set on its
+// config, built on `device` (meta: config.json and the headers only).
+std::unique_ptr<DecoderModel> load_hf_model(const std::string& dir, std::int64_t batch, std::int64_t seq,
+                                            Device device = kCPU);
 
 struct HfExportOptions {
   DType dtype = DType::f32;                         // weights' dtype in the files

@@ -192,6 +192,78 @@ else
   fail "mem --simulate-world dp=1 differs from the one-process step"
 fi
 
+# dump --device meta: the same tensors (names, dtypes, shapes) as the CPU's
+# dump and the same plan effects (balanced routes); a Hugging Face folder is
+# read for its config.json and headers only.
+dump_same() {  # dump_same NAME "dump flags"
+  local name=$1 flags=$2
+  if $remat dump $flags --out "$tmp/$name.st" > /dev/null 2>&1 &&
+     $remat dump --device meta $flags --out "$tmp/$name.json" > /dev/null 2>"$tmp/$name.err" &&
+     /usr/bin/python3 -c "
+import json, struct, sys
+raw = open(sys.argv[1], 'rb').read()
+n = struct.unpack('<Q', raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+meta = json.load(open(sys.argv[2]))
+names = {'F32': 'f32', 'BF16': 'bf16', 'I64': 'i64'}
+cpu = sorted((k, names[v['dtype']], v['shape']) for k, v in head.items() if k != '__metadata__')
+got = sorted((t['name'], t['dtype'], t['shape']) for t in meta['tensors'])
+m = head['__metadata__']
+same = all(int(m[k]) == meta[k] for k in ('recomputed_ops', 'replayed_dispatch_bytes'))
+sys.exit(not (cpu == got and same and meta['device'] == 'meta' and meta['saved_after_forward_bytes'] > 0))" \
+       "$tmp/$name.st" "$tmp/$name.json"; then
+    passed=$((passed + 1))
+  else
+    fail "dump --device meta $flags: not the CPU dump's tensors and plan effects $(cat "$tmp/$name.err")"
+  fi
+}
+dump_same moe_pb "--config $tmp/tiny_moe.json --recompute per_block"
+dump_same moe_exp "--config $tmp/tiny_moe.json --recompute moe_expert --dtype bf16"
+/usr/bin/python3 tools/reference/make_hf_model.py --out "$tmp/hf_llama" --arch llama --dtype bf16 --hidden 64 --heads 4 \
+  --kv-heads 2 --vocab 320 --layers 2 --shards 2 > /dev/null
+dump_same hf_llama "--model $tmp/hf_llama --recompute per_block"
+# An 8B-wide folder (2 layers, 3.5 GB of bf16 tensors in sparse files): meta
+# reads the headers, so it is quick and small.
+/usr/bin/python3 -c "
+import json, os, sys
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+h, f, v, kv = 4096, 14336, 128256, 1024
+shapes = {'model.embed_tokens.weight': [v, h], 'model.norm.weight': [h], 'lm_head.weight': [v, h]}
+for i in range(2):
+    p = 'model.layers.%d.' % i
+    shapes.update({p + 'input_layernorm.weight': [h], p + 'post_attention_layernorm.weight': [h],
+                   p + 'self_attn.q_proj.weight': [h, h], p + 'self_attn.k_proj.weight': [kv, h],
+                   p + 'self_attn.v_proj.weight': [kv, h], p + 'self_attn.o_proj.weight': [h, h],
+                   p + 'mlp.gate_proj.weight': [f, h], p + 'mlp.up_proj.weight': [f, h], p + 'mlp.down_proj.weight': [h, f]})
+header, at = {}, 0
+for k in sorted(shapes):
+    n = 2
+    for d in shapes[k]: n *= d
+    header[k] = {'dtype': 'BF16', 'shape': shapes[k], 'data_offsets': [at, at + n]}
+    at += n
+text = json.dumps(header).encode()
+text += b' ' * (-len(text) % 8)
+with open(os.path.join(out, 'model.safetensors'), 'wb') as fh:
+    fh.write(len(text).to_bytes(8, 'little') + text)
+    fh.truncate(8 + len(text) + at)
+json.dump({'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'hidden_size': h, 'intermediate_size': f,
+           'num_attention_heads': 32, 'num_key_value_heads': 8, 'num_hidden_layers': 2, 'vocab_size': v,
+           'rms_norm_eps': 1e-5, 'rope_theta': 500000.0, 'tie_word_embeddings': False, 'torch_dtype': 'bfloat16'},
+          open(os.path.join(out, 'config.json'), 'w'))" "$tmp/hf_8b"
+if /usr/bin/time -f "%e %M" -o "$tmp/time" $remat dump --device meta --model "$tmp/hf_8b" --seq 4096 --dtype bf16 \
+     --recompute per_block --out "$tmp/hf_8b.json" > "$tmp/hf_8b.txt" 2>&1; then
+  read -r secs kib < "$tmp/time"
+  if /usr/bin/python3 -c "import sys; s, k = float(sys.argv[1]), int(sys.argv[2]); sys.exit(not (s < 30 and k < 1 << 20))" \
+       "$secs" "$kib" && grep -q "meta: shapes only, 45 tensors" "$tmp/hf_8b.txt"; then
+    passed=$((passed + 1))
+  else
+    fail "dump --device meta of an 8B-wide folder: ${secs}s ${kib} KiB (want < 30 s, < 1 GiB): $(cat "$tmp/hf_8b.txt")"
+  fi
+else
+  fail "dump --device meta of an 8B-wide folder: $(cat "$tmp/hf_8b.txt")"
+fi
+
 # Refusals: a device mem does not record, a dtype it does not train.
 expect_error() {
   local want=$1
@@ -211,7 +283,10 @@ expect_error "unknown device model 'h300'; known: h100, h200, b200, cpu-measured
   --config tiny --out "$tmp/x"
 expect_error "--device meta has no values to run" plan --device meta --measure --config tiny --memory-budget 50%
 expect_error "remat train: --device meta runs on shapes alone and train needs values" train --device meta --config tiny --steps 1
-expect_error "remat dump: --device meta runs on shapes alone and dump needs values" dump --device meta --config tiny --out "$tmp/x.safetensors"
+expect_error "dump: --device meta has no values to write: it writes shapes and saved bytes to --out FILE.json" \
+  dump --device meta --config tiny --out "$tmp/x.safetensors"
+expect_error "dump: --load reads a file's values, which meta cannot hold" dump --device meta --config tiny \
+  --load "$tmp/moe_pb.st" --out "$tmp/x.json"
 expect_error "remat bench: --device meta runs on shapes alone and bench needs values" bench --device meta --config tiny --recompute none
 
 expect_error "mem: --simulate-world runs one rank of a job that is not running, on shapes alone; add --device meta" \
