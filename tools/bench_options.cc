@@ -8,6 +8,7 @@
 #include "engine/error.h"
 #include "engine/parallel_for.h"
 #include "models/decoder.h"
+#include "checkpoint/time_estimate.h"
 #include "tools/auto_plan_flags.h"
 
 namespace remat::tools {
@@ -170,17 +171,22 @@ BenchOptions bench_options(const Flags& f, const std::string& config, const Mode
   o.ep = f.get_int("ep");
   o.seed = std::uint64_t(f.get_int("seed"));
   o.dtype = compute_dtype_from_name(f.get("dtype"));  // a bad --dtype fails before any run
-  o.device = device_flag(f);
-  REMAT_CHECK(o.device.is_cpu() || o.device.index < cuda_device_count(), DeviceError, "bench: --device ",
+  o.device = device_flag(f, true);
+  o.estimate = f.get_bool("estimate");
+  REMAT_CHECK(!o.device.is_meta() || o.estimate, DeviceError, "bench: --device meta has no clock to time steps; it "
+              "runs with --estimate (each plan's activation bytes and estimated step time on shapes alone), or use "
+              "`mem --device meta` / `plan --device meta` (docs/META.md)");
+  o.device_model = f.get("device-model");
+  check_device_model(o.device_model);
+  REMAT_CHECK(o.device.is_cpu() || o.device.is_meta() || o.device.index < cuda_device_count(), DeviceError, "bench: --device ",
               o.device.str(), ": ", cuda_device_count(), " CUDA devices present",
               cuda_built() ? "" : " (this build has no CUDA back end)");
   REMAT_CHECK(o.device.is_cpu() || o.ep == 1, Error, "bench: --ep with --device cuda needs the NCCL back end in the "
               "trainer, which is not wired yet; use --ep on the CPU");
   REMAT_CHECK(o.ep == 1 || (c.experts % o.ep == 0 && c.batch % o.ep == 0), Error, "bench: --ep ", o.ep,
               " needs the ", c.experts, " experts and the batch of ", c.batch, " to divide by it");
-  o.estimate = f.get_bool("estimate");
-  REMAT_CHECK(!o.estimate || (o.device.is_cpu() && o.dtype == DType::f32), Error,
-              "bench: --estimate traces f32 steps on the CPU; drop --device and --dtype for it");
+  REMAT_CHECK(!o.estimate || ((o.device.is_cpu() || o.device.is_meta()) && o.dtype == DType::f32), Error,
+              "bench: --estimate traces f32 steps on the CPU or meta; drop --dtype, and --device cuda, for it");
   o.baseline = baseline_flag(f, o);
   if (f.has("peak-flops")) o.peak_flops = f.get_double("peak-flops");
   if (f.has("json")) o.json_path = f.get("json");

@@ -44,7 +44,8 @@ struct BenchOptions {
   int threads = 1;                  // num_threads() once --threads is applied
   std::uint64_t seed = 0;
   DType dtype = DType::f32;
-  Device device;
+  Device device;                    // cpu, cuda, or meta (only with --estimate)
+  std::string device_model = "cpu-measured";  // --device-model: --estimate's time estimate
   BenchBaseline baseline = BenchBaseline::none;
   std::optional<double> peak_flops; // --peak-flops
   std::optional<std::string> json_path, html_path;  // --json, --html
@@ -57,7 +58,8 @@ struct BenchOptions {
 // The options from the flags (threads applied), every combination checked
 // before any run: bad plans, auto without a budget (or a budget without
 // auto), --pp-only flags, a device that is not there, --ep that does not
-// divide the experts and batch, --estimate off the CPU or in another dtype,
+// divide the experts and batch, --estimate off the CPU and meta or in another
+// dtype, meta without --estimate,
 // and --baseline other than torch or on a model it cannot reproduce.
 BenchOptions bench_options(const Flags& f, const std::string& config, const ModelConfig& c);
 

@@ -264,6 +264,26 @@ else
   fail "dump --device meta of an 8B-wide folder: $(cat "$tmp/hf_8b.txt")"
 fi
 
+# bench --estimate on meta: the same batch-1 traces as the CPU's (so the same
+# predictions, to the byte), the full batch's step within 2% of a real
+# worker's step (which adds the optimizer), and a time estimate per plan.
+if $remat bench --estimate --config bench-dense --recompute none,per_block,selective:mlp --json "$tmp/est_cpu.json" \
+     > /dev/null 2>&1 &&
+   $remat bench --estimate --device meta --device-model h200 --config bench-dense --recompute none,per_block,selective:mlp \
+     --json "$tmp/est_meta.json" > "$tmp/est_meta.txt" 2>&1 &&
+   /usr/bin/python3 -c "
+import json, sys
+cpu, meta = (json.load(open(f)) for f in sys.argv[1:])
+ok = len(cpu) == len(meta) == 3
+for a, b in zip(cpu, meta):
+    ok = ok and a['predicted_activation_bytes'] == b['predicted_activation_bytes'] and b['device'] == 'meta'
+    ok = ok and abs(b['activation_bytes'] / a['activation_bytes'] - 1) < 0.02 and b['estimated_step_ms'] > 0
+sys.exit(not ok)" "$tmp/est_cpu.json" "$tmp/est_meta.json" && grep -q "(h200, an estimate)" "$tmp/est_meta.txt"; then
+  passed=$((passed + 1))
+else
+  fail "bench --estimate --device meta: $(cat "$tmp/est_meta.txt")"
+fi
+
 # Refusals: a device mem does not record, a dtype it does not train.
 expect_error() {
   local want=$1
@@ -287,7 +307,8 @@ expect_error "dump: --device meta has no values to write: it writes shapes and s
   dump --device meta --config tiny --out "$tmp/x.safetensors"
 expect_error "dump: --load reads a file's values, which meta cannot hold" dump --device meta --config tiny \
   --load "$tmp/moe_pb.st" --out "$tmp/x.json"
-expect_error "remat bench: --device meta runs on shapes alone and bench needs values" bench --device meta --config tiny --recompute none
+expect_error "bench: --device meta has no clock to time steps; it runs with --estimate" bench --device meta --config tiny \
+  --recompute none
 
 expect_error "mem: --simulate-world runs one rank of a job that is not running, on shapes alone; add --device meta" \
   mem --config tiny --simulate-world dp=2 --out "$tmp/x"
