@@ -20,6 +20,29 @@ std::vector<FlagSpec> auto_plan_flag_specs() {
                     "estimate): h100, h200, b200 or cpu-measured", "cpu-measured")};
 }
 
+std::vector<FlagSpec> simulate_flag_specs() {
+  return {text_flag("simulate-world", "dp=D,ep=E,pp=P: one rank of a job that is not running, on meta (docs/META.md)"),
+          int_flag("simulate-rank", "the rank of --simulate-world (stage-major: rank s*D + d)", 0, {.min = 0})};
+}
+
+std::optional<SimulatedRank> simulated_rank_flags(const Flags& f, Device device) {
+  REMAT_CHECK(f.has("simulate-world") || !f.has("simulate-rank"), Error, f.command(),
+              ": --simulate-rank needs --simulate-world dp=D,ep=E,pp=P");
+  if (!f.has("simulate-world")) return std::nullopt;
+  SimulatedRank r;
+  r.world = parse_world_spec(f.get("simulate-world"));
+  REMAT_CHECK(device.is_meta(), DeviceError, f.command(), ": --simulate-world runs one rank of a job that is not "
+              "running, on shapes alone; add --device meta");
+  r.rank = int(f.get_int("simulate-rank"));
+  REMAT_CHECK(r.rank < r.world.ranks(), Error, f.command(), ": --simulate-rank ", r.rank, ": the job ", r.world.str(),
+              " has ranks 0 to ", r.world.ranks() - 1);
+  return r;
+}
+
+void scale_simulated_batch(ModelConfig& c, const SimulatedRank& r, std::int64_t micro_batches) {
+  c.batch *= r.world.dp * micro_batches;
+}
+
 std::vector<FlagSpec> with_auto_plan_flags(std::vector<FlagSpec> specs) {
   for (auto& s : auto_plan_flag_specs()) specs.push_back(std::move(s));
   return specs;
@@ -37,6 +60,10 @@ ProfileOptions profile_options_for_flags(const Flags& f, const ModelConfig& c, c
   check_device_model(o.device_model);
   o.allow_lossy = f.get_bool("allow-lossy");
   if (f.has("offload-dir")) o.offload_dir = f.get("offload-dir");
+  if (const auto r = simulated_rank_flags(f, device)) {
+    o.world = r->world;
+    o.rank = r->rank;
+  }
   if (verbose)
     o.progress = [](const std::string& line) {
       std::fprintf(stderr, "  %s\n", line.c_str());

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,9 +20,25 @@ std::vector<FlagSpec> auto_plan_flag_specs();
 // `specs` and the above.
 std::vector<FlagSpec> with_auto_plan_flags(std::vector<FlagSpec> specs);
 
+// --simulate-world dp=D,ep=E,pp=P and --simulate-rank R (mem, plan): one
+// rank of a job that is not running, on meta (docs/META.md).
+std::vector<FlagSpec> simulate_flag_specs();
+struct SimulatedRank {
+  WorldSpec world;
+  int rank = 0;
+};
+// The flags' simulated rank (nullopt without --simulate-world). Error for
+// --simulate-rank without --simulate-world, a bad spec, a rank outside the
+// job, or a device other than meta (naming the command and the flag).
+std::optional<SimulatedRank> simulated_rank_flags(const Flags& f, Device device);
+// The global batch of a simulated job when --batch is not given: the
+// config's batch is what one rank runs per micro-batch, so batch x dp x
+// micro_batches.
+void scale_simulated_batch(ModelConfig& c, const SimulatedRank& r, std::int64_t micro_batches);
+
 // The profile options for `c` from the flags' --profile-rounds,
-// --allow-lossy and --offload-dir, a progress line on stderr per step when
-// `verbose`.
+// --allow-lossy, --offload-dir and simulated rank, a progress line on
+// stderr per step when `verbose`.
 ProfileOptions profile_options_for_flags(const Flags& f, const ModelConfig& c, const std::string& dtype, Device device,
                                          std::uint64_t seed, bool verbose);
 

@@ -113,20 +113,17 @@ struct MemOptions {
   Device device = kCPU;  // cpu, or meta: the same step on shapes alone (docs/META.md)
   std::string dtype = "f32";  // the compute dtype (parameters, gradients and optimizer state stay f32)
   std::string device_model = "cpu-measured";  // for the time estimate (checkpoint/time_estimate.h)
-  std::optional<WorldSpec> world;  // --simulate-world: rank `rank` of this job, on meta
-  int rank = 0;
+  std::optional<SimulatedRank> sim;  // --simulate-world: one rank of this job, on meta
 };
 
 std::vector<FlagSpec> mem_flag_specs() {
-  return with_auto_plan_flags(
+  auto specs = with_auto_plan_flags(
       {text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
        text_flag("recompute", "recompute plan, as for train", "none"),
        text_flag("device", "cpu, or meta: the step on shapes alone, its allocations exactly the CPU's", "cpu"),
        text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and optimizer state stay f32)", "f32"),
        int_flag("batch", "sequences per step over all ranks (default: the config's; with --simulate-world, the "
                 "config's per micro-batch per data-parallel rank)", std::nullopt, {.min = 1}),
-       text_flag("simulate-world", "dp=D,ep=E,pp=P: one rank of a job that is not running, on meta (docs/META.md)"),
-       int_flag("simulate-rank", "the rank of --simulate-world to run (stage-major: rank s*D + d)", 0, {.min = 0}),
        int_flag("grad-accum", "micro-batches per step (default 1; under pp, the pipeline's stages)", std::nullopt,
                 {.min = 1}),
        text_flag("pp-schedule", "pipeline schedule under pp: 1f1b or gpipe", "1f1b"),
@@ -138,6 +135,8 @@ std::vector<FlagSpec> mem_flag_specs() {
        text_flag("out", "write FILE.json and FILE.html (a trailing .json or .html is dropped) (required)"),
        int_flag("capacity", "allocator history capacity in events", std::int64_t(1) << 20, {.min = 1}),
        threads_flag_spec()});
+  for (auto& s : simulate_flag_specs()) specs.push_back(std::move(s));
+  return specs;
 }
 
 MemOptions mem_options(const Flags& f) {
@@ -160,16 +159,7 @@ MemOptions mem_options(const Flags& f) {
   REMAT_CHECK(m.device.is_cpu() || m.device.is_meta(), DeviceError, "mem: --device ", m.device.str(),
               ": mem records the CPU's or meta's allocator (expected cpu or meta)");
   m.capacity = f.get_int("capacity");
-  REMAT_CHECK(f.has("simulate-world") || !f.has("simulate-rank"), Error,
-              "mem: --simulate-rank needs --simulate-world dp=D,ep=E,pp=P");
-  if (f.has("simulate-world")) {
-    m.world = parse_world_spec(f.get("simulate-world"));
-    REMAT_CHECK(m.device.is_meta(), DeviceError, "mem: --simulate-world runs one rank of a job that is not running, "
-                "on shapes alone; add --device meta");
-    m.rank = int(f.get_int("simulate-rank"));
-    REMAT_CHECK(m.rank < m.world->ranks(), Error, "mem: --simulate-rank ", m.rank, ": the job ", m.world->str(),
-                " has ranks 0 to ", m.world->ranks() - 1);
-  }
+  m.sim = simulated_rank_flags(f, m.device);
   apply_threads_flag(f);
   m.seed = std::uint64_t(f.get_int("seed"));
   return m;
@@ -180,15 +170,15 @@ MemOptions mem_options(const Flags& f) {
 TrainOptions mem_train_options(const Flags& f, const MemOptions& m) {
   TrainOptions o;
   o.config = ModelConfig::load(f.get("config"));
-  const WorldSpec w = m.world.value_or(WorldSpec{});
+  const WorldSpec w = m.sim ? m.sim->world : WorldSpec{};
   o.pp = w.pp;
   o.ep = w.ep;
   o.grad_accum = f.has("grad-accum") ? f.get_int("grad-accum") : w.pp;
   o.pp_schedule = parse_pipeline_schedule(f.get("pp-schedule"));
   if (f.has("batch"))
     o.config.batch = f.get_int("batch");
-  else if (m.world)  // the config's batch is what one rank runs at a time
-    o.config.batch *= w.dp * o.grad_accum;
+  else if (m.sim)
+    scale_simulated_batch(o.config, *m.sim, o.grad_accum);
   REMAT_CHECK(o.config.batch % (w.dp * o.grad_accum) == 0, Error, "mem: --batch ", o.config.batch,
               " sequences do not divide into ", w.dp, " data-parallel rank(s) x ", o.grad_accum, " micro-batches");
   if (f.has("seq")) o.config.seq = f.get_int("seq");
@@ -500,8 +490,9 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
               {"recomputed ops", std::to_string(cc.ops_recomputed)},
               {"saved-bytes peak", format_bytes(saved_bytes_report().peak_bytes)},
               {"threads", std::to_string(num_threads())}};
-  if (m.world) {
-    rec.info.emplace_back("simulated rank", std::to_string(m.rank) + " of " + m.world->str() + ": " + rank_role(run));
+  if (m.sim) {
+    rec.info.emplace_back("simulated rank", std::to_string(m.sim->rank) + " of " + m.sim->world.str() + ": " +
+                                                rank_role(run));
     rec.info.emplace_back("communication (this rank)", format_bytes(comm_bytes));
   }
   add_hook_info(run.model(), rec);
@@ -526,7 +517,7 @@ int run_mem(const std::vector<std::string>& args) {
   if (f.has("offload-dir")) plan.offload_dir = f.get("offload-dir");
   MemOutputs out(m.stem);
 
-  MemTrainer run(o, plan, m.world ? simulated_world(int(m.world->ranks()), m.rank) : single_process_group());
+  MemTrainer run(o, plan, m.sim ? simulated_world(int(m.sim->world.ranks()), m.sim->rank) : single_process_group());
   for (std::int64_t i = 0; i < m.steps_before; ++i) run.step(nullptr);
   std::int64_t allocated_peak = 0;
   const MemRecording rec = record_step(run, o, m, &allocated_peak);

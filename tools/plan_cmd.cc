@@ -54,6 +54,7 @@ std::vector<FlagSpec> plan_flag_specs() {
       int_flag("steps", "with --measure: timed steps per process", 3, {.min = 1}),
       threads_flag_spec()};
   for (auto& s : auto_plan_flag_specs()) specs.push_back(s);
+  for (auto& s : simulate_flag_specs()) specs.push_back(s);
   return specs;
 }
 
@@ -71,6 +72,7 @@ PlanOptions plan_options(const Flags& f) {
   o.model = ModelConfig::load(o.config);
   o.dtype = compute_dtype_from_name(f.get("dtype"));
   o.device = device_flag(f, true);
+  if (const auto r = simulated_rank_flags(f, o.device)) scale_simulated_batch(o.model, *r, 1);
   o.seed = std::uint64_t(f.get_int("seed"));
   o.lossy = f.get_bool("allow-lossy");
   return o;

@@ -20,8 +20,10 @@
 #include "models/decoder.h"
 #include "models/recompute.h"
 #include "moe/dispatch.h"
+#include "parallel/simulated_group.h"
 #include "train/data.h"
 #include "train/optimizer.h"
+#include "train/train_options.h"
 
 namespace remat {
 
@@ -223,19 +225,21 @@ std::string whole_plan(const std::string& component, std::int64_t n) {
 class StepRig {
  public:
   explicit StepRig(const ProfileOptions& o)
-      : seed_(o.seed), device(o.device), building_(std::in_place, o.device), model(o.config, o.seed),
-        opt(init_model(o)), corpus(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
+      : seed_(o.seed), device(o.device), layout_(layout_for(o)), building_(std::in_place, o.device),
+        model(o.config, o.seed, layout_.placement()), opt(init_model(o)),
+        corpus(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
         sampler(corpus.train, o.config.batch, o.config.seq, o.seed + 1) {
     building_.reset();
+    reducer_ = make_grad_reducer(layout_, model.named_parameters(), TrainOptions{}.bucket_bytes);
   }
   StepRig(const StepRig&) = delete;
   StepRig& operator=(const StepRig&) = delete;
 
   // One step: zero the gradients, `before` (the start of what is measured),
-  // forward with `trace` on (if set), backward, clip, AdamW; then the
-  // offload check.
+  // forward with `trace` on (if set), backward (with a simulated rank's
+  // gradient buckets), clip, AdamW; then the offload check.
   void step(const std::function<void()>& before, const std::shared_ptr<SavedTensorHooks>& trace = nullptr) {
-    Tensor batch = sampler.next().to(device);
+    Tensor batch = batch_shard(sampler.next(), *layout_.world).to(device);
     model.zero_grad();
     synchronize(device);
     before();
@@ -245,7 +249,9 @@ class StepRig {
       Tensor loss = model.forward_loss(batch).loss;
       if (!device.is_meta()) (void)loss.item();
       tracing.reset();
+      if (reducer_) reducer_->prepare();
       loss.backward();
+      if (reducer_) reducer_->finish();
     }
     clip_grad_norm(model.parameters(), 1.0);
     opt.step(1e-3);
@@ -262,6 +268,18 @@ class StepRig {
   Device device;
 
  private:
+  // One process, or the simulated rank of a data- and expert-parallel job.
+  static ParallelLayout layout_for(const ProfileOptions& o) {
+    if (!o.world) return make_parallel_layout(single_process_group(), 1, o.config);
+    REMAT_CHECK(o.device.is_meta(), DeviceError, "the planner simulates a rank of a job on meta only, got --device ",
+                o.device.str());
+    REMAT_CHECK(o.world->pp == 1, Error, "the planner profiles one process's blocks; a pipeline (",
+                o.world->str(), ") is not planned yet: plan its stage's blocks with dp and ep only, or run mem "
+                "--simulate-world with a hand plan");
+    const JobGroups g = split_job_groups(simulated_world(int(o.world->ranks()), o.rank), 1, 0, o.config);
+    return make_parallel_layout(g.world, o.world->ep, o.config);
+  }
+  ParallelLayout layout_;
   // The model is built on its device (on meta: no memory, nothing drawn).
   struct BuildOn {
     explicit BuildOn(Device d) : scope(d) {}
@@ -276,7 +294,9 @@ class StepRig {
   BatchSampler sampler;
 
  private:
+  std::unique_ptr<GradReducer> reducer_;
   std::vector<std::pair<std::string, Tensor>> init_model(const ProfileOptions& o) {
+    if (o.world) apply_parallel_layout(model, layout_, true);  // (as train runs it)
     model.set_compute_dtype(compute_dtype_from_name(o.dtype));
     model.to(o.device);
     return model.named_parameters();

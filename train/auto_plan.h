@@ -19,12 +19,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "checkpoint/planner.h"
 #include "engine/device.h"
 #include "models/config.h"
+#include "train/parallel_layout.h"
 
 namespace remat {
 
@@ -102,6 +104,12 @@ struct ProfileOptions {
   std::vector<std::string> candidates;
   // Called before each step with a line saying what runs (null: silent).
   std::function<void(const std::string&)> progress;
+  // On meta: rank `rank` of this data- and expert-parallel job, simulated
+  // (parallel/simulated_group.h): its share of config.batch (the global
+  // batch), its experts, its gradient buckets. Pipelines (pp > 1) are not
+  // planned (Error).
+  std::optional<WorldSpec> world;
+  int rank = 0;
 };
 
 // The components the profile measures by default: the block region, the

@@ -179,6 +179,26 @@ sim l70_dp8_pp4_r31 "simulated rank: 31 of dp=8,ep=1,pp=4: stage 3 (blocks 61-79
   --config llama3-70b --seq 8192 --recompute per_block --simulate-world pp=4,dp=8 --simulate-rank 31
 sim mixtral_ep8 "simulated rank: 0 of dp=8,ep=8,pp=1: data-parallel rank 0 of 8, expert-parallel rank 0 of 8
 at the peak: parameter 26.98 GiB" --config mixtral-8x7b --seq 4096 --recompute per_block --simulate-world dp=8,ep=8
+# The planner on a simulated rank: its checking run (a meta step of the same
+# rank) fits, and mem's run of the plan it picks peaks where plan said.
+if $remat plan --device meta --device-model h200 --config "$tmp/tiny_moe.json" --simulate-world dp=4,ep=2 \
+     --simulate-rank 3 --memory-budget 50% > "$tmp/plan_sim.txt" 2>&1 &&
+   grep -q "checked: the chosen plan's run in a fresh model peaked at" "$tmp/plan_sim.txt"; then
+  chosen=$(awk '$1 == "chosen" {print $2; exit}' "$tmp/plan_sim.txt")
+  pred=$(awk '$1 == "chosen" {print $3; exit}' "$tmp/plan_sim.txt")
+  $remat mem --device meta --config "$tmp/tiny_moe.json" --simulate-world dp=4,ep=2 --simulate-rank 3 \
+    --recompute "$chosen" --steps-before 1 --out "$tmp/plan_sim_mem" > /dev/null 2>&1
+  if [ -n "$chosen" ] && /usr/bin/python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+sys.exit(not (d['peak']['allocated'] <= float(sys.argv[2]) * 1048576 * 1.01))" "$tmp/plan_sim_mem.json" "$pred"; then
+    passed=$((passed + 1))
+  else
+    fail "plan --simulate-world: mem of '$chosen' peaks above the predicted $pred MiB"
+  fi
+else
+  fail "plan --simulate-world: $(tail -3 "$tmp/plan_sim.txt")"
+fi
 # A world of one rank is the one-process step, event for event.
 $remat mem --device meta --config tiny --out "$tmp/one" > /dev/null 2>&1
 $remat mem --device meta --config tiny --simulate-world dp=1 --out "$tmp/one_sim" > /dev/null 2>&1
@@ -318,6 +338,11 @@ expect_error "world 'tp=2': 'tp=2' is not an axis; expected dp=D,ep=E,pp=P" mem 
   --simulate-world tp=2 --out "$tmp/x"
 expect_error "mem: --simulate-rank needs --simulate-world" mem --device meta --config tiny --simulate-rank 1 --out "$tmp/x"
 expect_error "ep=3 must divide dp=4" mem --device meta --config tiny-moe --simulate-world dp=4,ep=3 --out "$tmp/x"
+
+expect_error "the planner profiles one process's blocks; a pipeline (dp=1,ep=1,pp=2) is not planned yet" \
+  plan --device meta --config tiny --simulate-world pp=2 --memory-budget 50%
+expect_error "plan: --simulate-world runs one rank of a job that is not running, on shapes alone; add --device meta" \
+  plan --config tiny --simulate-world dp=2 --memory-budget 50%
 
 echo "remat-tests: $passed passed, $failed failed, 0 skipped"
 [ "$failed" -eq 0 ]
