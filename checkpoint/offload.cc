@@ -222,8 +222,17 @@ std::any OffloadHooks::pack_tensor(const Tensor& t, const SaveInfo& info) {
   e->key = key;
   e->storage = t.impl().storage;
   by_view_[key] = e;
-  if (e->meta) {  // written at once: the memory is free now
+  if (e->meta || options_.synchronous) {  // written at once (meta: the ideal file): the memory is free now
     queued_write_bytes_ -= e->nbytes;
+    if (!e->meta) {
+      const bool full = options_.capacity_bytes > 0 && std::size_t(e->offset) + e->nbytes > options_.capacity_bytes;
+      const int err = full ? ENOSPC : write_all(fd_, static_cast<const char*>(e->data.raw_data()), e->nbytes, e->offset);
+      if (err != 0) {
+        note_failed_write(*e, err, full);
+        e->state = Entry::State::memory;  // nothing is lost
+        return e;
+      }
+    }
     e->state = Entry::State::stored;
     e->on_file = true;
     e->data = Tensor();
@@ -309,9 +318,16 @@ void OffloadHooks::prefetch_before(std::uint64_t seq) {
       continue;
     }
     p.data = empty(p.sizes, TensorOptions(p.dtype, p.meta ? kMeta : kCPU));  // allocated here, on the calling thread
-    p.state = p.meta ? S::loaded : S::reading;  // meta: read back at once
+    if (!p.meta && options_.synchronous) {  // read here, now
+      if (read_all(fd_, static_cast<char*>(p.data.raw_data()), p.nbytes, p.offset) != 0) {
+        p.data = Tensor();  // the unpack reads it itself, and says why if that fails too
+        continue;
+      }
+    }
+    if (p.meta || options_.synchronous) stats_.bytes_read += std::int64_t(p.nbytes);
+    p.state = p.meta || options_.synchronous ? S::loaded : S::reading;  // meta: read back at once
     prefetched_bytes_ += p.nbytes;
-    if (p.meta) continue;
+    if (p.meta || options_.synchronous) continue;
     jobs_.push_front(Job{it->second, true});  // reads before writes: backward waits on them
   }
 }
@@ -377,6 +393,17 @@ OffloadStats OffloadHooks::stats() const {
   return stats_;
 }
 
+void OffloadHooks::note_failed_write(const Entry& e, int err, bool full) {
+  ++stats_.failed_writes;
+  failed_ = true;
+  if (pending_error_.empty())
+    pending_error_ = "offload: writing " + describe(e) + " to the spill file " + path_ + " (deleted; in " +
+                     (options_.dir.empty() ? std::string("the temp folder") : options_.dir) + ") failed: " +
+                     std::strerror(err) +
+                     (full ? " (the store's capacity of " + std::to_string(options_.capacity_bytes) + " bytes)" : "") +
+                     "; the tensor stayed in memory, nothing is lost";
+}
+
 void OffloadHooks::run() {
   using S = Entry::State;
   std::unique_lock<std::mutex> lock(mu_);
@@ -411,16 +438,9 @@ void OffloadHooks::run() {
         if (e.state == S::released) e.data = Tensor();
         if (e.state == S::released) stats_.stored_bytes -= std::int64_t(e.nbytes);
       } else {
-        ++stats_.failed_writes;
-        failed_ = true;
+        note_failed_write(e, err, full);
         if (e.state == S::writing) e.state = S::memory;  // nothing is lost
         if (e.state == S::released) e.data = Tensor();
-        if (pending_error_.empty())
-          pending_error_ = "offload: writing " + describe(e) + " to the spill file " + path_ + " (deleted; in " +
-                           (options_.dir.empty() ? std::string("the temp folder") : options_.dir) + ") failed: " +
-                           std::strerror(err) + (full ? " (the store's capacity of " +
-                                                            std::to_string(options_.capacity_bytes) + " bytes)" : "") +
-                           "; the tensor stayed in memory, nothing is lost";
       }
     } else {
       if (e.state != S::reading) continue;

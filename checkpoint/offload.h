@@ -61,6 +61,12 @@ struct OffloadOptions {
   // 0: unlimited. Else the store holds at most this many bytes, and a write
   // past it fails as on a full disk (ENOSPC) (tests use it).
   std::size_t capacity_bytes = 0;
+  // CPU: write each save when it is packed and read each prefetch when it is
+  // asked for, on the calling thread (the I/O thread stays idle), so when
+  // memory is freed and taken no longer depends on the thread's timing. The
+  // meta device's offload is this (docs/META.md); slower, for exact memory
+  // comparisons (REMAT_OFFLOAD_SYNC=1 sets it for plans: docs/REFERENCE.md).
+  bool synchronous = false;
 };
 
 struct OffloadStats {
@@ -139,6 +145,9 @@ class OffloadHooks final : public TypedSavedTensorHooks {
 
   void run();
   void throw_pending_error();  // with mu_ held
+  // Counts a failed write of `e` (errno `err`; `full`: the capacity) and
+  // keeps the first error for check(); with mu_ held.
+  void note_failed_write(const Entry& e, int err, bool full);
   void prefetch_before(std::uint64_t seq);  // with mu_ held
   // CUDA (with mu_ held): notes finished device -> host copies (freeing the
   // device memory) and finished copies back of released saves; `wait_for`:

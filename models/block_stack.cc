@@ -1,6 +1,7 @@
 #include "models/block_stack.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "engine/error.h"
 #include "engine/rng.h"
@@ -103,6 +104,8 @@ void BlockStack::set_plan(const RecomputePlan& plan) {
     } else {
       OffloadOptions o;
       o.dir = plan.offload_dir;
+      const char* sync = std::getenv("REMAT_OFFLOAD_SYNC");  // I/O on the calling thread (checkpoint/offload.h)
+      o.synchronous = sync && std::string(sync) == "1";
       offload = std::make_shared<OffloadHooks>(o);
     }
     spare_offload_ = offload;

@@ -422,6 +422,29 @@ void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs&
   std::printf("  wrote %s and %s\n", out.json_path().c_str(), out.html_path().c_str());
 }
 
+// One step with `watcher` and `estimator` observing it; the estimate gets
+// the step's offload transfers, AdamW over this rank's parameters and the
+// groups' communication (*comm_bytes: what this rank sent). Returns the loss.
+double estimated_step(MemTrainer& run, const std::shared_ptr<StepWatcher>& watcher, StepTimeEstimator& estimator,
+                      std::int64_t* comm_bytes) {
+  OpHookScope scope(watcher);
+  OpHookScope estimate(std::shared_ptr<OpHook>(&estimator, [](OpHook*) {}));
+  const auto& off = run.model().block_stack().offload_hooks();
+  const std::int64_t moved0 = off ? off->stats().moved_bytes() : 0;
+  const auto groups = run.groups();
+  std::vector<CommCounters> comm0;
+  for (const auto& g : groups) comm0.push_back(g->counters());
+  const double loss = run.step(watcher.get());
+  if (off) estimator.add_transfer(off->stats().moved_bytes() - moved0);
+  estimator.add_optimizer(run.owned_parameters());
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const CommCounters d = groups[i]->counters() - comm0[i];
+    estimator.add_comm(comm_seconds(*groups[i], d, estimator.model()));
+    for (CommPhase p : {CommPhase::forward, CommPhase::backward, CommPhase::replay}) *comm_bytes += d.bytes_in(p);
+  }
+  return loss;
+}
+
 // One step recorded: the allocator history (at most `capacity` events) from
 // the bytes held before it, what was held for backward at the peak, and the
 // facts the page shows. *allocated_peak: the allocator's own peak over it.
@@ -445,21 +468,7 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
   std::int64_t comm_bytes = 0;  // sent by this rank over the step (received, for receives)
   alloc.enable_history(std::size_t(m.capacity));
   try {
-    OpHookScope scope(watcher);
-    OpHookScope estimate(estimator);
-    const auto& off = run.model().block_stack().offload_hooks();
-    const std::int64_t moved0 = off ? off->stats().moved_bytes() : 0;
-    const auto groups = run.groups();
-    std::vector<CommCounters> comm0;
-    for (const auto& g : groups) comm0.push_back(g->counters());
-    loss = run.step(watcher.get());
-    if (off) estimator->add_transfer(off->stats().moved_bytes() - moved0);
-    estimator->add_optimizer(run.owned_parameters());
-    for (std::size_t i = 0; i < groups.size(); ++i) {
-      const CommCounters d = groups[i]->counters() - comm0[i];
-      estimator->add_comm(comm_seconds(*groups[i], d, estimator->model()));
-      for (CommPhase p : {CommPhase::forward, CommPhase::backward, CommPhase::replay}) comm_bytes += d.bytes_in(p);
-    }
+    loss = estimated_step(run, watcher, *estimator, &comm_bytes);
   } catch (...) {
     alloc.enable_history(0);
     throw;

@@ -231,6 +231,44 @@ TEST_CASE("a failing offload write raises a clear error and loses nothing", "[of
   CHECK(same_bits(plain, got));
 }
 
+TEST_CASE("synchronous offload writes at pack and reads at prefetch, on the calling thread", "[offload]") {
+  Net net;
+  const auto plain = net.grads(false, {});
+  OffloadOptions o = small_offload();
+  o.synchronous = true;
+  auto off = std::make_shared<OffloadHooks>(o);
+  for (Tensor* w : {&net.w1, &net.w2, &net.w3}) w->set_grad(Tensor());
+  Tensor loss;
+  {
+    SavedTensorHooksScope scope(off);
+    CategoryScope cat(MemoryCategory::activation);
+    loss = net.forward(false);
+  }
+  // Without a flush: every save is on file the moment it was packed.
+  CHECK(off->stats().bytes_written == 6 * 64 * 128 * 4);
+  CHECK(off->stats().stored_bytes == off->stats().bytes_written);
+  loss.backward();
+  const OffloadStats s = off->stats();
+  CHECK(s.memory_hits == 0);
+  CHECK(s.prefetch_hits >= 3);
+  const std::vector<Tensor> got{net.w1.grad(), net.w2.grad(), net.w3.grad(), loss.detach()};
+  CHECK(same_bits(plain, got));
+
+  // A failed write keeps the tensor in memory and says so, as the thread does.
+  OffloadOptions full = o;
+  full.capacity_bytes = 64 * 128 * 4 + 10;
+  auto off2 = std::make_shared<OffloadHooks>(full);
+  for (Tensor* w : {&net.w1, &net.w2, &net.w3}) w->set_grad(Tensor());
+  {
+    SavedTensorHooksScope scope(off2);
+    loss = net.forward(false);
+  }
+  CHECK_THROWS_WITH(off2->check(), Catch::Contains("No space left on device") &&
+                                     Catch::Contains("the tensor stayed in memory, nothing is lost"));
+  loss.backward();
+  CHECK(same_bits(plain, {net.w1.grad(), net.w2.grad(), net.w3.grad(), loss.detach()}));
+}
+
 TEST_CASE("compression: bf16 and fp8 within stated bounds, alone and stacked", "[compress]") {
   Net net;
   const auto plain = net.grads(false, {});

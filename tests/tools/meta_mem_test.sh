@@ -21,11 +21,14 @@ fail() {
 }
 
 # check CONFIG DTYPE "PLANS" [more mem flags]: each plan on cpu and on meta.
+# The CPU's offload writes and reads on the calling thread
+# (REMAT_OFFLOAD_SYNC=1), so its history does not follow the I/O thread's
+# timing; meta's offload is that one.
 check() {
   local config=$1 dtype=$2 plans=$3
   shift 3
   for plan in $plans; do
-    if ! $remat mem --config "$config" --dtype "$dtype" --recompute "$plan" "$@" --out "$tmp/cpu" \
+    if ! REMAT_OFFLOAD_SYNC=1 $remat mem --config "$config" --dtype "$dtype" --recompute "$plan" "$@" --out "$tmp/cpu" \
          > /dev/null 2> "$tmp/err"; then
       fail "cpu mem $config $dtype $plan: $(tail -1 "$tmp/err")"
       continue
@@ -64,18 +67,22 @@ dense="none per_block chunk selected:0,2 uniform:2 block:3 attention selective:c
        per_block@0-1+selective:save_matmul@2-3 selective:mlp@1-2+attention@0
        uniform:2@0-1+selective:save_attention@2-3
        compress:bf16 compress:fp8 compress:fp8:mlp per_block+compress:fp8 compress:bf16:all
-       chunked_loss per_block+chunked_loss selective:save_matmul+chunked_loss"
+       chunked_loss per_block+chunked_loss selective:save_matmul+chunked_loss
+       offload per_block+offload offload:mlp attention+offload:mlp block:2+offload:mlp chunk@1-2+offload@0-1
+       chunk@0-1+per_block@2+offload per_block@0-1+offload:mlp per_block@2-3+offload:mlp@0-1
+       uniform:2+keep_last+offload compress:fp8+offload offload+compress:bf16 per_block+compress:fp8+offload
+       offload+chunked_loss"
 moe="none per_block chunk per_block+keep_last attention moe_expert selective:moe_act selective:moe selective:shared_experts
      attention+moe_expert per_block@0-1+moe_expert@2-3 selective:save_matmul compress:fp8 per_block+compress:bf16
-     chunked_loss per_block+chunked_loss"
+     chunked_loss per_block+chunked_loss offload offload:moe moe_expert+offload per_block+offload"
 tiny=tests/checkpoint/data/tiny_dropout.json
 echo '{"name": "tiny-moe", "dropout": 0.1, "balanced_routing": true}' > "$tmp/tiny_moe.json"
 echo '{"name": "bench-moe", "balanced_routing": true}' > "$tmp/bench_moe.json"
 check "$tiny" f32 "$dense"
-check "$tiny" bf16 "none per_block selective:save_matmul attention+selective:mlp compress:fp8 per_block+chunked_loss"
+check "$tiny" bf16 "$dense"
 check "$tmp/tiny_moe.json" f32 "$moe"
-check "$tmp/tiny_moe.json" bf16 "none per_block moe_expert selective:moe per_block+chunked_loss"
-check bench-dense f32 "none per_block selective:save_matmul uniform:2+keep_last" --steps-before 0
+check "$tmp/tiny_moe.json" bf16 "$moe"
+check bench-dense f32 "none per_block selective:save_matmul uniform:2+keep_last per_block+offload" --steps-before 0
 check bench-dense bf16 "per_block" --steps-before 0
 check "$tmp/bench_moe.json" f32 "none per_block moe_expert attention+moe_expert" --steps-before 0
 check "$tmp/bench_moe.json" bf16 "per_block" --steps-before 0
