@@ -82,10 +82,14 @@ check "$tiny" f32 "$dense"
 check "$tiny" bf16 "$dense"
 check "$tmp/tiny_moe.json" f32 "$moe"
 check "$tmp/tiny_moe.json" bf16 "$moe"
-check bench-dense f32 "none per_block selective:save_matmul uniform:2+keep_last per_block+offload" --steps-before 0
-check bench-dense bf16 "per_block" --steps-before 0
-check "$tmp/bench_moe.json" f32 "none per_block moe_expert attention+moe_expert" --steps-before 0
-check "$tmp/bench_moe.json" bf16 "per_block" --steps-before 0
+# The bench configs: one plan of each kind (regions, save policies, a ranged
+# mix, compression, the chunked loss, offload), to keep the suite short.
+check bench-dense f32 "none per_block selective:save_matmul uniform:2+keep_last per_block+offload
+  per_block@0-1+selective:mlp@2-3 compress:fp8 per_block+chunked_loss" --steps-before 0
+check bench-dense bf16 "per_block attention+selective:mlp offload compress:fp8" --steps-before 0
+check "$tmp/bench_moe.json" f32 "none per_block moe_expert attention+moe_expert selective:moe offload:moe
+  per_block+chunked_loss" --steps-before 0
+check "$tmp/bench_moe.json" bf16 "per_block moe_expert" --steps-before 0
 
 # Each block's bytes held for backward: under per_block on tiny, blocks 1-3
 # keep exactly their f32 boundary input (batch 8 x seq 128 x d 128 x 4 B);
