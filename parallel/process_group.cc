@@ -221,7 +221,7 @@ std::shared_ptr<CommWork> done_work() { return std::make_shared<DoneWork>(); }
 
 std::shared_ptr<CommWork> ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op) {
   all_reduce(t, op);
-  return std::make_shared<DoneWork>();
+  return done_work();
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split_by(const std::function<std::pair<int, int>(int)>& color_key) {

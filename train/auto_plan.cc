@@ -276,8 +276,7 @@ class StepRig {
     REMAT_CHECK(o.world->pp == 1, Error, "the planner profiles one process's blocks; a pipeline (",
                 o.world->str(), ") is not planned yet: plan its stage's blocks with dp and ep only, or run mem "
                 "--simulate-world with a hand plan");
-    const JobGroups g = split_job_groups(simulated_world(int(o.world->ranks()), o.rank), 1, 0, o.config);
-    return make_parallel_layout(g.world, o.world->ep, o.config);
+    return make_parallel_layout(simulated_world(int(o.world->ranks()), o.rank), o.world->ep, o.config);
   }
   ParallelLayout layout_;
   // The model is built on its device (on meta: no memory, nothing drawn).

@@ -12,6 +12,7 @@
 #include "models/decoder.h"
 #include "parallel/simulated_group.h"
 #include "train/data.h"
+#include "train/comm_estimate.h"
 #include "train/parallel_layout.h"
 #include "tests/skip.h"
 
@@ -174,4 +175,31 @@ TEST_CASE("world specs: dp, ep and pp") {
   CHECK_THROWS_WITH(parse_world_spec("dp=2,dp=2"), Catch::Contains("given twice"));
   CHECK_THROWS_WITH(parse_world_spec("dp=4,ep=3"), Catch::Contains("ep=3 must divide dp=4"));
   CHECK_THROWS_WITH(parse_world_spec("dp=2x"), Catch::Contains("got '2x'"));
+}
+
+TEST_CASE("the link model: ring factors, NVLink inside a node, the network across nodes") {
+  const DeviceModel h200 = device_model("h200");
+  REQUIRE(h200.link_bw == 450e9);
+  REQUIRE(h200.network_bw == 50e9);
+  REQUIRE(h200.devices_per_node == 8);
+  auto world = simulated_world(16, 0);
+  auto node = world->split_by([](int r) { return std::pair{r / 8, r}; });     // ranks 0-7: one node
+  auto across = world->split_by([](int r) { return std::pair{r % 8, r}; });   // ranks 0 and 8: two nodes
+  CHECK_FALSE(spans_nodes(*node, 8));
+  CHECK(spans_nodes(*across, 8));
+  CHECK_FALSE(spans_nodes(*single_process_group(), 8));  // not simulated: one node
+  const double B = 1 << 20;
+  Tensor mib = empty({1 << 18}, TensorOptions(DType::f32, kMeta));
+  node->all_reduce(mib, ReduceOp::sum);
+  CHECK(comm_seconds(*node, node->counters(), h200) == Approx(2.0 * 7 / 8 * B / 450e9 + 10e-6).epsilon(1e-12));
+  (void)across->all_gather(mib);
+  CHECK(comm_seconds(*across, across->counters(), h200) == Approx(1.0 * B / 50e9 + 10e-6).epsilon(1e-12));
+  // A send costs its bytes; a receive only its call.
+  auto pair = simulated_world(2, 0);
+  pair->send(mib, 1, 0);
+  pair->recv(mib, 1, 1);
+  CHECK(comm_seconds(*pair, pair->counters(), h200) == Approx(B / 450e9 + 2 * 10e-6).epsilon(1e-12));
+  // Only the counted difference: nothing since the snapshot costs nothing.
+  CHECK(comm_seconds(*node, node->counters() - node->counters(), h200) == 0);
+  CHECK(comm_seconds(*single_process_group(), CommCounters{}, h200) == 0);
 }

@@ -150,19 +150,30 @@ import json, sys
 for b in json.load(open(sys.argv[1]))['budgets']: print(b['chosen_plan'], b['budget_bytes'])" "$tmp/plan.json")
 done
 
-# A 70B shape at 8192 tokens: quick, small, and its peak by category printed.
-if /usr/bin/time -f "%e %M" -o "$tmp/time" $remat mem --device meta --config llama3-70b --seq 8192 \
-     --recompute per_block --out "$tmp/l70" > "$tmp/l70.txt" 2>&1; then
-  read -r secs kib < "$tmp/time"
-  if /usr/bin/python3 -c "import sys; s, k = float(sys.argv[1]), int(sys.argv[2]); sys.exit(not (s < 60 and k < 1 << 20))" \
-       "$secs" "$kib" && grep -q "at the peak: parameter 262.83 GiB, gradient" "$tmp/l70.txt"; then
-    passed=$((passed + 1))
+# quick NAME MAX_SECONDS "WANT lines" ARGS...: `remat ARGS` finishes in under
+# MAX_SECONDS using under 1 GiB of RAM and prints every WANT line.
+quick() {
+  local name=$1 max=$2 want=$3
+  shift 3
+  if /usr/bin/time -f "%e %M" -o "$tmp/time" $remat "$@" > "$tmp/$name.txt" 2>&1; then
+    read -r secs kib < "$tmp/time"
+    local ok=1
+    /usr/bin/python3 -c "import sys; s, k, m = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]); \
+sys.exit(not (s < m and k < 1 << 20))" "$secs" "$kib" "$max" || ok=0
+    while IFS= read -r w; do grep -qF -- "$w" "$tmp/$name.txt" || ok=0; done <<< "$want"
+    if [ $ok -eq 1 ]; then
+      passed=$((passed + 1))
+    else
+      fail "$name: ${secs}s ${kib} KiB (want < $max s, < 1 GiB), want: $want; got: $(cat "$tmp/$name.txt")"
+    fi
   else
-    fail "llama3-70b on meta: ${secs}s, ${kib} KiB (want < 60 s, < 1 GiB), or no per-category peak: $(cat "$tmp/l70.txt")"
+    fail "$name: $(tail -2 "$tmp/$name.txt")"
   fi
-else
-  fail "llama3-70b on meta: $(tail -2 "$tmp/l70.txt")"
-fi
+}
+
+# A 70B shape at 8192 tokens: quick, small, and its peak by category printed.
+quick l70 60 "at the peak: parameter 262.83 GiB, gradient" mem --device meta --config llama3-70b --seq 8192 \
+  --recompute per_block --out "$tmp/l70"
 
 # One rank of a job that is not running (--simulate-world): 70B over dp=8 x
 # pp=4 (rank 0: stage 0; rank 31: the last stage) and Mixtral under ep=8,
@@ -170,16 +181,7 @@ fi
 sim() {  # sim NAME "WANT..." mem flags
   local name=$1 want=$2
   shift 2
-  if /usr/bin/time -f "%e %M" -o "$tmp/time" $remat mem --device meta "$@" --out "$tmp/$name" > "$tmp/$name.txt" 2>&1; then
-    read -r secs kib < "$tmp/time"
-    local ok=1
-    /usr/bin/python3 -c "import sys; s, k = float(sys.argv[1]), int(sys.argv[2]); sys.exit(not (s < 60 and k < 1 << 20))" \
-      "$secs" "$kib" || ok=0
-    while IFS= read -r w; do grep -qF -- "$w" "$tmp/$name.txt" || ok=0; done <<< "$want"
-    if [ $ok -eq 1 ]; then passed=$((passed + 1)); else fail "$name: ${secs}s ${kib} KiB, want: $want; got: $(cat "$tmp/$name.txt")"; fi
-  else
-    fail "$name: $(tail -2 "$tmp/$name.txt")"
-  fi
+  quick "$name" 60 "$want" mem --device meta "$@" --out "$tmp/$name"
 }
 sim l70_dp8_pp4_r0 "simulated rank: 0 of dp=8,ep=1,pp=4: stage 0 (blocks 0-18), data-parallel rank 0 of 8
 at the peak: parameter 64.48 GiB
@@ -282,18 +284,8 @@ json.dump({'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'hidden
            'num_attention_heads': 32, 'num_key_value_heads': 8, 'num_hidden_layers': 2, 'vocab_size': v,
            'rms_norm_eps': 1e-5, 'rope_theta': 500000.0, 'tie_word_embeddings': False, 'torch_dtype': 'bfloat16'},
           open(os.path.join(out, 'config.json'), 'w'))" "$tmp/hf_8b"
-if /usr/bin/time -f "%e %M" -o "$tmp/time" $remat dump --device meta --model "$tmp/hf_8b" --seq 4096 --dtype bf16 \
-     --recompute per_block --out "$tmp/hf_8b.json" > "$tmp/hf_8b.txt" 2>&1; then
-  read -r secs kib < "$tmp/time"
-  if /usr/bin/python3 -c "import sys; s, k = float(sys.argv[1]), int(sys.argv[2]); sys.exit(not (s < 30 and k < 1 << 20))" \
-       "$secs" "$kib" && grep -q "meta: shapes only, 45 tensors" "$tmp/hf_8b.txt"; then
-    passed=$((passed + 1))
-  else
-    fail "dump --device meta of an 8B-wide folder: ${secs}s ${kib} KiB (want < 30 s, < 1 GiB): $(cat "$tmp/hf_8b.txt")"
-  fi
-else
-  fail "dump --device meta of an 8B-wide folder: $(cat "$tmp/hf_8b.txt")"
-fi
+quick hf_8b 30 "meta: shapes only, 45 tensors" dump --device meta --model "$tmp/hf_8b" --seq 4096 --dtype bf16 \
+  --recompute per_block --out "$tmp/hf_8b.json"
 
 # bench --estimate on meta: the same batch-1 traces as the CPU's (so the same
 # predictions, to the byte), the full batch's step within 2% of a real
