@@ -115,6 +115,8 @@ std::vector<FlagSpec> run_flags() {
     int_flag("dp", "data parallel over N ranks (run under `mpirun -np N`; 0: the job's size)", 0, {.min = 0}),
     int_flag("ep", "expert parallel: split the routed experts over N ranks (N divides the job's size)", 1,
              {.min = 1}),
+    int_flag("zero", "sharded data parallel over the --dp ranks: 1 shards the optimizer state and the update, 2 "
+             "also the gradients (reduce-scattered per block); 0: none", 0, {.min = 0, .max = 3}),
     int_flag("pp", "pipeline parallel: split the blocks into N stages, one per rank (run under `mpirun -np N`, "
              "or N x D ranks for D data-parallel replicas of each stage); micro-batches from --grad-accum", 1,
              {.min = 1}),
@@ -225,6 +227,7 @@ void set_schedule_and_layout(const Flags& f, TrainOptions& o) {
   o.device = device_flag(f);
   o.dp = f.get_int("dp");
   o.ep = f.get_int("ep");
+  o.zero = f.get_int("zero");
   o.pp = f.get_int("pp");
   o.pp_schedule = parse_pipeline_schedule(f.get("pp-schedule"));
   o.pp_split = f.get("pp-split");

@@ -153,9 +153,20 @@ void adamw_chunk(const AdamWChunk& c, const AdamWStepScalars& s) {
 
 }  // namespace
 
-AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWOptions opts) : opts_(opts) {
+namespace {
+std::vector<AdamWParam> decay_by_dims(std::vector<std::pair<std::string, Tensor>> params) {
+  std::vector<AdamWParam> out;
+  for (auto& [name, p] : params) out.push_back(AdamWParam{std::move(name), p, p.dim() >= 2});
+  return out;
+}
+}  // namespace
+
+AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWOptions opts)
+    : AdamW(decay_by_dims(std::move(params)), opts) {}
+
+AdamW::AdamW(std::vector<AdamWParam> params, AdamWOptions opts) : opts_(opts) {
   CategoryScope cat(MemoryCategory::optimizer);
-  for (auto& [name, p] : params) {
+  for (auto& [name, p, decay] : params) {
     REMAT_CHECK(p.dtype() == DType::f32 && (p.device().is_cpu() || p.device().is_cuda() || p.device().is_meta()),
                 DTypeError, "AdamW: parameter '", name, "' must be an f32 CPU, CUDA or meta tensor (master weights), got ", p.dtype(),
                 " on ", p.device());
@@ -164,7 +175,7 @@ AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWOptions op
                 " must be contiguous, got shape ", shape_str(p.sizes()), " with strides ", shape_str(p.strides()));
     // The state lives on the parameter's device.
     const TensorOptions state(DType::f32, p.device());
-    slots_.push_back(Slot{name, p, zeros(p.sizes(), state), zeros(p.sizes(), state)});
+    slots_.push_back(Slot{name, p, zeros(p.sizes(), state), zeros(p.sizes(), state), decay});
   }
 }
 
@@ -192,7 +203,7 @@ void AdamW::step(double lr) {
     updated.push_back(&s);
     const std::int64_t n = s.param.numel();
     if (n == 0) continue;
-    const float decay = s.param.dim() >= 2 ? float(1.0 - lr * opts_.weight_decay) : 1.0f;
+    const float decay = s.decay ? float(1.0 - lr * opts_.weight_decay) : 1.0f;
     Tensor gc = g.to(DType::f32).to(s.param.device()).contiguous();
     REMAT_CHECK(gc.sizes() == s.param.sizes(), ShapeError, "AdamW: gradient of '", s.name, "' is ",
                 shape_str(gc.sizes()), ", expected ", shape_str(s.param.sizes()));

@@ -16,14 +16,26 @@ struct AdamWOptions {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double weight_decay = 0.1;  // applied to parameters with 2 or more dims
+  double weight_decay = 0.1;  // applied to the tensors with decay (by default: 2 or more dims)
+};
+
+// A tensor AdamW updates: a parameter, or a piece of one (a flat view of a
+// rank's shard under ZeRO), with whether weight decay applies to it.
+struct AdamWParam {
+  AdamWParam(std::string n, Tensor p, bool d) : name(std::move(n)), param(std::move(p)), decay(d) {}
+  std::string name;  // keys the saved state
+  Tensor param;      // contiguous f32; the update reads param.grad()
+  bool decay;
 };
 
 class AdamW {
  public:
   // Takes the parameters by name (the names key the saved state); each must
-  // be a contiguous f32 CPU or CUDA tensor.
+  // be a contiguous f32 CPU or CUDA tensor. Weight decay applies to those
+  // with 2 or more dims.
   AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWOptions opts = {});
+  // The same with the decay chosen per tensor.
+  AdamW(std::vector<AdamWParam> params, AdamWOptions opts);
 
   // One update with learning rate `lr` from each parameter's .grad (a
   // parameter without a gradient is left alone). Runs without autograd.
@@ -45,6 +57,7 @@ class AdamW {
   struct Slot {
     std::string name;
     Tensor param, exp_avg, exp_avg_sq;
+    bool decay = true;
   };
   std::vector<Slot> slots_;
   AdamWOptions opts_;

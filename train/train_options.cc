@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/error.h"
+#include "train/zero.h"
 
 namespace remat {
 
@@ -29,6 +30,7 @@ void validate_train_options(const TrainOptions& o) {
   integer("dp (--dp)", o.dp, 0);
   integer("ep (--ep)", o.ep, 1);
   integer("bucket_bytes (--bucket-mb)", o.bucket_bytes, 1);
+  check_zero_stage(o.zero);
   integer("max_nonfinite_skips (--max-nonfinite-skips)", o.max_nonfinite_skips, 1);
   real("loss_scale_min", o.loss_scale_min, 0, true, "a finite number > 0");
   real("loss_scale_init", o.loss_scale_init, 0, true, "a finite number > 0");

@@ -61,6 +61,9 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scale
   REMAT_CHECK(c.batch % (world.size() * opts_.grad_accum) == 0, Error, "--grad-accum ", opts_.grad_accum,
               ": the batch of ", c.batch, " sequences must divide into ", world.size(), " rank(s) x ",
               opts_.grad_accum, " micro-batches");
+  REMAT_CHECK(opts_.zero == 0 || world.size() > 1, Error, "--zero ", opts_.zero,
+              " shards over the data-parallel ranks, but this run has one", opts_.pp > 1 ? " per stage" : "",
+              "; start it under `mpirun -np N` with N >= 2", opts_.pp > 1 ? " x --pp" : "", " ranks (--dp N)");
   layout_ = make_parallel_layout(groups.world, opts_.ep, c);
   corpus_ = opts_.data_file.empty()        ? generated_corpus(opts_.seed)
             : is_shard_data(opts_.data_file) ? shard_corpus(opts_.data_file, c.seq + 1)
@@ -112,11 +115,26 @@ void Trainer::build_pipeline(std::shared_ptr<ProcessGroup> pipeline_group) {
 }
 
 void Trainer::build_optimizer() {
-  // A stage reduces only its own parameters' gradients over its replicas.
-  reducer_ = make_grad_reducer(layout_, owned_parameters(), opts_.bucket_bytes);
   AdamWOptions ao;
   ao.weight_decay = opts_.weight_decay;
-  optimizer_ = std::make_unique<AdamW>(owned_parameters(), ao);
+  // A stage reduces only its own parameters' gradients over its replicas.
+  const std::vector<std::pair<std::string, Tensor>> params = owned_parameters();
+  if (opts_.zero == 0) {
+    reducer_ = make_grad_reducer(layout_, params, opts_.bucket_bytes);
+    optimizer_ = std::make_unique<AdamW>(params, ao);
+  } else {
+    // Routed experts under expert parallelism are split by expert already:
+    // they stay whole, reduced over their replicas. Stage 1 all-reduces every
+    // gradient whole; stage 2 reduce-scatters the sharded ones by unit.
+    const bool ep = layout_.ep > 1;
+    auto sharded = [ep](const std::string& name) { return !(ep && is_expert_parameter(name)); };
+    std::vector<std::pair<std::string, Tensor>> whole;
+    for (const auto& [name, p] : params)
+      if (opts_.zero == 1 || !sharded(name)) whole.emplace_back(name, p);
+    if (!whole.empty()) reducer_ = make_grad_reducer(layout_, whole, opts_.bucket_bytes);
+    zero_ = std::make_unique<ZeroOptimizer>(int(opts_.zero), params, layout_.grad_group, sharded,
+                                            is_expert_parameter, ao);
+  }
   sampler_ = std::make_unique<BatchSampler>(corpus_.train_source(), opts_.config.batch, opts_.config.seq,
                                             opts_.seed + 1);
 }
@@ -217,6 +235,7 @@ Trainer::StepStart Trainer::begin_step() {
   // Every rank draws the same global batch and takes its own sequences.
   start.batch = batch_shard(sampler_->next(), *layout_.world).to(opts_.device);
   model_->zero_grad();
+  if (ShardedGradReducer* sharded = sharded_reducer()) sharded->zero();
   reset_saved_bytes_peak();
   const BlockStack& blocks = model_->block_stack();
   start.recomputed_ops = checkpoint_counters().ops_recomputed;
@@ -239,6 +258,7 @@ Trainer::StepLoss Trainer::micro_steps(const Tensor& batch, std::int64_t attempt
   s.aux_loss = 0;
   r.loss = pipeline_ ? pipeline_micro_steps(batch, attempt, s, r.pipeline) : local_micro_steps(batch, attempt, s);
   if (reducer_) reducer_->finish();  // (nothing to do unless the last micro-batch ran)
+  if (ShardedGradReducer* sharded = sharded_reducer()) sharded->finish();  // (the pipeline's last backward)
   return r;
 }
 
@@ -262,8 +282,12 @@ double Trainer::local_micro_steps(const Tensor& batch, std::int64_t attempt, Ste
     // The reducer is armed for the last micro-batch only, whose backward
     // completes each gradient's sum over the ranks.
     if (reducer_ && m == M - 1) reducer_->prepare();
+    // --zero 2: every micro-batch's gradients are reduce-scattered into the shards.
+    ShardedGradReducer* sharded = sharded_reducer();
+    if (sharded) sharded->prepare();
     const double seed = backward_seed(attempt);
     out.loss.backward(seed != 1.0 ? full({}, seed, TensorOptions(out.loss.dtype(), out.loss.device())) : Tensor());
+    if (sharded) sharded->finish();
   }
   gen.set_state(rng_streams_end(streams, M, blocks));
   return loss;
@@ -277,7 +301,10 @@ double Trainer::pipeline_micro_steps(const Tensor& batch, std::int64_t attempt, 
   // gradients, armed before its last backward.
   const std::int64_t M = opts_.grad_accum;
   std::function<void()> arm;
-  if (reducer_) arm = [this] { reducer_->prepare(); };
+  if (reducer_ || sharded_reducer()) arm = [this] {
+    if (reducer_) reducer_->prepare();
+    if (ShardedGradReducer* sharded = sharded_reducer()) sharded->prepare();
+  };
   timing = pipeline_->step(batch, M, backward_seed(attempt), arm);
   s.pipeline_in_flight = timing.peak_in_flight;
   double loss = 0;
@@ -321,17 +348,7 @@ void Trainer::apply_update(double loss, double lr, std::int64_t attempt, RunStat
     s.skipped = true;
     return;
   }
-  std::vector<Tensor> params;
-  for (auto& [name, p] : owned_parameters()) params.push_back(p);
-  // A parameter backward did not reach (a routed expert no token chose)
-  // gets a zero gradient, so AdamW treats it the same whether or not an
-  // earlier step of this process left a gradient buffer behind (a resumed
-  // run then continues exactly as an uninterrupted one).
-  for (const Tensor& p : params)
-    if (!p.grad().defined()) {
-      CategoryScope grad_cat(MemoryCategory::gradient);
-      p.set_grad(zeros(p.sizes(), p.device()));
-    }
+  const std::vector<Tensor> params = update_tensors();
   s.grad_norm = grad_norm();
   if (scaler_.overflowed(s.grad_norm)) {  // normal operation: drop the update, halve the scale
     ++run.overflows;
@@ -346,10 +363,33 @@ void Trainer::apply_update(double loss, double lr, std::int64_t attempt, RunStat
     return;
   }
   clip_grads_to(params, s.grad_norm, opts_.clip);
-  optimizer_->step(lr);
+  if (zero_)
+    zero_->step(lr);
+  else
+    optimizer_->step(lr);
   ++step_;
   run.nonfinite.updated();
   scaler_.grow();
+}
+
+std::vector<Tensor> Trainer::update_tensors() {
+  // A parameter backward did not reach (a routed expert no token chose)
+  // gets a zero gradient, so AdamW treats it the same whether or not an
+  // earlier step of this process left a gradient buffer behind (a resumed
+  // run then continues exactly as an uninterrupted one). --zero 2: the
+  // sharded parameters' gradients are the reducer's shards.
+  std::vector<Tensor> whole;
+  if (zero_ && zero_->stage() >= 2) {
+    whole = zero_->unsharded();
+  } else {
+    for (auto& [name, p] : owned_parameters()) whole.push_back(p);
+  }
+  for (const Tensor& p : whole)
+    if (!p.grad().defined()) {
+      CategoryScope grad_cat(MemoryCategory::gradient);
+      p.set_grad(zeros(p.sizes(), p.device()));
+    }
+  return zero_ ? zero_->bind_grads() : whole;
 }
 
 // The gradients are the same on every rank (summed over ranks; the experts'
@@ -361,11 +401,24 @@ double Trainer::grad_norm() const {
   auto squares = [&](const std::vector<Tensor>& ts) {
     return pipeline_ ? pipeline_->sum_over_stages(grad_sq_partials(ts)) : grad_sq_sum(ts);
   };
+  // --zero 2: each rank holds its shards of the dense gradients; their
+  // squares are summed over the replicas in rank order (then over stages).
+  const bool sharded = zero_ && zero_->stage() >= 2;
   std::vector<Tensor> dense, experts;
-  for (auto& [name, p] : owned_parameters())
-    (layout_.ep > 1 && is_expert_parameter(name) ? experts : dense).push_back(p);
-  if (layout_.ep == 1) return std::sqrt(squares(dense));
-  const double dense_sq = squares(dense);
+  for (auto& [name, p] : owned_parameters()) {
+    if (layout_.ep > 1 && is_expert_parameter(name))
+      experts.push_back(p);
+    else if (!sharded)
+      dense.push_back(p);
+  }
+  double dense_sq = 0;
+  if (sharded) {
+    const double shards = sum_in_rank_order(*layout_.world, grad_sq_sum(zero_->shard_pieces()));
+    dense_sq = pipeline_ ? pipeline_->sum_over_stages({shards}) : shards;
+  } else {
+    dense_sq = squares(dense);
+  }
+  if (layout_.ep == 1) return std::sqrt(dense_sq);
   return std::sqrt(dense_sq + sum_in_rank_order(*layout_.ep_group, squares(experts)));
 }
 
@@ -418,7 +471,7 @@ void Trainer::collect_stats(const StepStart& start, const RunState& run, double 
   s.peak_allocated_bytes = mem.allocated_peak;
   s.peak_reserved_bytes = mem.reserved_peak;
   // (A pipeline stage holds only its own parameters: the others' are released.)
-  s.persistent_bytes = persistent_bytes(owned_parameters(), *optimizer_);
+  s.persistent_bytes = zero_ ? zero_->persistent_bytes() : persistent_bytes(owned_parameters(), *optimizer_);
   s.activation_bytes = s.peak_allocated_bytes - s.persistent_bytes;
   s.comm = layout_.counters() - start.comm;
   if (!pipeline_) return;

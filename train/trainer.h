@@ -23,6 +23,7 @@
 #include "train/pipeline.h"
 #include "train/step_stats.h"
 #include "train/train_options.h"
+#include "train/zero.h"
 
 namespace remat {
 
@@ -127,6 +128,14 @@ class Trainer {
   void evaluate_and_save(std::int64_t stop, StepStats& s);  // on eval_every / save_every steps and the last
   std::string stop_note() const;  // what a stopped run says about the state on disk
 
+  // The tensors whose gradients the update reads (with --zero: this rank's
+  // shard pieces, bound to this step's gradients, and the unsharded
+  // parameters), every parameter whose gradient it needs given one (zeros
+  // where backward did not reach it).
+  std::vector<Tensor> update_tensors();
+  // The optimizer state to save, in one process's layout (a collective under --zero).
+  std::vector<std::pair<std::string, Tensor>> optimizer_state() const;
+  ShardedGradReducer* sharded_reducer() const { return zero_ ? zero_->grad_reducer() : nullptr; }
   // This rank's parameters (a pipeline stage's own), in the model's order.
   std::vector<std::pair<std::string, Tensor>> owned_parameters() const;
   double global_mean(double local) const;
@@ -136,7 +145,8 @@ class Trainer {
   TrainOptions opts_;
   Corpus corpus_;
   std::unique_ptr<DecoderModel> model_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<AdamW> optimizer_;       // without --zero
+  std::unique_ptr<ZeroOptimizer> zero_;    // --zero 1|2 (then no optimizer_)
   std::unique_ptr<BatchSampler> sampler_;
   std::int64_t step_ = 0;
   std::vector<std::string> resume_notes_;

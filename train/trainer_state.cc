@@ -67,9 +67,13 @@ std::vector<std::pair<std::string, Tensor>> Trainer::gather_experts(
   return tensors;
 }
 
+std::vector<std::pair<std::string, Tensor>> Trainer::optimizer_state() const {
+  return zero_ ? zero_->one_process_state() : optimizer_->state();
+}
+
 void Trainer::save(const std::string& dir) const {
   std::vector<std::pair<std::string, Tensor>> tensors = owned_parameters();
-  for (auto& t : optimizer_->state()) tensors.push_back(t);
+  for (auto& t : optimizer_state()) tensors.push_back(t);
   tensors = gather_experts(std::move(tensors));
   if (pipeline_ && layout_.world->rank() == 0)  // replica 0's stages to rank 0
     tensors = pipeline_->gather_to_first(std::move(tensors));
@@ -89,6 +93,7 @@ void Trainer::save(const std::string& dir) const {
         {"rng_offset", std::to_string(dropout.offset)},
         {"world_size", std::to_string(job_->size())},
         {"ep", std::to_string(layout_.ep)},
+        {"zero", std::to_string(opts_.zero)},  // (the file is in one process's layout whatever the stage)
         // f16's dynamic loss scale (1 and 0 for f32/bf16), so a resumed run
         // continues with the same scale and growth count.
         {"loss_scale", format_exact(scaler_.scale())},
@@ -191,7 +196,10 @@ void Trainer::resume(const std::string& dir) {
   st.check_parameters(*model_);  // every parameter before changing anything
   const RngState data{st.meta_u64("data_rng_seed"), st.meta_u64("data_rng_offset")};
   const RngState rng{st.meta_u64("rng_seed"), st.meta_u64("rng_offset")};
-  optimizer_->load_state(st.file.tensors, step);  // validates, then loads
+  if (zero_)  // this rank's shards of the one-process state
+    zero_->load_state(st.file.tensors, step);  // validates, then loads
+  else
+    optimizer_->load_state(st.file.tensors, step);
   {
     NoGradGuard ng;
     for (auto& [name, p] : model_->named_parameters()) {

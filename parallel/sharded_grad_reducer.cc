@@ -1,0 +1,120 @@
+#include "parallel/sharded_grad_reducer.h"
+
+#include <algorithm>
+
+#include "engine/allocator.h"
+#include "engine/grad_mode.h"
+#include "ops/inplace.h"
+
+namespace remat {
+
+ShardedGradReducer::ShardedGradReducer(std::vector<ShardedUnit> units, std::shared_ptr<ProcessGroup> group)
+    : units_(std::move(units)), group_(std::move(group)) {
+  REMAT_CHECK(group_ != nullptr, Error, "sharded gradient reduction: no process group");
+  const std::size_t U = units_.size();
+  ready_.resize(U);
+  pending_.assign(U, 0);
+  reduced_.assign(U, false);
+  stale_.assign(U, false);
+  for (std::size_t u = 0; u < U; ++u) {
+    const ShardedUnit& unit = units_[u];
+    REMAT_CHECK(unit.layout.ranks == group_->size() && unit.params.size() == unit.layout.names.size(), Error,
+                "sharded gradient reduction: unit '", unit.layout.name, "' is laid out over ", unit.layout.ranks,
+                " rank(s) with ", unit.layout.names.size(), " member(s), but the group has ", group_->size(),
+                " rank(s) and the unit ", unit.params.size(), " parameter(s)");
+    for (std::size_t k = 0; k < unit.params.size(); ++k) {
+      const Tensor& p = unit.params[k];
+      REMAT_CHECK(p.requires_grad() && p.dtype() == DType::f32 && p.sizes() == unit.layout.shapes[k], DTypeError,
+                  "sharded gradient reduction: parameter '", unit.layout.names[k], "' of unit '", unit.layout.name,
+                  "' must be an f32 leaf of shape ", shape_str(unit.layout.shapes[k]), " that requires grad, got ",
+                  p.dtype(), " ", shape_str(p.sizes()));
+    }
+    ready_[u].assign(unit.params.size(), false);
+    {
+      CategoryScope cat(MemoryCategory::gradient);
+      shards_.push_back(zeros({unit.layout.shard}, TensorOptions(DType::f32, unit.params.front().device())));
+    }
+    if (unit.ready_may_differ) continue;
+    for (std::size_t k = 0; k < unit.params.size(); ++k) {
+      std::weak_ptr<ShardedGradReducer*> self = self_;  // a reducer that is gone is not called
+      unit.params[k].register_post_accumulate_hook([self, u, k](const Tensor&) {
+        if (auto s = self.lock()) (*s)->on_ready(u, k);
+      });
+    }
+  }
+}
+
+void ShardedGradReducer::zero() {
+  NoGradGuard ng;
+  for (Tensor& s : shards_) s.zero_();
+  order_.clear();
+  stats_ = ShardedGradStats{};
+}
+
+void ShardedGradReducer::prepare() {
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    std::fill(ready_[u].begin(), ready_[u].end(), false);
+    pending_[u] = std::int64_t(units_[u].params.size());
+    reduced_[u] = stale_[u] = false;
+  }
+  armed_ = true;
+}
+
+void ShardedGradReducer::on_ready(std::size_t u, std::size_t k) {
+  if (!armed_) return;
+  if (ready_[u][k]) {  // more gradient after this member counted as ready
+    if (reduced_[u]) stale_[u] = true;
+    return;
+  }
+  ready_[u][k] = true;
+  if (--pending_[u] == 0) {
+    reduce(u);
+    stats_.started_in_backward++;
+  }
+}
+
+void ShardedGradReducer::reduce(std::size_t u) {
+  ShardedUnit& unit = units_[u];
+  std::vector<Tensor> grads;
+  for (const Tensor& p : unit.params) grads.push_back(p.grad());
+  Tensor part;
+  {
+    CategoryScope cat(MemoryCategory::gradient);
+    Tensor flat = empty({unit.layout.padded()}, TensorOptions(DType::f32, unit.params.front().device()));
+    pack_flat(unit.layout, grads, flat);
+    grads.clear();
+    for (const Tensor& p : unit.params) p.set_grad(Tensor());  // the full gradients go: the flat copy is reduced
+    part = group_->reduce_scatter(flat, ReduceOp::sum);
+  }
+  NoGradGuard ng;
+  add_(shards_[u], part);
+  reduced_[u] = true;
+  order_.push_back(u);
+  stats_.reduce_scatters++;
+  stats_.bytes += unit.layout.padded() * std::int64_t(sizeof(float));
+}
+
+void ShardedGradReducer::finish() {
+  if (!armed_) return;
+  armed_ = false;
+  CommPhaseScope phase(CommPhase::backward);  // the end of backward's traffic
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (!reduced_[u]) {
+      reduce(u);  // deferred units, and units a parameter of which got no gradient
+      continue;
+    }
+    if (stale_[u]) reduce(u);  // gradient added after the reduction: reduce that part too
+  }
+  // Every rank must have reduced the units in the same order: compare a
+  // fingerprint of the order (max and -min over ranks agree).
+  std::int64_t fp = 0;
+  for (std::size_t u : order_) fp = (fp * 1000003 + std::int64_t(u) + 1) % 2147483647;
+  TagScope host(kHostTag);
+  Tensor v = from_vector<std::int64_t>({fp, -fp}, {2});
+  group_->all_reduce(v, ReduceOp::max);
+  const auto m = v.to_vector<std::int64_t>();
+  REMAT_CHECK(m[0] == -m[1], Error, "sharded gradient reduction: the ranks reduce-scattered their units in different "
+              "orders (their backward passes differ), so the summed gradients would be mixed up");
+}
+
+}  // namespace remat

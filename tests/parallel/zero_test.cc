@@ -1,0 +1,248 @@
+// Sharded data parallel (--zero 1|2): the shard layout, and training under
+// mpirun (tests/parallel/mpi_test.sh, 2 and 4 ranks) equal to plain data
+// parallel on the same ranks: stage 1 bit for bit (the same all-reduce, an
+// element-wise update, gathers that copy), stage 2 to 1e-5 (its gradients
+// are reduce-scattered per unit, which adds the ranks' values in another
+// order than the all-reduce, and its norm adds shard partials). In one
+// process the layout and the errors run; the training cases skip.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+
+#include "ops/ops.h"
+#include "parallel/shard_layout.h"
+#include "tests/files.h"
+#include "tests/skip.h"
+#include "train/safetensors.h"
+#include "train/state_files.h"
+#include "train/trainer.h"
+
+using namespace remat;
+
+namespace {
+
+std::vector<float> values(const Tensor& t) { return t.contiguous().to_vector<float>(); }
+
+}  // namespace
+
+TEST_CASE("a unit's flat shards: pieces straddle ranks, padding is zero, pack and unpack invert", "[zero]") {
+  const ShardLayout l = make_shard_layout("block.0", {"a", "b", "c"}, {{3, 5}, {7}, {2, 2}}, 4);
+  CHECK(l.numel == 26);
+  CHECK(l.shard == 7);
+  CHECK(l.padded() == 28);
+  auto eq = [](const ShardPiece& p, std::size_t m, std::int64_t pb, std::int64_t sb, std::int64_t n) {
+    return p.member == m && p.param_begin == pb && p.shard_begin == sb && p.n == n;
+  };
+  REQUIRE(l.pieces(0).size() == 1);
+  CHECK(eq(l.pieces(0)[0], 0, 0, 0, 7));
+  REQUIRE(l.pieces(2).size() == 2);
+  CHECK(eq(l.pieces(2)[0], 0, 14, 0, 1));
+  CHECK(eq(l.pieces(2)[1], 1, 0, 1, 6));
+  REQUIRE(l.pieces(3).size() == 2);
+  CHECK(eq(l.pieces(3)[0], 1, 6, 0, 1));
+  CHECK(eq(l.pieces(3)[1], 2, 0, 1, 4));  // then 2 elements of padding
+  // Members -> each rank's shard -> the concatenation -> members again.
+  std::vector<Tensor> members = {arange(15, DType::f32).view({3, 5}), add(arange(7, DType::f32), 100.0),
+                                 add(arange(4, DType::f32), 200.0).view({2, 2})};
+  std::vector<Tensor> shards;
+  for (int r = 0; r < 4; ++r) {
+    Tensor s = full({7}, -1.0);
+    pack_shard(l, r, members, s);
+    shards.push_back(s);
+  }
+  CHECK(values(shards[3]) == std::vector<float>{106, 200, 201, 202, 203, 0, 0});
+  Tensor flat = cat(shards, 0);
+  std::vector<Tensor> back = {zeros({3, 5}), zeros({7}), zeros({2, 2})};
+  unpack_flat(l, flat, back);
+  for (int k = 0; k < 3; ++k) CHECK(values(back[std::size_t(k)]) == values(members[std::size_t(k)]));
+  Tensor whole = full({28}, -1.0);
+  pack_flat(l, {members[0], Tensor(), members[2]}, whole);  // an undefined member counts as zeros
+  const auto w = values(whole);
+  CHECK(w[14] == 14);
+  CHECK(w[15] == 0);
+  CHECK(w[22] == 200);
+  CHECK(w[27] == 0);
+  // More ranks than elements: the last ranks hold padding only.
+  const ShardLayout tiny = make_shard_layout("head", {"norm"}, {{2}}, 4);
+  CHECK(tiny.shard == 1);
+  CHECK(tiny.pieces(2).empty());
+  CHECK_THROWS_WITH(make_shard_layout("x", {}, {}, 2), Catch::Contains("unit 'x'"));
+  Tensor wrong = zeros({6});
+  CHECK_THROWS_WITH(pack_shard(l, 0, members, wrong), Catch::Contains("7 elements"));
+}
+
+TEST_CASE("--zero names its mistakes before any work", "[zero]") {
+  TrainOptions o;
+  o.config = ModelConfig::named("tiny");
+  o.steps = 1;
+  o.group = single_process_group();
+  o.zero = 2;
+  CHECK_THROWS_WITH(Trainer(o), Catch::Contains("--zero 2 shards over the data-parallel ranks, but this run has one"));
+  o.zero = 3;
+  CHECK_THROWS_WITH(Trainer(o), Catch::Contains("--zero 3") && Catch::Contains("not built yet"));
+  o.zero = 4;
+  CHECK_THROWS_WITH(Trainer(o), Catch::Contains("--zero 4: expected 1"));
+}
+
+namespace {
+
+struct ZeroRun {
+  std::vector<double> losses, norms;
+  std::int64_t persistent = 0, peak = 0;
+  std::map<std::string, Tensor> state;  // rank 0: the saved state (parameters, optimizer), one process's layout
+  StepStats last;
+};
+
+struct RunSpec {
+  std::string config = "tiny";
+  std::int64_t ep = 1, zero = 0, steps = 8, stop_after = 0;
+  std::string plan = "none";
+  std::string save = "", resume = "";
+  std::int64_t grad_accum = 1;
+};
+
+ZeroRun train(const RunSpec& r, std::shared_ptr<ProcessGroup> group) {
+  TrainOptions o;
+  o.config = ModelConfig::named(r.config);
+  o.steps = r.steps;
+  o.stop_after = r.stop_after;
+  o.warmup = 2;
+  o.eval_every = 0;
+  o.eval_batches = 1;
+  o.group = std::move(group);
+  o.ep = r.ep;
+  o.zero = r.zero;
+  o.recompute = r.plan;
+  o.grad_accum = r.grad_accum;
+  o.bucket_bytes = 256 << 10;
+  o.resume_dir = r.resume;
+  const std::string dir = r.save.empty() ? remat::test::temp_dir("zero") : r.save;
+  o.save_dir = dir;
+  Trainer t(o);
+  ZeroRun out;
+  t.run([&](const StepStats& s) {
+    out.losses.push_back(s.loss);
+    out.norms.push_back(s.grad_norm);
+    out.persistent = s.persistent_bytes;
+    out.peak = s.peak_allocated_bytes;
+    out.last = s;
+  });
+  if (t.rank() == 0) out.state = load_safetensors(state_file(dir)).tensors;
+  return out;
+}
+
+// Bit for bit (tol 0), or within `tol` relative on every tensor (||a - b|| /
+// ||b||; the worst single element, max |a - b| / max |b|, is reported: AdamW
+// divides by sqrt(v) + eps, so an element whose gradient is near eps turns a
+// last-bit difference of its gradient into a larger step difference), loss
+// and gradient norm.
+void check_equal(const ZeroRun& got, const ZeroRun& ref, double tol, const std::string& what) {
+  INFO(what);
+  REQUIRE(got.losses.size() == ref.losses.size());
+  for (std::size_t i = 0; i < ref.losses.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(std::fabs(got.losses[i] - ref.losses[i]) <= tol * std::fabs(ref.losses[i]));
+    CHECK(std::fabs(got.norms[i] - ref.norms[i]) <= tol * std::fabs(ref.norms[i]));
+  }
+  REQUIRE(got.state.size() == ref.state.size());
+  double worst = 0, worst_element = 0;
+  std::string worst_name, differs;
+  for (const auto& [name, t] : ref.state) {
+    REQUIRE(got.state.count(name) == 1);
+    const auto a = values(got.state.at(name)), b = values(t);
+    REQUIRE(a.size() == b.size());
+    double d2 = 0, n2 = 0, diff = 0, scale = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const double d = double(a[i]) - double(b[i]);
+      d2 += d * d;
+      n2 += double(b[i]) * double(b[i]);
+      diff = std::max(diff, std::fabs(d));
+      scale = std::max(scale, std::fabs(double(b[i])));
+    }
+    if (diff > 0 && differs.empty()) differs = name;
+    const double rel = n2 > 0 ? std::sqrt(d2 / n2) : std::sqrt(d2);
+    if (rel > worst) worst = rel, worst_name = name;
+    worst_element = std::max(worst_element, scale > 0 ? diff / scale : diff);
+  }
+  INFO("worst tensor " << worst_name << ": " << worst << " (worst element " << worst_element << ")");
+  if (tol == 0) {
+    INFO("first tensor that differs: " << differs);
+    CHECK(differs.empty());
+  } else {
+    CHECK(worst <= tol);
+  }
+}
+
+std::vector<std::int64_t> ep_degrees(const std::string& config, int W) {
+  if (config != "tiny-moe" || W < 4) return {1};
+  return {1, 2};
+}
+
+}  // namespace
+
+TEST_CASE("--zero 1 equals data parallel bit for bit and --zero 2 to 1e-5 after 8 steps", "[zero][parallel]") {
+  auto world = world_group();
+  if (world->size() == 1) REMAT_SKIP("one process: mpi_test.sh runs it under mpirun");
+  for (const std::string config : {"tiny", "tiny-moe"}) {
+    for (std::int64_t ep : ep_degrees(config, world->size())) {
+      const ZeroRun dp = train({.config = config, .ep = ep}, world);
+      const ZeroRun z1 = train({.config = config, .ep = ep, .zero = 1}, world);
+      const ZeroRun z2 = train({.config = config, .ep = ep, .zero = 2}, world);
+      const std::string what = config + ", ep " + std::to_string(ep) + ", " + std::to_string(world->size()) + " ranks";
+      check_equal(z1, dp, 0, "--zero 1 against --dp, " + what);
+      check_equal(z2, dp, 1e-5, "--zero 2 against --dp, " + what);
+      // The optimizer state is split over the ranks (and, under stage 2, the
+      // gradients): 16 bytes a parameter become 8 + 8/W (stage 1) and 4 + 12/W (stage 2).
+      CHECK(z1.persistent < dp.persistent);
+      CHECK(z2.persistent < z1.persistent);
+      if (config == "tiny") {
+        const double W = world->size(), per_param = double(dp.persistent) / 16.0;
+        CHECK(std::fabs(double(z1.persistent) - per_param * (8 + 8 / W)) <= per_param * 0.01);
+        CHECK(std::fabs(double(z2.persistent) - per_param * (4 + 12 / W)) <= per_param * 0.01);
+        // Stage 2: one reduce-scatter per unit (embedding, 4 blocks, head) a step.
+        CHECK(z2.last.comm.calls_of(CollectiveKind::reduce_scatter, CommPhase::backward) == 6);
+        CHECK(z2.last.comm.calls_of(CollectiveKind::all_reduce, CommPhase::backward) <= 1);  // (the order check)
+      }
+    }
+  }
+}
+
+TEST_CASE("under --zero 2 lossless plans and micro-batches are bit-identical to none", "[zero][parallel]") {
+  auto world = world_group();
+  if (world->size() == 1) REMAT_SKIP("one process: mpi_test.sh runs it under mpirun");
+  for (const std::string config : {"tiny", "tiny-moe"}) {
+    const ZeroRun none = train({.config = config, .zero = 2, .steps = 3}, world);
+    for (const std::string plan : {"per_block", "chunk", "offload"}) {
+      const ZeroRun p = train({.config = config, .zero = 2, .steps = 3, .plan = plan}, world);
+      check_equal(p, none, 0, config + " --zero 2, plan " + plan);
+    }
+  }
+}
+
+TEST_CASE("a --zero 2 state resumes under --zero 1, plain data parallel and one process", "[zero][parallel]") {
+  auto world = world_group();
+  if (world->size() == 1) REMAT_SKIP("one process: mpi_test.sh runs it under mpirun");
+  const std::string dir = remat::test::temp_dir("zero-resume");
+  const ZeroRun whole = train({.config = "tiny-moe", .zero = 2}, world);
+  train({.config = "tiny-moe", .zero = 2, .stop_after = 4, .save = dir}, world);
+  // Rank 0 wrote the state; every rank resumes from rank 0's folder.
+  std::vector<std::int64_t> chars(dir.begin(), dir.end());
+  Tensor path = from_vector<std::int64_t>(chars, {std::int64_t(chars.size())});
+  world->broadcast(path, 0);
+  const auto got = path.to_vector<std::int64_t>();
+  const std::string shared(got.begin(), got.end());
+  const std::vector<double> tail(whole.losses.begin() + 4, whole.losses.end());
+  for (std::int64_t zero : {1, 2}) {
+    const ZeroRun r = train({.config = "tiny-moe", .zero = zero, .resume = shared}, world);
+    INFO("resumed under --zero " << zero);
+    REQUIRE(r.losses.size() == 4);
+    for (std::size_t i = 0; i < 4; ++i) CHECK(std::fabs(r.losses[i] - tail[i]) <= 1e-5 * tail[i]);
+  }
+  if (world->rank() == 0) {  // one process on the whole batch
+    const ZeroRun r = train({.config = "tiny-moe", .resume = shared}, single_process_group());
+    REQUIRE(r.losses.size() == 4);
+    for (std::size_t i = 0; i < 4; ++i) CHECK(std::fabs(r.losses[i] - tail[i]) <= 1e-5 * tail[i]);
+  }
+  world->barrier();
+}

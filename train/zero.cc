@@ -1,0 +1,195 @@
+#include "train/zero.h"
+
+#include <cstdlib>
+
+#include "engine/allocator.h"
+#include "engine/grad_mode.h"
+
+namespace remat {
+
+std::string shard_unit_name(const std::string& name) {
+  static const std::string layers = "model.layers.", embed = "model.embed_tokens.";
+  if (name.compare(0, embed.size(), embed) == 0) return "embed";
+  if (name.compare(0, layers.size(), layers) == 0) {
+    const std::size_t dot = name.find('.', layers.size());
+    return "block." + name.substr(layers.size(), dot == std::string::npos ? std::string::npos : dot - layers.size());
+  }
+  return "head";
+}
+
+void check_zero_stage(std::int64_t stage) {
+  REMAT_CHECK(stage >= 0 && stage <= 3, Error, "--zero ", stage, ": expected 1 (shard the optimizer state), "
+              "2 (and the gradients) or 3 (and the parameters), or 0 for none");
+  REMAT_CHECK(stage != 3, Error, "--zero 3 (sharded parameters, gathered per block) is not built yet; "
+              "--zero 1 and 2 are");
+}
+
+ZeroOptimizer::ZeroOptimizer(int stage, const std::vector<std::pair<std::string, Tensor>>& params,
+                             std::shared_ptr<ProcessGroup> group,
+                             const std::function<bool(const std::string&)>& sharded,
+                             const std::function<bool(const std::string&)>& ready_may_differ, AdamWOptions opts)
+    : stage_(stage), group_(std::move(group)), all_params_(params) {
+  check_zero_stage(stage);
+  REMAT_CHECK(stage >= 1 && group_ && group_->size() > 1, Error, "--zero ", stage,
+              ": shards over data-parallel ranks, but this run has ", group_ ? group_->size() : 0,
+              " (start it under `mpirun -np D` with D >= 2)");
+  // Units in the order their parameters first appear (the model's order).
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<std::pair<std::string, Tensor>>> members;
+  std::map<std::string, bool> deferred;
+  for (const auto& [name, p] : params) {
+    if (!sharded(name)) {
+      unsharded_.push_back(p);
+      unsharded_names_.push_back(name);
+      continue;
+    }
+    const std::string u = shard_unit_name(name);
+    if (!members.count(u)) order.push_back(u);
+    members[u].emplace_back(name, p);
+    deferred[u] = deferred[u] || ready_may_differ(name);
+  }
+  const int W = group_->size(), rank = group_->rank();
+  std::vector<ShardedUnit> reduced;
+  NoGradGuard ng;
+  for (const std::string& name : order) {
+    Unit u;
+    std::vector<std::string> names;
+    std::vector<Shape> shapes;
+    for (const auto& [n, p] : members[name]) {
+      names.push_back(n);
+      shapes.push_back(p.sizes());
+      u.params.push_back(p);
+    }
+    u.layout = make_shard_layout(name, std::move(names), std::move(shapes), W);
+    u.pieces = u.layout.pieces(rank);
+    for (const ShardPiece& pc : u.pieces) {
+      const Tensor& p = u.params[pc.member];
+      REMAT_CHECK(p.is_contiguous() && p.dtype() == DType::f32, DTypeError, "--zero: parameter '",
+                  u.layout.names[pc.member], "' must be contiguous f32, got ", p.dtype());
+      u.views.push_back(p.view({-1}).narrow(0, pc.param_begin, pc.n));
+    }
+    if (stage_ >= 2) reduced.push_back(ShardedUnit{u.layout, u.params, deferred[name]});
+    units_.push_back(std::move(u));
+  }
+  if (stage_ >= 2) reducer_ = std::make_unique<ShardedGradReducer>(std::move(reduced), group_);
+  std::vector<AdamWParam> slots;
+  for (const Unit& u : units_)
+    for (std::size_t i = 0; i < u.pieces.size(); ++i)
+      slots.push_back(AdamWParam{piece_name(u, u.pieces[i]), u.views[i], u.layout.shapes[u.pieces[i].member].size() >= 2});
+  for (std::size_t i = 0; i < unsharded_.size(); ++i)
+    slots.push_back(AdamWParam{unsharded_names_[i], unsharded_[i], unsharded_[i].dim() >= 2});
+  adamw_ = std::make_unique<AdamW>(std::move(slots), opts);
+}
+
+std::string ZeroOptimizer::piece_name(const Unit& u, const ShardPiece& p) const {
+  return u.layout.names[p.member] + "@" + std::to_string(p.param_begin);
+}
+
+const std::vector<Tensor>& ZeroOptimizer::bind_grads() {
+  NoGradGuard ng;
+  bound_.clear();
+  for (std::size_t k = 0; k < units_.size(); ++k) {
+    const Unit& u = units_[k];
+    for (std::size_t i = 0; i < u.pieces.size(); ++i) {
+      const ShardPiece& pc = u.pieces[i];
+      Tensor g;
+      if (stage_ >= 2) {
+        g = reducer_->shard(k).narrow(0, pc.shard_begin, pc.n);
+      } else {
+        const Tensor whole = u.params[pc.member].grad();
+        REMAT_CHECK(whole.defined() && whole.is_contiguous() && whole.dtype() == DType::f32, Error,
+                    "--zero 1: parameter '", u.layout.names[pc.member],
+                    "' has no contiguous f32 gradient after the reduction");
+        g = whole.view({-1}).narrow(0, pc.param_begin, pc.n);
+      }
+      u.views[i].set_grad(g);
+      bound_.push_back(u.views[i]);
+    }
+  }
+  for (const Tensor& p : unsharded_) bound_.push_back(p);
+  return bound_;
+}
+
+std::vector<Tensor> ZeroOptimizer::shard_pieces() const {
+  std::vector<Tensor> out;
+  for (const Unit& u : units_) out.insert(out.end(), u.views.begin(), u.views.end());
+  return out;
+}
+
+void ZeroOptimizer::step(double lr) {
+  adamw_->step(lr);
+  NoGradGuard ng;
+  const int rank = group_->rank();
+  for (Unit& u : units_) {
+    CategoryScope cat(MemoryCategory::parameter);
+    Tensor shard = empty({u.layout.shard}, TensorOptions(DType::f32, u.params.front().device()));
+    pack_shard(u.layout, rank, u.params, shard);
+    const Tensor flat = group_->all_gather(shard);
+    unpack_flat(u.layout, flat, u.params);
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::one_process_state() const {
+  std::map<std::string, Tensor> mine;
+  for (auto& [name, t] : adamw_->state()) mine.emplace(name, t);
+  std::vector<std::pair<std::string, Tensor>> out;
+  NoGradGuard ng;
+  for (const Unit& u : units_) {
+    for (const char* kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."}) {
+      // This rank's pieces of the state, laid out as its shard, then every rank's.
+      Tensor shard = zeros({u.layout.shard}, TensorOptions(DType::f32, u.params.front().device()));
+      for (const ShardPiece& pc : u.pieces)
+        shard.narrow(0, pc.shard_begin, pc.n).copy_(mine.at(kind + piece_name(u, pc)));
+      const Tensor flat = group_->all_gather(shard);
+      for (std::size_t k = 0; k < u.params.size(); ++k)
+        out.emplace_back(kind + u.layout.names[k],
+                         flat.narrow(0, u.layout.offsets[k], shape_numel(u.layout.shapes[k])).view(u.layout.shapes[k]).clone());
+    }
+  }
+  for (const std::string& name : unsharded_names_)
+    for (const char* kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."}) out.emplace_back(kind + name, mine.at(kind + name));
+  return out;
+}
+
+void ZeroOptimizer::load_state(const std::map<std::string, Tensor>& tensors, std::int64_t step) {
+  // Validate the whole tensors first (AdamW then checks the pieces' shapes).
+  std::map<std::string, Tensor> pieces;
+  for (const Unit& u : units_) {
+    for (std::size_t k = 0; k < u.params.size(); ++k) {
+      for (const std::string kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."}) {
+        const std::string key = kind + u.layout.names[k];
+        auto it = tensors.find(key);
+        REMAT_CHECK(it != tensors.end(), IOError, "optimizer state: missing tensor '", key, "'");
+        REMAT_CHECK(it->second.sizes() == u.layout.shapes[k] && it->second.dtype() == DType::f32, IOError,
+                    "optimizer state: tensor '", key, "' is ", shape_str(it->second.sizes()), " ", it->second.dtype(),
+                    ", expected ", shape_str(u.layout.shapes[k]), " f32");
+      }
+    }
+    for (const ShardPiece& pc : u.pieces)
+      for (const std::string kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."})
+        pieces[kind + piece_name(u, pc)] =
+            tensors.at(kind + u.layout.names[pc.member]).contiguous().view({-1}).narrow(0, pc.param_begin, pc.n);
+  }
+  for (const std::string& name : unsharded_names_)
+    for (const std::string kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."}) {
+      auto it = tensors.find(kind + name);
+      REMAT_CHECK(it != tensors.end(), IOError, "optimizer state: missing tensor '", kind + name, "'");
+      pieces[kind + name] = it->second;
+    }
+  adamw_->load_state(pieces, step);
+}
+
+std::int64_t ZeroOptimizer::persistent_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& [name, p] : all_params_) n += std::int64_t(p.nbytes());  // the weights, whole
+  if (stage_ >= 2) {
+    for (std::size_t u = 0; u < reducer_->num_units(); ++u) n += std::int64_t(reducer_->shard(u).nbytes());
+    for (const Tensor& p : unsharded_) n += std::int64_t(p.nbytes());
+  } else {
+    for (const auto& [name, p] : all_params_) n += std::int64_t(p.nbytes());  // whole gradients
+  }
+  for (const auto& [name, t] : adamw_->state()) n += std::int64_t(t.nbytes());
+  return n;
+}
+
+}  // namespace remat

@@ -1,0 +1,105 @@
+// Sharded data parallel (ZeRO) over the data-parallel ranks of a run: the
+// parameters are cut into units (a decoder block each; the embedding and
+// the head with the final norm are units of their own), each unit laid flat
+// and sharded over the ranks (parallel/shard_layout.h).
+//
+//   stage 1: each rank keeps AdamW's state for its shard of every unit only
+//            and updates only that shard; the updated shards are then
+//            all-gathered into every rank's parameters. Gradients are
+//            all-reduced whole, as without ZeRO.
+//   stage 2: also the gradients: each unit's gradients are reduce-scattered
+//            as soon as backward has produced them (parallel/
+//            sharded_grad_reducer.h) and each rank keeps its shard only.
+//
+// Parameters that are not sharded (the routed experts under expert
+// parallelism, already split by expert) are updated whole, as AdamW does.
+// docs/PARALLEL.md#sharded-data-parallel-zero.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallel/process_group.h"
+#include "parallel/sharded_grad_reducer.h"
+#include "train/optimizer.h"
+
+namespace remat {
+
+// The unit a parameter of a decoder model shards with: "embed" for
+// model.embed_tokens.*, "block.N" for model.layers.N.*, "head" for the rest
+// (the final norm and the LM head).
+std::string shard_unit_name(const std::string& param_name);
+
+// The ZeRO stages built: 1 and 2; Error naming --zero for anything else
+// (0 is no ZeRO and valid).
+void check_zero_stage(std::int64_t stage);
+
+class ZeroOptimizer {
+ public:
+  // `params`: this rank's parameters (f32 leaves that require grad) in the
+  // model's order; `sharded(name)`: whether a parameter is sharded over
+  // `group` (the others are updated whole); `ready_may_differ(name)`:
+  // whether its gradient's readiness may differ between ranks (its unit then
+  // reduces after backward). Every rank of `group` builds the same units.
+  ZeroOptimizer(int stage, const std::vector<std::pair<std::string, Tensor>>& params,
+                std::shared_ptr<ProcessGroup> group, const std::function<bool(const std::string&)>& sharded,
+                const std::function<bool(const std::string&)>& ready_may_differ, AdamWOptions opts);
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  int stage() const { return stage_; }
+  // Stage 2: the reducer a training step zeroes at its start and arms
+  // around its backward passes; null for stage 1.
+  ShardedGradReducer* grad_reducer() const { return reducer_.get(); }
+  // The tensors whose .grad the update reads, with their gradients bound to
+  // this step's: the pieces of this rank's shards (flat views of the
+  // parameters; their gradients views of the whole gradients under stage 1,
+  // of the reduced shards under stage 2), then the unsharded parameters.
+  // Call after backward (and the reductions), before clipping and step().
+  const std::vector<Tensor>& bind_grads();
+  // The pieces alone (bound by the last bind_grads()).
+  std::vector<Tensor> shard_pieces() const;
+  // The unsharded parameters.
+  const std::vector<Tensor>& unsharded() const { return unsharded_; }
+  // AdamW on this rank's pieces and the unsharded parameters, then every
+  // unit's shards all-gathered into every rank's parameters.
+  void step(double lr);
+  std::int64_t steps() const { return adamw_->steps(); }
+
+  // The optimizer state in one process's layout (AdamW::state()'s names and
+  // shapes, every unit's shards gathered); a collective over the group.
+  std::vector<std::pair<std::string, Tensor>> one_process_state() const;
+  // Takes this rank's shards of a state in one process's layout (as
+  // one_process_state() returns and AdamW saves); IOError naming a missing
+  // or mismatched tensor, and nothing changed, otherwise.
+  void load_state(const std::map<std::string, Tensor>& tensors, std::int64_t step);
+  // What this rank keeps across steps: the parameters, their gradients
+  // (whole under stage 1; the shards and the unsharded ones' under stage 2)
+  // and the optimizer state.
+  std::int64_t persistent_bytes() const;
+
+ private:
+  struct Unit {
+    ShardLayout layout;
+    std::vector<Tensor> params;
+    std::vector<ShardPiece> pieces;  // this rank's
+    std::vector<Tensor> views;       // per piece: a flat view of its parameter
+  };
+  std::string piece_name(const Unit& u, const ShardPiece& p) const;
+
+  int stage_;
+  std::shared_ptr<ProcessGroup> group_;
+  std::vector<Unit> units_;
+  std::vector<std::pair<std::string, Tensor>> all_params_;
+  std::vector<Tensor> unsharded_;
+  std::vector<std::string> unsharded_names_;
+  std::unique_ptr<ShardedGradReducer> reducer_;
+  std::unique_ptr<AdamW> adamw_;
+  std::vector<Tensor> bound_;
+};
+
+}  // namespace remat
