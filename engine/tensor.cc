@@ -91,8 +91,22 @@ void* Tensor::raw_data() const {
 
 void Tensor::release_storage() const {
   auto& im = impl();
+  if (im.storage) im.released_device = im.storage->device();
   im.storage.reset();
   im.released = true;
+}
+
+void Tensor::alias_storage_(const Tensor& src) const {
+  REMAT_CHECK(src.defined() && src.sizes() == sizes() && src.dtype() == dtype() && src.is_contiguous(), ShapeError,
+              "alias_storage_: the source must be a contiguous ", dtype_name(dtype()), " tensor of shape ",
+              shape_str(sizes()), ", got ", src.defined() ? shape_str(src.sizes()) + " " + dtype_name(src.dtype())
+                                                          : std::string("an undefined tensor"));
+  auto& im = impl();
+  const auto& from = src.impl();
+  im.storage = from.storage;
+  im.offset = from.offset;
+  im.strides = from.strides;
+  im.released = false;
 }
 
 // ---------------------------------------------------------------------------

@@ -58,6 +58,7 @@ struct TensorImpl {
   std::int64_t offset = 0;  // in elements
   DType dtype = DType::f32;
   bool released = false;    // release_storage() dropped the elements
+  Device released_device = kCPU;  // ... which lived here (device() still says so)
   std::shared_ptr<VersionCounter> version;
   std::shared_ptr<AutogradMeta> autograd;  // null for tensors autograd never saw
 };
@@ -88,7 +89,10 @@ class Tensor {
   std::int64_t dim() const { return std::int64_t(impl().sizes.size()); }
   std::int64_t numel() const { return shape_numel(impl().sizes); }
   DType dtype() const { return impl().dtype; }
-  Device device() const { return impl().storage ? impl().storage->device() : kCPU; }
+  Device device() const {
+    const TensorImpl& im = impl();
+    return im.storage ? im.storage->device() : im.released ? im.released_device : kCPU;
+  }
   std::int64_t storage_offset() const { return impl().offset; }
   // Bytes of the elements this tensor covers (numel * element size).
   std::size_t nbytes() const { return std::size_t(numel()) * element_size(dtype()); }
@@ -108,6 +112,14 @@ class Tensor {
   // access to the elements is an Error naming the shape.
   void release_storage() const;
   bool released() const { return impl().released; }
+  // Points this tensor at `src`'s elements (src: the same shape and dtype,
+  // contiguous; the two then share storage), keeping every handle to this
+  // tensor, its version counter and its autograd state: a released tensor
+  // holds elements again. For parameters gathered from shards on other
+  // ranks just before they are used (train/zero.h); release_storage() lets
+  // them go again. Does not bump the version (the values are the ones the
+  // tensor had).
+  void alias_storage_(const Tensor& src) const;
 
   // ---- Views (share storage and version counter) ----
   // Same data with new sizes; one size may be -1. Throws ShapeError if the

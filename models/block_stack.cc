@@ -139,11 +139,22 @@ namespace {
 thread_local std::vector<const BlockStack*> tls_open_stacks;  // stacks whose save hooks are active
 }  // namespace
 
+UnitRun::UnitRun(UnitRunHooks* hooks, std::string unit) : hooks_(hooks), unit_(std::move(unit)) {
+  if (hooks_) hooks_->before_run(unit_);
+}
+
+Tensor UnitRun::done(Tensor y) {
+  if (hooks_) hooks_->after_run(unit_, y);
+  return y;
+}
+
 BlockStack::SaveHooksScope::SaveHooksScope(const BlockStack& stack) {
-  if (!stack.offload_whole_ && !stack.compress_whole_) return;
+  const std::shared_ptr<SavedTensorHooks> unit_saves = stack.unit_hooks_ ? stack.unit_hooks_->save_hooks() : nullptr;
+  if (!stack.offload_whole_ && !stack.compress_whole_ && !unit_saves) return;
   if (std::find(tls_open_stacks.begin(), tls_open_stacks.end(), &stack) != tls_open_stacks.end()) return;
   stack_ = &stack;
   tls_open_stacks.push_back(&stack);
+  if (unit_saves) scopes_.push_back(std::make_unique<SavedTensorHooksScope>(unit_saves));  // outermost
   if (stack.offload_whole_) scopes_.push_back(std::make_unique<SavedTensorHooksScope>(stack.offload_));
   if (stack.compress_whole_) scopes_.push_back(std::make_unique<SavedTensorHooksScope>(stack.compress_));
 }
@@ -158,7 +169,8 @@ Tensor BlockStack::run_block(std::int64_t i, const Tensor& x) const {
   enter_rng_stream(i);  // keyed draws inside an RngStreamScope (its recompute draws the same)
   const bool watch = observer_ && !in_recompute();
   if (watch) observer_->before_block(i, x);
-  Tensor y = blocks_[std::size_t(i)].second->forward(x);
+  UnitRun unit(unit_hooks_.get(), "block." + std::to_string(i));
+  Tensor y = unit.done(blocks_[std::size_t(i)].second->forward(x));
   if (watch) observer_->after_block(i, y);
   return y;
 }

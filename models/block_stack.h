@@ -101,6 +101,37 @@ class BlockObserver {
   virtual void after_block(std::int64_t i, const Tensor& y) = 0;
 };
 
+// Where a model's parameters come from when they are not always resident
+// (ZeRO-3, train/zero.h: sharded over ranks, gathered one unit at a time).
+// A unit is a block of a stack ("block.<i>") or a part of the model around
+// the stack (the decoder's "embed" and "head").
+class UnitRunHooks {
+ public:
+  virtual ~UnitRunHooks() = default;
+  // Unit `unit` is about to run: its original forward, or a recompute
+  // replay of it (in_recompute()).
+  virtual void before_run(const std::string& unit) = 0;
+  // Unit `unit` returned `y` (in_recompute(): a replay).
+  virtual void after_run(const std::string& unit, const Tensor& y) = 0;
+  // Saved-tensor hooks active around the whole forward (outermost), so a
+  // save of a parameter can be kept as a reference to its unit; null: none.
+  virtual std::shared_ptr<SavedTensorHooks> save_hooks() { return nullptr; }
+};
+
+// RAII: calls hooks->before_run(unit) (hooks may be null: nothing); done(y)
+// calls after_run and returns y.
+class UnitRun {
+ public:
+  UnitRun(UnitRunHooks* hooks, std::string unit);
+  Tensor done(Tensor y);
+  UnitRun(const UnitRun&) = delete;
+  UnitRun& operator=(const UnitRun&) = delete;
+
+ private:
+  UnitRunHooks* hooks_;
+  std::string unit_;
+};
+
 // Blocks in order, each a named child module (parameter names
 // "<stack's name>.<block's name>.<parameter>"), run under a recompute plan.
 class BlockStack : public Module {
@@ -145,6 +176,11 @@ class BlockStack : public Module {
   void set_has_lm_head(bool yes) { has_lm_head_ = yes; }
   // Calls `observer` around every block's forward from now on (null: none).
   void set_observer(std::shared_ptr<BlockObserver> observer) { observer_ = std::move(observer); }
+  // Calls `hooks` around every run of a block (replays included) from now
+  // on, and keeps its save hooks active with the plan's (null: none). A
+  // model around the stack calls them for its own units (unit_hooks()).
+  void set_unit_hooks(std::shared_ptr<UnitRunHooks> hooks) { unit_hooks_ = std::move(hooks); }
+  UnitRunHooks* unit_hooks() const { return unit_hooks_.get(); }
 
   // The plan's offload and compression hooks (null when the plan has none),
   // for their statistics and checks. Setting plans one after another keeps
@@ -180,6 +216,7 @@ class BlockStack : public Module {
   bool has_lm_head_ = false;
   std::vector<std::int64_t> region_of_;  // block -> index into plan_.block_regions, or -1
   std::shared_ptr<BlockObserver> observer_;
+  std::shared_ptr<UnitRunHooks> unit_hooks_;
   Tensor run_block(std::int64_t i, const Tensor& x) const;  // block i's forward, observed
 };
 

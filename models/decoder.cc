@@ -107,7 +107,8 @@ void DecoderModel::set_compute_dtype(DType dtype) {
 }
 
 Tensor DecoderModel::embed(const Tensor& input_ids) const {
-  Tensor h = model->embed_tokens->forward(input_ids);
+  UnitRun unit(model->blocks->unit_hooks(), "embed");
+  Tensor h = unit.done(model->embed_tokens->forward(input_ids));
   return h.dtype() == compute_dtype_ ? h : cast(h, compute_dtype_);
 }
 
@@ -139,9 +140,10 @@ const Tensor& DecoderModel::output_weight() const {
 }
 
 Tensor DecoderModel::head(const Tensor& x) const {
+  UnitRun unit(model->blocks->unit_hooks(), "head");
   const Tensor n = model->norm->forward(x);
   Tensor logits = lm_head ? lm_head->forward(n) : linear(n, weight_as(model->embed_tokens->weight, n));
-  return logits.dtype() == DType::f32 ? logits : cast(logits, DType::f32);  // the loss in f32
+  return unit.done(logits.dtype() == DType::f32 ? logits : cast(logits, DType::f32));  // the loss in f32
 }
 
 std::int64_t default_loss_chunk(std::int64_t vocab, Device device) {
@@ -167,11 +169,12 @@ Tensor DecoderModel::loss_head(const Tensor& x, const Tensor& targets) const {
   // depends on it.
   CategoryScope cat(MemoryCategory::loss);  // its logits apart from the blocks' activations
   if (!block_stack().plan().chunked_loss && grad_enabled()) return cross_entropy(head(x), targets);
+  UnitRun unit(model->blocks->unit_hooks(), "head");
   const Tensor n = model->norm->forward(x);
   const Tensor w = lm_head ? weight_as(lm_head->weight, n) : weight_as(model->embed_tokens->weight, n);
   REMAT_CHECK(!lm_head || !lm_head->bias.defined(), Error, "chunked_loss: the LM head has a bias, which the chunked "
               "loss does not take");
-  return linear_cross_entropy(n, w, targets, loss_chunk(targets.numel()));
+  return unit.done(linear_cross_entropy(n, w, targets, loss_chunk(targets.numel())));
 }
 
 Tensor DecoderModel::forward(const Tensor& input_ids) const {

@@ -116,7 +116,8 @@ std::vector<FlagSpec> run_flags() {
     int_flag("ep", "expert parallel: split the routed experts over N ranks (N divides the job's size)", 1,
              {.min = 1}),
     int_flag("zero", "sharded data parallel over the --dp ranks: 1 shards the optimizer state and the update, 2 "
-             "also the gradients (reduce-scattered per block); 0: none", 0, {.min = 0, .max = 3}),
+             "also the gradients (reduce-scattered per block), 3 also the parameters (gathered per block just in "
+             "time); 0: none", 0, {.min = 0, .max = 3}),
     int_flag("pp", "pipeline parallel: split the blocks into N stages, one per rank (run under `mpirun -np N`, "
              "or N x D ranks for D data-parallel replicas of each stage); micro-batches from --grad-accum", 1,
              {.min = 1}),

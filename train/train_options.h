@@ -66,8 +66,10 @@ struct TrainOptions {
   std::int64_t ep = 1;
   std::int64_t bucket_bytes = 25ll << 20;  // data-parallel gradient buckets
   // Sharded data parallel over the data-parallel ranks (train/zero.h): 0
-  // none, 1 the optimizer state and the update, 2 also the gradients. Needs
-  // 2 or more data-parallel ranks (each stage's replicas under pp).
+  // none, 1 the optimizer state and the update, 2 also the gradients, 3
+  // also the parameters (gathered one unit at a time). Needs 2 or more
+  // data-parallel ranks (each stage's replicas under pp); 3 not yet with
+  // tied embeddings.
   std::int64_t zero = 0;
   // Pipeline parallel (train/pipeline.h): pp stages over a job of pp x D
   // ranks (stage-major: rank s * D + d runs stage s of replica d; dp, if

@@ -53,6 +53,8 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scale
   const auto& c = opts_.config;
   RecomputePlan plan = RecomputePlan::parse(opts_.recompute, c.n_layers);
   plan.offload_dir = opts_.offload_dir;
+  REMAT_CHECK(opts_.zero != 3 || !c.tie_embeddings, Error, "--zero 3: config ", c.name, " ties its embeddings (the "
+              "LM head uses the embedding's weight), which sharded parameters do not support yet; use --zero 2");
   job_ = opts_.group ? opts_.group : world_group();
   const JobGroups groups = split_job();
   const ProcessGroup& world = *groups.world;
@@ -134,6 +136,8 @@ void Trainer::build_optimizer() {
     if (!whole.empty()) reducer_ = make_grad_reducer(layout_, whole, opts_.bucket_bytes);
     zero_ = std::make_unique<ZeroOptimizer>(int(opts_.zero), params, layout_.grad_group, sharded,
                                             is_expert_parameter, ao);
+    // Stage 3: every unit gathers before it runs and releases after.
+    if (zero_->gatherer()) model_->model->blocks->set_unit_hooks(zero_->gatherer());
   }
   sampler_ = std::make_unique<BatchSampler>(corpus_.train_source(), opts_.config.batch, opts_.config.seq,
                                             opts_.seed + 1);
@@ -259,6 +263,7 @@ Trainer::StepLoss Trainer::micro_steps(const Tensor& batch, std::int64_t attempt
   r.loss = pipeline_ ? pipeline_micro_steps(batch, attempt, s, r.pipeline) : local_micro_steps(batch, attempt, s);
   if (reducer_) reducer_->finish();  // (nothing to do unless the last micro-batch ran)
   if (ShardedGradReducer* sharded = sharded_reducer()) sharded->finish();  // (the pipeline's last backward)
+  if (zero_ && zero_->gatherer()) zero_->gatherer()->release_all();  // (a unit a rank's experts kept gathered)
   return r;
 }
 

@@ -134,6 +134,8 @@ class Trainer {
   // where backward did not reach it).
   std::vector<Tensor> update_tensors();
   // The optimizer state to save, in one process's layout (a collective under --zero).
+  // parameter_values(): owned_parameters() with values (--zero 3: gathered, a collective).
+  std::vector<std::pair<std::string, Tensor>> parameter_values() const;
   std::vector<std::pair<std::string, Tensor>> optimizer_state() const;
   ShardedGradReducer* sharded_reducer() const { return zero_ ? zero_->grad_reducer() : nullptr; }
   // This rank's parameters (a pipeline stage's own), in the model's order.

@@ -33,8 +33,12 @@ std::pair<std::size_t, std::int64_t> expert_index(const std::string& name) {
 }
 }  // namespace
 
+std::vector<std::pair<std::string, Tensor>> Trainer::parameter_values() const {
+  return zero_ ? zero_->parameter_values() : owned_parameters();
+}
+
 std::vector<std::pair<std::string, Tensor>> Trainer::one_process_parameters() const {
-  std::vector<std::pair<std::string, Tensor>> tensors = gather_experts(owned_parameters());
+  std::vector<std::pair<std::string, Tensor>> tensors = gather_experts(parameter_values());
   // Replica 0's pipeline gathers its stages to rank 0 (the other replicas hold the same).
   if (pipeline_ && layout_.world->rank() == 0)
     tensors = pipeline_->gather_to_first(std::move(tensors));
@@ -72,7 +76,7 @@ std::vector<std::pair<std::string, Tensor>> Trainer::optimizer_state() const {
 }
 
 void Trainer::save(const std::string& dir) const {
-  std::vector<std::pair<std::string, Tensor>> tensors = owned_parameters();
+  std::vector<std::pair<std::string, Tensor>> tensors = parameter_values();
   for (auto& t : optimizer_state()) tensors.push_back(t);
   tensors = gather_experts(std::move(tensors));
   if (pipeline_ && layout_.world->rank() == 0)  // replica 0's stages to rank 0
@@ -203,11 +207,12 @@ void Trainer::resume(const std::string& dir) {
   {
     NoGradGuard ng;
     for (auto& [name, p] : model_->named_parameters()) {
-      if (p.released()) continue;  // another pipeline stage's
+      if (p.released()) continue;  // another pipeline stage's, or sharded (--zero 3)
       Tensor dst = p;
       dst.copy_(st.file.tensors.at(name));
     }
   }
+  if (zero_) zero_->load_parameters(st.file.tensors);  // --zero 3: this rank's shards
   std::pair<double, std::int64_t> scale{1.0, 0};
   if (const auto saved_scale = st.loss_scale()) {
     scale = *saved_scale;

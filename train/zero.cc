@@ -20,8 +20,6 @@ std::string shard_unit_name(const std::string& name) {
 void check_zero_stage(std::int64_t stage) {
   REMAT_CHECK(stage >= 0 && stage <= 3, Error, "--zero ", stage, ": expected 1 (shard the optimizer state), "
               "2 (and the gradients) or 3 (and the parameters), or 0 for none");
-  REMAT_CHECK(stage != 3, Error, "--zero 3 (sharded parameters, gathered per block) is not built yet; "
-              "--zero 1 and 2 are");
 }
 
 ZeroOptimizer::ZeroOptimizer(int stage, const std::vector<std::pair<std::string, Tensor>>& params,
@@ -62,16 +60,36 @@ ZeroOptimizer::ZeroOptimizer(int stage, const std::vector<std::pair<std::string,
     }
     u.layout = make_shard_layout(name, std::move(names), std::move(shapes), W);
     u.pieces = u.layout.pieces(rank);
+    Tensor master;
+    if (stage_ == 3) {  // this rank's shard of the values, which AdamW updates
+      CategoryScope cat(MemoryCategory::parameter);
+      master = empty({u.layout.shard}, TensorOptions(DType::f32, u.params.front().device()));
+      pack_shard(u.layout, rank, u.params, master);
+      masters_.push_back(master);
+    }
     for (const ShardPiece& pc : u.pieces) {
       const Tensor& p = u.params[pc.member];
       REMAT_CHECK(p.is_contiguous() && p.dtype() == DType::f32, DTypeError, "--zero: parameter '",
                   u.layout.names[pc.member], "' must be contiguous f32, got ", p.dtype());
-      u.views.push_back(p.view({-1}).narrow(0, pc.param_begin, pc.n));
+      u.views.push_back(stage_ == 3 ? master.narrow(0, pc.shard_begin, pc.n) : p.view({-1}).narrow(0, pc.param_begin, pc.n));
     }
     if (stage_ >= 2) reduced.push_back(ShardedUnit{u.layout, u.params, deferred[name]});
     units_.push_back(std::move(u));
   }
   if (stage_ >= 2) reducer_ = std::make_unique<ShardedGradReducer>(std::move(reduced), group_);
+  if (stage_ == 3) {
+    // The parameters let their values go (the gatherer releases them); a
+    // unit's backward ends when its members whose readiness is the same on
+    // every rank have their gradients.
+    std::vector<UnitGatherer::Unit> gathered;
+    for (std::size_t k = 0; k < units_.size(); ++k) {
+      std::vector<bool> counted;
+      for (const std::string& n : units_[k].layout.names) counted.push_back(!ready_may_differ(n));
+      gathered.push_back(UnitGatherer::Unit{units_[k].layout, units_[k].params, masters_[k], counted});
+    }
+    gatherer_ = std::make_shared<UnitGatherer>(std::move(gathered), group_);
+    gatherer_->install();
+  }
   std::vector<AdamWParam> slots;
   for (const Unit& u : units_)
     for (std::size_t i = 0; i < u.pieces.size(); ++i)
@@ -117,8 +135,14 @@ std::vector<Tensor> ZeroOptimizer::shard_pieces() const {
 }
 
 void ZeroOptimizer::step(double lr) {
+  if (gatherer_) gatherer_->release_all();  // (after backward nothing is gathered; values change now)
   adamw_->step(lr);
   NoGradGuard ng;
+  if (stage_ == 3) {
+    for (const Unit& u : units_)
+      for (const Tensor& p : u.params) p.bump_version();
+    return;
+  }
   const int rank = group_->rank();
   for (Unit& u : units_) {
     CategoryScope cat(MemoryCategory::parameter);
@@ -127,6 +151,35 @@ void ZeroOptimizer::step(double lr) {
     const Tensor flat = group_->all_gather(shard);
     unpack_flat(u.layout, flat, u.params);
   }
+}
+
+std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::parameter_values() const {
+  if (stage_ != 3) return all_params_;
+  std::map<std::string, Tensor> gathered;
+  NoGradGuard ng;
+  for (std::size_t k = 0; k < units_.size(); ++k) {
+    const ShardLayout& l = units_[k].layout;
+    const Tensor flat = group_->all_gather(masters_[k]);
+    for (std::size_t m = 0; m < l.names.size(); ++m)
+      gathered[l.names[m]] = flat.narrow(0, l.offsets[m], shape_numel(l.shapes[m])).view(l.shapes[m]).clone();
+  }
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, p] : all_params_) {
+    auto it = gathered.find(name);
+    out.emplace_back(name, it == gathered.end() ? p : it->second);
+  }
+  return out;
+}
+
+void ZeroOptimizer::load_parameters(const std::map<std::string, Tensor>& tensors) {
+  if (stage_ != 3) return;
+  NoGradGuard ng;
+  for (std::size_t k = 0; k < units_.size(); ++k) {
+    std::vector<Tensor> members;
+    for (const std::string& n : units_[k].layout.names) members.push_back(tensors.at(n).contiguous());
+    pack_shard(units_[k].layout, group_->rank(), members, masters_[k]);
+  }
+  if (gatherer_) gatherer_->release_all();
 }
 
 std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::one_process_state() const {
@@ -181,7 +234,12 @@ void ZeroOptimizer::load_state(const std::map<std::string, Tensor>& tensors, std
 
 std::int64_t ZeroOptimizer::persistent_bytes() const {
   std::int64_t n = 0;
-  for (const auto& [name, p] : all_params_) n += std::int64_t(p.nbytes());  // the weights, whole
+  if (stage_ == 3) {  // this rank's shards of the weights, and the unsharded ones whole
+    for (const Tensor& m : masters_) n += std::int64_t(m.nbytes());
+    for (const Tensor& p : unsharded_) n += std::int64_t(p.nbytes());
+  } else {
+    for (const auto& [name, p] : all_params_) n += std::int64_t(p.nbytes());  // the weights, whole
+  }
   if (stage_ >= 2) {
     for (std::size_t u = 0; u < reducer_->num_units(); ++u) n += std::int64_t(reducer_->shard(u).nbytes());
     for (const Tensor& p : unsharded_) n += std::int64_t(p.nbytes());

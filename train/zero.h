@@ -10,6 +10,9 @@
 //   stage 2: also the gradients: each unit's gradients are reduce-scattered
 //            as soon as backward has produced them (parallel/
 //            sharded_grad_reducer.h) and each rank keeps its shard only.
+//   stage 3: also the parameters: each rank keeps its shard of every unit's
+//            values (what AdamW updates); a unit is gathered just before it
+//            runs and released after (train/zero_gather.h).
 //
 // Parameters that are not sharded (the routed experts under expert
 // parallelism, already split by expert) are updated whole, as AdamW does.
@@ -26,6 +29,7 @@
 #include "parallel/process_group.h"
 #include "parallel/sharded_grad_reducer.h"
 #include "train/optimizer.h"
+#include "train/zero_gather.h"
 
 namespace remat {
 
@@ -34,8 +38,7 @@ namespace remat {
 // (the final norm and the LM head).
 std::string shard_unit_name(const std::string& param_name);
 
-// The ZeRO stages built: 1 and 2; Error naming --zero for anything else
-// (0 is no ZeRO and valid).
+// Error naming --zero for a stage other than 0 (none), 1, 2 or 3.
 void check_zero_stage(std::int64_t stage);
 
 class ZeroOptimizer {
@@ -52,9 +55,12 @@ class ZeroOptimizer {
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
   int stage() const { return stage_; }
-  // Stage 2: the reducer a training step zeroes at its start and arms
-  // around its backward passes; null for stage 1.
+  // Stages 2 and 3: the reducer a training step zeroes at its start and
+  // arms around its backward passes; null for stage 1.
   ShardedGradReducer* grad_reducer() const { return reducer_.get(); }
+  // Stage 3: the gatherer the model's block stack runs its units under
+  // (BlockStack::set_unit_hooks); null otherwise.
+  const std::shared_ptr<UnitGatherer>& gatherer() const { return gatherer_; }
   // The tensors whose .grad the update reads, with their gradients bound to
   // this step's: the pieces of this rank's shards (flat views of the
   // parameters; their gradients views of the whole gradients under stage 1,
@@ -65,9 +71,16 @@ class ZeroOptimizer {
   std::vector<Tensor> shard_pieces() const;
   // The unsharded parameters.
   const std::vector<Tensor>& unsharded() const { return unsharded_; }
-  // AdamW on this rank's pieces and the unsharded parameters, then every
-  // unit's shards all-gathered into every rank's parameters.
+  // AdamW on this rank's pieces and the unsharded parameters; then, under
+  // stages 1 and 2, every unit's shards all-gathered into every rank's
+  // parameters (stage 3 gathers them when they next run).
   void step(double lr);
+  // The parameters' values in the model's order (stage 3: every unit's
+  // shards gathered, a collective); the parameters themselves otherwise.
+  std::vector<std::pair<std::string, Tensor>> parameter_values() const;
+  // Stage 3: sets this rank's shards from whole values by name (checked
+  // beforehand by the caller); the unsharded parameters are the caller's.
+  void load_parameters(const std::map<std::string, Tensor>& tensors);
   std::int64_t steps() const { return adamw_->steps(); }
 
   // The optimizer state in one process's layout (AdamW::state()'s names and
@@ -98,6 +111,8 @@ class ZeroOptimizer {
   std::vector<Tensor> unsharded_;
   std::vector<std::string> unsharded_names_;
   std::unique_ptr<ShardedGradReducer> reducer_;
+  std::shared_ptr<UnitGatherer> gatherer_;
+  std::vector<Tensor> masters_;  // stage 3: per unit, this rank's shard of the values
   std::unique_ptr<AdamW> adamw_;
   std::vector<Tensor> bound_;
 };

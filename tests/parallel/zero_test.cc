@@ -1,10 +1,13 @@
-// Sharded data parallel (--zero 1|2): the shard layout, and training under
-// mpirun (tests/parallel/mpi_test.sh, 2 and 4 ranks) equal to plain data
-// parallel on the same ranks: stage 1 bit for bit (the same all-reduce, an
-// element-wise update, gathers that copy), stage 2 to 1e-5 (its gradients
-// are reduce-scattered per unit, which adds the ranks' values in another
-// order than the all-reduce, and its norm adds shard partials). In one
-// process the layout and the errors run; the training cases skip.
+// Sharded data parallel (--zero 1|2|3): the shard layout, and training
+// under mpirun (tests/parallel/mpi_test.sh, 2 and 4 ranks) equal to plain
+// data parallel on the same ranks: stage 1 bit for bit (the same
+// all-reduce, an element-wise update, gathers that copy), stages 2 and 3 to
+// 1e-5 (their gradients are reduce-scattered per unit, which adds the
+// ranks' values in another order than the all-reduce, and the norm adds
+// shard partials). Under stage 3 every lossless plan is bit-identical to
+// none and gathers each unit once for its forward and once for its backward
+// (replay included). In one process the layout and the errors run; the
+// training cases skip.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -17,6 +20,7 @@
 #include "train/safetensors.h"
 #include "train/state_files.h"
 #include "train/trainer.h"
+#include "train/zero.h"
 
 using namespace remat;
 
@@ -80,7 +84,8 @@ TEST_CASE("--zero names its mistakes before any work", "[zero]") {
   o.zero = 2;
   CHECK_THROWS_WITH(Trainer(o), Catch::Contains("--zero 2 shards over the data-parallel ranks, but this run has one"));
   o.zero = 3;
-  CHECK_THROWS_WITH(Trainer(o), Catch::Contains("--zero 3") && Catch::Contains("not built yet"));
+  o.config.tie_embeddings = true;
+  CHECK_THROWS_WITH(Trainer(o), Catch::Contains("--zero 3: config tiny ties its embeddings"));
   o.zero = 4;
   CHECK_THROWS_WITH(Trainer(o), Catch::Contains("--zero 4: expected 1"));
 }
@@ -189,17 +194,22 @@ TEST_CASE("--zero 1 equals data parallel bit for bit and --zero 2 to 1e-5 after 
       const ZeroRun dp = train({.config = config, .ep = ep}, world);
       const ZeroRun z1 = train({.config = config, .ep = ep, .zero = 1}, world);
       const ZeroRun z2 = train({.config = config, .ep = ep, .zero = 2}, world);
+      const ZeroRun z3 = train({.config = config, .ep = ep, .zero = 3}, world);
       const std::string what = config + ", ep " + std::to_string(ep) + ", " + std::to_string(world->size()) + " ranks";
       check_equal(z1, dp, 0, "--zero 1 against --dp, " + what);
       check_equal(z2, dp, 1e-5, "--zero 2 against --dp, " + what);
+      check_equal(z3, dp, 1e-5, "--zero 3 against --dp, " + what);
+      check_equal(z3, z2, 0, "--zero 3 against --zero 2, " + what);  // the same sums, the same update
       // The optimizer state is split over the ranks (and, under stage 2, the
       // gradients): 16 bytes a parameter become 8 + 8/W (stage 1) and 4 + 12/W (stage 2).
       CHECK(z1.persistent < dp.persistent);
       CHECK(z2.persistent < z1.persistent);
+      CHECK(z3.persistent < z2.persistent);
       if (config == "tiny") {
         const double W = world->size(), per_param = double(dp.persistent) / 16.0;
         CHECK(std::fabs(double(z1.persistent) - per_param * (8 + 8 / W)) <= per_param * 0.01);
         CHECK(std::fabs(double(z2.persistent) - per_param * (4 + 12 / W)) <= per_param * 0.01);
+        CHECK(std::fabs(double(z3.persistent) - per_param * 16 / W) <= per_param * 0.01);
         // Stage 2: one reduce-scatter per unit (embedding, 4 blocks, head) a step.
         CHECK(z2.last.comm.calls_of(CollectiveKind::reduce_scatter, CommPhase::backward) == 6);
         CHECK(z2.last.comm.calls_of(CollectiveKind::all_reduce, CommPhase::backward) <= 1);  // (the order check)
@@ -208,14 +218,57 @@ TEST_CASE("--zero 1 equals data parallel bit for bit and --zero 2 to 1e-5 after 
   }
 }
 
-TEST_CASE("under --zero 2 lossless plans and micro-batches are bit-identical to none", "[zero][parallel]") {
+namespace {
+// Bytes of one gather of each unit (this rank's shard, f32) of `config` over W ranks.
+std::map<std::string, std::int64_t> shard_bytes(const std::string& config, int W) {
+  std::map<std::string, std::int64_t> numel;
+  DecoderModel m(ModelConfig::named(config), 0);
+  for (const auto& [name, p] : m.named_parameters()) numel[shard_unit_name(name)] += p.numel();
+  std::map<std::string, std::int64_t> out;
+  for (const auto& [unit, n] : numel) out[unit] = (n + W - 1) / W * 4;
+  return out;
+}
+}  // namespace
+
+TEST_CASE("under --zero 2 and 3 lossless plans are bit-identical to none; stage 3 gathers each unit twice a step",
+          "[zero][parallel]") {
   auto world = world_group();
   if (world->size() == 1) REMAT_SKIP("one process: mpi_test.sh runs it under mpirun");
   for (const std::string config : {"tiny", "tiny-moe"}) {
-    const ZeroRun none = train({.config = config, .zero = 2, .steps = 3}, world);
-    for (const std::string plan : {"per_block", "chunk", "offload"}) {
-      const ZeroRun p = train({.config = config, .zero = 2, .steps = 3, .plan = plan}, world);
-      check_equal(p, none, 0, config + " --zero 2, plan " + plan);
+    const std::int64_t L = ModelConfig::named(config).n_layers;
+    std::int64_t forward_bytes = 0, backward_bytes = 0;
+    for (const auto& [unit, b] : shard_bytes(config, world->size())) {
+      forward_bytes += b;
+      if (unit != "embed") backward_bytes += b;  // (an embedding's backward needs no weight)
+    }
+    CommCounters stage2;  // stage 2 gathers every unit once a step too, after the update
+    for (std::int64_t zero : {2, 3}) {
+      const ZeroRun none = train({.config = config, .zero = zero, .steps = 3}, world);
+      if (zero == 2) stage2 = none.last.comm;
+      for (const std::string plan : {"none", "per_block", "chunk", "attention", "selective:mlp", "offload",
+                                     "chunked_loss", "per_block+offload"}) {
+        const ZeroRun p = train({.config = config, .zero = zero, .steps = 3, .plan = plan}, world);
+        const std::string what = config + " --zero " + std::to_string(zero) + ", plan " + plan;
+        check_equal(p, none, 0, what);
+        if (zero != 3) continue;
+        INFO(what);
+        // Forward: the embedding, every block and the head once each (as
+        // stage 2 after its update; both also gather host scalars: the
+        // loss and the norm summed in rank order, a MoE router's counts);
+        // backward (replays included): every block and the head once each.
+        const CommCounters& c = p.last.comm;
+        const auto gathers = [&](CommPhase ph) { return c.calls_of(CollectiveKind::all_gather, ph); };
+        const auto bytes = [&](CommPhase ph) { return c.bytes_of(CollectiveKind::all_gather, ph); };
+        CHECK(gathers(CommPhase::forward) == stage2.calls_of(CollectiveKind::all_gather, CommPhase::forward));
+        CHECK(bytes(CommPhase::forward) == stage2.bytes_of(CollectiveKind::all_gather, CommPhase::forward));
+        if (config == "tiny") {
+          CHECK(gathers(CommPhase::forward) == L + 2 + 2);
+          CHECK(bytes(CommPhase::forward) == forward_bytes + 16);
+        }
+        CHECK(gathers(CommPhase::backward) + gathers(CommPhase::replay) == L + 1);
+        CHECK(bytes(CommPhase::backward) + bytes(CommPhase::replay) == backward_bytes);
+        CHECK(c.calls_of(CollectiveKind::reduce_scatter, CommPhase::backward) == L + 2);
+      }
     }
   }
 }
@@ -233,7 +286,7 @@ TEST_CASE("a --zero 2 state resumes under --zero 1, plain data parallel and one 
   const auto got = path.to_vector<std::int64_t>();
   const std::string shared(got.begin(), got.end());
   const std::vector<double> tail(whole.losses.begin() + 4, whole.losses.end());
-  for (std::int64_t zero : {1, 2}) {
+  for (std::int64_t zero : {1, 2, 3}) {
     const ZeroRun r = train({.config = "tiny-moe", .zero = zero, .resume = shared}, world);
     INFO("resumed under --zero " << zero);
     REQUIRE(r.losses.size() == 4);

@@ -1,0 +1,79 @@
+// ZeRO-3's parameters: each rank keeps its shard of every unit's f32
+// values (the master shard AdamW updates); a unit's parameters hold
+// elements only while it is gathered (docs/PARALLEL.md#zero-3).
+//
+// A unit is gathered (all-gathered from the ranks' shards into one flat
+// array the unit's parameters then alias) when it is about to run (its
+// forward, or a recompute replay of it) or when backward first needs it
+// (the gradient reaching a block's output, or a saved parameter being
+// unpacked), and released after its forward and after backward has
+// accumulated its gradients. Saves of a gathered parameter are kept as
+// references to the unit, not as tensors, so the elements really go when
+// the unit is released; unpacking one gathers the unit again if needed.
+// So every plan, recompute or not, gathers a block twice a step (forward,
+// then backward with its replay), never more.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/block_stack.h"
+#include "parallel/process_group.h"
+#include "parallel/shard_layout.h"
+
+namespace remat {
+
+class UnitGatherer : public UnitRunHooks, public std::enable_shared_from_this<UnitGatherer> {
+ public:
+  struct Unit {
+    ShardLayout layout;
+    std::vector<Tensor> params;       // released unless gathered
+    Tensor master;                    // this rank's shard of the values (f32, layout.shard)
+    std::vector<bool> counted;        // members whose gradient tells the end of the unit's backward
+  };
+  // Takes the units (params currently holding their values, which are
+  // released here); every rank of `group` builds the same units.
+  UnitGatherer(std::vector<Unit> units, std::shared_ptr<ProcessGroup> group);
+  // Installs the post-accumulate hooks that release a unit after its
+  // backward (call once, after construction, holding a shared_ptr).
+  void install();
+
+  // UnitRunHooks
+  void before_run(const std::string& unit) override;
+  void after_run(const std::string& unit, const Tensor& y) override;
+  std::shared_ptr<SavedTensorHooks> save_hooks() override { return saves_; }
+
+  // Gathers unit u (nothing if it is gathered).
+  void gather(std::size_t u);
+  // Releases unit u (nothing if it is not gathered).
+  void release(std::size_t u);
+  // Releases every gathered unit (after a step's backward).
+  void release_all();
+  bool gathered(std::size_t u) const { return units_[u].flat.defined(); }
+  std::size_t num_units() const { return units_.size(); }
+  const Tensor& master(std::size_t u) const { return units_[u].master; }
+  const ShardLayout& layout(std::size_t u) const { return units_[u].layout; }
+  // Gathers counted since construction.
+  std::int64_t gathers() const { return gathers_; }
+
+ private:
+  struct State : Unit {
+    Tensor flat;                 // the gathered values (undefined: released)
+    std::vector<bool> got;       // per member: its gradient arrived since the gather
+    std::int64_t pending = 0;    // counted members whose gradient has not arrived since the gather
+  };
+  class SaveRefs;
+  std::size_t index(const std::string& unit) const;  // npos when not a sharded unit
+  void on_grad(std::size_t u, std::size_t member);
+
+  std::vector<State> units_;
+  std::map<std::string, std::size_t> by_name_;
+  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<SavedTensorHooks> saves_;  // a SaveRefs
+  std::int64_t gathers_ = 0;
+};
+
+}  // namespace remat
