@@ -25,6 +25,7 @@
 #include "train/parallel_layout.h"
 #include "train/pipeline.h"
 #include "train/trainer.h"
+#include "train/zero.h"
 
 namespace remat::tools {
 
@@ -173,6 +174,7 @@ TrainOptions mem_train_options(const Flags& f, const MemOptions& m) {
   const WorldSpec w = m.sim ? m.sim->world : WorldSpec{};
   o.pp = w.pp;
   o.ep = w.ep;
+  o.zero = w.zero;
   o.grad_accum = f.has("grad-accum") ? f.get_int("grad-accum") : w.pp;
   o.pp_schedule = parse_pipeline_schedule(f.get("pp-schedule"));
   if (f.has("batch"))
@@ -254,10 +256,13 @@ class MemTrainer {
                                                   o.pp_schedule);
     const auto params = pipeline_ ? pipeline_->parameters() : model_->named_parameters();
     for (const auto& [name, p] : params) owned_.push_back(p);
-    reducer_ = make_grad_reducer(layout_, params, o.bucket_bytes);
     AdamWOptions ao;
     ao.weight_decay = o.weight_decay;
-    optimizer_ = std::make_unique<AdamW>(params, ao);
+    DataParallelUpdate update = make_data_parallel_update(layout_, params, o.bucket_bytes, o.zero, ao,
+                                                          *model_->model->blocks);
+    reducer_ = std::move(update.reducer);
+    optimizer_ = std::move(update.adamw);
+    zero_ = std::move(update.zero);
     if (!o.device.is_meta()) {
       corpus_ = generated_corpus(o.seed);
       sampler_ = std::make_unique<BatchSampler>(corpus_.train, c.batch, c.seq, o.seed + 1);
@@ -283,6 +288,8 @@ class MemTrainer {
     phase("zero_grad");
     Tensor batch = next_batch();
     model_->zero_grad();
+    ShardedGradReducer* sharded = zero_ ? zero_->grad_reducer() : nullptr;  // --zero 2/3
+    if (sharded) sharded->zero();
     double loss = std::nan("");  // meta has no values
     const std::int64_t M = o_.grad_accum;
     const double seed = 1.0 / double(layout_.world->size() * M);
@@ -291,7 +298,10 @@ class MemTrainer {
       phase("forward");
       if (pipeline_) {
         std::function<void()> arm;
-        if (reducer_) arm = [this] { reducer_->prepare(); };
+        if (reducer_ || sharded) arm = [this, sharded] {
+          if (reducer_) reducer_->prepare();
+          if (sharded) sharded->prepare();
+        };
         const auto r = pipeline_->step(batch, M, seed, arm);
         if (!o_.device.is_meta()) loss = r.loss.back();
       } else {
@@ -305,15 +315,23 @@ class MemTrainer {
           if (!o_.device.is_meta()) loss = out.loss.item();
           phase("backward");
           if (reducer_ && m == M - 1) reducer_->prepare();
+          if (sharded) sharded->prepare();
           out.loss.backward(seed != 1.0 ? full({}, seed, TensorOptions(out.loss.dtype(), out.loss.device())) : Tensor());
+          if (sharded) sharded->finish();
         }
         gen.set_state(rng_streams_end(streams, M, o_.config.n_layers));
       }
       if (reducer_) reducer_->finish();
+      if (sharded) sharded->finish();
+      if (zero_ && zero_->gatherer()) zero_->gatherer()->release_all();
     }
     phase("optimizer");
-    clip_grad_norm(owned_, o_.clip);
-    optimizer_->step(lr);
+    if (zero_) {
+      update_sharded(lr);
+    } else {
+      clip_grad_norm(owned_, o_.clip);
+      optimizer_->step(lr);
+    }
     ++step_;
     if (w) w->check_peak();
     alloc_.mark("end");
@@ -322,6 +340,13 @@ class MemTrainer {
 
   DecoderModel& model() { return *model_; }
   CachingAllocator& alloc() { return alloc_; }
+  // What this rank keeps across steps: parameters, gradients, optimizer state.
+  std::int64_t persistent_bytes() const {
+    if (zero_) return zero_->persistent_bytes();
+    std::vector<std::pair<std::string, Tensor>> named;
+    for (const Tensor& p : owned_) named.emplace_back("", p);
+    return remat::persistent_bytes(named, *optimizer_);
+  }
   const PipelineStage* pipeline() const { return pipeline_.get(); }
   const ParallelLayout& layout() const { return layout_; }
   // Every group this rank communicates on (the layout's and the pipeline's).
@@ -346,8 +371,23 @@ class MemTrainer {
   std::unique_ptr<PipelineStage> pipeline_;
   std::shared_ptr<ProcessGroup> pipeline_group_;
   std::vector<Tensor> owned_;
+  // The trainer's update under --zero (Trainer::update_tensors): the whole
+  // gradients a backward did not reach become zeros, the shard pieces bound,
+  // clipped, stepped. (The norm is this rank's: the values are not compared.)
+  void update_sharded(double lr) {
+    std::vector<Tensor> whole = zero_->stage() >= 2 ? zero_->unsharded() : owned_;
+    for (const Tensor& p : whole)
+      if (!p.grad().defined()) {
+        CategoryScope grad_cat(MemoryCategory::gradient);
+        p.set_grad(zeros(p.sizes(), p.device()));
+      }
+    clip_grad_norm(zero_->bind_grads(), o_.clip);
+    zero_->step(lr);
+  }
+
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<ZeroOptimizer> zero_;
   std::unique_ptr<BatchSampler> sampler_;
   std::int64_t step_ = 0;
 };
@@ -495,6 +535,7 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
               {"loss", o.device.is_meta() ? std::string("- (meta: shapes only)") : std::to_string(loss)},
               {"parameters", std::to_string(run.model().num_parameters())},
               {"parameters held (this rank)", std::to_string(run.owned_parameters())},
+              {"persistent (this rank)", format_bytes(run.persistent_bytes())},
               {"replays", std::to_string(cc.replays)},
               {"recomputed ops", std::to_string(cc.ops_recomputed)},
               {"saved-bytes peak", format_bytes(saved_bytes_report().peak_bytes)},

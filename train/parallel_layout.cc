@@ -31,18 +31,20 @@ ParallelLayout make_parallel_layout(std::shared_ptr<ProcessGroup> world, std::in
 }
 
 std::string WorldSpec::str() const {
-  return "dp=" + std::to_string(dp) + ",ep=" + std::to_string(ep) + ",pp=" + std::to_string(pp);
+  return "dp=" + std::to_string(dp) + ",ep=" + std::to_string(ep) + ",pp=" + std::to_string(pp) +
+         (zero > 0 ? ",zero=" + std::to_string(zero) : "");
 }
 
 WorldSpec parse_world_spec(const std::string& text) {
-  const std::string form = "expected dp=D,ep=E,pp=P (any of them; the others are 1), e.g. dp=8,pp=4";
+  const std::string form = "expected dp=D,ep=E,pp=P,zero=S (any of them; the others are 1, zero 0), e.g. dp=8,pp=4";
   WorldSpec w;
   std::vector<std::string> seen;
   std::stringstream items(text);
   for (std::string item; std::getline(items, item, ',');) {
     const auto eq = item.find('=');
     const std::string key = item.substr(0, eq);
-    REMAT_CHECK(eq != std::string::npos && (key == "dp" || key == "ep" || key == "pp"), Error, "world '", text,
+    REMAT_CHECK(eq != std::string::npos && (key == "dp" || key == "ep" || key == "pp" || key == "zero"), Error,
+                "world '", text,
                 "': '", item, "' is not an axis; ", form);
     REMAT_CHECK(std::find(seen.begin(), seen.end(), key) == seen.end(), Error, "world '", text, "': ", key,
                 " is given twice; ", form);
@@ -54,13 +56,17 @@ WorldSpec parse_world_spec(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    REMAT_CHECK(used > 0 && used == item.size() - eq - 1 && v >= 1, Error, "world '", text, "': ", key, " must be a "
-                "whole number >= 1, got '", item.substr(eq + 1), "'; ", form);
-    (key == "dp" ? w.dp : key == "ep" ? w.ep : w.pp) = v;
+    const bool zero = key == "zero";
+    REMAT_CHECK(used > 0 && used == item.size() - eq - 1 && (zero ? v >= 0 && v <= 3 : v >= 1), Error, "world '",
+                text, "': ", key, " must be ", zero ? "0, 1, 2 or 3" : "a whole number >= 1", ", got '",
+                item.substr(eq + 1), "'; ", form);
+    (key == "dp" ? w.dp : key == "ep" ? w.ep : key == "pp" ? w.pp : w.zero) = v;
   }
   REMAT_CHECK(!seen.empty(), Error, "world '", text, "': names no axis; ", form);
   REMAT_CHECK(w.dp % w.ep == 0, Error, "world '", text, "': ep=", w.ep, " must divide dp=", w.dp,
               " (the experts are split within each stage's data-parallel ranks)");
+  REMAT_CHECK(w.zero == 0 || w.dp > 1, Error, "world '", text, "': zero=", w.zero,
+              " shards over the data-parallel ranks; it needs dp >= 2");
   return w;
 }
 

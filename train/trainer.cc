@@ -120,25 +120,11 @@ void Trainer::build_optimizer() {
   AdamWOptions ao;
   ao.weight_decay = opts_.weight_decay;
   // A stage reduces only its own parameters' gradients over its replicas.
-  const std::vector<std::pair<std::string, Tensor>> params = owned_parameters();
-  if (opts_.zero == 0) {
-    reducer_ = make_grad_reducer(layout_, params, opts_.bucket_bytes);
-    optimizer_ = std::make_unique<AdamW>(params, ao);
-  } else {
-    // Routed experts under expert parallelism are split by expert already:
-    // they stay whole, reduced over their replicas. Stage 1 all-reduces every
-    // gradient whole; stage 2 reduce-scatters the sharded ones by unit.
-    const bool ep = layout_.ep > 1;
-    auto sharded = [ep](const std::string& name) { return !(ep && is_expert_parameter(name)); };
-    std::vector<std::pair<std::string, Tensor>> whole;
-    for (const auto& [name, p] : params)
-      if (opts_.zero == 1 || !sharded(name)) whole.emplace_back(name, p);
-    if (!whole.empty()) reducer_ = make_grad_reducer(layout_, whole, opts_.bucket_bytes);
-    zero_ = std::make_unique<ZeroOptimizer>(int(opts_.zero), params, layout_.grad_group, sharded,
-                                            is_expert_parameter, ao);
-    // Stage 3: every unit gathers before it runs and releases after.
-    if (zero_->gatherer()) model_->model->blocks->set_unit_hooks(zero_->gatherer());
-  }
+  DataParallelUpdate update =
+      make_data_parallel_update(layout_, owned_parameters(), opts_.bucket_bytes, opts_.zero, ao, *model_->model->blocks);
+  reducer_ = std::move(update.reducer);
+  optimizer_ = std::move(update.adamw);
+  zero_ = std::move(update.zero);
   sampler_ = std::make_unique<BatchSampler>(corpus_.train_source(), opts_.config.batch, opts_.config.seq,
                                             opts_.seed + 1);
 }

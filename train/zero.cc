@@ -250,4 +250,26 @@ std::int64_t ZeroOptimizer::persistent_bytes() const {
   return n;
 }
 
+DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
+                                             const std::vector<std::pair<std::string, Tensor>>& params,
+                                             std::int64_t bucket_bytes, std::int64_t zero, AdamWOptions opts,
+                                             BlockStack& stack) {
+  DataParallelUpdate u;
+  if (zero == 0) {
+    u.reducer = make_grad_reducer(layout, params, bucket_bytes);
+    u.adamw = std::make_unique<AdamW>(params, opts);
+    return u;
+  }
+  const bool ep = layout.ep > 1;
+  auto sharded = [ep](const std::string& name) { return !(ep && is_expert_parameter(name)); };
+  std::vector<std::pair<std::string, Tensor>> whole;
+  for (const auto& [name, p] : params)
+    if (zero == 1 || !sharded(name)) whole.emplace_back(name, p);
+  if (!whole.empty()) u.reducer = make_grad_reducer(layout, whole, bucket_bytes);
+  u.zero = std::make_unique<ZeroOptimizer>(int(zero), params, layout.grad_group ? layout.grad_group : layout.world,
+                                           sharded, is_expert_parameter, opts);
+  if (u.zero->gatherer()) stack.set_unit_hooks(u.zero->gatherer());
+  return u;
+}
+
 }  // namespace remat

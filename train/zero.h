@@ -29,6 +29,7 @@
 #include "parallel/process_group.h"
 #include "parallel/sharded_grad_reducer.h"
 #include "train/optimizer.h"
+#include "train/parallel_layout.h"
 #include "train/zero_gather.h"
 
 namespace remat {
@@ -116,5 +117,22 @@ class ZeroOptimizer {
   std::unique_ptr<AdamW> adamw_;
   std::vector<Tensor> bound_;
 };
+
+// The update of a data-parallel run on `layout` (the trainer's, and mem's):
+// the reducer of whole gradients, and AdamW (stage 0) or a ZeroOptimizer.
+// Under ZeRO the routed experts of an expert-parallel layout stay whole
+// (split by expert already, reduced over their replicas); stage 1 reduces
+// every gradient whole, stages 2 and 3 the unsharded ones only. Stage 3
+// puts the gatherer on `stack` (BlockStack::set_unit_hooks). Error for a
+// stage > 0 on one rank.
+struct DataParallelUpdate {
+  std::unique_ptr<GradReducer> reducer;  // null when nothing is reduced whole (or one rank)
+  std::unique_ptr<AdamW> adamw;          // stage 0
+  std::unique_ptr<ZeroOptimizer> zero;   // stages 1-3
+};
+DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
+                                             const std::vector<std::pair<std::string, Tensor>>& params,
+                                             std::int64_t bucket_bytes, std::int64_t zero, AdamWOptions opts,
+                                             BlockStack& stack);
 
 }  // namespace remat

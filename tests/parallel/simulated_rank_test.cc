@@ -14,6 +14,7 @@
 #include "train/data.h"
 #include "train/comm_estimate.h"
 #include "train/parallel_layout.h"
+#include "train/zero.h"
 #include "tests/skip.h"
 
 using namespace remat;
@@ -21,9 +22,10 @@ using namespace remat;
 namespace {
 
 // The allocator's events over one step of `c` on `device`: forward, backward
-// with the gradient reducer, and the reducer's end.
+// with the gradient reducer, and the reducer's end; under --zero `zero`,
+// the sharded reductions, the gathers and the update too.
 std::vector<MemoryEvent> record_step(const ModelConfig& c, std::shared_ptr<ProcessGroup> world, std::int64_t ep,
-                                     Device device) {
+                                     Device device, std::int64_t zero = 0) {
   CachingAllocator& alloc = allocator_for(device);
   alloc.empty_cache();
   const ParallelLayout layout = make_parallel_layout(world, ep, c);
@@ -34,7 +36,10 @@ std::vector<MemoryEvent> record_step(const ModelConfig& c, std::shared_ptr<Proce
     model = std::make_unique<DecoderModel>(c, 0, layout.placement());
   }
   apply_parallel_layout(*model, layout, true);
-  auto reducer = make_grad_reducer(layout, model->named_parameters(), 256 << 10);  // several buckets
+  DataParallelUpdate update =
+      make_data_parallel_update(layout, model->named_parameters(), 256 << 10, zero, {}, *model->model->blocks);
+  auto& reducer = update.reducer;  // several buckets
+  ShardedGradReducer* sharded = update.zero ? update.zero->grad_reducer() : nullptr;
   Tensor global;
   if (device.is_meta()) {
     global = empty({c.batch, c.seq + 1}, TensorOptions(DType::i64, device));
@@ -45,10 +50,18 @@ std::vector<MemoryEvent> record_step(const ModelConfig& c, std::shared_ptr<Proce
   alloc.enable_history(1 << 20);
   {
     Tensor batch = batch_shard(global, *world);
+    if (sharded) sharded->zero();
     auto out = model->forward_loss(batch);
     if (reducer) reducer->prepare();
+    if (sharded) sharded->prepare();
     out.loss.backward();
     if (reducer) reducer->finish();
+    if (sharded) sharded->finish();
+    if (update.zero) {
+      if (update.zero->gatherer()) update.zero->gatherer()->release_all();
+      update.zero->bind_grads();
+      update.zero->step(1e-3);
+    }
   }
   std::vector<MemoryEvent> events = alloc.history();
   alloc.enable_history(0);
@@ -106,13 +119,18 @@ TEST_CASE("a simulated rank allocates what the real rank does, event for event")
   struct Case {
     const char* name;
     ModelConfig c;
-    std::int64_t ep;
+    std::int64_t ep, zero;
   };
-  for (const Case& k : {Case{"tiny, dp", ModelConfig::named("tiny"), 1}, Case{"tiny-moe balanced, dp", balanced_moe(), 1},
-                        Case{"tiny-moe balanced, ep", balanced_moe(), W}}) {
+  for (const Case& k : {Case{"tiny, dp", ModelConfig::named("tiny"), 1, 0},
+                        Case{"tiny-moe balanced, dp", balanced_moe(), 1, 0},
+                        Case{"tiny-moe balanced, ep", balanced_moe(), W, 0},
+                        Case{"tiny, zero 1", ModelConfig::named("tiny"), 1, 1},
+                        Case{"tiny, zero 2", ModelConfig::named("tiny"), 1, 2},
+                        Case{"tiny, zero 3", ModelConfig::named("tiny"), 1, 3},
+                        Case{"tiny-moe balanced, ep, zero 3", balanced_moe(), W, 3}}) {
     INFO(k.name << " on " << W << " ranks, rank " << world->rank());
-    const auto cpu = record_step(k.c, world, k.ep, kCPU);
-    const auto meta = record_step(k.c, simulated_world(W, world->rank()), k.ep, kMeta);
+    const auto cpu = record_step(k.c, world, k.ep, kCPU, k.zero);
+    const auto meta = record_step(k.c, simulated_world(W, world->rank()), k.ep, kMeta, k.zero);
     CHECK(cpu.size() > 100);
     CHECK(first_difference(cpu, meta) == "");
   }
@@ -163,7 +181,7 @@ TEST_CASE("a simulated group: shapes, counts and the every-rank-alike rule") {
   CHECK(simulated_world_ranks(*single_process_group()).empty());
 }
 
-TEST_CASE("world specs: dp, ep and pp") {
+TEST_CASE("world specs: dp, ep, pp and zero") {
   const WorldSpec w = parse_world_spec("pp=4,dp=8");
   CHECK(w.dp == 8);
   CHECK(w.pp == 4);
@@ -175,6 +193,11 @@ TEST_CASE("world specs: dp, ep and pp") {
   CHECK_THROWS_WITH(parse_world_spec("dp=2,dp=2"), Catch::Contains("given twice"));
   CHECK_THROWS_WITH(parse_world_spec("dp=4,ep=3"), Catch::Contains("ep=3 must divide dp=4"));
   CHECK_THROWS_WITH(parse_world_spec("dp=2x"), Catch::Contains("got '2x'"));
+  const WorldSpec z = parse_world_spec("dp=64,zero=3");
+  CHECK(z.zero == 3);
+  CHECK(z.str() == "dp=64,ep=1,pp=1,zero=3");
+  CHECK_THROWS_WITH(parse_world_spec("dp=4,zero=4"), Catch::Contains("zero must be 0, 1, 2 or 3"));
+  CHECK_THROWS_WITH(parse_world_spec("pp=4,zero=1"), Catch::Contains("it needs dp >= 2"));
 }
 
 TEST_CASE("the link model: ring factors, NVLink inside a node, the network across nodes") {
