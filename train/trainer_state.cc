@@ -11,6 +11,7 @@
 #include "engine/grad_mode.h"
 #include "engine/rng.h"
 #include "train/safetensors.h"
+#include "train/sharded_state.h"
 #include "train/state_files.h"
 #include "train/trainer.h"
 
@@ -76,11 +77,25 @@ std::vector<std::pair<std::string, Tensor>> Trainer::optimizer_state() const {
 }
 
 void Trainer::save(const std::string& dir) const {
-  std::vector<std::pair<std::string, Tensor>> tensors = parameter_values();
-  for (auto& t : optimizer_state()) tensors.push_back(t);
-  tensors = gather_experts(std::move(tensors));
-  if (pipeline_ && layout_.world->rank() == 0)  // replica 0's stages to rank 0
-    tensors = pipeline_->gather_to_first(std::move(tensors));
+  // --zero without a pipeline: every rank writes its own shards, rank 0 the
+  // index and the unsharded tensors (train/sharded_state.h). Otherwise one
+  // file in the layout of one process, gathered to rank 0.
+  const bool sharded = zero_ && !pipeline_;
+  std::string index;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  if (sharded) {
+    const std::string folder = shard_folder_name(dir, step_);
+    write_rank_shards(dir, folder, layout_.world->rank(), world_size(), step_, zero_->shard_pieces_named());
+    tensors = gather_experts(zero_->unsharded_named());
+    layout_.world->barrier();  // every rank file is written before the index commits the set
+    index = shard_index(folder, world_size(), step_, zero_->sharded_tensors());
+  } else {
+    tensors = parameter_values();
+    for (auto& t : optimizer_state()) tensors.push_back(t);
+    tensors = gather_experts(std::move(tensors));
+    if (pipeline_ && layout_.world->rank() == 0)  // replica 0's stages to rank 0
+      tensors = pipeline_->gather_to_first(std::move(tensors));
+  }
   if (rank() == 0) {
     const RngState data = sampler_->state();
     const RngState dropout = default_generator(opts_.device).state();
@@ -97,14 +112,16 @@ void Trainer::save(const std::string& dir) const {
         {"rng_offset", std::to_string(dropout.offset)},
         {"world_size", std::to_string(job_->size())},
         {"ep", std::to_string(layout_.ep)},
-        {"zero", std::to_string(opts_.zero)},  // (the file is in one process's layout whatever the stage)
+        {"zero", std::to_string(opts_.zero)},  // (informative: any layout resumes any state)
         // f16's dynamic loss scale (1 and 0 for f32/bf16), so a resumed run
         // continues with the same scale and growth count.
         {"loss_scale", format_exact(scaler_.scale())},
         {"loss_scale_good_steps", std::to_string(scaler_.good_steps())},
     };
+    if (sharded) meta[kShardIndexKey] = index;
     // Every tensor checksummed; written crash-safely (train/state_files.h).
     save_state_files(dir, encode_safetensors(tensors, meta, {}, state_file(dir)));
+    if (sharded) remove_unreferenced_shards(dir);  // (the previous state's set stays)
   }
   job_->barrier();  // nobody reads the state before it is complete
 }
@@ -137,6 +154,7 @@ struct ResumedState {
       : dir(folder), path(choice.path), from_prev(choice.from_prev) {
     try {
       file = load_safetensors(path);  // every checksum verified before any tensor is built
+      complete_sharded_state(folder, file);  // a sharded set: every rank file, verified, assembled
     } catch (const IOError& e) {
       throw IOError(std::string("--resume: ") + e.what() + hint());
     }
@@ -230,7 +248,8 @@ void Trainer::resume(const std::string& dir) {
 
 std::unique_ptr<DecoderModel> load_trained_model(const std::string& dir, std::map<std::string, std::string>* metadata) {
   const StateChoice choice = choose_state_file(dir);
-  const SafetensorsFile f = load_safetensors(choice.path);  // checksums verified
+  SafetensorsFile f = load_safetensors(choice.path);  // checksums verified
+  complete_sharded_state(dir, f);                    // (a sharded set: its rank files too)
   auto it = f.metadata.find("format");
   REMAT_CHECK(it != f.metadata.end() && it->second == kFormat, IOError, choice.path,
               " is not a remat training state (metadata format '", it == f.metadata.end() ? "" : it->second,

@@ -204,6 +204,40 @@ std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::one_process_state() c
   return out;
 }
 
+std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::shard_pieces_named() const {
+  std::map<std::string, Tensor> state;
+  for (auto& [name, t] : adamw_->state()) state.emplace(name, t);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const Unit& u : units_)
+    for (std::size_t i = 0; i < u.pieces.size(); ++i) {
+      const std::string at = "@" + std::to_string(u.pieces[i].param_begin);
+      const std::string& name = u.layout.names[u.pieces[i].member];
+      out.emplace_back(name + at, u.views[i]);
+      for (const char* kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."})
+        out.emplace_back(kind + name + at, state.at(kind + piece_name(u, u.pieces[i])));
+    }
+  return out;
+}
+
+std::vector<std::pair<std::string, Shape>> ZeroOptimizer::sharded_tensors() const {
+  std::vector<std::pair<std::string, Shape>> out;
+  for (const Unit& u : units_)
+    for (std::size_t k = 0; k < u.params.size(); ++k)
+      for (const char* kind : {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."})
+        out.emplace_back(kind + u.layout.names[k], u.layout.shapes[k]);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::unsharded_named() const {
+  std::map<std::string, Tensor> state;
+  for (auto& [name, t] : adamw_->state()) state.emplace(name, t);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (std::size_t i = 0; i < unsharded_.size(); ++i) out.emplace_back(unsharded_names_[i], unsharded_[i]);
+  for (const std::string& name : unsharded_names_)
+    for (const char* kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."}) out.emplace_back(kind + name, state.at(kind + name));
+  return out;
+}
+
 void ZeroOptimizer::load_state(const std::map<std::string, Tensor>& tensors, std::int64_t step) {
   // Validate the whole tensors first (AdamW then checks the pieces' shapes).
   std::map<std::string, Tensor> pieces;

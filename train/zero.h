@@ -87,6 +87,13 @@ class ZeroOptimizer {
   // The optimizer state in one process's layout (AdamW::state()'s names and
   // shapes, every unit's shards gathered); a collective over the group.
   std::vector<std::pair<std::string, Tensor>> one_process_state() const;
+  // This rank's pieces for a sharded save (train/sharded_state.h): the
+  // parameters' and their optimizer state's, "<tensor>@<first element>" of
+  // the flattened tensor, 1-D; and the sharded tensors' names and shapes.
+  std::vector<std::pair<std::string, Tensor>> shard_pieces_named() const;
+  std::vector<std::pair<std::string, Shape>> sharded_tensors() const;
+  // The unsharded parameters and their optimizer state (AdamW::state()'s names).
+  std::vector<std::pair<std::string, Tensor>> unsharded_named() const;
   // Takes this rank's shards of a state in one process's layout (as
   // one_process_state() returns and AdamW saves); IOError naming a missing
   // or mismatched tensor, and nothing changed, otherwise.

@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "ops/ops.h"
@@ -18,6 +19,7 @@
 #include "tests/files.h"
 #include "tests/skip.h"
 #include "train/safetensors.h"
+#include "train/sharded_state.h"
 #include "train/state_files.h"
 #include "train/trainer.h"
 #include "train/zero.h"
@@ -104,8 +106,21 @@ struct RunSpec {
   std::int64_t ep = 1, zero = 0, steps = 8, stop_after = 0;
   std::string plan = "none";
   std::string save = "", resume = "";
-  std::int64_t grad_accum = 1;
+  std::int64_t grad_accum = 1, save_every = 0;
 };
+
+// The same folder name on every rank: rank 0's, broadcast.
+std::string shared_dir(ProcessGroup& world, const std::string& tag) {
+  const std::string mine = world.rank() == 0 ? remat::test::temp_dir(tag) : std::string(64, ' ');
+  std::vector<std::int64_t> chars(64, 0);
+  for (std::size_t i = 0; i < mine.size() && i < 64; ++i) chars[i] = mine[i];
+  Tensor t = from_vector<std::int64_t>(chars, {64});
+  world.broadcast(t, 0);
+  std::string out;
+  for (std::int64_t c : t.to_vector<std::int64_t>())
+    if (c != 0) out.push_back(char(c));
+  return out;
+}
 
 ZeroRun train(const RunSpec& r, std::shared_ptr<ProcessGroup> group) {
   TrainOptions o;
@@ -120,9 +135,10 @@ ZeroRun train(const RunSpec& r, std::shared_ptr<ProcessGroup> group) {
   o.zero = r.zero;
   o.recompute = r.plan;
   o.grad_accum = r.grad_accum;
+  o.save_every = r.save_every;
   o.bucket_bytes = 256 << 10;
   o.resume_dir = r.resume;
-  const std::string dir = r.save.empty() ? remat::test::temp_dir("zero") : r.save;
+  const std::string dir = r.save.empty() ? shared_dir(*o.group, "zero") : r.save;
   o.save_dir = dir;
   Trainer t(o);
   ZeroRun out;
@@ -133,7 +149,11 @@ ZeroRun train(const RunSpec& r, std::shared_ptr<ProcessGroup> group) {
     out.peak = s.peak_allocated_bytes;
     out.last = s;
   });
-  if (t.rank() == 0) out.state = load_safetensors(state_file(dir)).tensors;
+  if (t.rank() == 0) {
+    SafetensorsFile f = load_safetensors(state_file(dir));
+    complete_sharded_state(dir, f);  // (--zero: every rank's file)
+    out.state = f.tensors;
+  }
   return out;
 }
 
@@ -276,15 +296,10 @@ TEST_CASE("under --zero 2 and 3 lossless plans are bit-identical to none; stage 
 TEST_CASE("a --zero 2 state resumes under --zero 1, plain data parallel and one process", "[zero][parallel]") {
   auto world = world_group();
   if (world->size() == 1) REMAT_SKIP("one process: mpi_test.sh runs it under mpirun");
-  const std::string dir = remat::test::temp_dir("zero-resume");
+  const std::string dir = shared_dir(*world, "zero-resume");
   const ZeroRun whole = train({.config = "tiny-moe", .zero = 2}, world);
   train({.config = "tiny-moe", .zero = 2, .stop_after = 4, .save = dir}, world);
-  // Rank 0 wrote the state; every rank resumes from rank 0's folder.
-  std::vector<std::int64_t> chars(dir.begin(), dir.end());
-  Tensor path = from_vector<std::int64_t>(chars, {std::int64_t(chars.size())});
-  world->broadcast(path, 0);
-  const auto got = path.to_vector<std::int64_t>();
-  const std::string shared(got.begin(), got.end());
+  const std::string shared = dir;
   const std::vector<double> tail(whole.losses.begin() + 4, whole.losses.end());
   for (std::int64_t zero : {1, 2, 3}) {
     const ZeroRun r = train({.config = "tiny-moe", .zero = zero, .resume = shared}, world);
@@ -297,5 +312,68 @@ TEST_CASE("a --zero 2 state resumes under --zero 1, plain data parallel and one 
     REQUIRE(r.losses.size() == 4);
     for (std::size_t i = 0; i < 4; ++i) CHECK(std::fabs(r.losses[i] - tail[i]) <= 1e-5 * tail[i]);
   }
+  world->barrier();
+}
+
+
+TEST_CASE("a sharded save: one file per rank and an index; a crash at any step resumes the last complete set",
+          "[zero][parallel]") {
+  auto world = world_group();
+  if (world->size() == 1) REMAT_SKIP("one process: mpi_test.sh runs it under mpirun");
+  const int W = world->size();
+  const ZeroRun whole = train({.config = "tiny", .zero = 3}, world);
+  const std::string dir = shared_dir(*world, "zero-crash");
+  train({.config = "tiny", .zero = 3, .stop_after = 4, .save = dir}, world);
+  // The set: rank files of step 4 and an index that names them.
+  for (int r = 0; r < W; ++r) CHECK(std::filesystem::exists(dir + "/shards-4/rank-" + std::to_string(r) + ".safetensors"));
+  // Rank 0 copies the folder at each step of the next save (steps 5-6):
+  // what a crash right there would leave behind.
+  std::vector<std::pair<SaveStep, std::string>> snapshots;
+  if (world->rank() == 0)
+    set_save_fault_hook([&](SaveStep step) {
+      const std::string snap = dir + "-at-" + save_step_name(step);
+      std::filesystem::remove_all(snap);
+      std::filesystem::copy(dir, snap, std::filesystem::copy_options::recursive);
+      snapshots.emplace_back(step, snap);
+    });
+  train({.config = "tiny", .zero = 3, .stop_after = 2, .save = dir, .resume = dir}, world);
+  set_save_fault_hook({});
+  CHECK(std::filesystem::exists(dir + "/shards-6"));
+  CHECK(std::filesystem::exists(dir + "/shards-4"));  // state.prev.safetensors (step 4) still references it
+  for (SaveStep step : kSaveSteps) {
+    const std::string snap = dir + "-at-" + save_step_name(step);
+    INFO("a crash after save step " << save_step_name(step));
+    // Before the new index replaces state.safetensors, the last complete set is step 4's.
+    const bool new_set = step == SaveStep::renamed || step == SaveStep::synced;
+    const ZeroRun r = train({.config = "tiny", .zero = 3, .resume = snap}, world);
+    const std::size_t first = new_set ? 6 : 4;
+    REQUIRE(r.losses.size() == 8 - first);
+    for (std::size_t i = 0; i < r.losses.size(); ++i)
+      CHECK(std::fabs(r.losses[i] - whole.losses[first + i]) <= 1e-6 * whole.losses[first + i]);
+  }
+  world->barrier();
+  if (world->rank() == 0)
+    for (SaveStep step : kSaveSteps) std::filesystem::remove_all(dir + "-at-" + save_step_name(step));
+}
+
+TEST_CASE("a sharded state with a missing or damaged rank file is refused, naming the file", "[zero][parallel]") {
+  auto world = world_group();
+  if (world->size() == 1) REMAT_SKIP("one process: mpi_test.sh runs it under mpirun");
+  const std::string dir = shared_dir(*world, "zero-bad");
+  train({.config = "tiny", .zero = 2, .stop_after = 2, .save = dir}, world);
+  const std::string victim = dir + "/shards-2/rank-1.safetensors";
+  if (world->rank() == 0) {  // flip a byte near the end (a tensor's data)
+    std::string bytes = remat::test::read_all(victim);
+    bytes[bytes.size() - 3] ^= 0x5a;
+    remat::test::write_all(victim, bytes);
+  }
+  world->barrier();
+  CHECK_THROWS_WITH(train({.config = "tiny", .zero = 2, .resume = dir}, world),
+                    Catch::Contains(victim) && Catch::Contains("checksum"));
+  world->barrier();
+  if (world->rank() == 0) std::filesystem::remove(victim);
+  world->barrier();
+  CHECK_THROWS_WITH(train({.config = "tiny", .zero = 2, .resume = dir}, world),
+                    Catch::Contains("rank file " + victim) && Catch::Contains("is missing"));
   world->barrier();
 }
