@@ -55,10 +55,12 @@ void divide_by(Tensor& t, int n) {
   for (std::int64_t i = 0; i < t.numel(); ++i) p[i] /= float(n);
 }
 
-// A started MPI_Iallreduce; averages (divides) once it is done.
+// A started MPI_Iallreduce (averages, dividing, once it is done) or
+// MPI_Iallgather (`keep`: its send buffer, held until then).
 class MpiWork final : public CommWork {
  public:
-  MpiWork(Tensor t, int divide, int rank, int size) : t_(std::move(t)), divide_(divide), rank_(rank), size_(size) {}
+  MpiWork(Tensor t, int divide, int rank, int size, CollectiveKind kind = CollectiveKind::all_reduce, Tensor keep = {})
+      : t_(std::move(t)), keep_(std::move(keep)), divide_(divide), rank_(rank), size_(size), kind_(kind) {}
   ~MpiWork() override {
     // Unwinding from an error: the job is about to be aborted, and waiting
     // here could block on a peer that never comes.
@@ -66,14 +68,14 @@ class MpiWork final : public CommWork {
   }
   void wait() override {
     if (done_) return;
-    CollectiveInFlight busy(CollectiveKind::all_reduce, std::int64_t(t_.nbytes()), rank_, size_);
-    check(MPI_Wait(&request, MPI_STATUS_IGNORE), "all_reduce (async wait)");
+    CollectiveInFlight busy(kind_, std::int64_t(t_.nbytes()), rank_, size_);
+    check(MPI_Wait(&request, MPI_STATUS_IGNORE), (std::string(collective_name(kind_)) + " (async wait)").c_str());
     finish();
   }
   bool test() override {
     if (done_) return true;
     int flag = 0;
-    check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), "all_reduce (async test)");
+    check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), (std::string(collective_name(kind_)) + " (async test)").c_str());
     if (flag) finish();
     return done_;
   }
@@ -81,12 +83,14 @@ class MpiWork final : public CommWork {
 
  private:
   void finish() {
-    divide_by(t_, divide_);
+    if (divide_ > 1) divide_by(t_, divide_);
     t_.bump_version();
+    keep_ = Tensor();
     done_ = true;
   }
-  Tensor t_;
+  Tensor t_, keep_;
   int divide_, rank_, size_;
+  CollectiveKind kind_;
   bool done_ = false;
 };
 
@@ -310,6 +314,17 @@ class MpiGroup final : public ProcessGroup {
     check(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), mpi_count(t.numel(), "all_reduce"), mpi_type(t, "all_reduce"), mpi_op(op), comm_,
                          &w->request),
           "all_reduce (async)");
+    return w;
+  }
+
+  std::shared_ptr<CommWork> all_gather_async(const Tensor& t_in, Tensor& out) override {
+    Tensor t = t_in.contiguous();
+    check_gather_output(t, out, size_);
+    count(CollectiveKind::all_gather, std::int64_t(t.nbytes()));
+    auto w = std::make_shared<MpiWork>(out, 1, rank_, size_, CollectiveKind::all_gather, t);
+    check(MPI_Iallgather(t.raw_data(), mpi_count(t.numel(), "all_gather"), mpi_type(t, "all_gather"), out.raw_data(),
+                         mpi_count(t.numel(), "all_gather"), mpi_type(t, "all_gather"), comm_, &w->request),
+          "all_gather (async)");
     return w;
   }
 

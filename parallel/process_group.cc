@@ -224,6 +224,25 @@ std::shared_ptr<CommWork> ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op)
   return done_work();
 }
 
+void check_gather_output(const Tensor& t, const Tensor& out, int size) {
+  Shape want = t.sizes();
+  REMAT_CHECK(!want.empty(), ShapeError, "all_gather: needs at least one dim");
+  want[0] *= size;
+  REMAT_CHECK(out.defined() && out.sizes() == want && out.dtype() == t.dtype() && out.is_contiguous() &&
+                  out.device() == t.device(),
+              ShapeError, "all_gather_async: the output must be a contiguous ", dtype_name(t.dtype()), " tensor of ",
+              shape_str(want), " on ", t.device(), ", got ",
+              out.defined() ? shape_str(out.sizes()) + " " + dtype_name(out.dtype()) : std::string("none"));
+}
+
+std::shared_ptr<CommWork> ProcessGroup::all_gather_async(const Tensor& t, Tensor& out) {
+  check_gather_output(t, out, size());
+  const Tensor all = all_gather(t);
+  NoGradGuard ng;
+  out.copy_(all);
+  return done_work();
+}
+
 std::shared_ptr<ProcessGroup> ProcessGroup::split_by(const std::function<std::pair<int, int>(int)>& color_key) {
   const auto [color, key] = color_key(rank());
   return split(color, key);

@@ -101,6 +101,11 @@ class ProcessGroup {
   virtual std::shared_ptr<CommWork> all_reduce_async(Tensor& t, ReduceOp op);
   // The ranks' tensors concatenated along dim 0 (same shape on every rank).
   virtual Tensor all_gather(const Tensor& t) = 0;
+  // Starts all_gather(t) into `out`, allocated by the caller (contiguous, t's
+  // dtype and device, dim 0 = size() x t's; ShapeError otherwise); `t` and
+  // `out` must stay untouched until wait() returns. The default gathers at
+  // once and copies.
+  virtual std::shared_ptr<CommWork> all_gather_async(const Tensor& t, Tensor& out);
   // Reduces over ranks and returns this rank's slice of dim 0 (dim 0 must
   // divide by size()).
   virtual Tensor reduce_scatter(const Tensor& t, ReduceOp op) = 0;
@@ -156,6 +161,10 @@ class ProcessGroup {
  private:
   CommCounters counters_;
 };
+
+// The ShapeError every back end gives all_gather_async for an output that
+// is not contiguous, of t's dtype and device, with dim 0 = size x t's.
+void check_gather_output(const Tensor& t, const Tensor& out, int size);
 
 // How errors name a send or receive (kind send / recv): "send to rank 1
 // (tag 3, rank 0 of 2)", "recv from rank 0 (tag 3, rank 1 of 2)".

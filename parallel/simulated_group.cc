@@ -36,6 +36,18 @@ class SimulatedGroup final : public ProcessGroup {
     return out;
   }
 
+  std::shared_ptr<CommWork> all_gather_async(const Tensor& t_in, Tensor& out) override {
+    check(t_in, "all_gather");
+    Tensor t = t_in.contiguous();
+    check_gather_output(t, out, size());
+    count(CollectiveKind::all_gather, std::int64_t(t.nbytes()));
+    if (!t.device().is_meta())
+      for (int r = 0; r < size(); ++r)
+        std::memcpy(static_cast<char*>(out.raw_data()) + std::size_t(r) * t.nbytes(), t.raw_data(), t.nbytes());
+    out.bump_version();
+    return done_work();
+  }
+
   Tensor reduce_scatter(const Tensor& t_in, ReduceOp op) override {
     check(t_in, "reduce_scatter");
     Tensor t = t_in.contiguous();

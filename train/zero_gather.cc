@@ -31,7 +31,7 @@ class UnitGatherer::SaveRefs final : public TypedSavedTensorHooks {
   }
   Tensor unpack_tensor(std::any packed, const SaveInfo&) override {
     const auto& r = std::any_cast<const ParamRef&>(packed);
-    owner_.gather(r.unit);  // (nothing when backward already gathered it)
+    owner_.gather_for_backward(r.unit);  // (nothing when backward already gathered it)
     return owner_.units_[r.unit].flat.as_strided(r.sizes, r.strides, r.offset);
   }
 
@@ -76,15 +76,31 @@ std::size_t UnitGatherer::index(const std::string& unit) const {
   return it == by_name_.end() ? kNone : it->second;
 }
 
-void UnitGatherer::gather(std::size_t u) {
+void UnitGatherer::prefetch(std::size_t u) {
   State& s = units_[u];
-  if (s.flat.defined()) return;
+  if (s.flat.defined() || s.work) return;
   {
     NoGradGuard ng;
     CategoryScope cat(MemoryCategory::parameter);  // (offload and compression leave parameters alone)
-    s.flat = group_->all_gather(s.master);
+    s.incoming = empty({s.layout.padded()}, TensorOptions(DType::f32, s.master.device()));
   }
+  s.work = group_->all_gather_async(s.master, s.incoming);
   ++gathers_;
+}
+
+void UnitGatherer::progress() {
+  for (State& s : units_)
+    if (s.work) s.work->test();
+}
+
+void UnitGatherer::gather(std::size_t u) {
+  State& s = units_[u];
+  if (s.flat.defined()) return;
+  prefetch(u);
+  s.work->wait();
+  s.work.reset();
+  s.flat = std::move(s.incoming);
+  s.incoming = Tensor();
   for (std::size_t k = 0; k < s.params.size(); ++k)
     s.params[k].alias_storage_(
         s.flat.narrow(0, s.layout.offsets[k], shape_numel(s.layout.shapes[k])).view(s.layout.shapes[k]));
@@ -95,6 +111,11 @@ void UnitGatherer::gather(std::size_t u) {
 
 void UnitGatherer::release(std::size_t u) {
   State& s = units_[u];
+  if (s.work) {  // a prefetch nothing used (the step ended first)
+    s.work->wait();
+    s.work.reset();
+    s.incoming = Tensor();
+  }
   if (!s.flat.defined()) return;
   for (const Tensor& p : s.params) p.release_storage();
   s.flat = Tensor();
@@ -105,7 +126,20 @@ void UnitGatherer::release_all() {
 }
 
 void UnitGatherer::before_run(const std::string& unit) {
-  if (const std::size_t u = index(unit); u != kNone) gather(u);
+  const std::size_t u = index(unit);
+  if (u == kNone) return;
+  progress();
+  gather(u);
+  // The forward runs the units in order; a replay runs inside backward,
+  // where the block before it is next (gather_for_backward prefetches it).
+  if (!in_recompute() && u + 1 < units_.size()) prefetch(u + 1);
+}
+
+void UnitGatherer::gather_for_backward(std::size_t u) {
+  gather(u);
+  // Backward runs the blocks in reverse; an embedding's backward needs no
+  // weight (it is gathered only if a save of it is unpacked).
+  if (u >= 1 && units_[u - 1].layout.name != "embed") prefetch(u - 1);
 }
 
 void UnitGatherer::after_run(const std::string& unit, const Tensor& y) {
@@ -117,7 +151,7 @@ void UnitGatherer::after_run(const std::string& unit, const Tensor& y) {
   if (unit.rfind("block.", 0) == 0 && grad_enabled() && y.requires_grad()) {
     std::weak_ptr<UnitGatherer> self = weak_from_this();
     y.register_hook([self, u](const Tensor&) -> Tensor {
-      if (auto s = self.lock()) s->gather(u);
+      if (auto s = self.lock()) s->gather_for_backward(u);
       return Tensor();
     });
   }

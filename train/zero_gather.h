@@ -12,6 +12,11 @@
 // the unit is released; unpacking one gathers the unit again if needed.
 // So every plan, recompute or not, gathers a block twice a step (forward,
 // then backward with its replay), never more.
+//
+// Prefetch: gathering a unit for its forward starts the gather of the next
+// unit (nonblocking: ProcessGroup::all_gather_async); gathering one for its
+// backward starts the previous block's. So at most two units are gathered
+// at once, and each gather overlaps the compute of the unit before it.
 #pragma once
 
 #include <cstdint>
@@ -46,8 +51,12 @@ class UnitGatherer : public UnitRunHooks, public std::enable_shared_from_this<Un
   void after_run(const std::string& unit, const Tensor& y) override;
   std::shared_ptr<SavedTensorHooks> save_hooks() override { return saves_; }
 
-  // Gathers unit u (nothing if it is gathered).
+  // Gathers unit u (nothing if it is gathered; waits for its prefetch if
+  // one was started).
   void gather(std::size_t u);
+  // Starts gathering unit u without waiting (nothing if it is gathered or
+  // started).
+  void prefetch(std::size_t u);
   // Releases unit u (nothing if it is not gathered).
   void release(std::size_t u);
   // Releases every gathered unit (after a step's backward).
@@ -62,12 +71,16 @@ class UnitGatherer : public UnitRunHooks, public std::enable_shared_from_this<Un
  private:
   struct State : Unit {
     Tensor flat;                 // the gathered values (undefined: released)
+    Tensor incoming;             // a prefetch's output, until gather() takes it
+    std::shared_ptr<CommWork> work;  // the prefetch under way
     std::vector<bool> got;       // per member: its gradient arrived since the gather
     std::int64_t pending = 0;    // counted members whose gradient has not arrived since the gather
   };
   class SaveRefs;
   std::size_t index(const std::string& unit) const;  // npos when not a sharded unit
   void on_grad(std::size_t u, std::size_t member);
+  void gather_for_backward(std::size_t u);  // gather, and prefetch the block before it
+  void progress();                          // lets started prefetches move
 
   std::vector<State> units_;
   std::map<std::string, std::size_t> by_name_;

@@ -41,6 +41,14 @@ TEST_CASE("all_gather and reduce_scatter", "[parallel]") {
   CHECK(v(mine) == std::vector<float>{float(n * 2 * r), float(n * (2 * r + 1))});
   if (n > 1)
     CHECK_THROWS_WITH(g->reduce_scatter(zeros({2 * n + 1, 1}), ReduceOp::sum), Catch::Contains("must divide"));
+  // Started without waiting, into a buffer the caller owns.
+  Tensor out = full({2 * n, 3}, -1.0);
+  auto work = g->all_gather_async(t, out);
+  work->test();
+  work->wait();
+  CHECK(v(out) == v(all));
+  Tensor wrong = zeros({2 * n + 1, 3});
+  CHECK_THROWS_WITH(g->all_gather_async(t, wrong), Catch::Contains("all_gather_async: the output must be"));
 }
 
 TEST_CASE("all_to_all moves rows with per-rank split sizes, and can reuse known counts", "[parallel]") {
