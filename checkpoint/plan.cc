@@ -20,7 +20,7 @@ std::string valid_forms(const std::vector<std::string>& sub_regions) {
   for (const auto& n : sub_regions) (standalone(n) ? own : selective) += n + ", ";
   return "valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, " + own +
          "keep_last (with block regions), offload, offload:NAMES, compress:bf16|fp8, compress:bf16|fp8:NAMES|all, "
-         "chunked_loss, chunked_loss:N (tokens per chunk), "
+         "chunked_loss, chunked_loss:N (tokens per chunk), keep_gathered (with --zero 3), "
          "selective:NAMES (" + selective + "save_matmul, "
          "save_attention, save_ops=OP/OP/... with OP one of " +
          replay_cacheable_list() + "), combined with '+' where they do not overlap";
@@ -143,6 +143,7 @@ std::string RecomputePlan::str() const {
                     (compress_all ? ":all" : compress_modules.empty() ? "" : ":" + join(compress_modules)) +
                     range_of(compress_range));
   if (chunked_loss) parts.push_back("chunked_loss" + (loss_chunk > 0 ? ":" + std::to_string(loss_chunk) : ""));
+  if (keep_gathered) parts.push_back("keep_gathered" + range_of(keep_gathered_range));
   if (parts.empty()) return "none";
   std::string out;
   for (const auto& p : parts) out += (out.empty() ? "" : "+") + p;
@@ -160,7 +161,8 @@ bool RecomputePlan::operator==(const RecomputePlan& o) const {
          offload == o.offload && offload_modules == o.offload_modules && offload_range == o.offload_range &&
          compress == o.compress && (!compress || compress_format == o.compress_format) &&
          compress_modules == o.compress_modules && compress_all == o.compress_all && compress_range == o.compress_range &&
-         chunked_loss == o.chunked_loss && loss_chunk == o.loss_chunk;
+         chunked_loss == o.chunked_loss && loss_chunk == o.loss_chunk && keep_gathered == o.keep_gathered &&
+         keep_gathered_range == o.keep_gathered_range;
 }
 
 const std::vector<std::string>& RecomputePlan::builtin_sub_regions() {
@@ -224,6 +226,7 @@ class PlanParser {
       t.text = t.text.substr(0, at);
     }
     if (t.text == "keep_last") return keep_last_term(t);
+    if (t.text == "keep_gathered") return keep_gathered_term(t);
     if (t.text == "offload" || t.text.rfind("offload:", 0) == 0) return offload_term(t);
     if (t.text.rfind("compress:", 0) == 0) return compress_term(t);
     if (t.text == "chunked_loss" || t.text.rfind("chunked_loss:", 0) == 0) return chunked_loss_term(t);
@@ -244,6 +247,13 @@ class PlanParser {
     if (t.ranged) bad_("'keep_last' takes no @range (it is about the last block)");
     if (keep_last_) bad_("'keep_last' given twice");
     keep_last_ = true;
+  }
+
+  // keep_gathered[@A-B]
+  void keep_gathered_term(const Term& t) {
+    if (plan_.keep_gathered) bad_("'" + t.full(*this) + "': keep_gathered given twice");
+    plan_.keep_gathered = true;
+    if (t.ranged) plan_.keep_gathered_range = std::make_pair(t.lo, t.hi);
   }
 
   // chunked_loss[:N]

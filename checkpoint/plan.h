@@ -100,8 +100,17 @@ struct RecomputePlan {
   // the model's default).
   bool chunked_loss = false;
   std::int64_t loss_chunk = 0;
+  // keep_gathered[@A-B] (--zero 3, train/zero_gather.h): those blocks keep
+  // their gathered parameters from their forward to their backward (one
+  // gather a step instead of two, their parameters held meanwhile); unset
+  // range: every block.
+  bool keep_gathered = false;
+  std::optional<std::pair<std::int64_t, std::int64_t>> keep_gathered_range;
+  bool keeps_gathered(std::int64_t block) const { return keep_gathered && in_range(keep_gathered_range, block); }
 
-  bool is_none() const { return block_regions.empty() && modules.empty() && !offload && !compress && !chunked_loss; }
+  bool is_none() const {
+    return block_regions.empty() && modules.empty() && !offload && !compress && !chunked_loss && !keep_gathered;
+  }
   // True if block `i` is inside a block-level region.
   bool block_in_region(std::int64_t i) const;
   // True if the hooks of a ranged (or whole-model) offload / compression

@@ -290,6 +290,8 @@ DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
                                              BlockStack& stack) {
   DataParallelUpdate u;
   if (zero == 0) {
+    REMAT_CHECK(!stack.plan().keep_gathered, Error, "--recompute ", stack.plan().spec,
+                ": keep_gathered keeps blocks' gathered parameters, which only --zero 3 gathers");
     u.reducer = make_grad_reducer(layout, params, bucket_bytes);
     u.adamw = std::make_unique<AdamW>(params, opts);
     return u;
@@ -302,7 +304,12 @@ DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
   if (!whole.empty()) u.reducer = make_grad_reducer(layout, whole, bucket_bytes);
   u.zero = std::make_unique<ZeroOptimizer>(int(zero), params, layout.grad_group ? layout.grad_group : layout.world,
                                            sharded, is_expert_parameter, opts);
-  if (u.zero->gatherer()) stack.set_unit_hooks(u.zero->gatherer());
+  if (u.zero->gatherer()) {
+    stack.set_unit_hooks(u.zero->gatherer());
+    u.zero->gatherer()->follow_plan(&stack);  // keep_gathered
+  }
+  REMAT_CHECK(zero == 3 || !stack.plan().keep_gathered, Error, "--recompute ", stack.plan().spec,
+              ": keep_gathered keeps blocks' gathered parameters, which only --zero 3 gathers");
   return u;
 }
 

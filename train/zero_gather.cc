@@ -155,6 +155,7 @@ void UnitGatherer::after_run(const std::string& unit, const Tensor& y) {
       return Tensor();
     });
   }
+  if (stack_ && unit.rfind("block.", 0) == 0 && stack_->plan().keeps_gathered(std::stoll(unit.substr(6)))) return;
   release(u);  // reshard after forward
 }
 

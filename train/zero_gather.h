@@ -45,6 +45,10 @@ class UnitGatherer : public UnitRunHooks, public std::enable_shared_from_this<Un
   // Installs the post-accumulate hooks that release a unit after its
   // backward (call once, after construction, holding a shared_ptr).
   void install();
+  // Reads the keep_gathered component of `stack`'s plan (its blocks are not
+  // released after their forward) from now on; the stack must outlive the
+  // calls (it holds this gatherer as its unit hooks). Null: release all.
+  void follow_plan(const BlockStack* stack) { stack_ = stack; }
 
   // UnitRunHooks
   void before_run(const std::string& unit) override;
@@ -85,6 +89,7 @@ class UnitGatherer : public UnitRunHooks, public std::enable_shared_from_this<Un
   std::vector<State> units_;
   std::map<std::string, std::size_t> by_name_;
   std::shared_ptr<ProcessGroup> group_;
+  const BlockStack* stack_ = nullptr;
   std::shared_ptr<SavedTensorHooks> saves_;  // a SaveRefs
   std::int64_t gathers_ = 0;
 };

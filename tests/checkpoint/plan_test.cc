@@ -75,7 +75,7 @@ TEST_CASE("plans parse against the sub-region names a model's blocks offer", "[c
                     Catch::Contains("valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, "
                                     "attention, moe_expert, keep_last (with block regions), offload, offload:NAMES, "
                                     "compress:bf16|fp8, compress:bf16|fp8:NAMES|all, chunked_loss, "
-                                    "chunked_loss:N (tokens per chunk), selective:NAMES "
+                                    "chunked_loss:N (tokens per chunk), keep_gathered (with --zero 3), selective:NAMES "
                                     "(core_attn, layernorm, mlp, moe_act, moe, shared_experts, save_matmul, "
                                     "save_attention, save_ops=OP/OP/... with OP one of "));
   CHECK_THROWS_WITH(RecomputePlan::parse("selective:attention", 4),
@@ -334,4 +334,19 @@ TEST_CASE("chunked_loss parses, prints last, compares and refuses bad sizes", "[
   // The valid forms name it.
   CHECK_THROWS_WITH(RecomputePlan::parse("chunked_los", 4),
                     Contains("unknown component 'chunked_los'") && Contains("chunked_loss, chunked_loss:N"));
+}
+
+TEST_CASE("keep_gathered: a ranged component of its own that round-trips", "[plan]") {
+  const RecomputePlan p = RecomputePlan::parse("per_block+keep_gathered@1-2", 4);
+  CHECK(p.keep_gathered);
+  CHECK_FALSE(p.keeps_gathered(0));
+  CHECK(p.keeps_gathered(1));
+  CHECK(p.keeps_gathered(2));
+  CHECK_FALSE(p.keeps_gathered(3));
+  CHECK(p.str() == "per_block+keep_gathered@1-2");
+  CHECK(RecomputePlan::parse(p.str(), 4) == p);
+  CHECK(RecomputePlan::parse("keep_gathered", 4).keeps_gathered(3));
+  CHECK_FALSE(RecomputePlan::parse("keep_gathered", 4).is_none());
+  CHECK_THROWS_WITH(RecomputePlan::parse("keep_gathered+keep_gathered@1", 4), Catch::Contains("given twice"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("keep_gathered@4", 4), Catch::Contains("needs A <= B < 4"));
 }

@@ -90,6 +90,10 @@ TEST_CASE("--zero names its mistakes before any work", "[zero]") {
   CHECK_THROWS_WITH(Trainer(o), Catch::Contains("--zero 3: config tiny ties its embeddings"));
   o.zero = 4;
   CHECK_THROWS_WITH(Trainer(o), Catch::Contains("--zero 4: expected 1"));
+  o.zero = 0;
+  o.config.tie_embeddings = false;
+  o.recompute = "per_block+keep_gathered@1";
+  CHECK_THROWS_WITH(Trainer(o), Catch::Contains("keep_gathered keeps blocks' gathered parameters, which only --zero 3"));
 }
 
 namespace {
@@ -266,7 +270,9 @@ TEST_CASE("under --zero 2 and 3 lossless plans are bit-identical to none; stage 
       const ZeroRun none = train({.config = config, .zero = zero, .steps = 3}, world);
       if (zero == 2) stage2 = none.last.comm;
       for (const std::string plan : {"none", "per_block", "chunk", "attention", "selective:mlp", "offload",
-                                     "chunked_loss", "per_block+offload"}) {
+                                     "chunked_loss", "per_block+offload", "keep_gathered@1-2",
+                                     "per_block+keep_gathered"}) {
+        if (zero != 3 && plan.find("keep_gathered") != std::string::npos) continue;
         const ZeroRun p = train({.config = config, .zero = zero, .steps = 3, .plan = plan}, world);
         const std::string what = config + " --zero " + std::to_string(zero) + ", plan " + plan;
         check_equal(p, none, 0, what);
@@ -285,8 +291,10 @@ TEST_CASE("under --zero 2 and 3 lossless plans are bit-identical to none; stage 
           CHECK(gathers(CommPhase::forward) == L + 2 + 2);
           CHECK(bytes(CommPhase::forward) == forward_bytes + 16);
         }
-        CHECK(gathers(CommPhase::backward) + gathers(CommPhase::replay) == L + 1);
-        CHECK(bytes(CommPhase::backward) + bytes(CommPhase::replay) == backward_bytes);
+        // (keep_gathered blocks keep their forward's gather for their backward.)
+        const std::int64_t kept = plan == "keep_gathered@1-2" ? 2 : plan == "per_block+keep_gathered" ? L : 0;
+        CHECK(gathers(CommPhase::backward) + gathers(CommPhase::replay) == L + 1 - kept);
+        if (kept == 0) CHECK(bytes(CommPhase::backward) + bytes(CommPhase::replay) == backward_bytes);
         CHECK(c.calls_of(CollectiveKind::reduce_scatter, CommPhase::backward) == L + 2);
       }
     }
