@@ -97,7 +97,8 @@ void run_variants(const BenchOptions& o, const BenchRows& rows, TorchBaseline* t
     const bool is_torch = torch && s.variant == V - 1;
     const auto r = is_torch ? torch->run(o.threads, dtype_name(o.dtype), o.device.str(), o.warmup, o.steps)
                             : run_worker(o.config, rows.run_plans[std::size_t(s.variant)], o.warmup, o.steps,
-                                         o.threads, std::to_string(o.seed), o.ep, dtype_name(o.dtype),
+                                         o.threads, std::to_string(o.seed), WorkerRanks{o.ep, o.dp, o.zero},
+                                         dtype_name(o.dtype),
                                          o.device.str(), o.offload_dir);
     for (const auto& [k, val] : r) m.samples[std::size_t(s.variant)][k].push_back(val);
     JsonObject run;

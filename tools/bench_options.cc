@@ -26,6 +26,11 @@ std::vector<FlagSpec> bench_flag_specs() {
        text_flag("device", "cpu, cuda or cuda:N", "cpu"),
        int_flag("ep", "expert parallel: each worker is N processes under mpirun, the experts split over them", 1,
                 {.min = 1}),
+       int_flag("dp", "data parallel: each worker is N processes under mpirun, each with 1/N of the batch (--ep "
+                "divides it)", 1, {.min = 1}),
+       int_flag("zero", "with --dp: ZeRO stage over the worker's processes (1 optimizer state, 2 and gradients, 3 "
+                "and parameters); per-rank persistent, activation and peak bytes, gathers and reduce-scatters per "
+                "phase", 0, {.min = 0, .max = 3}),
        int_flag("pp", "pipeline stages: each worker is N processes under mpirun, one stage each; per-stage "
                 "memory, in-flight micro-batches and bubble for every --pp-schedule x --recompute", 1, {.min = 1}),
        text_flag("pp-schedule", "with --pp: comma-separated schedules", "gpipe,1f1b"),
@@ -109,8 +114,9 @@ void plans_and_budgets(const Flags& f, const ModelConfig& c, BenchOptions& o) {
     if (p != "auto") RecomputePlan::parse(p, c.n_layers);  // reject bad plans before any run
   o.budgets = comma_items(f.has("memory-budget") ? f.get("memory-budget") : o.pareto ? "25%,50%,75%" : "", true);
   o.has_auto = std::find(o.plans.begin(), o.plans.end(), "auto") != o.plans.end();
-  REMAT_CHECK(!o.has_auto || f.get_int("ep") == 1, Error, "bench: plan auto profiles one process; with --ep ",
-              f.get_int("ep"), " choose the plan with ./remat plan first and bench it by name");
+  REMAT_CHECK(!o.has_auto || (f.get_int("ep") == 1 && f.get_int("dp") == 1), Error, "bench: plan auto profiles "
+              "one process; with --ep ", f.get_int("ep"), " --dp ", f.get_int("dp"),
+              " choose the plan with ./remat plan first and bench it by name");
   REMAT_CHECK(!o.has_auto || !o.budgets.empty(), Error,
               "bench: plan auto needs --memory-budget B (one or a comma list)");
   REMAT_CHECK(o.has_auto || !f.has("memory-budget"), Error, "bench: --memory-budget ", f.get("memory-budget"),
@@ -124,7 +130,7 @@ BenchBaseline baseline_flag(const Flags& f, const BenchOptions& o) {
               "'");
   if (baseline.empty()) return BenchBaseline::none;
   const ModelConfig& c = o.model;
-  REMAT_CHECK(c.experts == 0 && c.dropout == 0 && o.ep == 1 && o.dtype != DType::f16 && !o.estimate, Error,
+  REMAT_CHECK(c.experts == 0 && c.dropout == 0 && o.ep == 1 && o.dp == 1 && o.dtype != DType::f16 && !o.estimate, Error,
               "bench --baseline torch: the PyTorch baseline models the dense decoder without dropout in f32 "
               "or bf16 on one process; config ", c.name, " has ", c.experts, " experts and dropout ", c.dropout,
               ", --dtype ", dtype_name(o.dtype), ", --ep ", o.ep, o.estimate ? ", --estimate" : "");
@@ -134,7 +140,7 @@ BenchBaseline baseline_flag(const Flags& f, const BenchOptions& o) {
 }  // namespace
 
 PipelineBenchSpec pipeline_bench_spec(const Flags& f, const std::string& config, const ModelConfig& c) {
-  for (const char* other : {"ep", "baseline", "estimate", "pareto", "html", "memory-budget", "offload-dir"})
+  for (const char* other : {"ep", "dp", "zero", "baseline", "estimate", "pareto", "html", "memory-budget", "offload-dir"})
     REMAT_CHECK(!f.has(other), Error, "bench --pp: --", other, " is not measured with a pipeline");
   REMAT_CHECK(f.get("device") == "cpu", Error, "bench --pp: pipelines run on the CPU under MPI for now");
   apply_threads_flag(f);
@@ -169,6 +175,8 @@ BenchOptions bench_options(const Flags& f, const std::string& config, const Mode
   apply_threads_flag(f);
   o.threads = num_threads();
   o.ep = f.get_int("ep");
+  o.dp = f.get_int("dp");
+  o.zero = f.get_int("zero");
   o.seed = std::uint64_t(f.get_int("seed"));
   o.dtype = compute_dtype_from_name(f.get("dtype"));  // a bad --dtype fails before any run
   o.device = device_flag(f, true);
@@ -185,6 +193,14 @@ BenchOptions bench_options(const Flags& f, const std::string& config, const Mode
               "trainer, which is not wired yet; use --ep on the CPU");
   REMAT_CHECK(o.ep == 1 || (c.experts % o.ep == 0 && c.batch % o.ep == 0), Error, "bench: --ep ", o.ep,
               " needs the ", c.experts, " experts and the batch of ", c.batch, " to divide by it");
+  REMAT_CHECK(o.dp == 1 || (o.dp % o.ep == 0 && c.batch % o.dp == 0), Error, "bench: --dp ", o.dp, " needs --ep ",
+              o.ep, " and the batch of ", c.batch, " to divide it");
+  REMAT_CHECK(o.zero == 0 || o.dp >= 2, Error, "bench: --zero ", o.zero,
+              " shards over data-parallel ranks; give --dp D (D >= 2)");
+  REMAT_CHECK(o.device.is_cpu() || o.dp == 1, Error, "bench: --dp with --device cuda needs the NCCL back end in "
+              "the trainer, which is not wired yet; use --dp on the CPU");
+  REMAT_CHECK(!o.estimate || (o.dp == 1 && o.ep == 1), Error, "bench --estimate: one process (give the ranks to "
+              "`mem --device meta --simulate-world`)");
   REMAT_CHECK(!o.estimate || ((o.device.is_cpu() || o.device.is_meta()) && o.dtype == DType::f32), Error,
               "bench: --estimate traces f32 steps on the CPU or meta; drop --dtype, and --device cuda, for it");
   o.baseline = baseline_flag(f, o);

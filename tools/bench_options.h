@@ -41,6 +41,7 @@ struct BenchOptions {
   std::vector<std::string> budgets; // --memory-budget's items: one auto row each
   bool pareto = false, has_auto = false, estimate = false;
   std::int64_t repeats = 1, warmup = 0, steps = 1, ep = 1;
+  std::int64_t dp = 1, zero = 0;    // --dp D (the processes of a worker) and --zero S over them
   int threads = 1;                  // num_threads() once --threads is applied
   std::uint64_t seed = 0;
   DType dtype = DType::f32;

@@ -143,6 +143,14 @@ class BenchReport {
       j.set("chosen_plan", a.best.plan).set("memory_budget", m_.autos.at(i).budget_text).set("budget_bytes", a.budget);
       j.set("predicted_peak_bytes", a.best.peak).set("predicted_step_ms", a.predicted_step_ms);
     }
+    if (o_.dp > 1) {
+      j.set("dp", o_.dp).set("zero", o_.zero);
+      for (const char* k : {"comm_bytes_forward", "comm_bytes_backward", "comm_bytes_replay", "all_gather_calls_forward",
+                            "all_gather_bytes_forward", "all_gather_calls_backward", "all_gather_bytes_backward",
+                            "all_gather_calls_replay", "all_gather_bytes_replay", "reduce_scatter_calls_backward",
+                            "reduce_scatter_bytes_backward"})
+        j.set(k, med(k));
+    }
     if (o_.ep > 1) {
       j.set("ep", o_.ep);
       for (const char* k : {"comm_bytes_forward", "comm_bytes_backward", "comm_bytes_replay", "all_to_all_bytes_forward",

@@ -30,6 +30,7 @@
 #include "train/data.h"
 #include "train/optimizer.h"
 #include "train/parallel_layout.h"
+#include "train/zero.h"
 
 namespace remat::tools {
 
@@ -45,18 +46,21 @@ std::string run_capture(const std::string& cmd, const char* what, int* rc) {
 
 std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
                                          std::int64_t steps, int threads, const std::string& seed,
-                                         std::int64_t ep, const std::string& dtype,
+                                         WorkerRanks ranks, const std::string& dtype,
                                          const std::string& device, const std::string& offload_dir) {
   std::string launcher;
-  if (ep > 1) {
+  const std::int64_t np = ranks.processes();
+  if (np > 1) {
     launcher = "mpirun --oversubscribe " + std::string(::geteuid() == 0 ? "--allow-run-as-root " : "") + "-np " +
-               std::to_string(ep) + " ";
-    threads = std::max<int>(1, threads / int(ep));
+               std::to_string(np) + " ";
+    threads = std::max<int>(1, threads / int(np));
   }
+  const std::int64_t ep = ranks.ep;
   std::string cmd = launcher + "'/proc/" + std::to_string(::getpid()) + "/exe' bench-worker --config '" + config +
                     "' --recompute '" + plan + "' --warmup " + std::to_string(warmup) + " --steps " +
                     std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " + seed +
-                    " --ep " + std::to_string(ep) + " --dtype " + dtype + " --device " + device +
+                    " --ep " + std::to_string(ep) + " --zero " + std::to_string(ranks.zero) + " --dtype " + dtype +
+                    " --device " + device +
                     (offload_dir.empty() ? "" : " --offload-dir '" + offload_dir + "'") + " 2>&1";
   return run_bench_result(cmd, "bench: worker for plan " + plan);
 }
@@ -103,7 +107,7 @@ class ReplayFlops final : public OpHook {
 struct WorkerOptions {
   ModelConfig config;
   std::string plan;
-  std::int64_t warmup = 0, steps = 0, ep = 1;
+  std::int64_t warmup = 0, steps = 0, ep = 1, zero = 0;
   std::uint64_t seed = 0;
   DType dtype = DType::f32;
   Device device;
@@ -119,6 +123,7 @@ WorkerOptions worker_options(const std::vector<std::string>& args) {
            threads_flag_spec(),
            int_flag("seed", "seed", 0, {.min = 0}),
            int_flag("ep", "expert parallel degree (the processes under mpirun)", 1, {.min = 1}),
+           int_flag("zero", "ZeRO stage over the processes under mpirun (0: none)", 0, {.min = 0, .max = 3}),
            text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
            text_flag("device", "cpu, cuda or cuda:N", "cpu"),
            text_flag("offload-dir", "directory for the offload plans' spill file")});
@@ -131,6 +136,7 @@ WorkerOptions worker_options(const std::vector<std::string>& args) {
   o.seed = std::uint64_t(f.get_int("seed"));
   o.device = device_flag(f);
   o.ep = f.get_int("ep");
+  o.zero = f.get_int("zero");
   o.dtype = compute_dtype_from_name(f.get("dtype"));
   if (f.has("offload-dir")) o.offload_dir = f.get("offload-dir");
   return o;
@@ -174,11 +180,10 @@ struct StepTimes {
 // recorded.
 class WorkerSteps {
  public:
-  WorkerSteps(DecoderModel& model, AdamW& opt, const ParallelLayout& layout, ProcessGroup& world,
+  WorkerSteps(DecoderModel& model, DataParallelUpdate& update, const ParallelLayout& layout, ProcessGroup& world,
               const WorkerOptions& o)
-      : model_(model), opt_(opt), layout_(layout), world_(world), device_(o.device),
+      : model_(model), update_(update), layout_(layout), world_(world), device_(o.device),
         offload_(model.block_stack().offload_hooks()), compress_(model.block_stack().compress_hooks()),
-        reducer_(make_grad_reducer(layout, model.named_parameters(), 25ll << 20)),
         corpus_(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
         sampler_(corpus_.train, o.config.batch, o.config.seq, o.seed + 1),
         flops_hook_(std::make_shared<ReplayFlops>()), hook_(flops_hook_),
@@ -229,18 +234,28 @@ class WorkerSteps {
     }
     t.forward_ms = ms_since(t0);
     const auto t1 = Clock::now();
+    const auto& reducer = update_.reducer;
+    ShardedGradReducer* sharded = update_.zero ? update_.zero->grad_reducer() : nullptr;
     {
       CategoryScope cat(MemoryCategory::activation);
-      if (reducer_) reducer_->prepare();
+      if (reducer) reducer->prepare();
+      if (sharded) sharded->prepare();
       const TensorOptions seed_opts(loss.dtype(), loss.device());
       loss.backward(W > 1 ? full({}, 1.0 / double(W), seed_opts) : Tensor());
-      if (reducer_) reducer_->finish();
+      if (reducer) reducer->finish();
+      if (sharded) sharded->finish();
+      if (update_.zero && update_.zero->gatherer()) update_.zero->gatherer()->release_all();
       synchronize(device_);
     }
     t.backward_ms = ms_since(t1);
     loss = Tensor();
-    clip_grad_norm(model_.parameters(), 1.0);
-    opt_.step(1e-3);
+    if (update_.zero) {  // (this rank's norm: the figures are times and bytes)
+      clip_grad_norm(update_.zero->bind_grads(), 1.0);
+      update_.zero->step(1e-3);
+    } else {
+      clip_grad_norm(model_.parameters(), 1.0);
+      update_.adamw->step(1e-3);
+    }
     synchronize(device_);
     t.step_ms = ms_since(t0);
     return t;
@@ -269,7 +284,7 @@ class WorkerSteps {
     s.peak_res = std::max(s.peak_res, st.reserved_peak);
     // Persistent: parameters, their gradient buffers and optimizer state
     // (constant from the first step on); activations: the rest of the peak.
-    s.persistent = persistent_bytes(model_.named_parameters(), opt_);
+    s.persistent = update_.zero ? update_.zero->persistent_bytes() : persistent_bytes(model_.named_parameters(), *update_.adamw);
     s.activations = std::max(s.activations, st.allocated_peak - s.persistent);
     s.loss = std::max(s.loss, st.category_peak[std::size_t(MemoryCategory::loss)]);
     s.ops = checkpoint_counters().ops_recomputed - m.ops_recomputed;
@@ -280,13 +295,12 @@ class WorkerSteps {
   }
 
   DecoderModel& model_;
-  AdamW& opt_;
+  DataParallelUpdate& update_;
   const ParallelLayout& layout_;
   ProcessGroup& world_;
   Device device_;
   const std::shared_ptr<OffloadHooks>& offload_;
   const std::shared_ptr<CompressHooks>& compress_;
-  std::unique_ptr<GradReducer> reducer_;
   Corpus corpus_;
   BatchSampler sampler_;
   std::shared_ptr<ReplayFlops> flops_hook_;
@@ -327,6 +341,13 @@ JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const
     j.set("all_to_all_bytes_forward", double(comm.bytes_of(CollectiveKind::all_to_all, CommPhase::forward)));
     j.set("all_to_all_bytes_replay", double(comm.bytes_of(CollectiveKind::all_to_all, CommPhase::replay)));
     j.set("all_to_all_calls_replay", double(comm.calls_of(CollectiveKind::all_to_all, CommPhase::replay)));
+    for (CommPhase p : {CommPhase::forward, CommPhase::backward, CommPhase::replay}) {
+      const std::string ph = phase_name(p);
+      j.set("all_gather_calls_" + ph, double(comm.calls_of(CollectiveKind::all_gather, p)));
+      j.set("all_gather_bytes_" + ph, double(comm.bytes_of(CollectiveKind::all_gather, p)));
+    }
+    j.set("reduce_scatter_calls_backward", double(comm.calls_of(CollectiveKind::reduce_scatter, CommPhase::backward)));
+    j.set("reduce_scatter_bytes_backward", double(comm.bytes_of(CollectiveKind::reduce_scatter, CommPhase::backward)));
   }
   return j;
 }
@@ -335,15 +356,17 @@ JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const
 
 int run_bench_worker(const std::vector<std::string>& args) {
   const WorkerOptions o = worker_options(args);
-  // Several processes (--ep under mpirun): each rank takes its share of the
-  // batch and of the experts, as `./remat train` does.
+  // Several processes (--ep, --dp under mpirun): each rank takes its share
+  // of the batch and of the experts, and its shards (--zero), as `./remat
+  // train` does.
   auto world = world_group();
   const ParallelLayout layout = make_parallel_layout(world, o.ep, o.config);
   manual_seed(o.seed);
   DecoderModel model(o.config, o.seed, layout.placement());
   prepare_model(model, layout, o);
-  AdamW opt(model.named_parameters());
-  WorkerSteps steps(model, opt, layout, *world, o);
+  DataParallelUpdate update =
+      make_data_parallel_update(layout, model.named_parameters(), 25ll << 20, o.zero, {}, *model.model->blocks);
+  WorkerSteps steps(model, update, layout, *world, o);
   for (std::int64_t i = 0; i < o.warmup + o.steps; ++i) steps.step(/*timed=*/i >= o.warmup);
   if (world->rank() != 0) return 0;  // rank 0 reports
   std::printf("BENCH-RESULT %s\n", worker_result(steps.series(), model, layout, world->size(), o.device).str().c_str());

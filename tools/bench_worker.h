@@ -24,15 +24,22 @@ double median(std::vector<double> v);
 double min_of(const std::vector<double>& v);
 double max_of(const std::vector<double>& v);
 
+// The processes of one worker: ep-way expert parallel over dp data-parallel
+// ranks (dp 1: ep ranks), with ZeRO stage `zero` over them.
+struct WorkerRanks {
+  std::int64_t ep = 1, dp = 1, zero = 0;
+  std::int64_t processes() const { return dp > 1 ? dp : ep; }
+};
+
 // One worker process (this binary as `bench-worker`): `warmup` untimed and
 // `steps` timed training steps of `config` under `plan`; its result fields
 // (step_ms, forward_ms, backward_ms, peak_allocated_bytes, persistent_bytes,
-// activation_bytes, ...: docs/REFERENCE.md#file-formats). With ep > 1, `ep`
-// processes under mpirun (threads split between them); rank 0 reports. Throws
-// Error, with the worker's output, if it fails.
+// activation_bytes, ...: docs/REFERENCE.md#file-formats). With several
+// ranks, ranks.processes() processes under mpirun (threads split between
+// them); rank 0 reports. Throws Error, with the worker's output, if it fails.
 std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
                                          std::int64_t steps, int threads, const std::string& seed,
-                                         std::int64_t ep = 1, const std::string& dtype = "f32",
+                                         WorkerRanks ranks = {}, const std::string& dtype = "f32",
                                          const std::string& device = "cpu", const std::string& offload_dir = "");
 
 }  // namespace remat::tools

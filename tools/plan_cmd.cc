@@ -179,7 +179,7 @@ std::vector<Measured> measure_plans(const Flags& f, const PlanOptions& o, const 
   for (const BenchSlot& s : order) {
     const std::string& plan = plans[std::size_t(s.variant)];
     const auto m = run_worker(o.config, plan, f.get_int("warmup"), f.get_int("steps"), num_threads(), f.get("seed"),
-                              1, dtype_name(o.dtype), o.device.str(), f.has("offload-dir") ? f.get("offload-dir") : "");
+                              WorkerRanks{}, dtype_name(o.dtype), o.device.str(), f.has("offload-dir") ? f.get("offload-dir") : "");
     for (const auto& [k, val] : m) v[std::size_t(s.variant)][k].push_back(val);
     std::printf("  [%2lld/%zu] %-44s step %.0f ms, peak %.1f MiB\n", static_cast<long long>(s.position + 1),
                 order.size(), plan.c_str(), m.at("step_ms"), m.at("peak_allocated_bytes") / 1048576.0);
