@@ -56,7 +56,7 @@ std::vector<std::string> split_plans(const std::string& s) {
   // list: selective:mlp,layernorm, offload:mlp,core_attn.)
   static const char* heads[] = {"none",       "per_block",  "chunk",     "selected:", "uniform:", "block:",
                                 "attention",  "moe_expert", "selective:", "keep_last", "offload",  "compress:",
-                                "auto"};
+                                "chunked_loss", "keep_gathered", "auto"};
   std::vector<std::string> out;
   std::stringstream in(s);
   std::string piece;

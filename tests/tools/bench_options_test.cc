@@ -12,6 +12,7 @@ using Plans = std::vector<std::string>;
 
 TEST_CASE("split_plans keeps a plan's own commas", "[bench]") {
   CHECK(split_plans("none,per_block") == Plans{"none", "per_block"});
+  CHECK(split_plans("none,chunked_loss,keep_gathered@1") == Plans{"none", "chunked_loss", "keep_gathered@1"});
   CHECK(split_plans("none,selected:0,2,per_block") == Plans{"none", "selected:0,2", "per_block"});
   CHECK(split_plans("selective:mlp,layernorm,offload:mlp,core_attn,auto") ==
         Plans{"selective:mlp,layernorm", "offload:mlp,core_attn", "auto"});
