@@ -124,6 +124,11 @@ class OffloadHooks final : public TypedSavedTensorHooks {
   // Throws IOError for a write that failed since the last report (no wait).
   void check();
   OffloadStats stats() const;
+  // Bytes of the spill file held in the page cache now (mincore over the
+  // file; 0 with none written or on CUDA): what offload "freed" but RAM
+  // still holds. Written and read ranges are dropped from the cache, so
+  // this stays near 0 where the file system honours the advice.
+  std::int64_t page_cache_bytes() const;
   // Where the (unlinked) spill file was created, for messages.
   const std::string& path() const { return path_; }
 

@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <memory>
 
 #include "checkpoint/checkpoint.h"
@@ -157,10 +160,23 @@ void prepare_model(DecoderModel& model, const ParallelLayout& layout, const Work
 struct WorkerSeries {
   std::vector<double> step_ms, fwd_ms, bwd_ms, replay_flops, replay_wall, offloaded, offload_wait, compressed;
   std::vector<double> estimated_ms;  // the cpu-measured time estimate of each timed step (CPU workers)
+  std::vector<double> rss_peak;      // the process's peak resident bytes in each timed step
+  std::vector<double> page_cache;    // the spill file's bytes in the page cache after each timed step
   std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
   std::int64_t loss = 0;   // the loss category's most (the head's logits and the loss's)
   CommCounters comm_step;  // the last timed step's collectives
 };
+
+// Restarts the kernel's count of this process's peak resident set (Linux:
+// "5" to /proc/self/clear_refs); rss_peak_bytes() is VmHWM since, 0 where
+// it cannot be read.
+void reset_rss_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
+std::int64_t rss_peak_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::int64_t(std::strtoll(line.c_str() + 6, nullptr, 10)) * 1024;
+  return 0;
+}
 
 // The counters a step's figures are differences of, read before it.
 struct CounterMarks {
@@ -217,6 +233,7 @@ class WorkerSteps {
     if (estimator_) estimator_->reset();
     m.offload = offload_ ? offload_->stats() : OffloadStats{};
     m.compress = compress_ ? compress_->stats() : CompressHooks::Stats{};
+    reset_rss_peak();
     return m;
   }
 
@@ -271,6 +288,8 @@ class WorkerSteps {
     s.compressed.push_back(compress_ ? double(compress_->stats().compressed_bytes - m.compress.compressed_bytes)
                                      : 0.0);
     const auto st = alloc_.stats();
+    s.rss_peak.push_back(double(rss_peak_bytes()));
+    s.page_cache.push_back(offload_ ? double(offload_->page_cache_bytes()) : 0.0);
     s.step_ms.push_back(t.step_ms);
     s.fwd_ms.push_back(t.forward_ms);
     s.bwd_ms.push_back(t.backward_ms);
@@ -325,6 +344,7 @@ JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const
   if (device.is_cpu()) j.set("gemm_peak_flops", measure_peak_flops(5));
   j.set("replay_wall_ms", median(s.replay_wall));
   j.set("offloaded_bytes", median(s.offloaded)).set("offload_ms", median(s.offload_wait));
+  j.set("rss_peak_bytes", median(s.rss_peak)).set("spill_page_cache_bytes", median(s.page_cache));
   j.set("compressed_saved_bytes", median(s.compressed));
   j.set("peak_allocated_bytes", s.peak_alloc).set("peak_reserved_bytes", s.peak_res);
   j.set("persistent_bytes", s.persistent).set("activation_bytes", s.activations).set("loss_bytes", s.loss);

@@ -133,7 +133,14 @@ TEST_CASE("offload frees the activation memory it moved and prefetches in tape o
   CHECK(s.bytes_written == 6 * 64 * 128 * 4);
   CHECK(offloaded < plain / 20);  // the memory went (the loss's small saves stay)
   CHECK(s.stored_peak == s.bytes_written);
+  // The written bytes left the page cache too (where the file system honours
+  // the advice: the spill folder's); a file of zero cached bytes at least
+  // reads as such.
+  const std::int64_t cached = off->page_cache_bytes();
+  INFO("spill file bytes in the page cache after the forward: " << cached);
+  CHECK(cached <= s.bytes_written / 8);
   loss.backward();
+  CHECK(off->page_cache_bytes() <= s.bytes_written / 8);  // read back, dropped again
   const OffloadStats b = off->stats();
   CHECK(b.sync_reads >= 1);       // the first unpack finds nothing started
   CHECK(b.prefetch_hits >= 3);    // the rest were read ahead
