@@ -355,8 +355,10 @@ class MemTrainer {
     if (pipeline_group_) g.push_back(pipeline_group_);
     return g;
   }
-  // The parameters this rank holds and updates (a stage's own).
+  // The parameters this rank holds and updates (a stage's own; under
+  // --zero 3 its shards of them).
   std::int64_t owned_parameters() const {
+    if (zero_) return zero_->held_parameters();
     std::int64_t n = 0;
     for (const Tensor& p : owned_) n += p.numel();
     return n;

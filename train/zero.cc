@@ -266,6 +266,17 @@ void ZeroOptimizer::load_state(const std::map<std::string, Tensor>& tensors, std
   adamw_->load_state(pieces, step);
 }
 
+std::int64_t ZeroOptimizer::held_parameters() const {
+  std::int64_t n = 0;
+  if (stage_ != 3) {
+    for (const auto& [name, p] : all_params_) n += p.numel();
+    return n;
+  }
+  for (const Tensor& m : masters_) n += m.numel();
+  for (const Tensor& p : unsharded_) n += p.numel();
+  return n;
+}
+
 std::int64_t ZeroOptimizer::persistent_bytes() const {
   std::int64_t n = 0;
   if (stage_ == 3) {  // this rank's shards of the weights, and the unsharded ones whole

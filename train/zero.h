@@ -102,6 +102,9 @@ class ZeroOptimizer {
   // (whole under stage 1; the shards and the unsharded ones' under stage 2)
   // and the optimizer state.
   std::int64_t persistent_bytes() const;
+  // The parameter elements this rank holds across steps: under stage 3 its
+  // shards (padding included) and the unsharded parameters, else all.
+  std::int64_t held_parameters() const;
 
  private:
   struct Unit {
