@@ -1,6 +1,7 @@
 #include "parallel/sharded_grad_reducer.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "engine/allocator.h"
 #include "engine/grad_mode.h"
@@ -84,7 +85,9 @@ void ShardedGradReducer::reduce(std::size_t u) {
     pack_flat(unit.layout, grads, flat);
     grads.clear();
     for (const Tensor& p : unit.params) p.set_grad(Tensor());  // the full gradients go: the flat copy is reduced
+    const auto t0 = std::chrono::steady_clock::now();
     part = group_->reduce_scatter(flat, ReduceOp::sum);
+    stats_.wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   }
   NoGradGuard ng;
   add_(shards_[u], part);

@@ -29,6 +29,7 @@ struct ShardedGradStats {
   std::int64_t reduce_scatters = 0;      // this step (a unit reduced again after a late gradient counts twice)
   std::int64_t started_in_backward = 0;  // ... of them started before backward returned
   std::int64_t bytes = 0;                // full f32 arrays reduce-scattered this step
+  std::int64_t wait_ns = 0;              // time spent in the reduce-scatters (blocking: all of it exposed)
 };
 
 class ShardedGradReducer {

@@ -150,7 +150,7 @@ class BenchReport {
       for (const char* k : {"comm_bytes_forward", "comm_bytes_backward", "comm_bytes_replay", "all_gather_calls_forward",
                             "all_gather_bytes_forward", "all_gather_calls_backward", "all_gather_bytes_backward",
                             "all_gather_calls_replay", "all_gather_bytes_replay", "reduce_scatter_calls_backward",
-                            "reduce_scatter_bytes_backward"})
+                            "reduce_scatter_bytes_backward", "zero_comm_wait_ms"})
         j.set(k, med(k));
     }
     if (o_.ep > 1) {

@@ -162,6 +162,7 @@ struct WorkerSeries {
   std::vector<double> estimated_ms;  // the cpu-measured time estimate of each timed step (CPU workers)
   std::vector<double> rss_peak;      // the process's peak resident bytes in each timed step
   std::vector<double> page_cache;    // the spill file's bytes in the page cache after each timed step
+  std::vector<double> zero_wait;     // --zero: ms blocked in reduce-scatters and unfinished gathers
   std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
   std::int64_t loss = 0;   // the loss category's most (the head's logits and the loss's)
   CommCounters comm_step;  // the last timed step's collectives
@@ -181,7 +182,7 @@ std::int64_t rss_peak_bytes() {
 // The counters a step's figures are differences of, read before it.
 struct CounterMarks {
   CommCounters comm;
-  std::int64_t ops_recomputed = 0, replay_ns = 0, replay_bytes_moved = 0;
+  std::int64_t ops_recomputed = 0, replay_ns = 0, replay_bytes_moved = 0, zero_wait_ns = 0;
   OffloadStats offload;
   CompressHooks::Stats compress;
 };
@@ -211,6 +212,7 @@ class WorkerSteps {
     Tensor batch = sampler_.next();
     batch = batch_shard(batch, world_).to(device_);
     model_.zero_grad();
+    if (update_.zero && update_.zero->grad_reducer()) update_.zero->grad_reducer()->zero();  // (--zero 2/3: the shards)
     synchronize(device_);
     const CounterMarks before = mark();
     const StepTimes times = train(batch);
@@ -233,8 +235,19 @@ class WorkerSteps {
     if (estimator_) estimator_->reset();
     m.offload = offload_ ? offload_->stats() : OffloadStats{};
     m.compress = compress_ ? compress_->stats() : CompressHooks::Stats{};
+    m.zero_wait_ns = zero_wait_ns();
     reset_rss_peak();
     return m;
+  }
+
+  // --zero: the time blocked in its reduce-scatters (blocking: all exposed)
+  // and in gathers that had not finished when their unit was needed; read
+  // after the step's zero() of the sharded reducer, which restarts its count.
+  std::int64_t zero_wait_ns() {
+    if (!update_.zero) return 0;
+    std::int64_t ns = update_.zero->gatherer() ? update_.zero->gatherer()->wait_ns() : 0;
+    if (const ShardedGradReducer* r = update_.zero->grad_reducer()) ns += r->stats().wait_ns;
+    return ns;
   }
 
   // Forward, backward and the update, timed (the device synchronised).
@@ -289,6 +302,7 @@ class WorkerSteps {
                                      : 0.0);
     const auto st = alloc_.stats();
     s.rss_peak.push_back(double(rss_peak_bytes()));
+    s.zero_wait.push_back(double(zero_wait_ns() - m.zero_wait_ns) * 1e-6);
     s.page_cache.push_back(offload_ ? double(offload_->page_cache_bytes()) : 0.0);
     s.step_ms.push_back(t.step_ms);
     s.fwd_ms.push_back(t.forward_ms);
@@ -345,6 +359,7 @@ JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const
   j.set("replay_wall_ms", median(s.replay_wall));
   j.set("offloaded_bytes", median(s.offloaded)).set("offload_ms", median(s.offload_wait));
   j.set("rss_peak_bytes", median(s.rss_peak)).set("spill_page_cache_bytes", median(s.page_cache));
+  j.set("zero_comm_wait_ms", median(s.zero_wait));
   j.set("compressed_saved_bytes", median(s.compressed));
   j.set("peak_allocated_bytes", s.peak_alloc).set("peak_reserved_bytes", s.peak_res);
   j.set("persistent_bytes", s.persistent).set("activation_bytes", s.activations).set("loss_bytes", s.loss);

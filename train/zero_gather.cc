@@ -1,6 +1,7 @@
 #include "train/zero_gather.h"
 
 #include <any>
+#include <chrono>
 
 #include "engine/allocator.h"
 #include "engine/autograd.h"
@@ -97,7 +98,9 @@ void UnitGatherer::gather(std::size_t u) {
   State& s = units_[u];
   if (s.flat.defined()) return;
   prefetch(u);
+  const auto t0 = std::chrono::steady_clock::now();
   s.work->wait();
+  wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   s.work.reset();
   s.flat = std::move(s.incoming);
   s.incoming = Tensor();

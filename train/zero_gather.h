@@ -69,8 +69,11 @@ class UnitGatherer : public UnitRunHooks, public std::enable_shared_from_this<Un
   std::size_t num_units() const { return units_.size(); }
   const Tensor& master(std::size_t u) const { return units_[u].master; }
   const ShardLayout& layout(std::size_t u) const { return units_[u].layout; }
-  // Gathers counted since construction.
+  // Gathers counted since construction, and the time spent waiting for
+  // them (a gather that had not finished when its unit was needed: the
+  // communication not hidden behind compute).
   std::int64_t gathers() const { return gathers_; }
+  std::int64_t wait_ns() const { return wait_ns_; }
 
  private:
   struct State : Unit {
@@ -91,7 +94,7 @@ class UnitGatherer : public UnitRunHooks, public std::enable_shared_from_this<Un
   std::shared_ptr<ProcessGroup> group_;
   const BlockStack* stack_ = nullptr;
   std::shared_ptr<SavedTensorHooks> saves_;  // a SaveRefs
-  std::int64_t gathers_ = 0;
+  std::int64_t gathers_ = 0, wait_ns_ = 0;
 };
 
 }  // namespace remat

@@ -56,6 +56,7 @@ for r in rows.values():
     assert r['dp'] == 2 and r['zero'] == 3 and r['step_ms'] > 0, r
     assert abs(r['persistent_bytes'] - dp['persistent_bytes'] / 2) < 0.01 * dp['persistent_bytes'], (r, dp)
     assert r['reduce_scatter_calls_backward'] == L + 2, r
+    assert r['zero_comm_wait_ms'] >= 0 and r['rss_peak_bytes'] > r['peak_allocated_bytes'], r
 back = lambda r: r['all_gather_calls_backward'] + r['all_gather_calls_replay']
 assert back(rows['none']) == L + 1 == back(rows['per_block']), rows
 assert back(rows['keep_gathered']) == 1, rows
