@@ -112,20 +112,15 @@ void GradReducer::finish() {
   CommPhaseScope phase(CommPhase::backward);  // the end of backward's traffic
   for (auto& b : buckets_)
     if (!b.work) start(b);  // deferred buckets, and buckets with unused parameters
-  // Every rank must have started the buckets of each group in the same order:
-  // compare a fingerprint of the order (max and -min over ranks agree).
+  // Every rank must have started the buckets of each group in the same order.
   std::vector<std::shared_ptr<ProcessGroup>> groups;
   for (const auto& b : buckets_)
     if (std::find(groups.begin(), groups.end(), b.group) == groups.end()) groups.push_back(b.group);
   for (const auto& g : groups) {
-    std::int64_t fp = 0;
+    std::vector<std::size_t> order;
     for (std::size_t i : start_order_)
-      if (buckets_[i].group == g) fp = (fp * 1000003 + std::int64_t(i) + 1) % 2147483647;
-    TagScope host(kHostTag);
-    Tensor v = from_vector<std::int64_t>({fp, -fp}, {2});
-    g->all_reduce(v, ReduceOp::max);
-    const auto m = v.to_vector<std::int64_t>();
-    REMAT_CHECK(m[0] == -m[1], Error, "gradient reduction: the ranks started their gradient buckets in different "
+      if (buckets_[i].group == g) order.push_back(i);
+    REMAT_CHECK(same_on_every_rank(*g, order), Error, "gradient reduction: the ranks started their gradient buckets in different "
                 "orders (their backward passes differ), so the summed gradients would be mixed up");
   }
   for (auto& b : buckets_) {

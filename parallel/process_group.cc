@@ -224,6 +224,16 @@ std::shared_ptr<CommWork> ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op)
   return done_work();
 }
 
+bool same_on_every_rank(ProcessGroup& g, const std::vector<std::size_t>& sequence) {
+  std::int64_t fp = 0;
+  for (std::size_t x : sequence) fp = (fp * 1000003 + std::int64_t(x) + 1) % 2147483647;
+  TagScope host(kHostTag);
+  Tensor v = from_vector<std::int64_t>({fp, -fp}, {2});
+  g.all_reduce(v, ReduceOp::max);
+  const auto m = v.to_vector<std::int64_t>();
+  return m[0] == -m[1];
+}
+
 void check_gather_output(const Tensor& t, const Tensor& out, int size) {
   Shape want = t.sizes();
   REMAT_CHECK(!want.empty(), ShapeError, "all_gather: needs at least one dim");

@@ -162,6 +162,11 @@ class ProcessGroup {
   CommCounters counters_;
 };
 
+// True when every rank of `g` passed the same `sequence` (e.g. the order in
+// which it started its reductions): a fingerprint of it, compared by one
+// host-tagged all-reduce (max of the value and of its negation). A collective.
+bool same_on_every_rank(ProcessGroup& g, const std::vector<std::size_t>& sequence);
+
 // The ShapeError every back end gives all_gather_async for an output that
 // is not contiguous, of t's dtype and device, with dim 0 = size x t's.
 void check_gather_output(const Tensor& t, const Tensor& out, int size);

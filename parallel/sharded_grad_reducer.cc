@@ -108,15 +108,8 @@ void ShardedGradReducer::finish() {
     }
     if (stale_[u]) reduce(u);  // gradient added after the reduction: reduce that part too
   }
-  // Every rank must have reduced the units in the same order: compare a
-  // fingerprint of the order (max and -min over ranks agree).
-  std::int64_t fp = 0;
-  for (std::size_t u : order_) fp = (fp * 1000003 + std::int64_t(u) + 1) % 2147483647;
-  TagScope host(kHostTag);
-  Tensor v = from_vector<std::int64_t>({fp, -fp}, {2});
-  group_->all_reduce(v, ReduceOp::max);
-  const auto m = v.to_vector<std::int64_t>();
-  REMAT_CHECK(m[0] == -m[1], Error, "sharded gradient reduction: the ranks reduce-scattered their units in different "
+  // Every rank must have reduced the units in the same order.
+  REMAT_CHECK(same_on_every_rank(*group_, order_), Error, "sharded gradient reduction: the ranks reduce-scattered their units in different "
               "orders (their backward passes differ), so the summed gradients would be mixed up");
 }
 
