@@ -46,10 +46,23 @@ std::vector<Range> all_ranges(std::size_t L) {
   return r;
 }
 
+// none, then each [a, L-1] (keep_gathered's: planner.h).
+std::vector<Range> suffix_ranges(std::size_t L) {
+  std::vector<Range> r{std::nullopt};
+  for (std::size_t a = L; a-- > 0;) r.emplace_back(std::make_pair(a, L - 1));
+  return r;
+}
+
 bool in(const Range& r, std::size_t i) { return r && i >= r->first && i <= r->second; }
 
-// The dynamic program for one offload and one compression range.
-PlannerResult solve_ranged(const PlannerInput& in, const Range& off, const Range& comp) {
+// One range per hook (unset: not used).
+struct HookRanges {
+  Range off, comp, keep;
+};
+
+// The dynamic program for one range of each hook.
+PlannerResult solve_ranged(const PlannerInput& in, const HookRanges& hr) {
+  const Range &off = hr.off, &comp = hr.comp;
   PlannerResult res;
   if (in.budget < in.fixed_peak) return res;
   const std::int64_t grid = in.grid_bytes > 0 ? in.grid_bytes : std::max<std::int64_t>(1, in.budget / 4096);
@@ -63,6 +76,7 @@ PlannerResult solve_ranged(const PlannerInput& in, const Range& off, const Range
     // choices that use it, outside only those that do not.
     if (((c.hooks & kOffloadHook) != 0) != remat::in(off, i)) return false;
     if (((c.hooks & kCompressHook) != 0) != remat::in(comp, i)) return false;
+    if (((c.hooks & kKeepGatheredHook) != 0) != remat::in(hr.keep, i)) return false;
     return true;
   };
   // dp[S]: least time of blocks 0..i-1 whose held bytes, rounded up to the
@@ -185,15 +199,19 @@ PlannerResult solve_plan(const PlannerInput& in) {
   const std::vector<Range> none{std::nullopt};
   const std::vector<Range>& offs = (used & kOffloadHook) ? every : none;
   std::vector<Range> comps = (used & kCompressHook) ? every : none;
-  if (offs.size() * comps.size() > 4096) comps = {std::nullopt, std::make_pair(std::size_t(0), L - 1)};
+  std::vector<Range> keeps = (used & kKeepGatheredHook) ? suffix_ranges(L) : none;
+  const Range whole = std::make_pair(std::size_t(0), L - 1);
+  if (offs.size() * comps.size() * keeps.size() > 4096 && comps.size() > 1) comps = {std::nullopt, whole};
+  if (offs.size() * comps.size() * keeps.size() > 4096 && keeps.size() > 1) keeps = {std::nullopt, whole};
   PlannerResult best;
   for (const auto& o : offs)
-    for (const auto& c : comps) {
-      PlannerResult r = solve_ranged(in, o, c);
-      if (r.feasible && (!best.feasible || r.time_ms < best.time_ms - 1e-9 ||
-                         (r.time_ms <= best.time_ms + 1e-9 && r.peak < best.peak)))
-        best = std::move(r);
-    }
+    for (const auto& c : comps)
+      for (const auto& k : keeps) {
+        PlannerResult r = solve_ranged(in, {o, c, k});
+        if (r.feasible && (!best.feasible || r.time_ms < best.time_ms - 1e-9 ||
+                           (r.time_ms <= best.time_ms + 1e-9 && r.peak < best.peak)))
+          best = std::move(r);
+      }
   return best;
 }
 

@@ -21,10 +21,10 @@
 // blocks at those moments (embedding output, head, loss, the incoming
 // gradient).
 //
-// Offload and compression are one hook each with one block range in a plan
-// string (offload@A-B), which acts on every block of the range: the choices
-// that use one (PlanChoice::hooks) are taken on one contiguous run of blocks
-// and every block of the run takes one. The solver tries every range (for
+// Offload, compression and keep_gathered are one hook each with one block
+// range in a plan string (offload@A-B), which acts on every block of the
+// range: the choices that use one (PlanChoice::hooks) are taken on one
+// contiguous run of blocks and every block of the run takes one. The solver tries every range (for
 // both hooks together when their product of ranges is at most 4096; beyond,
 // compression takes no range or every block), so the optimum is exact over
 // the plans a string can write.
@@ -36,8 +36,12 @@
 
 namespace remat {
 
-// PlanChoice::hooks bits.
-inline constexpr unsigned kOffloadHook = 1, kCompressHook = 2;
+// PlanChoice::hooks bits: the plan parts that take one block range.
+// keep_gathered (--zero 3) is one too: its ranges are those that end at the
+// last block (on blocks of one kind they dominate the others: the later a
+// block, the fewer peaks its kept parameters add to), `none` and every
+// block when the ranges of all three would exceed 4096 combinations.
+inline constexpr unsigned kOffloadHook = 1, kCompressHook = 2, kKeepGatheredHook = 4;
 
 struct PlanChoice {
   std::string component;  // the plan component for this block ("" keeps everything), e.g. "per_block"

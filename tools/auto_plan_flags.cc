@@ -49,8 +49,16 @@ std::vector<FlagSpec> with_auto_plan_flags(std::vector<FlagSpec> specs) {
 }
 
 ProfileOptions profile_options_for_flags(const Flags& f, const ModelConfig& c, const std::string& dtype, Device device,
-                                         std::uint64_t seed, bool verbose) {
+                                         std::uint64_t seed, bool verbose, const ProfileJob& job) {
   ProfileOptions o;
+  if (const auto world = world_group(); world->size() > 1) {
+    REMAT_CHECK(job.pp == 1, Error, f.command(), " --recompute auto under --pp ", job.pp, ": the planner profiles "
+                "the blocks of data- and expert-parallel ranks, not a pipeline's stages; choose each stage's plan "
+                "with ./remat plan (--simulate-world on meta) and pass it to --recompute");
+    o.job = world;
+    o.ep = job.ep;
+    o.zero = job.zero;
+  }
   o.config = c;
   o.dtype = dtype;
   o.device = device;
@@ -85,7 +93,7 @@ CheckedPlan checked_choice(const Flags& f, const PlanProfile& prof, const Profil
 }
 
 std::string resolve_recompute(const Flags& f, const std::string& recompute, const ModelConfig& c,
-                              const std::string& dtype, Device device, std::uint64_t seed) {
+                              const std::string& dtype, Device device, std::uint64_t seed, const ProfileJob& job) {
   if (recompute != "auto") {
     REMAT_CHECK(!f.has("memory-budget"), Error, "--memory-budget ", f.get("memory-budget"),
                 " needs --recompute auto (got --recompute ", recompute, ")");
@@ -94,17 +102,16 @@ std::string resolve_recompute(const Flags& f, const std::string& recompute, cons
   REMAT_CHECK(f.has("memory-budget"), Error,
               "--recompute auto needs --memory-budget B (bytes with a unit, e.g. 1.5GiB, or N% of plan none's "
               "activation bytes)");
-  REMAT_CHECK(world_group()->size() == 1, Error, "--recompute auto profiles one process; under mpirun (",
-              world_group()->size(), " ranks) choose the plan first with ./remat plan and pass it to --recompute");
-  const ProfileOptions opts = profile_options_for_flags(f, c, dtype, device, seed, false);
+  const ProfileOptions opts = profile_options_for_flags(f, c, dtype, device, seed, false, job);
   const PlanProfile prof = profile_plans(opts);
   const CheckedPlan r = checked_choice(f, prof, opts, f.get("memory-budget"));
   const AutoPlan& a = r.plan;
-  std::printf("recompute auto: %s for --memory-budget %s (%s): predicted peak %s (a checking run: %s), step %.0f ms "
-              "(profile of %zu plans, %.0f s)\n",
-              a.best.plan.c_str(), f.get("memory-budget").c_str(), format_mib(a.budget).c_str(),
-              format_mib(a.best.peak).c_str(), format_mib(r.measured_peak).c_str(), a.predicted_step_ms,
-              prof.candidates.size(), prof.seconds);
+  if (world_group()->rank() == 0)  // (under mpirun every rank chose the same)
+    std::printf("recompute auto: %s for --memory-budget %s (%s): predicted peak %s (a checking run: %s), step %.0f "
+                "ms (profile of %zu plans, %.0f s)\n",
+                a.best.plan.c_str(), f.get("memory-budget").c_str(), format_mib(a.budget).c_str(),
+                format_mib(a.best.peak).c_str(), format_mib(r.measured_peak).c_str(), a.predicted_step_ms,
+                prof.candidates.size(), prof.seconds);
   std::fflush(stdout);
   return a.best.plan;
 }

@@ -36,11 +36,19 @@ std::optional<SimulatedRank> simulated_rank_flags(const Flags& f, Device device)
 // micro_batches.
 void scale_simulated_batch(ModelConfig& c, const SimulatedRank& r, std::int64_t micro_batches);
 
+// How the ranks of a job under mpirun run the step the profile measures
+// (train's --ep, --zero, --pp): the profile runs on every rank together.
+struct ProfileJob {
+  std::int64_t ep = 1, zero = 0, pp = 1;
+};
+
 // The profile options for `c` from the flags' --profile-rounds,
 // --allow-lossy, --offload-dir and simulated rank, a progress line on
-// stderr per step when `verbose`.
+// stderr per step when `verbose`. Under mpirun (more than one rank) the
+// profile runs on the job's ranks as `job` says; Error naming the command
+// for a pipeline (pp > 1), which is not planned.
 ProfileOptions profile_options_for_flags(const Flags& f, const ModelConfig& c, const std::string& dtype, Device device,
-                                         std::uint64_t seed, bool verbose);
+                                         std::uint64_t seed, bool verbose, const ProfileJob& job = {});
 
 // choose_checked_plan for --memory-budget `budget_text` (--allow-lossy from
 // the flags). Throws Error when no plan fits, or when the plan run measured
@@ -50,11 +58,13 @@ CheckedPlan checked_choice(const Flags& f, const PlanProfile& prof, const Profil
 
 // The --recompute value to run: `recompute` itself, or for "auto" the plan
 // chosen for --memory-budget from a profile of `c` (one line about it on
-// stdout). Throws Error when auto has no --memory-budget, when a budget is
-// given to a plan that is not auto, and when no plan fits (naming the
-// smallest predicted peak and its plan).
+// rank 0's stdout; under mpirun every rank profiles and chooses the same,
+// as `job` runs). Throws Error when auto has no --memory-budget, when a
+// budget is given to a plan that is not auto, and when no plan fits (naming
+// the smallest predicted peak and its plan).
 std::string resolve_recompute(const Flags& f, const std::string& recompute, const ModelConfig& c,
-                              const std::string& dtype, Device device, std::uint64_t seed);
+                              const std::string& dtype, Device device, std::uint64_t seed,
+                              const ProfileJob& job = {});
 
 // train --recompute auto --tune-microbatch: the plan and the micro-batches per
 // step together. For every micro-batch count M that divides the batch (1, 2,

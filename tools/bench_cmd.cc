@@ -4,8 +4,14 @@
 // parent resolves the planner's rows, runs the processes in a balanced
 // interleaved order and reports medians and min-max over repeats, ratios
 // against `none`, MFU and HFU (tools/bench_report.h).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
 
@@ -42,13 +48,61 @@ BenchRows hand_rows(const BenchOptions& o) { return {o.plans, o.plans, {}}; }
 // worker), then one row per budget ("auto" for one budget, "auto B" for
 // several), each running the plan chosen and checked for it. With --pareto a
 // budget no plan reaches is reported and skipped (a finding, not a failure).
-BenchRows auto_rows(const Flags& f, const BenchOptions& o) {
-  const ModelConfig& c = o.model;
-  std::printf("remat bench: profiling %s for --recompute auto (%lld rounds of each plan component)\n", c.name.c_str(),
-              static_cast<long long>(f.get_int("profile-rounds")));
-  std::fflush(stdout);
-  const ProfileOptions popts = profile_options_for_flags(f, c, dtype_name(o.dtype), o.device, o.seed, false);
-  const PlanProfile prof = profile_plans(popts);
+// The planner's choices for a worker of several processes (--dp, --ep):
+// the profile must run as the worker runs (its ranks, --zero), so `plan`
+// runs under mpirun for every budget at once; its --json gives the choices,
+// keyed by budget text (a budget no plan reaches is absent).
+std::map<std::string, AutoPlan> job_choices(const Flags& f, const BenchOptions& o) {
+  const WorkerRanks ranks{o.ep, o.dp, o.zero};
+  std::string budgets;
+  for (const auto& b : o.budgets) budgets += (budgets.empty() ? "" : ",") + b;
+  const std::string json =
+      (std::filesystem::temp_directory_path() / ("remat-bench-plan-" + std::to_string(::getpid()) + ".json")).string();
+  const std::string cmd =
+      "mpirun --oversubscribe " + std::string(::geteuid() == 0 ? "--allow-run-as-root " : "") + "-np " +
+      std::to_string(ranks.processes()) + " '/proc/" + std::to_string(::getpid()) + "/exe' plan --config '" +
+      o.config + "' --dtype " + dtype_name(o.dtype) + " --device " + o.device.str() + " --seed " +
+      std::to_string(o.seed) + " --memory-budget '" + budgets + "' --zero " + std::to_string(o.zero) + " --ep " +
+      std::to_string(o.ep) + " --profile-rounds " + std::to_string(f.get_int("profile-rounds")) + " --threads " +
+      std::to_string(std::max<std::int64_t>(1, o.threads / ranks.processes())) +
+      (f.get_bool("allow-lossy") ? " --allow-lossy" : "") +
+      (o.offload_dir.empty() ? "" : " --offload-dir '" + o.offload_dir + "'") + " --json '" + json + "' 2>&1";
+  int rc = 0;
+  const std::string out = run_capture(cmd, "bench: the planner's profile under mpirun", &rc);
+  std::ifstream in(json);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(json.c_str());
+  REMAT_CHECK(rc == 0 && !text.empty(), Error, "bench: the planner's profile under mpirun (", cmd, ") failed:\n", out);
+  const Json doc = Json::parse(text, "bench: the planner's --json");
+  std::vector<Json> per;
+  if (doc.has("budgets")) per = doc.at("budgets").items();
+  else per.push_back(doc);
+  std::map<std::string, AutoPlan> out_plans;
+  for (const Json& b : per) {
+    if (b.has("skipped")) {
+      std::printf("  auto %-6s skipped: %s\n", b.at("memory_budget").as_string().c_str(),
+                  b.at("skipped").as_string().c_str());
+      continue;
+    }
+    AutoPlan a;
+    a.budget = b.at("budget_bytes").as_int();
+    a.best.feasible = true;
+    a.best.plan = b.at("chosen_plan").as_string();
+    a.best.peak = b.at("predicted_peak_bytes").as_int();
+    a.predicted_step_ms = b.at("predicted_step_ms").as_number();
+    out_plans[b.at("memory_budget").as_string()] = a;
+    std::printf("  budget %-6s = %s: %s (predicted peak %s, a checking run on the ranks %s; step %.0f ms)\n",
+                b.at("memory_budget").as_string().c_str(), format_mib(a.budget).c_str(), a.best.plan.c_str(),
+                format_mib(a.best.peak).c_str(), format_mib(b.at("checked_peak_bytes").as_int()).c_str(),
+                a.predicted_step_ms);
+  }
+  return out_plans;
+}
+
+// The rows: the hand plans as given, and per budget an auto row running
+// the plan `choose` returns for it (nullopt: none fits, skipped).
+BenchRows rows_with_choices(const BenchOptions& o,
+                            const std::function<std::optional<AutoPlan>(const std::string&)>& choose) {
   BenchRows rows;
   for (const auto& p : o.plans) {
     if (p != "auto") {
@@ -57,24 +111,51 @@ BenchRows auto_rows(const Flags& f, const BenchOptions& o) {
       continue;
     }
     for (const auto& b : o.budgets) {
-      std::optional<CheckedPlan> maybe;
-      try {
-        maybe = checked_choice(f, prof, popts, b);
-      } catch (const Error& e) {
-        if (!o.pareto) throw;
-        std::printf("  auto %-6s skipped: %s\n", b.c_str(), e.what());
-        continue;
-      }
-      const CheckedPlan& checked = *maybe;
-      const AutoPlan& a = checked.plan;
-      rows.autos[rows.names.size()] = {b, a};
+      const std::optional<AutoPlan> a = choose(b);
+      if (!a) continue;
+      rows.autos[rows.names.size()] = {b, *a};
       rows.names.push_back(o.budgets.size() == 1 ? "auto" : "auto " + b);
-      rows.run_plans.push_back(a.best.plan);
-      std::printf("  %-10s budget %-6s = %s: %s (predicted peak %s, a checking run %s; step %.0f ms)\n",
-                  rows.names.back().c_str(), b.c_str(), format_mib(a.budget).c_str(), a.best.plan.c_str(),
-                  format_mib(a.best.peak).c_str(), format_mib(checked.measured_peak).c_str(), a.predicted_step_ms);
+      rows.run_plans.push_back(a->best.plan);
     }
   }
+  return rows;
+}
+
+BenchRows auto_rows(const Flags& f, const BenchOptions& o) {
+  const ModelConfig& c = o.model;
+  if (const std::int64_t np = WorkerRanks{o.ep, o.dp, o.zero}.processes(); np > 1) {
+    std::printf("remat bench: profiling %s for --recompute auto on %lld ranks (--zero %lld)\n", c.name.c_str(),
+                static_cast<long long>(np), static_cast<long long>(o.zero));
+    std::fflush(stdout);
+    const std::map<std::string, AutoPlan> chosen = job_choices(f, o);
+    return rows_with_choices(o, [&](const std::string& b) -> std::optional<AutoPlan> {
+      const auto it = chosen.find(b);
+      REMAT_CHECK(it != chosen.end() || o.pareto, Error, "bench: --memory-budget ", b,
+                  ": no plan fits on the ranks (the planner's output above says the smallest peak)");
+      if (it == chosen.end()) return std::nullopt;
+      return it->second;
+    });
+  }
+  std::printf("remat bench: profiling %s for --recompute auto (%lld rounds of each plan component)\n", c.name.c_str(),
+              static_cast<long long>(f.get_int("profile-rounds")));
+  std::fflush(stdout);
+  const ProfileOptions popts = profile_options_for_flags(f, c, dtype_name(o.dtype), o.device, o.seed, false);
+  const PlanProfile prof = profile_plans(popts);
+  BenchRows rows = rows_with_choices(o, [&](const std::string& b) -> std::optional<AutoPlan> {
+    std::optional<CheckedPlan> checked;
+    try {
+      checked = checked_choice(f, prof, popts, b);
+    } catch (const Error& e) {
+      if (!o.pareto) throw;
+      std::printf("  auto %-6s skipped: %s\n", b.c_str(), e.what());
+      return std::nullopt;
+    }
+    const AutoPlan& a = checked->plan;
+    std::printf("  budget %-6s = %s: %s (predicted peak %s, a checking run %s; step %.0f ms)\n", b.c_str(),
+                format_mib(a.budget).c_str(), a.best.plan.c_str(), format_mib(a.best.peak).c_str(),
+                format_mib(checked->measured_peak).c_str(), a.predicted_step_ms);
+    return a;
+  });
   std::printf("  (profile: %zu components in %.0f s)\n", prof.candidates.size(), prof.seconds);
   return rows;
 }

@@ -71,7 +71,7 @@ std::vector<std::string> split_plans(const std::string& s) {
   return out;
 }
 
-std::vector<std::string> pareto_plans(const ModelConfig& c) {
+std::vector<std::string> pareto_plans(const ModelConfig& c, std::int64_t zero) {
   std::vector<std::string> hand = {"none", "per_block", "chunk", "uniform:2", "uniform:4"};
   for (std::int64_t n = 1; n < c.n_layers; ++n) hand.push_back("block:" + std::to_string(n));
   for (const char* p : {"attention", "selective:core_attn", "selective:mlp", "selective:save_matmul"}) hand.push_back(p);
@@ -90,6 +90,13 @@ std::vector<std::string> pareto_plans(const ModelConfig& c) {
     } catch (const Error&) {
     }
   }
+  if (zero == 3) {  // keep_gathered on every block and on the later half, alone and with per_block
+    const std::string half = "keep_gathered@" + std::to_string(c.n_layers / 2) + "-" + std::to_string(c.n_layers - 1);
+    for (const std::string& k : {std::string("keep_gathered"), half}) {
+      out.push_back(k);
+      out.push_back("per_block+" + k);
+    }
+  }
   out.push_back("auto");
   return out;
 }
@@ -106,17 +113,14 @@ std::vector<std::string> comma_items(const std::string& s, bool skip_empty) {
 }
 
 // The plans and budgets: --recompute's (or --pareto's) plans, each but auto
-// parsed; auto needs budgets and one process, budgets need auto.
+// parsed; auto needs budgets, budgets need auto.
 void plans_and_budgets(const Flags& f, const ModelConfig& c, BenchOptions& o) {
   o.pareto = f.get_bool("pareto");
-  o.plans = o.pareto && !f.has("recompute") ? pareto_plans(c) : split_plans(f.get("recompute"));
+  o.plans = o.pareto && !f.has("recompute") ? pareto_plans(c, f.get_int("zero")) : split_plans(f.get("recompute"));
   for (const auto& p : o.plans)
     if (p != "auto") RecomputePlan::parse(p, c.n_layers);  // reject bad plans before any run
   o.budgets = comma_items(f.has("memory-budget") ? f.get("memory-budget") : o.pareto ? "25%,50%,75%" : "", true);
   o.has_auto = std::find(o.plans.begin(), o.plans.end(), "auto") != o.plans.end();
-  REMAT_CHECK(!o.has_auto || (f.get_int("ep") == 1 && f.get_int("dp") == 1), Error, "bench: plan auto profiles "
-              "one process; with --ep ", f.get_int("ep"), " --dp ", f.get_int("dp"),
-              " choose the plan with ./remat plan first and bench it by name");
   REMAT_CHECK(!o.has_auto || !o.budgets.empty(), Error,
               "bench: plan auto needs --memory-budget B (one or a comma list)");
   REMAT_CHECK(o.has_auto || !f.has("memory-budget"), Error, "bench: --memory-budget ", f.get("memory-budget"),

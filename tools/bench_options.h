@@ -24,8 +24,9 @@ std::vector<FlagSpec> bench_flag_specs();
 std::vector<std::string> split_plans(const std::string& s);
 
 // bench --pareto's plans for `c`: the hand plans, each also with offload
-// where the pair is a plan, then auto.
-std::vector<std::string> pareto_plans(const ModelConfig& c);
+// where the pair is a plan; under --zero 3 (`zero`) keep_gathered on every
+// block and on the later half, each alone and with per_block; then auto.
+std::vector<std::string> pareto_plans(const ModelConfig& c, std::int64_t zero = 0);
 
 // bench --pp P's spec from the flags (threads applied). Error for a flag a
 // pipeline bench does not measure, a device other than the CPU, or a bad plan.

@@ -212,7 +212,7 @@ class WorkerSteps {
     Tensor batch = sampler_.next();
     batch = batch_shard(batch, world_).to(device_);
     model_.zero_grad();
-    if (update_.zero && update_.zero->grad_reducer()) update_.zero->grad_reducer()->zero();  // (--zero 2/3: the shards)
+    update_.zero_shards();
     synchronize(device_);
     const CounterMarks before = mark();
     const StepTimes times = train(batch);
@@ -264,28 +264,14 @@ class WorkerSteps {
     }
     t.forward_ms = ms_since(t0);
     const auto t1 = Clock::now();
-    const auto& reducer = update_.reducer;
-    ShardedGradReducer* sharded = update_.zero ? update_.zero->grad_reducer() : nullptr;
     {
       CategoryScope cat(MemoryCategory::activation);
-      if (reducer) reducer->prepare();
-      if (sharded) sharded->prepare();
-      const TensorOptions seed_opts(loss.dtype(), loss.device());
-      loss.backward(W > 1 ? full({}, 1.0 / double(W), seed_opts) : Tensor());
-      if (reducer) reducer->finish();
-      if (sharded) sharded->finish();
-      if (update_.zero && update_.zero->gatherer()) update_.zero->gatherer()->release_all();
+      update_.backward(loss, 1.0 / double(W));
       synchronize(device_);
     }
     t.backward_ms = ms_since(t1);
     loss = Tensor();
-    if (update_.zero) {  // (this rank's norm: the figures are times and bytes)
-      clip_grad_norm(update_.zero->bind_grads(), 1.0);
-      update_.zero->step(1e-3);
-    } else {
-      clip_grad_norm(model_.parameters(), 1.0);
-      update_.adamw->step(1e-3);
-    }
+    update_.step(model_.parameters(), 1.0, 1e-3);  // (under --zero this rank's norm: the figures are times and bytes)
     synchronize(device_);
     t.step_ms = ms_since(t0);
     return t;
@@ -317,7 +303,7 @@ class WorkerSteps {
     s.peak_res = std::max(s.peak_res, st.reserved_peak);
     // Persistent: parameters, their gradient buffers and optimizer state
     // (constant from the first step on); activations: the rest of the peak.
-    s.persistent = update_.zero ? update_.zero->persistent_bytes() : persistent_bytes(model_.named_parameters(), *update_.adamw);
+    s.persistent = update_.persistent_bytes(model_.named_parameters());
     s.activations = std::max(s.activations, st.allocated_peak - s.persistent);
     s.loss = std::max(s.loss, st.category_peak[std::size_t(MemoryCategory::loss)]);
     s.ops = checkpoint_counters().ops_recomputed - m.ops_recomputed;

@@ -15,6 +15,7 @@
 #include "engine/error.h"
 #include "engine/parallel_for.h"
 #include "models/decoder.h"
+#include "parallel/process_group.h"
 #include "tools/args.h"
 #include "tools/auto_plan_flags.h"
 #include "tools/bench_order.h"
@@ -36,6 +37,7 @@ struct PlanOptions {
   Device device;
   std::uint64_t seed = 0;
   bool lossy = false;
+  std::int64_t ranks = 1, ep = 1, zero = 0;  // the job profiled (ranks 1: one process)
   bool several() const { return budget_texts.size() > 1; }
 };
 
@@ -52,6 +54,10 @@ std::vector<FlagSpec> plan_flag_specs() {
       int_flag("repeats", "with --measure: processes per plan", 2, {.min = 1}),
       int_flag("warmup", "with --measure: untimed warm-up steps per process", 1, {.min = 0}),
       int_flag("steps", "with --measure: timed steps per process", 3, {.min = 1}),
+      int_flag("zero", "under mpirun: the ZeRO stage the ranks profile under, as train --zero (0: none)", 0,
+               {.min = 0, .max = 3}),
+      int_flag("ep", "under mpirun: the expert-parallel degree the ranks profile under, as train --ep", 1,
+               {.min = 1}),
       threads_flag_spec()};
   for (auto& s : auto_plan_flag_specs()) specs.push_back(s);
   for (auto& s : simulate_flag_specs()) specs.push_back(s);
@@ -75,6 +81,9 @@ PlanOptions plan_options(const Flags& f) {
   if (const auto r = simulated_rank_flags(f, o.device)) scale_simulated_batch(o.model, *r, 1);
   o.seed = std::uint64_t(f.get_int("seed"));
   o.lossy = f.get_bool("allow-lossy");
+  o.ranks = world_group()->size();
+  o.ep = f.get_int("ep");
+  o.zero = f.get_int("zero");
   return o;
 }
 
@@ -102,6 +111,15 @@ struct Measured {
   double peak = 0, step_ms = 0, step_ms_best = 0;
 };
 
+// --zero 3: what keeping each block's gathered parameters changes.
+void print_keep_gathered(const PlanProfile& prof) {
+  const KeepGatheredProfile& k = prof.keep_gathered;
+  if (!k.measured) return;
+  std::printf("keep_gathered (--zero 3), per block: held +MiB / step ms");
+  for (const PlanChoice& d : k.delta) std::printf("  %+.1f/%+.1f", double(d.held) / 1048576.0, d.time_ms);
+  std::printf("\n");
+}
+
 void print_profile(const PlanProfile& prof) {
   std::printf("profile: %zu components in %.0f s; persistent %s, plan none: peak %s (activations %s), step %.0f ms\n",
               prof.candidates.size() + prof.chunked_loss.measured, prof.seconds, format_mib(prof.persistent).c_str(),
@@ -113,6 +131,7 @@ void print_profile(const PlanProfile& prof) {
                 format_mib(prof.chunked_loss.loss_peak).c_str(), format_mib(prof.chunked_loss.forward_base).c_str(),
                 format_mib(prof.forward_base).c_str(), prof.chunked_loss.extra_ms);
   std::printf("\n");
+  print_keep_gathered(prof);
 }
 
 // The plan chosen for budget `text` and its table (chosen, alternatives,
@@ -240,7 +259,7 @@ class PlanJson {
 
   void write(const std::string& path) const {
     JsonObject doc;
-    doc.set("config", o_.model.name);
+    doc.set("config", o_.model.name).set("ranks", o_.ranks).set("ep", o_.ep).set("zero", o_.zero);
     if (!o_.several()) budget_keys(doc, choices_[0]);
     doc.set("allow_lossy", o_.lossy).set("persistent_bytes", prof_.persistent).set("none_peak_bytes", prof_.none_peak);
     doc.set("none_activation_bytes", prof_.none_activation_bytes()).set("none_step_ms", prof_.none_step_ms);
@@ -314,6 +333,17 @@ class PlanJson {
       cl.set_raw("backward_bases", cb + "]");
       doc.set_raw("chunked_loss", cl.str());
     }
+    if (const KeepGatheredProfile& k = prof_.keep_gathered; k.measured) {
+      std::vector<JsonObject> blocks;
+      for (std::size_t i = 0; i < k.delta.size(); ++i) {
+        JsonObject b;
+        b.set("block", std::int64_t(i)).set("held_bytes", k.delta[i].held);
+        b.set("forward_work_bytes", k.delta[i].forward_work).set("backward_work_bytes", k.delta[i].work);
+        b.set("time_ms", k.delta[i].time_ms);
+        blocks.push_back(b);
+      }
+      doc.set_raw("keep_gathered", json_array(blocks));
+    }
     std::vector<JsonObject> cands;
     for (const auto& cand : prof_.candidates) cands.push_back(candidate_json(cand));
     doc.set_raw("candidates", json_array(cands));
@@ -342,10 +372,23 @@ int run_plan(const std::vector<std::string>& args) {
   const PlanOptions o = plan_options(f);
   REMAT_CHECK(!(o.device.is_meta() && f.get_bool("measure")), Error,
               "plan: --measure runs the plans for real; --device meta has no values to run (drop one)");
-  std::printf("remat plan: config %s, %d threads; profiling %lld rounds of each plan component on every block\n",
-              o.model.name.c_str(), num_threads(), static_cast<long long>(f.get_int("profile-rounds")));
+  const auto world = world_group();
+  REMAT_CHECK(world->size() > 1 || (f.get_int("zero") == 0 && f.get_int("ep") == 1), Error,
+              "plan: --zero and --ep say how the ranks of a job under mpirun run the profile; run it under "
+              "`mpirun -np N` (one process has none)");
+  REMAT_CHECK(world->size() == 1 || !f.get_bool("measure"), Error, "plan: --measure starts bench processes of "
+              "its own; under mpirun use ./remat bench --dp N --zero S --recompute auto instead");
+  // Under mpirun every rank profiles and chooses (the same plans); rank 0 reports.
+  if (world->rank() != 0) REMAT_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, IOError,
+                                      "plan: rank ", world->rank(), " cannot quiet its output");
+  std::printf("remat plan: config %s, %d threads%s; profiling %lld rounds of each plan component on every block\n",
+              o.model.name.c_str(), num_threads(),
+              o.ranks > 1 ? fmt(", %lld ranks (--ep %lld, --zero %lld)", static_cast<long long>(o.ranks),
+                                static_cast<long long>(o.ep), static_cast<long long>(o.zero)).c_str() : "",
+              static_cast<long long>(f.get_int("profile-rounds")));
   std::fflush(stdout);
-  const ProfileOptions popts = profile_options_for_flags(f, o.model, dtype_name(o.dtype), o.device, o.seed, true);
+  const ProfileOptions popts = profile_options_for_flags(f, o.model, dtype_name(o.dtype), o.device, o.seed,
+                                                        world->rank() == 0, {f.get_int("ep"), f.get_int("zero"), 1});
   const PlanProfile prof = profile_plans(popts);
   for (const auto& b : o.budget_texts) parse_memory_budget(b, prof);  // a bad text is an error before any choice
   print_profile(prof);
@@ -361,7 +404,7 @@ int run_plan(const std::vector<std::string>& args) {
     measured = measure_plans(f, o, to_measure);
     print_measured(choices, *measured);
   }
-  if (f.has("json")) PlanJson(o, prof, choices, measured ? &*measured : nullptr).write(f.get("json"));
+  if (f.has("json") && world->rank() == 0) PlanJson(o, prof, choices, measured ? &*measured : nullptr).write(f.get("json"));
   return 0;
 }
 

@@ -245,7 +245,7 @@ void resolve_plan(const Flags& f, TrainOptions& o) {
     REMAT_CHECK(!f.has("grad-accum"), Error, "--tune-microbatch chooses --grad-accum itself; drop one of them");
     o.recompute = resolve_recompute_and_microbatch(f, o.config, dtype, o.device, o.seed, &o.grad_accum);
   } else {
-    o.recompute = resolve_recompute(f, o.recompute, o.config, dtype, o.device, o.seed);
+    o.recompute = resolve_recompute(f, o.recompute, o.config, dtype, o.device, o.seed, {o.ep, o.zero, o.pp});
   }
 }
 
@@ -393,6 +393,12 @@ class StepReporter {
 
 // The closing lines: losses, throughput, the pipeline's stages, skipped updates, the save.
 void print_summary(const Trainer& trainer, const TrainCli& cli, const StepReporter& r) {
+  if (r.steps == 0) {  // (resumed at the last step)
+    std::printf("done: step %lld of %lld reached before this run; no step run\n", static_cast<long long>(trainer.step()),
+                static_cast<long long>(cli.options.steps));
+    if (!cli.options.save_dir.empty()) std::printf("state saved in %s/state.safetensors\n", cli.options.save_dir.c_str());
+    return;
+  }
   std::printf("done: %lld steps, final train loss %.4f, validation loss %.4f",
               static_cast<long long>(trainer.step()), r.last_loss, r.last_val);
   if (trainer.corpus().entropy_floor >= 0)

@@ -24,6 +24,7 @@
 #include "train/data.h"
 #include "train/optimizer.h"
 #include "train/train_options.h"
+#include "train/zero.h"
 
 namespace remat {
 
@@ -197,8 +198,9 @@ class TraceBlocks final : public BlockObserver {
   SaveTrace* trace_;
 };
 
-// The one candidate that is a whole plan, not a per-block component.
-const std::string kChunkedLoss = "chunked_loss";
+// The candidates that are not per-block choices of their own: chunked_loss
+// is a whole plan; keep_gathered changes every other choice.
+const std::string kChunkedLoss = "chunked_loss", kKeepGathered = "keep_gathered";
 
 // True if any '+' part of the component is an MoE part (moe_expert+offload too).
 bool is_moe_component(const std::string& c) {
@@ -220,44 +222,48 @@ std::string whole_plan(const std::string& component, std::int64_t n) {
 }
 
 // The bench worker's training step on a fresh model of opts.config (seeded
-// weights, AdamW, the generated corpus and its sampler): one setup for the
-// profile and the checking run.
+// weights, AdamW or ZeRO, the generated corpus and its sampler): one setup
+// for the profile and the checking run. Under a job (opts.job) every rank
+// builds it and runs the same steps together.
 class StepRig {
  public:
   explicit StepRig(const ProfileOptions& o)
       : seed_(o.seed), device(o.device), layout_(layout_for(o)), building_(std::in_place, o.device),
-        model(o.config, o.seed, layout_.placement()), opt(init_model(o)),
+        model(o.config, o.seed, layout_.placement()), update(init_model(o)),
         corpus(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
         sampler(corpus.train, o.config.batch, o.config.seq, o.seed + 1) {
     building_.reset();
-    reducer_ = make_grad_reducer(layout_, model.named_parameters(), TrainOptions{}.bucket_bytes);
   }
   StepRig(const StepRig&) = delete;
   StepRig& operator=(const StepRig&) = delete;
 
   // One step: zero the gradients, `before` (the start of what is measured),
   // forward with `trace` on (if set), backward (with a simulated rank's
-  // gradient buckets), clip, AdamW; then the offload check.
+  // gradient buckets, or the job's reductions), clip, AdamW; then the
+  // offload check.
   void step(const std::function<void()>& before, const std::shared_ptr<SavedTensorHooks>& trace = nullptr) {
     Tensor batch = batch_shard(sampler.next(), *layout_.world).to(device);
     model.zero_grad();
+    update.zero_shards();
     synchronize(device);
     before();
     {
+      const int W = real_job_ ? layout_.world->size() : 1;
+      RngShardScope shard(real_job_ ? layout_.world->rank() : 0, W);
       std::unique_ptr<SavedTensorHooksScope> tracing;
       if (trace) tracing = std::make_unique<SavedTensorHooksScope>(trace);
       Tensor loss = model.forward_loss(batch).loss;
       if (!device.is_meta()) (void)loss.item();
       tracing.reset();
-      if (reducer_) reducer_->prepare();
-      loss.backward();
-      if (reducer_) reducer_->finish();
+      update.backward(loss, 1.0 / double(W));
     }
-    clip_grad_norm(model.parameters(), 1.0);
-    opt.step(1e-3);
+    update.step(model.parameters(), 1.0, 1e-3);
     synchronize(device);
     if (const auto& off = model.block_stack().offload_hooks()) off->check();
   }
+
+  // The job's group (null: one process, or a simulated rank).
+  ProcessGroup* job() const { return real_job_ ? layout_.world.get() : nullptr; }
 
  private:
   struct Seed {
@@ -268,8 +274,10 @@ class StepRig {
   Device device;
 
  private:
-  // One process, or the simulated rank of a data- and expert-parallel job.
+  // One process, the ranks of a job, or the simulated rank of a data- and
+  // expert-parallel job.
   static ParallelLayout layout_for(const ProfileOptions& o) {
+    if (o.job && o.job->size() > 1) return make_parallel_layout(o.job, o.ep, o.config);
     if (!o.world) return make_parallel_layout(single_process_group(), 1, o.config);
     REMAT_CHECK(o.device.is_meta(), DeviceError, "the planner simulates a rank of a job on meta only, got --device ",
                 o.device.str());
@@ -278,6 +286,7 @@ class StepRig {
                 "--simulate-world with a hand plan");
     return make_parallel_layout(simulated_world(int(o.world->ranks()), o.rank), o.world->ep, o.config);
   }
+  bool real_job_ = false;
   ParallelLayout layout_;
   // The model is built on its device (on meta: no memory, nothing drawn).
   struct BuildOn {
@@ -288,23 +297,24 @@ class StepRig {
 
  public:
   DecoderModel model;
-  AdamW opt;
+  DataParallelUpdate update;
   Corpus corpus;
   BatchSampler sampler;
 
  private:
-  std::unique_ptr<GradReducer> reducer_;
-  std::vector<std::pair<std::string, Tensor>> init_model(const ProfileOptions& o) {
-    if (o.world) apply_parallel_layout(model, layout_, true);  // (as train runs it)
+  DataParallelUpdate init_model(const ProfileOptions& o) {
+    real_job_ = o.job && o.job->size() > 1;
+    if (o.world || real_job_) apply_parallel_layout(model, layout_, true);  // (as train runs it)
     model.set_compute_dtype(compute_dtype_from_name(o.dtype));
     model.to(o.device);
-    return model.named_parameters();
+    return make_data_parallel_update(layout_, model.named_parameters(), TrainOptions{}.bucket_bytes,
+                                     o.world ? o.world->zero : o.zero, {}, *model.model->blocks);
   }
 };
 
 }  // namespace
 
-std::vector<std::string> default_candidates(const ModelConfig& c, bool allow_lossy) {
+std::vector<std::string> default_candidates(const ModelConfig& c, bool allow_lossy, std::int64_t zero) {
   std::vector<std::string> v = {"per_block",     "attention",         "selective:core_attn",
                                 "selective:mlp", "selective:save_matmul", "offload",
                                 "per_block+offload", "attention+offload", "selective:mlp+offload"};
@@ -319,6 +329,7 @@ std::vector<std::string> default_candidates(const ModelConfig& c, bool allow_los
     v.push_back("per_block+compress:fp8");
   }
   v.push_back(kChunkedLoss);
+  if (zero == 3) v.push_back(kKeepGathered);
   return v;
 }
 
@@ -335,7 +346,8 @@ struct CandidatePlan {
 std::vector<CandidatePlan> candidate_plans(const ProfileOptions& opts) {
   const std::int64_t n = opts.config.n_layers;
   std::vector<std::string> comps{""};
-  for (const auto& s : opts.candidates.empty() ? default_candidates(opts.config, opts.allow_lossy) : opts.candidates)
+  const std::int64_t zero = opts.world ? opts.world->zero : opts.zero;
+  for (const auto& s : opts.candidates.empty() ? default_candidates(opts.config, opts.allow_lossy, zero) : opts.candidates)
     if (!s.empty() && s != "none") comps.push_back(s);
   std::vector<CandidatePlan> out;
   for (const auto& comp : comps) {
@@ -404,6 +416,34 @@ std::vector<std::vector<StepMeasure>> measure_rounds(const ProfileOptions& opts,
     }
   }
   return measured;
+}
+
+// A job's ranks measured their own steps: each measurement becomes the most
+// over the ranks (the fullest rank's bytes, the slowest rank's times), so
+// every rank derives the same profile and plans the same.
+void take_most_over_ranks(ProcessGroup& job, std::vector<std::vector<StepMeasure>>& measured) {
+  std::vector<std::int64_t> bytes;
+  const auto visit = [&](auto&& on_bytes, auto&& on_time) {
+    for (auto& rounds : measured)
+      for (StepMeasure& m : rounds) {
+        for (auto* v : {&m.fwd_before, &m.fwd_peak, &m.fwd_after, &m.bwd_start, &m.bwd_peak})
+          for (auto& x : *v) on_bytes(x);
+        for (auto* x : {&m.pre_peak, &m.head_peak, &m.tail_peak, &m.peak, &m.loss_peak, &m.dispatch_bytes,
+                        &m.replay_dispatch_bytes})
+          on_bytes(*x);
+        for (auto* v : {&m.fwd_ms, &m.bwd_ms})
+          for (auto& x : *v) on_time(x);
+        on_time(m.step_ms);
+      }
+  };
+  // (Times travel as integer nanoseconds.)
+  visit([&](std::int64_t& x) { bytes.push_back(x); }, [&](double& x) { bytes.push_back(std::llround(x * 1e6)); });
+  TagScope host(kHostTag);
+  Tensor b = from_vector<std::int64_t>(bytes, {std::int64_t(bytes.size())});
+  job.all_reduce(b, ReduceOp::max);
+  bytes = b.to_vector<std::int64_t>();
+  std::size_t i = 0;
+  visit([&](std::int64_t& x) { x = bytes[i++]; }, [&](double& x) { x = double(bytes[i++]) * 1e-6; });
 }
 
 // Per block, the median over the rounds of a per-block time.
@@ -509,6 +549,30 @@ ChunkedLossProfile chunked_loss_profile(const Derived& x, const Derived& none, s
   return c;
 }
 
+// Per block, the step time a candidate measured as `x` adds to none's:
+// blocks of one kind (dense, MoE) run the same code, so differences between
+// their windows are noise and each takes its kind's mean change; the step's
+// change outside the windows is shared between all blocks.
+std::vector<double> time_changes(const PlanProfile& prof, const Derived& x, const Derived& none) {
+  const std::int64_t n = prof.n_blocks;
+  double window_delta = 0;
+  std::map<bool, std::pair<double, int>> kind;  // moe -> (sum of changes, blocks)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double dlt = x.ms[std::size_t(i)] - none.ms[std::size_t(i)];
+    window_delta += dlt;
+    auto& [sum, cnt] = kind[prof.moe_blocks[std::size_t(i)]];
+    sum += dlt;
+    ++cnt;
+  }
+  const double rest = (x.step_ms - none.step_ms - window_delta) / double(n);
+  std::vector<double> out;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto& [sum, cnt] = kind[prof.moe_blocks[std::size_t(i)]];
+    out.push_back(sum / cnt + rest);
+  }
+  return out;
+}
+
 // Candidate `c` (measured as `x`) with its per-block costs against `none`
 // (`is_none`: it is none itself, so every block's time is 0).
 ProfiledCandidate candidate_costs(const PlanProfile& prof, const CandidatePlan& c, const Derived& x,
@@ -523,19 +587,7 @@ ProfiledCandidate candidate_costs(const PlanProfile& prof, const CandidatePlan& 
   pc.peak = x.peak;
   pc.dispatch_bytes = x.dispatch_bytes;
   pc.replay_dispatch_bytes = x.replay_dispatch_bytes;
-  // Blocks of one kind (dense, MoE) run the same code: differences between
-  // their windows are noise, so each takes its kind's mean change; the
-  // step's change outside the windows is shared between all blocks.
-  double window_delta = 0;
-  std::map<bool, std::pair<double, int>> kind;  // moe -> (sum of changes, blocks)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double dlt = x.ms[std::size_t(i)] - none.ms[std::size_t(i)];
-    window_delta += dlt;
-    auto& [sum, cnt] = kind[prof.moe_blocks[std::size_t(i)]];
-    sum += dlt;
-    ++cnt;
-  }
-  const double rest = (x.step_ms - none.step_ms - window_delta) / double(n);
+  const std::vector<double> times = time_changes(prof, x, none);
   for (std::int64_t i = 0; i < n; ++i) {
     const std::size_t u = std::size_t(i);
     PlanChoice ch;
@@ -547,11 +599,33 @@ ProfiledCandidate candidate_costs(const PlanProfile& prof, const CandidatePlan& 
     ch.work = std::max<std::int64_t>(0, x.bwd_peak[u] - prof.backward_bases[u] - x.sum_held(i + 1));
     // (Never below keeping everything: a plan that measures faster than
     // none does so by noise.)
-    const auto& [sum, cnt] = kind[prof.moe_blocks[u]];
-    ch.time_ms = is_none ? 0.0 : std::max(0.0, sum / cnt + rest);
+    ch.time_ms = is_none ? 0.0 : std::max(0.0, times[u]);
     pc.blocks.push_back(ch);
   }
   return pc;
+}
+
+// keep_gathered (measured as `x`, every block keeping its parameters) as
+// changes to the costs of keeping everything (`none`, measured as `nd`).
+KeepGatheredProfile keep_gathered_profile(const PlanProfile& prof, const CandidatePlan& c, const Derived& x,
+                                          const Derived& nd) {
+  const ProfiledCandidate kept = candidate_costs(prof, c, x, nd, false);
+  const ProfiledCandidate& none = prof.candidates.at(0);
+  const std::vector<double> times = time_changes(prof, x, nd);
+  KeepGatheredProfile k;
+  k.measured = true;
+  for (std::size_t i = 0; i < std::size_t(prof.n_blocks); ++i) {
+    const PlanChoice &a = kept.blocks[i], &b = none.blocks[i];
+    PlanChoice d;
+    d.component = kKeepGathered;
+    d.hooks = kKeepGatheredHook;
+    d.held = std::max<std::int64_t>(0, a.held - b.held);
+    d.forward_work = a.forward_work - b.forward_work;
+    d.work = a.work - b.work;
+    d.time_ms = std::min(0.0, times[i]);  // (never slower: a gather fewer; slower is noise)
+    k.delta.push_back(d);
+  }
+  return k;
 }
 
 }  // namespace
@@ -568,9 +642,10 @@ PlanProfile profile_plans(const ProfileOptions& opts) {
   prof.config = c.name;
   prof.n_blocks = n;
   for (std::int64_t i = 0; i < n; ++i) prof.moe_blocks.push_back(c.is_moe_layer(i));
-  const auto measured = measure_rounds(opts, rig, cands, prof);
+  auto measured = measure_rounds(opts, rig, cands, prof);
+  if (ProcessGroup* job = rig.job()) take_most_over_ranks(*job, measured);
   apply_recompute_plan(rig.model, RecomputePlan::parse("none", n));
-  prof.persistent = persistent_bytes(rig.model.named_parameters(), rig.opt);
+  prof.persistent = rig.update.persistent_bytes(rig.model.named_parameters());
 
   std::vector<Derived> d;
   for (const auto& ms : measured) {
@@ -581,6 +656,8 @@ PlanProfile profile_plans(const ProfileOptions& opts) {
   for (std::size_t k = 0; k < cands.size(); ++k) {
     if (cands[k].component == kChunkedLoss)
       prof.chunked_loss = chunked_loss_profile(d[k], d[0], n);
+    else if (cands[k].component == kKeepGathered)
+      prof.keep_gathered = keep_gathered_profile(prof, cands[k], d[k], d[0]);
     else
       prof.candidates.push_back(candidate_costs(prof, cands[k], d[k], d[0], k == 0));
   }
@@ -620,6 +697,26 @@ void drop_idle_hooks(std::vector<PlanChoice>& cs) {
   cs = std::move(kept);
 }
 
+// Every choice of a block whose gather keep_gathered saves time also with
+// keep_gathered (its `delta` added).
+void add_keep_gathered(std::vector<std::vector<PlanChoice>>& choices, const std::vector<PlanChoice>& delta) {
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    const PlanChoice& d = delta.at(i);
+    if (!(d.time_ms < 0)) continue;
+    const std::size_t k = choices[i].size();
+    for (std::size_t q = 0; q < k; ++q) {
+      PlanChoice c = choices[i][q];
+      c.component = c.component.empty() ? d.component : c.component + "+" + d.component;
+      c.hooks |= d.hooks;
+      c.held += d.held;
+      c.forward_work = std::max<std::int64_t>(0, c.forward_work + d.forward_work);
+      c.work = std::max<std::int64_t>(0, c.work + d.work);
+      c.time_ms += d.time_ms;
+      choices[i].push_back(c);
+    }
+  }
+}
+
 }  // namespace
 
 PlannerInput PlanProfile::planner_input(std::int64_t budget, bool allow_lossy, bool chunked) const {
@@ -639,6 +736,7 @@ PlannerInput PlanProfile::planner_input(std::int64_t budget, bool allow_lossy, b
       in.choices[std::size_t(i)].push_back(c.blocks[std::size_t(i)]);
     }
   for (auto& cs : in.choices) drop_idle_hooks(cs);
+  if (keep_gathered.measured) add_keep_gathered(in.choices, keep_gathered.delta);
   return in;
 }
 
@@ -680,7 +778,18 @@ namespace {
 // Leaves offload and compression out of every block's choices.
 void drop_hooks(PlannerInput& in) {
   for (auto& cs : in.choices)
-    cs.erase(std::remove_if(cs.begin(), cs.end(), [](const PlanChoice& c) { return c.hooks != 0; }), cs.end());
+    cs.erase(std::remove_if(cs.begin(), cs.end(),
+                            [](const PlanChoice& c) { return (c.hooks & (kOffloadHook | kCompressHook)) != 0; }),
+             cs.end());
+}
+
+// The component without keep_gathered ("" for it alone).
+std::string without_keep_gathered(const std::string& component) {
+  if (component == kKeepGathered) return "";
+  const std::string tail = "+" + kKeepGathered;
+  if (component.size() > tail.size() && component.compare(component.size() - tail.size(), tail.size(), tail) == 0)
+    return component.substr(0, component.size() - tail.size());
+  return component;
 }
 
 // The plan's number of '+' parts (0 for none).
@@ -700,7 +809,10 @@ void prefer_simpler_plan(const PlanProfile& profile, const PlannerInput& in, Aut
     bool ok = true;
     for (auto& cs : one.choices) {
       cs.erase(std::remove_if(cs.begin(), cs.end(),
-                              [&](const PlanChoice& c) { return !c.component.empty() && c.component != cand.component; }),
+                              [&](const PlanChoice& c) {
+                                const std::string base = without_keep_gathered(c.component);
+                                return !base.empty() && base != cand.component;
+                              }),
                cs.end());
       ok = ok && !cs.empty();
     }
@@ -841,6 +953,12 @@ std::int64_t measure_plan_peak(const ProfileOptions& opts, const std::string& pl
   for (std::int64_t step = 0; step < std::max<std::int64_t>(2, steps); ++step) {
     rig.step([&] { alloc.reset_peak(); });
     if (step > 0) peak = std::max(peak, alloc.stats().allocated_peak);
+  }
+  if (ProcessGroup* job = rig.job()) {  // (the fullest rank's)
+    TagScope host(kHostTag);
+    Tensor p = from_vector<std::int64_t>({peak}, {1});
+    job->all_reduce(p, ReduceOp::max);
+    peak = p.to_vector<std::int64_t>()[0];
   }
   return peak;
 }

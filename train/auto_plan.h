@@ -26,6 +26,7 @@
 #include "checkpoint/planner.h"
 #include "engine/device.h"
 #include "models/config.h"
+#include "parallel/process_group.h"
 #include "train/parallel_layout.h"
 
 namespace remat {
@@ -64,6 +65,17 @@ struct ChunkedLossProfile {
   double extra_ms = 0;         // its step time less none's (>= 0)
 };
 
+// --zero 3: what keep_gathered changes on each block against releasing its
+// gathered parameters after its forward, from the step with keep_gathered
+// on every block: held (the unit's gathered bytes kept), forward_work and
+// work, and time_ms (< 0: the backward's gather saved). planner_input
+// offers every choice of a block also with it (hook kKeepGatheredHook)
+// where it saves time.
+struct KeepGatheredProfile {
+  bool measured = false;
+  std::vector<PlanChoice> delta;  // per block
+};
+
 struct PlanProfile {
   std::string config;
   std::int64_t n_blocks = 0;
@@ -77,6 +89,7 @@ struct PlanProfile {
   std::vector<ProfiledCandidate> candidates;  // [0]: keeping everything (`none`)
   std::int64_t none_loss_peak = 0;            // MemoryCategory::loss's peak in none's step (the logits...)
   ChunkedLossProfile chunked_loss;
+  KeepGatheredProfile keep_gathered;
   std::vector<ProfiledSave> saves;            // the traced none step
   double seconds = 0;                         // the profile's wall time
   // The largest (max - min) / max of one candidate's step peak over the
@@ -110,6 +123,14 @@ struct ProfileOptions {
   // planned (Error).
   std::optional<WorldSpec> world;
   int rank = 0;
+  // Under mpirun: the job whose ranks run the profile together, as `train`
+  // runs them (null or one rank: one process): each rank its share of the
+  // batch, `ep` splitting the experts, ZeRO stage `zero` over the ranks
+  // (train/zero.h). Every measurement is the most over the ranks (the
+  // slowest rank's time, the fullest rank's bytes), so every rank plans the
+  // same. Pipelines are not planned.
+  std::shared_ptr<ProcessGroup> job;
+  std::int64_t ep = 1, zero = 0;
 };
 
 // The components the profile measures by default: the block region, the
@@ -117,9 +138,10 @@ struct ProfileOptions {
 // block, attention and mlp regions with offload (boundaries and what stays
 // saved); for MoE models moe_expert, moe_act and moe_expert with offload;
 // with allow_lossy compress:fp8, compress:bf16 and the block region with fp8
-// boundaries; and chunked_loss (measured as the whole plan, not per block:
-// PlanProfile::chunked_loss).
-std::vector<std::string> default_candidates(const ModelConfig& config, bool allow_lossy);
+// boundaries; chunked_loss (measured as the whole plan, not per block:
+// PlanProfile::chunked_loss); and under --zero 3 (`zero`) keep_gathered
+// (PlanProfile::keep_gathered).
+std::vector<std::string> default_candidates(const ModelConfig& config, bool allow_lossy, std::int64_t zero = 0);
 
 // Runs the profile (Error for an unknown component, as --recompute would say).
 PlanProfile profile_plans(const ProfileOptions& opts);

@@ -58,8 +58,7 @@ Tensor host_in(const Tensor& t, DType dtype) {
 }
 
 struct Planned {
-  const std::string* name;
-  const Tensor* tensor;
+  const HfTensorSource* source;
   DType dtype;  // as written
   std::uint64_t bytes;
 };
@@ -72,13 +71,13 @@ void write_shard(const std::string& dir, const std::string& path, const std::vec
   std::uint64_t offset = 0;
   for (const auto& it : items) {
     Json shape = Json::array();
-    for (auto s : it.tensor->sizes()) shape.push(Json::number(double(s)));
+    for (auto s : it.source->shape) shape.push(Json::number(double(s)));
     Json entry = Json::object();
     entry.set("dtype", Json::string(safetensors_dtype(it.dtype)));
     entry.set("shape", shape);
     entry.set("data_offsets",
               Json::array({Json::number(double(offset)), Json::number(double(offset + it.bytes))}));
-    header.set(*it.name, entry);
+    header.set(it.source->name, entry);
     offset += it.bytes;
   }
   Json meta = Json::object();
@@ -100,9 +99,9 @@ void write_shard(const std::string& dir, const std::string& path, const std::vec
     };
     check(write_all(fd.fd, head.data(), head.size()), "writing");
     for (const auto& it : items) {
-      const Tensor t = host_in(*it.tensor, it.dtype);
-      REMAT_CHECK(t.nbytes() == it.bytes, IOError, "tensor '", *it.name, "' changed size while ", path,
-                  " was written");
+      const Tensor t = host_in(it.source->read(), it.dtype);
+      REMAT_CHECK(t.nbytes() == it.bytes, IOError, "tensor '", it.source->name, "' read as ", t.nbytes(),
+                  " bytes while ", path, " was written; its plan had ", it.bytes);
       check(write_all(fd.fd, static_cast<const char*>(t.raw_data()), t.nbytes()), "writing");
     }
     check(::fsync(fd.fd) == 0, "fsync of");
@@ -281,6 +280,20 @@ void export_fault_point(ExportStep step) {
 
 void save_hf_checkpoint(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
                         DType dtype, std::int64_t max_shard_bytes) {
+  save_hf_checkpoint(dir, hf_sources(tensors), dtype, max_shard_bytes);
+}
+
+std::vector<HfTensorSource> hf_sources(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::vector<HfTensorSource> out;
+  for (const auto& [name, t] : tensors) {
+    REMAT_CHECK(t.defined(), IOError, "save_hf_checkpoint: tensor '", name, "' is undefined");
+    out.push_back({name, t.sizes(), t.dtype(), [t] { return t; }});
+  }
+  return out;
+}
+
+void save_hf_checkpoint(const std::string& dir, const std::vector<HfTensorSource>& tensors, DType dtype,
+                        std::int64_t max_shard_bytes) {
   REMAT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, DTypeError,
               "save_hf_checkpoint: dtype must be f32, bf16 or f16, got ", dtype_name(dtype));
   REMAT_CHECK(max_shard_bytes > 0, IOError, "save_hf_checkpoint: max_shard_bytes must be positive, got ",
@@ -289,19 +302,20 @@ void save_hf_checkpoint(const std::string& dir, const std::vector<std::pair<std:
   std::set<std::string> seen;
   std::vector<std::vector<Planned>> shards;
   std::uint64_t shard_bytes = 0, total = 0;
-  for (const auto& [name, t] : tensors) {
+  for (const HfTensorSource& src : tensors) {
+    const std::string& name = src.name;
     REMAT_CHECK(!name.empty() && name != "__metadata__", IOError, "save_hf_checkpoint: invalid tensor name '",
                 name, "' for ", dir);
     REMAT_CHECK(seen.insert(name).second, IOError, "save_hf_checkpoint: duplicate tensor name '", name, "' for ",
                 dir);
-    REMAT_CHECK(t.defined(), IOError, "save_hf_checkpoint: tensor '", name, "' for ", dir, " is undefined");
-    const DType out = is_floating(t.dtype()) ? dtype : t.dtype();
-    const std::uint64_t bytes = std::uint64_t(t.numel()) * element_size(out);
+    REMAT_CHECK(src.read != nullptr, IOError, "save_hf_checkpoint: tensor '", name, "' for ", dir, " has no reader");
+    const DType out = is_floating(src.dtype) ? dtype : src.dtype;
+    const std::uint64_t bytes = std::uint64_t(shape_numel(src.shape)) * element_size(out);
     if (shards.empty() || (!shards.back().empty() && shard_bytes + bytes > std::uint64_t(max_shard_bytes))) {
       shards.emplace_back();
       shard_bytes = 0;
     }
-    shards.back().push_back(Planned{&name, &t, out, bytes});
+    shards.back().push_back(Planned{&src, out, bytes});
     shard_bytes += bytes;
     total += bytes;
   }
@@ -330,7 +344,7 @@ void save_hf_checkpoint(const std::string& dir, const std::vector<std::pair<std:
   if (sharded) {
     Json wm = Json::object();
     for (std::size_t s = 0; s < shards.size(); ++s)
-      for (const auto& it : shards[s]) wm.set(*it.name, Json::string(hf_shard_name(int(s + 1), int(shards.size()))));
+      for (const auto& it : shards[s]) wm.set(it.source->name, Json::string(hf_shard_name(int(s + 1), int(shards.size()))));
     Json meta = Json::object();
     meta.set("total_size", Json::number(double(total)));
     Json index = Json::object();

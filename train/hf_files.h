@@ -127,4 +127,22 @@ void export_fault_point(ExportStep step);
 void save_hf_checkpoint(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
                         DType dtype, std::int64_t max_shard_bytes);
 
+// A tensor an export reads when it writes it (never before): its name,
+// shape and dtype up front (the headers are planned from them), its values
+// from `read` (a tensor of that shape and dtype, on any device).
+struct HfTensorSource {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::f32;
+  std::function<Tensor()> read;
+};
+// `tensors` as sources that return them.
+std::vector<HfTensorSource> hf_sources(const std::vector<std::pair<std::string, Tensor>>& tensors);
+// save_hf_checkpoint over sources: each is read when its shard is written
+// and dropped after, so memory holds one tensor at a time (a sharded
+// training state exports without ever holding the model). IOError as
+// above, and when a source reads another size than its shape.
+void save_hf_checkpoint(const std::string& dir, const std::vector<HfTensorSource>& tensors, DType dtype,
+                        std::int64_t max_shard_bytes);
+
 }  // namespace remat

@@ -149,6 +149,11 @@ DType hf_dtype_from_name(const std::string& name) {
 
 void save_hf_model(const std::string& dir, const ModelConfig& c,
                    const std::vector<std::pair<std::string, Tensor>>& parameters, const HfExportOptions& options) {
+  save_hf_model(dir, c, hf_sources(parameters), options);
+}
+
+void save_hf_model(const std::string& dir, const ModelConfig& c, const std::vector<HfTensorSource>& parameters,
+                   const HfExportOptions& options) {
   const Json config = config_to_hf(c, hf_dtype_name(options.dtype));  // refuses what HF cannot express
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -12,6 +12,7 @@
 
 #include "models/decoder.h"
 #include "models/hf_config.h"
+#include "train/hf_files.h"
 
 namespace remat {
 
@@ -63,6 +64,10 @@ struct HfExportOptions {
 // Error / IOError.
 void save_hf_model(const std::string& dir, const ModelConfig& c,
                    const std::vector<std::pair<std::string, Tensor>>& parameters, const HfExportOptions& options);
+// The same with each parameter read when it is written (one at a time:
+// a sharded state's export, train/sharded_state.h).
+void save_hf_model(const std::string& dir, const ModelConfig& c, const std::vector<HfTensorSource>& parameters,
+                   const HfExportOptions& options);
 
 // "f32" / "bf16" / "f16" (also "float32", "bfloat16", "float16") -> dtype;
 // Error otherwise.

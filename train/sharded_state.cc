@@ -70,56 +70,97 @@ std::string shard_index(const std::string& folder, int ranks, std::int64_t step,
   return j.dump();
 }
 
-void complete_sharded_state(const std::string& dir, SafetensorsFile& file) {
-  auto it = file.metadata.find(kShardIndexKey);
-  if (it == file.metadata.end()) return;
+std::optional<ShardedSetReader> ShardedSetReader::open(const std::string& dir,
+                                                      const std::map<std::string, std::string>& state_metadata) {
+  auto it = state_metadata.find(kShardIndexKey);
+  if (it == state_metadata.end()) return std::nullopt;
+  ShardedSetReader r;
+  r.dir_ = dir;
   const Json index = Json::parse(it->second, "the shard index of " + dir);
   const std::string folder = index.at("folder").as_string();
   const std::int64_t ranks = index.at("ranks").as_int(), step = index.at("step").as_int();
   REMAT_CHECK(folder.find('/') == std::string::npos && ranks >= 1, IOError, "sharded state in ", dir,
               ": the index names folder '", folder, "' over ", ranks, " rank(s)");
-  std::map<std::string, Tensor> whole;
-  std::map<std::string, std::int64_t> covered;
+  r.folder_ = folder;
   for (const auto& [name, dims] : index.at("tensors").members()) {
     Shape shape;
     for (const Json& d : dims.items()) shape.push_back(d.as_int());
-    whole[name] = zeros(shape);
-    covered[name] = 0;
+    r.tensors_[name].shape = shape;
   }
+  for (int rank = 0; rank < int(ranks); ++rank) r.open_rank_file(rank, ranks, step);
+  for (const auto& [name, t] : r.tensors_) {
+    std::int64_t covered = 0;
+    for (const Piece& p : t.pieces) covered += p.n;
+    REMAT_CHECK(covered == shape_numel(t.shape), IOError, "sharded state in ", dir, ": the pieces of '", name,
+                "' in ", folder, " cover ", covered, " of its ", shape_numel(t.shape), " elements");
+  }
+  return r;
+}
+
+// Rank `rank`'s file: its header checked against the index (step, rank,
+// ranks; every piece a range of a tensor it names); no data read.
+void ShardedSetReader::open_rank_file(int rank, std::int64_t ranks, std::int64_t step) {
+  const std::string path = rank_file(dir_, folder_, rank);
+  struct stat st;
+  REMAT_CHECK(::stat(path.c_str(), &st) == 0, IOError, "sharded state in ", dir_, ": rank file ", path,
+              " of the set of ", ranks, " rank(s) is missing");
+  files_.push_back(std::make_unique<SafetensorsReader>(path));
+  const SafetensorsReader& f = *files_.back();
+  auto meta = [&](const char* key) {
+    auto m = f.metadata().find(key);
+    return m == f.metadata().end() ? std::string("?") : m->second;
+  };
+  REMAT_CHECK(meta("step") == std::to_string(step) && meta("rank") == std::to_string(rank) &&
+                  meta("ranks") == std::to_string(ranks),
+              IOError, "sharded state in ", dir_, ": ", path, " holds step ", meta("step"), ", rank ", meta("rank"),
+              " of ", meta("ranks"), "; the index expects step ", step, ", rank ", rank, " of ", ranks);
+  for (const std::string& piece : f.names()) {
+    const std::size_t at = piece.rfind('@');
+    const std::string name = at == std::string::npos ? piece : piece.substr(0, at);
+    auto w = tensors_.find(name);
+    REMAT_CHECK(at != std::string::npos && w != tensors_.end() && f.shape(piece).size() == 1 &&
+                    f.dtype(piece) == DType::f32,
+                IOError, "sharded state in ", dir_, ": ", path, " holds '", piece,
+                "', which is no piece of a tensor the index names");
+    const std::int64_t begin = std::stoll(piece.substr(at + 1)), n = f.shape(piece)[0];
+    REMAT_CHECK(begin >= 0 && begin + n <= shape_numel(w->second.shape), IOError, "sharded state in ", dir_,
+                ": piece '", piece, "' of ", path, " (", n, " elements) lies outside '", name, "' of ",
+                shape_numel(w->second.shape));
+    w->second.pieces.push_back({files_.size() - 1, piece, begin, n});
+  }
+}
+
+std::vector<std::string> ShardedSetReader::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : tensors_) out.push_back(name);
+  return out;
+}
+
+const Shape& ShardedSetReader::shape(const std::string& name) const {
+  auto it = tensors_.find(name);
+  REMAT_CHECK(it != tensors_.end(), IOError, "sharded state in ", dir_, ": no sharded tensor '", name, "'");
+  return it->second.shape;
+}
+
+Tensor ShardedSetReader::read(const std::string& name) const {
+  const Shape& shape = this->shape(name);
   NoGradGuard ng;
-  for (int r = 0; r < int(ranks); ++r) {
-    const std::string path = rank_file(dir, folder, r);
-    struct stat st;
-    REMAT_CHECK(::stat(path.c_str(), &st) == 0, IOError, "sharded state in ", dir, ": rank file ", path,
-                " of the set of ", ranks, " rank(s) is missing");
-    const SafetensorsFile f = load_safetensors(path);  // every checksum verified (IOError naming the tensor)
-    auto meta = [&](const char* key) {
-      auto m = f.metadata.find(key);
-      return m == f.metadata.end() ? std::string("?") : m->second;
-    };
-    REMAT_CHECK(meta("step") == std::to_string(step) && meta("rank") == std::to_string(r) &&
-                    meta("ranks") == std::to_string(ranks),
-                IOError, "sharded state in ", dir, ": ", path, " holds step ", meta("step"), ", rank ", meta("rank"),
-                " of ", meta("ranks"), "; the index expects step ", step, ", rank ", r, " of ", ranks);
-    for (const auto& [piece, t] : f.tensors) {
-      const std::size_t at = piece.rfind('@');
-      const std::string name = at == std::string::npos ? piece : piece.substr(0, at);
-      auto w = whole.find(name);
-      REMAT_CHECK(at != std::string::npos && w != whole.end() && t.dim() == 1 && t.dtype() == DType::f32, IOError,
-                  "sharded state in ", dir, ": ", path, " holds '", piece, "', which is no piece of a tensor the index names");
-      const std::int64_t begin = std::stoll(piece.substr(at + 1)), n = t.numel();
-      REMAT_CHECK(begin >= 0 && begin + n <= w->second.numel(), IOError, "sharded state in ", dir, ": piece '", piece,
-                  "' of ", path, " (", n, " elements) lies outside '", name, "' of ", w->second.numel());
-      w->second.view({-1}).narrow(0, begin, n).copy_(t);
-      covered[name] += n;
-    }
+  Tensor whole = empty(shape);  // (CPU, f32; every element written below: the pieces cover it)
+  Tensor flat = whole.view({-1});
+  for (const Piece& p : tensors_.at(name).pieces) {
+    Tensor dst = flat.narrow(0, p.begin, p.n);
+    files_[p.file]->read_into(p.piece, dst);  // (its checksum verified)
   }
-  for (const auto& [name, t] : whole) {
-    REMAT_CHECK(covered[name] == t.numel(), IOError, "sharded state in ", dir, ": the pieces of '", name, "' in ",
-                folder, " cover ", covered[name], " of its ", t.numel(), " elements");
+  return whole;
+}
+
+void complete_sharded_state(const std::string& dir, SafetensorsFile& file) {
+  const std::optional<ShardedSetReader> set = ShardedSetReader::open(dir, file.metadata);
+  if (!set) return;
+  for (const std::string& name : set->names()) {
     REMAT_CHECK(!file.tensors.count(name), IOError, "sharded state in ", dir, ": '", name,
                 "' is both whole in the index and in shards");
-    file.tensors[name] = t;
+    file.tensors[name] = set->read(name);
   }
 }
 

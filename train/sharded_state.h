@@ -19,6 +19,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +48,42 @@ void write_rank_shards(const std::string& dir, const std::string& folder, int ra
 // tensors' names and whole shapes.
 std::string shard_index(const std::string& folder, int ranks, std::int64_t step,
                         const std::vector<std::pair<std::string, Shape>>& tensors);
+
+// A sharded set read a tensor at a time (export streams a sharded state):
+// the index and every rank file's header, no tensor data, until read().
+class ShardedSetReader {
+ public:
+  // The set `state_metadata` (of a state file read from DIR) indexes, its
+  // rank files opened and checked against the index; nullopt when the state
+  // is not sharded. IOError naming the file for a missing rank file, one of
+  // another step or set, or a tensor whose pieces do not cover it exactly.
+  static std::optional<ShardedSetReader> open(const std::string& dir,
+                                              const std::map<std::string, std::string>& state_metadata);
+  // The sharded tensors' names, sorted.
+  std::vector<std::string> names() const;
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  // Its whole shape (IOError for a name the set does not hold).
+  const Shape& shape(const std::string& name) const;
+  // The tensor, whole (f32, CPU), from its pieces (each checksum verified:
+  // IOError naming the file and the piece).
+  Tensor read(const std::string& name) const;
+
+ private:
+  ShardedSetReader() = default;
+  void open_rank_file(int rank, std::int64_t ranks, std::int64_t step);
+  struct Piece {
+    std::size_t file;
+    std::string piece;
+    std::int64_t begin, n;
+  };
+  struct Sharded {
+    Shape shape;
+    std::vector<Piece> pieces;
+  };
+  std::string dir_, folder_;
+  std::vector<std::unique_ptr<SafetensorsReader>> files_;
+  std::map<std::string, Sharded> tensors_;
+};
 
 // When `file` (a state read from DIR) is a sharded set's index: reads every
 // rank file of the set (checksums verified) and adds each sharded tensor,

@@ -215,6 +215,9 @@ void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
     if (!s.skipped) evaluate_and_save(run.stop, s);
     if (on_step) on_step(s);
   }
+  // Resumed at the last step: no step ran, and --save still gets the state
+  // (a copy of the one resumed, in this run's layout: a sharded set under --zero).
+  if (run.first >= run.stop && !opts_.save_dir.empty()) save(opts_.save_dir);
 }
 
 Trainer::StepStart Trainer::begin_step() {

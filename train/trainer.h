@@ -17,6 +17,7 @@
 #include "models/decoder.h"
 #include "parallel/grad_reducer.h"
 #include "train/data.h"
+#include "train/hf_model.h"
 #include "train/loss_scaler.h"
 #include "train/nonfinite.h"
 #include "train/parallel_layout.h"
@@ -34,6 +35,16 @@ namespace remat {
 // tokenizer, ...).
 std::unique_ptr<DecoderModel> load_trained_model(const std::string& dir,
                                                  std::map<std::string, std::string>* metadata = nullptr);
+
+// Writes the model of the training state in DIR (chosen as above) to the
+// Hugging Face folder `out` (save_hf_model), reading one parameter at a
+// time from the state's files (a sharded set's rank files included): memory
+// holds one tensor, never the model, and only what is read is verified.
+// An empty options.tokenizer copies the tokenizer the state was trained
+// with, if any. Returns the state's metadata and sets *parameters to the
+// model's count. IOError as load_trained_model.
+std::map<std::string, std::string> export_trained_state(const std::string& dir, const std::string& out,
+                                                        const HfExportOptions& options, std::int64_t* parameters);
 
 class Trainer {
  public:

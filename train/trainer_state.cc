@@ -10,6 +10,7 @@
 
 #include "engine/grad_mode.h"
 #include "engine/rng.h"
+#include "models/layers.h"
 #include "train/safetensors.h"
 #include "train/sharded_state.h"
 #include "train/state_files.h"
@@ -275,6 +276,44 @@ std::unique_ptr<DecoderModel> load_trained_model(const std::string& dir, std::ma
   model->train(false);
   if (metadata) *metadata = f.metadata;
   return model;
+}
+
+std::map<std::string, std::string> export_trained_state(const std::string& dir, const std::string& out,
+                                                        const HfExportOptions& options, std::int64_t* parameters) {
+  const StateChoice choice = choose_state_file(dir);
+  auto state = std::make_shared<SafetensorsReader>(choice.path);
+  const std::map<std::string, std::string>& meta = state->metadata();
+  auto it = meta.find("format");
+  REMAT_CHECK(it != meta.end() && it->second == kFormat, IOError, choice.path,
+              " is not a remat training state (metadata format '", it == meta.end() ? "" : it->second,
+              "', expected ", kFormat, ")");
+  auto cfg = meta.find("config");
+  REMAT_CHECK(cfg != meta.end(), IOError, choice.path, " has no metadata 'config'");
+  const ModelConfig c = ModelConfig::from_json(Json::parse(cfg->second, choice.path + " config"));
+  auto set = std::make_shared<const std::optional<ShardedSetReader>>(ShardedSetReader::open(dir, meta));
+  // The parameters' names and shapes from the model built on meta (no memory).
+  std::vector<HfTensorSource> sources;
+  {
+    DefaultDeviceScope shapes_only(kMeta);
+    SkipWeightInit no_values;
+    const DecoderModel model(c, 0);
+    for (const auto& [name, p] : model.named_parameters()) {
+      const bool sharded = *set && (*set)->has(name);
+      REMAT_CHECK(sharded || state->has(name), IOError, choice.path, " is missing parameter '", name, "'");
+      const Shape stored = sharded ? (*set)->shape(name) : state->shape(name);
+      REMAT_CHECK(stored == p.sizes() && (sharded || state->dtype(name) == p.dtype()), IOError, "parameter '", name,
+                  "' in ", choice.path, " is ", shape_str(stored), ", expected ", shape_str(p.sizes()), " ",
+                  p.dtype());
+      sources.push_back({name, p.sizes(), p.dtype(), [set, state, name = name, sharded] {
+                           return sharded ? (*set)->read(name) : state->read(name);
+                         }});
+    }
+    if (parameters) *parameters = model.num_parameters();
+  }
+  HfExportOptions o = options;
+  if (auto t = meta.find("tokenizer"); o.tokenizer.empty() && t != meta.end()) o.tokenizer = t->second;
+  save_hf_model(out, c, sources, o);
+  return meta;
 }
 
 }  // namespace remat

@@ -325,3 +325,35 @@ DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
 }
 
 }  // namespace remat
+
+namespace remat {
+
+void DataParallelUpdate::zero_shards() {
+  if (zero && zero->grad_reducer()) zero->grad_reducer()->zero();
+}
+
+void DataParallelUpdate::backward(const Tensor& loss, double seed_scale) {
+  ShardedGradReducer* sharded = zero ? zero->grad_reducer() : nullptr;
+  if (reducer) reducer->prepare();
+  if (sharded) sharded->prepare();
+  loss.backward(seed_scale != 1.0 ? full({}, seed_scale, TensorOptions(loss.dtype(), loss.device())) : Tensor());
+  if (reducer) reducer->finish();
+  if (sharded) sharded->finish();
+  if (zero && zero->gatherer()) zero->gatherer()->release_all();
+}
+
+void DataParallelUpdate::step(const std::vector<Tensor>& params, double clip, double lr) {
+  if (zero) {
+    clip_grad_norm(zero->bind_grads(), clip);
+    zero->step(lr);
+  } else {
+    clip_grad_norm(params, clip);
+    adamw->step(lr);
+  }
+}
+
+std::int64_t DataParallelUpdate::persistent_bytes(const std::vector<std::pair<std::string, Tensor>>& params) const {
+  return zero ? zero->persistent_bytes() : remat::persistent_bytes(params, *adamw);
+}
+
+}  // namespace remat

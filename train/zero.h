@@ -139,6 +139,21 @@ struct DataParallelUpdate {
   std::unique_ptr<GradReducer> reducer;  // null when nothing is reduced whole (or one rank)
   std::unique_ptr<AdamW> adamw;          // stage 0
   std::unique_ptr<ZeroOptimizer> zero;   // stages 1-3
+
+  // The start of a step (bench, the planner's profile), after the model's
+  // zero_grad(): the sharded gradients (stages 2 and 3) zeroed.
+  void zero_shards();
+  // Its backward: the reducers armed around loss.backward(seed) (seed
+  // `seed_scale`: 1/W for the mean over W ranks; 1 is the default seed),
+  // then every unit stage 3 still holds released.
+  void backward(const Tensor& loss, double seed_scale);
+  // Its update: the gradients clipped to norm `clip` (under ZeRO this rank's
+  // shards' norm: the figures are times and bytes, not the trainer's global
+  // norm) and AdamW at `lr`. `params`: the parameters stage 0 updates.
+  void step(const std::vector<Tensor>& params, double clip, double lr);
+  // What the rank keeps across steps: parameters, gradients and optimizer
+  // state (ZeroOptimizer::persistent_bytes under ZeRO).
+  std::int64_t persistent_bytes(const std::vector<std::pair<std::string, Tensor>>& params) const;
 };
 DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
                                              const std::vector<std::pair<std::string, Tensor>>& params,

@@ -25,6 +25,18 @@ bool contiguous(const PlannerInput& in, const std::vector<std::size_t>& c, unsig
   return runs <= 1;
 }
 
+// True if the blocks whose choices use `hook` are the last ones (or none):
+// keep_gathered's ranges (planner.h).
+bool suffix(const PlannerInput& in, const std::vector<std::size_t>& c, unsigned hook) {
+  bool seen = false;
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    const bool on = (in.choices[i][c[i]].hooks & hook) != 0;
+    if (seen && !on) return false;
+    seen = seen || on;
+  }
+  return true;
+}
+
 // Every combination of choices: the least time within the budget (and the
 // least peak overall), offload and compression each on one run of blocks.
 struct Brute {
@@ -42,7 +54,7 @@ Brute brute_force(const PlannerInput& in) {
       ok = ok && (in.allow_lossy || !in.choices[i][c[i]].lossy);
       t += in.choices[i][c[i]].time_ms;
     }
-    ok = ok && contiguous(in, c, kOffloadHook) && contiguous(in, c, kCompressHook);
+    ok = ok && contiguous(in, c, kOffloadHook) && contiguous(in, c, kCompressHook) && suffix(in, c, kKeepGatheredHook);
     if (ok) {
       const std::int64_t p = predicted_peak(in, c);
       if (b.min_peak < 0 || p < b.min_peak) b.min_peak = p;
@@ -63,7 +75,7 @@ Brute brute_force(const PlannerInput& in) {
 TEST_CASE("planner: the dynamic program finds brute force's optimum", "[planner]") {
   std::mt19937_64 rng(12345);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  const char* comps[] = {"", "per_block", "offload", "compress:fp8", "attention"};
+  const char* comps[] = {"", "per_block", "offload", "compress:fp8", "attention", "per_block+keep_gathered"};
   int feasible_cases = 0;
   for (int trial = 0; trial < 400; ++trial) {
     PlannerInput in;
@@ -80,15 +92,15 @@ TEST_CASE("planner: the dynamic program finds brute force's optimum", "[planner]
     }
     for (int i = 0; i < L; ++i) {
       std::vector<PlanChoice> opts;
-      const int k = uni(1, 4);
+      const int k = uni(1, trial % 5 == 4 ? 6 : 4);  // (every fifth trial: keep_gathered, which saves time)
       for (int j = 0; j < k; ++j) {
         PlanChoice c;
         c.component = comps[j];
         c.held = uni(0, 200);
         c.work = uni(0, 200);
-        c.time_ms = j == 0 ? 0.0 : double(uni(1, 50)) / 4;
+        c.time_ms = j == 0 ? 0.0 : j == 5 ? -double(uni(0, 20)) / 4 : double(uni(1, 50)) / 4;
         c.lossy = j == 3 && trial % 3 == 0;
-        c.hooks = j == 2 ? kOffloadHook : j == 3 ? kCompressHook : 0u;
+        c.hooks = j == 2 ? kOffloadHook : j == 3 ? kCompressHook : j == 5 ? kKeepGatheredHook : 0u;
         if (rich) c.forward_work = uni(0, 250);
         opts.push_back(c);
       }
@@ -159,4 +171,30 @@ TEST_CASE("planner: a hand-checked stack, the last block kept, plan strings", "[
   CHECK(p.block_regions.size() == 3);
   CHECK(p.block_modules[4].count("mlp") == 1);
   CHECK(p.offload_range == std::make_pair(std::int64_t(0), std::int64_t(1)));
+}
+
+TEST_CASE("planner: keep_gathered on the last blocks, where the budget leaves room", "[planner][zero]") {
+  // Four equal blocks under --zero 3: keeping costs 100 bytes held; keeping
+  // a block's gathered parameters from its forward to its backward holds 30
+  // more and saves 1 ms (its backward's gather).
+  PlannerInput in;
+  in.forward_base = in.backward_base = 50;
+  for (int i = 0; i < 4; ++i)
+    in.choices.push_back({{"", 100, 0, 0.0}, {"keep_gathered", 130, 0, -1.0, false, kKeepGatheredHook}});
+  in.budget = 1000;
+  PlannerResult r = solve_plan(in);
+  CHECK(r.plan == "keep_gathered");
+  CHECK(r.time_ms == -4.0);
+  CHECK(r.peak == 570);
+  // 480: room for one block's 30 bytes; the solver keeps the last block's
+  // (its kept parameters add to the fewest peaks).
+  in.budget = 480;
+  r = solve_plan(in);
+  CHECK(r.plan == "keep_gathered@3");
+  CHECK(r.peak == 480);
+  CHECK(RecomputePlan::parse(r.plan, 4).keeps_gathered(3));
+  CHECK(!RecomputePlan::parse(r.plan, 4).keeps_gathered(2));
+  // 479: none at all.
+  in.budget = 479;
+  CHECK(solve_plan(in).plan == "none");
 }

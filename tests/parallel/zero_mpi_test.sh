@@ -29,6 +29,16 @@ $remat export --resume "$tmp/state" --out "$tmp/hf" > "$tmp/export.txt" 2>&1
 rc=$?
 check "export writes the sharded state as one Hugging Face folder" '[ $rc -eq 0 ] && [ -f "$tmp/hf/model.safetensors" ]' \
   || tail -5 "$tmp/export.txt"
+# It streams: one parameter at a time from the rank files (tiny's largest,
+# the embedding, is 128 KiB; the model 3.3 MiB), and writes the bytes the
+# same state exports from one process's single file.
+held=$(grep -o "at most [0-9.]* MiB allocated" "$tmp/export.txt" | grep -o "[0-9.]*")
+check "export of a sharded state holds one tensor at a time (${held:-?} MiB at most)" \
+  '[ -n "$held" ] && awk -v h="$held" "BEGIN { exit !(h < 1.0) }"'
+$remat train "${common[@]}" --steps 2 --resume "$tmp/state" --save "$tmp/single" > "$tmp/single.txt" 2>&1
+$remat export --resume "$tmp/single" --out "$tmp/hf1" > /dev/null 2>&1
+check "the streamed export equals the export of the state resumed and saved by one process" \
+  'cmp -s "$tmp/hf/model.safetensors" "$tmp/hf1/model.safetensors"' || tail -3 "$tmp/single.txt"
 
 # Rank 1 is killed at its 60th collective (in step 1's gathers and
 # reduce-scatters); rank 0 exits non-zero, naming what it was blocked in.
@@ -64,6 +74,48 @@ assert rows['per_block']['activation_bytes'] < rows['none']['activation_bytes']
 assert rows['none']['peak_allocated_bytes'] < dp['peak_allocated_bytes']
 PY" || tail -20 "$tmp/bench.txt"
 
+# --recompute auto under --zero 3: every rank profiles the step as the run
+# runs it (its shards, gathers, keep_gathered) and all choose one plan; the
+# run's losses equal plan none's (every lossless plan is bit-identical).
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --zero 3 --recompute auto --memory-budget 75% \
+  --profile-rounds 1 > "$tmp/auto.txt" 2>&1
+rc=$?
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --zero 3 > "$tmp/none.txt" 2>&1
+losses() { grep -o "final train loss [0-9.]*, validation loss [0-9.]*" "$1"; }
+check "train --zero 3 --recompute auto under mpirun: one choice, reported once" \
+  '[ $rc -eq 0 ] && [ "$(grep -c "^recompute auto: " "$tmp/auto.txt")" -eq 1 ]' || tail -5 "$tmp/auto.txt"
+check "its losses equal plan none's under --zero 3" \
+  '[ -n "$(losses "$tmp/none.txt")" ] && [ "$(losses "$tmp/auto.txt")" = "$(losses "$tmp/none.txt")" ]' \
+  || { losses "$tmp/auto.txt"; losses "$tmp/none.txt"; }
+
+# plan under mpirun: the ranks profile together; rank 0 reports keep_gathered's
+# measured change per block and the choices.
+timeout 300 mpirun "${flags[@]}" -np 2 $remat plan --config tiny --zero 3 --memory-budget 75%,100% \
+  --profile-rounds 1 --json "$tmp/plan.json" > "$tmp/plan.txt" 2>&1
+rc=$?
+check "plan --zero 3 under mpirun -np 2: one report, keep_gathered measured on every block" \
+  "[ $rc -eq 0 ] && [ \"\$(grep -c '^remat plan: ' '$tmp/plan.txt')\" -eq 1 ] && /usr/bin/python3 - '$tmp/plan.json' <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d['ranks'] == 2 and d['zero'] == 3, d
+kg = d['keep_gathered']
+assert len(kg) == 4 and all(b['held_bytes'] > 0 and b['time_ms'] <= 0 for b in kg), kg
+assert all('chosen_plan' in b for b in d['budgets']), d['budgets']
+PY" || tail -20 "$tmp/plan.txt"
+
+# bench --dp 2 --zero 3 with auto: the profile runs on the worker's ranks.
+$remat bench --config tiny --recompute none,auto --memory-budget 75% --dp 2 --zero 3 --repeats 1 --warmup 1 \
+  --steps 1 --threads 2 --profile-rounds 1 --json "$tmp/bench_auto.json" > "$tmp/bench_auto.txt" 2>&1
+check "bench --dp 2 --zero 3 --recompute auto: the planner's row, chosen on the ranks, fits" \
+  "/usr/bin/python3 - '$tmp/bench_auto.json' <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = {r['plan']: r for r in d['rows']}
+a = rows['auto']
+assert a['zero'] == 3 and a['chosen_plan'] and a['peak_allocated_bytes'] <= a['budget_bytes'], a
+assert d['auto'][0]['fits'], d['auto']
+PY" || tail -20 "$tmp/bench_auto.txt"
+
 # Bad input, before any work.
 $remat train --config tiny --steps 1 --zero 2 > "$tmp/bad1.txt" 2>&1
 check "--zero without data-parallel ranks is refused" \
@@ -75,5 +127,11 @@ check "bench --zero without --dp is refused" 'grep -q "give --dp D" "$tmp/bad3.t
 timeout 60 mpirun "${flags[@]}" -np 2 $remat train --config tiny --steps 1 --zero 2 --recompute keep_gathered \
   > "$tmp/bad4.txt" 2>&1
 check "keep_gathered without --zero 3 is refused" 'grep -q "which only --zero 3 gathers" "$tmp/bad4.txt"'
+$remat plan --config tiny --zero 3 --memory-budget 50% > "$tmp/bad5.txt" 2>&1
+check "plan --zero outside mpirun is refused" 'grep -q "run it under .mpirun -np N." "$tmp/bad5.txt"'
+timeout 60 mpirun "${flags[@]}" -np 2 $remat train --config tiny --steps 1 --pp 2 --recompute auto \
+  --memory-budget 50% > "$tmp/bad6.txt" 2>&1
+check "--recompute auto under --pp is refused, naming the way" 'grep -q "not a pipeline.s stages" "$tmp/bad6.txt"' \
+  || tail -3 "$tmp/bad6.txt"
 
 finish

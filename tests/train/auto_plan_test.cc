@@ -178,3 +178,45 @@ TEST_CASE("auto plan: a checked choice fits when run, offload among the candidat
   }
 }
 
+
+TEST_CASE("auto plan: keep_gathered's measured change joins every choice where it saves time", "[auto_plan][zero]") {
+  // A hand-made profile of four blocks under --zero 3: keeping (100 held),
+  // per_block (10 held, 100 replayed, 5 ms); keeping a block's gathered
+  // parameters holds 30 more and saves 1 ms, except on block 0 (no saving
+  // measured: not offered).
+  PlanProfile p;
+  p.n_blocks = 4;
+  p.moe_blocks.assign(4, false);
+  p.persistent = 0;
+  p.forward_base = p.block_forward_base = 50;
+  p.backward_bases.assign(4, 50);
+  p.none_step_ms = 100;
+  p.none_peak = 450;
+  ProfiledCandidate none, region;
+  region.component = "per_block";
+  for (int i = 0; i < 4; ++i) {
+    none.blocks.push_back({"", 100, 0, 0.0});
+    region.blocks.push_back({"per_block", 10, 100, 5.0});
+  }
+  p.candidates = {none, region};
+  p.keep_gathered.measured = true;
+  for (int i = 0; i < 4; ++i)
+    p.keep_gathered.delta.push_back({"keep_gathered", 30, 0, i == 0 ? 0.0 : -1.0, false, kKeepGatheredHook});
+
+  const PlannerInput in = p.planner_input(10000, false);
+  CHECK(in.choices[0].size() == 2);
+  for (int i = 1; i < 4; ++i) {
+    REQUIRE(in.choices[std::size_t(i)].size() == 4);
+    const PlanChoice& kept = in.choices[std::size_t(i)][3];
+    CHECK(kept.component == "per_block+keep_gathered");
+    CHECK(kept.held == 40);
+    CHECK(kept.time_ms == 4.0);
+    CHECK(kept.hooks == kKeepGatheredHook);
+  }
+  // Room for everything: blocks 1-3 keep their gathered parameters.
+  AutoPlan a = choose_plan(p, 10000, false);
+  CHECK(a.best.plan == "keep_gathered@1-3");
+  CHECK(a.predicted_step_ms == 97.0);
+  // The whole profile's smallest peak has no kept parameters.
+  CHECK(a.smallest.plan.find("keep_gathered") == std::string::npos);
+}
