@@ -42,6 +42,17 @@ ModelConfig llama3(const char* name, std::int64_t d, std::int64_t layers, std::i
   return c;
 }
 
+// Llama-2-7b: vocabulary 32000, 32 blocks of d 4096, 32 heads (no grouped
+// key/values), MLP 11008, rope theta 10000, RMSNorm eps 1e-5, 4096 tokens.
+ModelConfig llama2_7b() {
+  ModelConfig c = make("llama2-7b", 32000, 4096, 32, 32, 11008, 4096, 1);
+  c.arch = "llama";
+  c.kv_heads = 32;
+  c.rope_theta = 10000;
+  c.norm_eps = 1e-5;
+  return c;
+}
+
 // Mixtral-8x7B-v0.1: 8 experts of 14336, top-2, every block sparse,
 // vocabulary 32000, 8 key/value heads, rope theta 1e6.
 ModelConfig mixtral_8x7b() {
@@ -83,6 +94,7 @@ const std::vector<ModelConfig>& registry() {
       // model's Hugging Face config.json; seq and batch are a training step's.
       llama3("llama3-8b", 4096, 32, 32, 14336),
       llama3("llama3-70b", 8192, 80, 64, 28672),
+      llama2_7b(),
       mixtral_8x7b(),
       qwen2_57b_a14b(),
   };

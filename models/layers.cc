@@ -1,5 +1,8 @@
 #include "models/layers.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "checkpoint/output_discard.h"
 #include "engine/allocator.h"
 #include "engine/grad_mode.h"
@@ -14,10 +17,16 @@ namespace remat {
 
 namespace {
 thread_local bool tls_skip_weight_init = false;
+thread_local InitRecorder* tls_init_recorder = nullptr;
 
 Tensor init_normal(const Shape& shape, double std, Generator& gen) {
   CategoryScope cat(MemoryCategory::parameter);
   NoGradGuard ng;
+  if (tls_init_recorder && default_device().is_meta()) {  // the recipe, and the stream advanced as by the draw
+    Tensor t = empty(shape, DType::f32);
+    tls_init_recorder->record(t, {InitRecipe::Kind::normal, gen.reserve(std::uint64_t(shape_numel(shape))), std});
+    return t;
+  }
   // (A model built under DefaultDeviceScope(meta) draws nothing: same allocation.)
   if (tls_skip_weight_init || default_device().is_meta()) return empty(shape, DType::f32);
   Tensor t = randn(shape, DType::f32, &gen);
@@ -27,10 +36,47 @@ Tensor init_normal(const Shape& shape, double std, Generator& gen) {
   }
   return t;
 }
+
+// zeros or ones (`kind`), recorded as such under an InitRecorder.
+Tensor init_constant(const Shape& shape, InitRecipe::Kind kind) {
+  CategoryScope cat(MemoryCategory::parameter);
+  Tensor t = kind == InitRecipe::Kind::ones ? ones(shape) : zeros(shape);
+  if (tls_init_recorder) tls_init_recorder->record(t, {kind, {}, 1.0});
+  return t;
+}
 }  // namespace
 
 SkipWeightInit::SkipWeightInit() : previous_(tls_skip_weight_init) { tls_skip_weight_init = true; }
 SkipWeightInit::~SkipWeightInit() { tls_skip_weight_init = previous_; }
+
+InitRecorder::InitRecorder() : previous_(tls_init_recorder) { tls_init_recorder = this; }
+InitRecorder::~InitRecorder() { tls_init_recorder = previous_; }
+InitRecorder* InitRecorder::current() { return tls_init_recorder; }
+
+const InitRecipe& InitRecorder::recipe(const Tensor& p) const {
+  auto it = recipes_.find(p.impl_ptr().get());
+  REMAT_CHECK(it != recipes_.end(), Error, "InitRecorder: no recipe for a parameter of shape ", shape_str(p.sizes()),
+              " (built outside the recorder's scope?)");
+  return it->second;
+}
+
+void fill_init_range(const InitRecipe& recipe, std::int64_t begin, Tensor& out) {
+  REMAT_CHECK(out.is_contiguous() && out.dtype() == DType::f32 && out.device().is_cpu() && begin >= 0, Error,
+              "fill_init_range: expected a contiguous f32 CPU tensor and begin >= 0, got ", out.dtype(), " on ",
+              out.device(), " from ", begin);
+  const std::int64_t n = out.numel();
+  float* dst = out.data<float>();
+  if (recipe.kind != InitRecipe::Kind::normal) {
+    std::fill(dst, dst + n, recipe.kind == InitRecipe::Kind::ones ? 1.0f : 0.0f);
+    return;
+  }
+  // Element i of the draw is word i % 4 of block i / 4: start at begin's block.
+  const std::int64_t skip = begin % 4;
+  std::vector<float> z(std::size_t(skip + n));
+  philox_fill_normal(z.data(), skip + n, {recipe.state.seed, recipe.state.offset + std::uint64_t(begin / 4)});
+  for (std::int64_t i = 0; i < n; ++i)
+    dst[i] = recipe.std != 1.0 ? float(double(z[std::size_t(skip + i)]) * recipe.std) : z[std::size_t(skip + i)];
+}
 
 namespace {
 class DirectParts final : public PartRunner {
@@ -48,10 +94,7 @@ const PartRunner& PartRunner::direct() {
 
 Linear::Linear(std::int64_t in, std::int64_t out, double init_std, Generator& gen, bool with_bias) {
   weight = register_parameter("weight", init_normal({out, in}, init_std, gen));
-  if (with_bias) {
-    CategoryScope cat(MemoryCategory::parameter);
-    bias = register_parameter("bias", zeros({out}));
-  }
+  if (with_bias) bias = register_parameter("bias", init_constant({out}, InitRecipe::Kind::zeros));
 }
 
 Tensor weight_as(const Tensor& weight, const Tensor& input) {
@@ -69,8 +112,7 @@ Embedding::Embedding(std::int64_t vocab, std::int64_t dim, double init_std, Gene
 Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
 
 RMSNorm::RMSNorm(std::int64_t dim, double eps_) : eps(eps_) {
-  CategoryScope cat(MemoryCategory::parameter);
-  weight = register_parameter("weight", ones({dim}));
+  weight = register_parameter("weight", init_constant({dim}, InitRecipe::Kind::ones));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight_as(weight, x), eps); }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,43 @@ class SkipWeightInit {
 
  private:
   bool previous_;
+};
+
+// How a parameter's initial values are made, so that any range of them can
+// be made alone, equal to the whole draw's (under --zero 3 each rank makes
+// only its shards: train/zero.h): `std` times the standard normals of the
+// draw at `state` (element i: word i % 4 of Philox block i / 4,
+// engine/philox.h), or zeros, or ones.
+struct InitRecipe {
+  enum class Kind { normal, zeros, ones };
+  Kind kind = Kind::zeros;
+  RngState state;
+  double std = 1.0;
+};
+// Elements [begin, begin + out.numel()) of the flattened initial values
+// into `out` (contiguous f32 on the CPU).
+void fill_init_range(const InitRecipe& recipe, std::int64_t begin, Tensor& out);
+
+// RAII: while one is alive on this thread, layers built on the meta device
+// (DefaultDeviceScope) record each parameter's recipe and advance `gen` as
+// drawing the values would (so a later build continues the same stream),
+// drawing nothing.
+class InitRecorder {
+ public:
+  InitRecorder();
+  ~InitRecorder();
+  InitRecorder(const InitRecorder&) = delete;
+  InitRecorder& operator=(const InitRecorder&) = delete;
+  // The recipe of parameter `p` (the same tensor, by identity); Error if
+  // none was recorded.
+  const InitRecipe& recipe(const Tensor& p) const;
+  // The recorder alive on this thread (null: none).
+  static InitRecorder* current();
+  void record(const Tensor& p, const InitRecipe& r) { recipes_[p.impl_ptr().get()] = r; }
+
+ private:
+  std::map<const void*, InitRecipe> recipes_;
+  InitRecorder* previous_;
 };
 
 // Parameters start as normal(0, std) from `gen` (weights; see SkipWeightInit),

@@ -2,6 +2,7 @@
 // JSON and as an HTML picture (tools/mem_timeline.h).
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <fstream>
 #include <memory>
 
@@ -464,6 +465,32 @@ void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs&
   std::printf("  wrote %s and %s\n", out.json_path().c_str(), out.html_path().c_str());
 }
 
+// --simulate-world ...,zero=3: the peak next to its arithmetic (issue #37):
+// 16 bytes per parameter over the D ranks (f32 shards of the values, the
+// gradients and AdamW's two moments), the gathered units at the peak (the
+// unit that runs and the next one prefetched, f32, and the running unit's
+// whole gradients before their reduce-scatter: three of the largest), and
+// the activations (the peak's activation, recompute, loss and other bytes).
+void print_zero3_arithmetic(MemTrainer& run, const TimelinePoint& peak, std::int64_t dp) {
+  std::map<std::string, std::int64_t> unit_bytes;
+  for (const auto& [name, p] : run.model().named_parameters())
+    unit_bytes[shard_unit_name(name)] += p.numel() * std::int64_t(sizeof(float));
+  std::int64_t largest = 0;
+  for (const auto& [unit, b] : unit_bytes) largest = std::max(largest, b);
+  const std::int64_t persistent = 16 * run.model().num_parameters() / dp;
+  std::int64_t acts = 0;
+  for (MemoryCategory c : {MemoryCategory::activation, MemoryCategory::recompute, MemoryCategory::loss,
+                           MemoryCategory::other})
+    acts += peak.bytes[std::size_t(c)];
+  const std::int64_t sum = persistent + 3 * largest + acts;
+  std::printf("  zero 3 arithmetic (this rank): 16 x %lld parameters / %lld = %s, + 3 x the largest unit (two "
+              "gathered, one unit's gradients) %s, + activations at the peak %s = %s; measured peak %s (%+.1f%%)\n",
+              static_cast<long long>(run.model().num_parameters()), static_cast<long long>(dp),
+              format_bytes(persistent).c_str(), format_bytes(3 * largest).c_str(), format_bytes(acts).c_str(),
+              format_bytes(sum).c_str(), format_bytes(peak.allocated).c_str(),
+              100.0 * double(peak.allocated - sum) / double(sum));
+}
+
 // One step with `watcher` and `estimator` observing it; the estimate gets
 // the step's offload transfers, AdamW over this rank's parameters and the
 // groups' communication (*comm_bytes: what this rank sent). Returns the loss.
@@ -580,6 +607,7 @@ int run_mem(const std::vector<std::string>& args) {
               " bytes but the allocator's peak over the step is ", allocated_peak);
   out.write_and_keep(timeline_json(rec, t), timeline_html(rec, t));
   print_summary(rec, t, out, m);
+  if (m.sim && m.sim->world.zero == 3) print_zero3_arithmetic(run, peak, m.sim->world.dp);
   return 0;
 }
 

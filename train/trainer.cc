@@ -87,7 +87,9 @@ JobGroups Trainer::split_job() const {
 
 void Trainer::build_model(const RecomputePlan& plan, const ProcessGroup& world) {
   const auto& c = opts_.config;
-  if (!opts_.init_model.empty() && opts_.resume_dir.empty()) {
+  if (opts_.zero == 3 && opts_.init_model.empty() && opts_.resume_dir.empty() && world.size() > 1) {
+    build_shapes_only();
+  } else if (!opts_.init_model.empty() && opts_.resume_dir.empty()) {
     {
       SkipWeightInit loaded_next;  // load_hf_weights sets every parameter (or throws)
       model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
@@ -108,6 +110,25 @@ void Trainer::build_model(const RecomputePlan& plan, const ProcessGroup& world) 
   model_->to(opts_.device);  // weights are drawn on the CPU, so every device starts from the same ones
 }
 
+// --zero 3 from seeded weights: the model is built on meta (shapes, no
+// values), each parameter's recipe recorded; its parameters are then CPU
+// tensors without elements, and the optimizer makes each rank's shards from
+// the recipes (values equal to one process's: ranges of the same draws), so
+// no rank holds the whole model at any point.
+void Trainer::build_shapes_only() {
+  InitRecorder recorder;
+  {
+    DefaultDeviceScope shapes(kMeta);
+    model_ = std::make_unique<DecoderModel>(opts_.config, opts_.seed, layout_.placement());
+  }
+  NoGradGuard ng;
+  for (auto& [name, p] : model_->named_parameters()) {
+    initial_recipes_[name] = recorder.recipe(p);
+    p.alias_storage_(empty(p.sizes()));  // (a CPU tensor: one parameter's bytes, let go at once)
+    p.release_storage();
+  }
+}
+
 void Trainer::build_pipeline(std::shared_ptr<ProcessGroup> pipeline_group) {
   const std::vector<std::int64_t> bounds = opts_.pp_split.empty()
                                                ? balanced_stages(*model_, opts_.pp)
@@ -120,8 +141,14 @@ void Trainer::build_optimizer() {
   AdamWOptions ao;
   ao.weight_decay = opts_.weight_decay;
   // A stage reduces only its own parameters' gradients over its replicas.
-  DataParallelUpdate update =
-      make_data_parallel_update(layout_, owned_parameters(), opts_.bucket_bytes, opts_.zero, ao, *model_->model->blocks);
+  ParameterRangeSource initial;
+  if (!initial_recipes_.empty())
+    initial = [this](const std::string& name, std::int64_t begin, Tensor& out) {
+      fill_init_range(initial_recipes_.at(name), begin, out);
+    };
+  DataParallelUpdate update = make_data_parallel_update(layout_, owned_parameters(), opts_.bucket_bytes, opts_.zero, ao,
+                                                        *model_->model->blocks, initial);
+  initial_recipes_.clear();
   reducer_ = std::move(update.reducer);
   optimizer_ = std::move(update.adamw);
   zero_ = std::move(update.zero);

@@ -25,9 +25,12 @@ void check_zero_stage(std::int64_t stage) {
 ZeroOptimizer::ZeroOptimizer(int stage, const std::vector<std::pair<std::string, Tensor>>& params,
                              std::shared_ptr<ProcessGroup> group,
                              const std::function<bool(const std::string&)>& sharded,
-                             const std::function<bool(const std::string&)>& ready_may_differ, AdamWOptions opts)
+                             const std::function<bool(const std::string&)>& ready_may_differ, AdamWOptions opts,
+                             const ParameterRangeSource& initial)
     : stage_(stage), group_(std::move(group)), all_params_(params) {
   check_zero_stage(stage);
+  REMAT_CHECK(!initial || stage == 3, Error, "ZeroOptimizer: initial values by range are for stage 3 (got stage ",
+              stage, ")");
   REMAT_CHECK(stage >= 1 && group_ && group_->size() > 1, Error, "--zero ", stage,
               ": shards over data-parallel ranks, but this run has ", group_ ? group_->size() : 0,
               " (start it under `mpirun -np D` with D >= 2)");
@@ -64,7 +67,15 @@ ZeroOptimizer::ZeroOptimizer(int stage, const std::vector<std::pair<std::string,
     if (stage_ == 3) {  // this rank's shard of the values, which AdamW updates
       CategoryScope cat(MemoryCategory::parameter);
       master = empty({u.layout.shard}, TensorOptions(DType::f32, u.params.front().device()));
-      pack_shard(u.layout, rank, u.params, master);
+      if (initial) {  // the pieces from their source, the padding zero
+        master.zero_();
+        for (const ShardPiece& pc : u.pieces) {
+          Tensor dst = master.narrow(0, pc.shard_begin, pc.n);
+          initial(u.layout.names[pc.member], pc.param_begin, dst);
+        }
+      } else {
+        pack_shard(u.layout, rank, u.params, master);
+      }
       masters_.push_back(master);
     }
     for (const ShardPiece& pc : u.pieces) {
@@ -90,6 +101,14 @@ ZeroOptimizer::ZeroOptimizer(int stage, const std::vector<std::pair<std::string,
     gatherer_ = std::make_shared<UnitGatherer>(std::move(gathered), group_);
     gatherer_->install();
   }
+  if (initial)  // the unsharded parameters whole, from their source
+    for (std::size_t i = 0; i < unsharded_.size(); ++i) {
+      CategoryScope cat(MemoryCategory::parameter);
+      Tensor v = empty(unsharded_[i].sizes(), TensorOptions(DType::f32, unsharded_[i].device()));
+      Tensor flat = v.view({-1});
+      initial(unsharded_names_[i], 0, flat);
+      unsharded_[i].alias_storage_(v);
+    }
   std::vector<AdamWParam> slots;
   for (const Unit& u : units_)
     for (std::size_t i = 0; i < u.pieces.size(); ++i)
@@ -298,7 +317,7 @@ std::int64_t ZeroOptimizer::persistent_bytes() const {
 DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
                                              const std::vector<std::pair<std::string, Tensor>>& params,
                                              std::int64_t bucket_bytes, std::int64_t zero, AdamWOptions opts,
-                                             BlockStack& stack) {
+                                             BlockStack& stack, const ParameterRangeSource& initial) {
   DataParallelUpdate u;
   if (zero == 0) {
     REMAT_CHECK(!stack.plan().keep_gathered, Error, "--recompute ", stack.plan().spec,
@@ -314,7 +333,7 @@ DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
     if (zero == 1 || !sharded(name)) whole.emplace_back(name, p);
   if (!whole.empty()) u.reducer = make_grad_reducer(layout, whole, bucket_bytes);
   u.zero = std::make_unique<ZeroOptimizer>(int(zero), params, layout.grad_group ? layout.grad_group : layout.world,
-                                           sharded, is_expert_parameter, opts);
+                                           sharded, is_expert_parameter, opts, initial);
   if (u.zero->gatherer()) {
     stack.set_unit_hooks(u.zero->gatherer());
     u.zero->gatherer()->follow_plan(&stack);  // keep_gathered

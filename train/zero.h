@@ -42,6 +42,11 @@ std::string shard_unit_name(const std::string& param_name);
 // Error naming --zero for a stage other than 0 (none), 1, 2 or 3.
 void check_zero_stage(std::int64_t stage);
 
+// Fills `out` (contiguous f32 on the CPU) with elements [begin, begin +
+// out.numel()) of parameter `name`'s flattened initial values: a rank builds
+// its shards without the whole parameter (models/layers.h: InitRecipe).
+using ParameterRangeSource = std::function<void(const std::string& name, std::int64_t begin, Tensor& out)>;
+
 class ZeroOptimizer {
  public:
   // `params`: this rank's parameters (f32 leaves that require grad) in the
@@ -49,9 +54,13 @@ class ZeroOptimizer {
   // `group` (the others are updated whole); `ready_may_differ(name)`:
   // whether its gradient's readiness may differ between ranks (its unit then
   // reduces after backward). Every rank of `group` builds the same units.
+  // `initial` (stage 3 only; null: the parameters' values): where the
+  // shards' values come from, the parameters then holding none (released:
+  // a model built on meta); the unsharded parameters get theirs whole.
   ZeroOptimizer(int stage, const std::vector<std::pair<std::string, Tensor>>& params,
                 std::shared_ptr<ProcessGroup> group, const std::function<bool(const std::string&)>& sharded,
-                const std::function<bool(const std::string&)>& ready_may_differ, AdamWOptions opts);
+                const std::function<bool(const std::string&)>& ready_may_differ, AdamWOptions opts,
+                const ParameterRangeSource& initial = nullptr);
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
@@ -134,7 +143,7 @@ class ZeroOptimizer {
 // (split by expert already, reduced over their replicas); stage 1 reduces
 // every gradient whole, stages 2 and 3 the unsharded ones only. Stage 3
 // puts the gatherer on `stack` (BlockStack::set_unit_hooks). Error for a
-// stage > 0 on one rank.
+// stage > 0 on one rank. `initial`: as ZeroOptimizer's (stage 3 only).
 struct DataParallelUpdate {
   std::unique_ptr<GradReducer> reducer;  // null when nothing is reduced whole (or one rank)
   std::unique_ptr<AdamW> adamw;          // stage 0
@@ -158,6 +167,6 @@ struct DataParallelUpdate {
 DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
                                              const std::vector<std::pair<std::string, Tensor>>& params,
                                              std::int64_t bucket_bytes, std::int64_t zero, AdamWOptions opts,
-                                             BlockStack& stack);
+                                             BlockStack& stack, const ParameterRangeSource& initial = nullptr);
 
 }  // namespace remat

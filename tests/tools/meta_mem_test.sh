@@ -192,6 +192,19 @@ sim l70_dp8_pp4_r31 "simulated rank: 31 of dp=8,ep=1,pp=4: stage 3 (blocks 61-79
   --config llama3-70b --seq 8192 --recompute per_block --simulate-world pp=4,dp=8 --simulate-rank 31
 sim mixtral_ep8 "simulated rank: 0 of dp=8,ep=8,pp=1: data-parallel rank 0 of 8, expert-parallel rank 0 of 8
 at the peak: parameter 26.98 GiB" --config mixtral-8x7b --seq 4096 --recompute per_block --simulate-world dp=8,ep=8
+# ZeRO 3 over 64 ranks (issue #37's scale check): 70B and Llama-2-7B, bf16,
+# per_block; rank 0's peak next to its arithmetic (16 x params / 64 + three
+# of the largest unit + the activations at the peak), within 10%.
+for z in llama3-70b llama2-7b; do
+  sim "zero3_$z" "simulated rank: 0 of dp=64,ep=1,pp=1,zero=3
+zero 3 arithmetic (this rank): 16 x" --config $z --dtype bf16 --recompute per_block --simulate-world dp=64,zero=3
+  pct=$(grep -o "measured peak [0-9.]* [GM]iB ([+-][0-9.]*%)" "$tmp/zero3_$z.txt" | grep -o "[+-][0-9.]*%" | tr -d '%+')
+  if [ -n "$pct" ] && awk -v p="$pct" "BEGIN { exit !(p < 10 && p > -10) }"; then
+    passed=$((passed + 1))
+  else
+    fail "$z under dp=64,zero=3: the peak is ${pct:-?}% off its arithmetic (want within 10%)"
+  fi
+done
 # The planner on a simulated rank: its checking run (a meta step of the same
 # rank) fits, and mem's run of the plan it picks peaks where plan said.
 if $remat plan --device meta --device-model h200 --config "$tmp/tiny_moe.json" --simulate-world dp=4,ep=2 \
