@@ -963,9 +963,39 @@ std::int64_t measure_plan_peak(const ProfileOptions& opts, const std::string& pl
   return peak;
 }
 
+namespace {
+
+// When no choice was seen to fit: the first choice's alternatives (each
+// predicted to fit, fastest first), then its smallest-peak plan, are run in
+// turn (at most three runs) and the first seen within the budget less the
+// margin is taken. An overshoot is one plan's error, not every plan's: planning
+// it away from all of them can leave nothing, when a simpler plan fits.
+void check_fallbacks(const PlanProfile& profile, const ProfileOptions& opts, const AutoPlan& first, CheckedPlan& r) {
+  std::vector<PlannerResult> order = first.alternatives;
+  order.push_back(first.smallest);
+  int runs = 0;
+  for (const PlannerResult& p : order) {
+    if (runs == 3) break;
+    if (std::any_of(r.history.begin(), r.history.end(), [&](const auto& h) { return h.first == p.plan; })) continue;
+    const std::int64_t measured = measure_plan_peak(opts, p.plan);
+    ++runs;
+    r.history.emplace_back(p.plan, measured);
+    if (measured > first.planned_budget) continue;
+    r.plan = first;
+    r.plan.best = p;
+    r.plan.predicted_step_ms = profile.none_step_ms + p.time_ms;
+    r.measured_peak = measured;
+    r.checked = true;
+    return;
+  }
+}
+
+}  // namespace
+
 CheckedPlan choose_checked_plan(const PlanProfile& profile, const ProfileOptions& opts, std::int64_t budget,
                                 bool allow_lossy) {
   CheckedPlan r;
+  AutoPlan first;  // the first choice, with its alternatives and smallest-peak plan
   // The tries: the whole space; then with the overshoot planned away; then
   // without offload and compression (their resident bytes follow I/O timing).
   std::int64_t reserve = 0;
@@ -983,6 +1013,7 @@ CheckedPlan choose_checked_plan(const PlanProfile& profile, const ProfileOptions
       }
       break;  // keep the last plan (checked = false)
     }
+    if (r.tries == 1) first = a;
     const bool seen = std::any_of(r.history.begin(), r.history.end(), [&](const auto& h) { return h.first == a.best.plan; });
     if (!seen) {
       const std::int64_t measured = measure_plan_peak(opts, a.best.plan);
@@ -1001,6 +1032,7 @@ CheckedPlan choose_checked_plan(const PlanProfile& profile, const ProfileOptions
     hooks = false;
     reserve = 0;
   }
+  if (!r.checked) check_fallbacks(profile, opts, first, r);
   return r;
 }
 

@@ -192,10 +192,12 @@ std::int64_t measure_plan_peak(const ProfileOptions& opts, const std::string& pl
 // peak exceeds the budget less the margin, the choice is made again with the
 // overshoot planned away, and if that does not fit either, without offload
 // and compression (what offload keeps resident follows its I/O thread's
-// timing, which the profile sees only for offload on every block). The plan
-// returned has been seen to fit unless no tighter plan exists (then the last
-// one run, checked = false). Throws as choose_plan when the first choice
-// finds no plan.
+// timing, which the profile sees only for offload on every block); if no
+// such choice is seen to fit, the first choice's alternatives and then its
+// smallest-peak plan are run in turn (at most three) and the first that fits
+// is taken. The plan returned has been seen to fit unless none of these did
+// (then the last choice run, checked = false). Throws as choose_plan when
+// the first choice finds no plan.
 struct CheckedPlan {
   AutoPlan plan;
   std::int64_t measured_peak = 0;

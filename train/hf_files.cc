@@ -261,6 +261,9 @@ Tensor CheckpointFiles::read(const std::string& name, std::optional<DType> as) c
 }
 
 void CheckpointFiles::read_into(const std::string& name, Tensor& dst) const { reader_of(name).read_into(name, dst); }
+void CheckpointFiles::read_range_into(const std::string& name, std::int64_t begin, Tensor& dst) const {
+  reader_of(name).read_range_into(name, begin, dst);
+}
 
 // ---- writing ---------------------------------------------------------------
 

@@ -76,6 +76,8 @@ class CheckpointFiles {
   Tensor read(const std::string& name, std::optional<DType> as = {}) const;
   // SafetensorsReader::read_into of its shard (no temporary tensor).
   void read_into(const std::string& name, Tensor& dst) const;
+  // SafetensorsReader::read_range_into of its shard (a rank's slice).
+  void read_range_into(const std::string& name, std::int64_t begin, Tensor& dst) const;
 
  private:
   const SafetensorsReader& reader_of(const std::string& name) const;

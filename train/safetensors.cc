@@ -389,6 +389,20 @@ Tensor SafetensorsReader::read(const std::string& name, std::optional<DType> as)
   return direct ? t : t.to(want);
 }
 
+namespace {
+// `count` bf16 / f16 values at `raw` (the back half of `out`'s bytes, or
+// anywhere) widened to f32 in `out`, front to back (element i's 4 bytes end
+// before stored element i+1 begins, so the back half is read before written).
+void widen_in_place(DType stored, const char* raw, float* out, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, raw + 2 * i, 2);
+    const float f = stored == DType::bf16 ? std::bit_cast<float>(std::uint32_t(h) << 16) : f16::to_float(h);
+    std::memcpy(out + i, &f, 4);
+  }
+}
+}  // namespace
+
 void SafetensorsReader::read_into(const std::string& name, Tensor& dst) const {
   const Entry& e = entry(name);
   const bool widen = dst.dtype() == DType::f32 && (e.dtype == DType::bf16 || e.dtype == DType::f16);
@@ -411,15 +425,23 @@ void SafetensorsReader::read_into(const std::string& name, Tensor& dst) const {
                     " but the file records " + hex64(*e.checksum) + " (" + kChecksumAlgorithm +
                     "); the file is corrupt");
   }
-  if (!widen) return;
-  auto* out = static_cast<float*>(dst.raw_data());
-  const std::size_t count = std::size_t(n / 2);
-  for (std::size_t i = 0; i < count; ++i) {
-    std::uint16_t h;
-    std::memcpy(&h, raw + 2 * i, 2);
-    const float f = e.dtype == DType::bf16 ? std::bit_cast<float>(std::uint32_t(h) << 16) : f16::to_float(h);
-    std::memcpy(out + i, &f, 4);
-  }
+  if (widen) widen_in_place(e.dtype, raw, static_cast<float*>(dst.raw_data()), std::size_t(n / 2));
+}
+
+void SafetensorsReader::read_range_into(const std::string& name, std::int64_t begin, Tensor& dst) const {
+  const Entry& e = entry(name);
+  const bool widen = dst.dtype() == DType::f32 && (e.dtype == DType::bf16 || e.dtype == DType::f16);
+  const std::int64_t n = dst.numel(), total = shape_numel(e.shape);
+  REMAT_CHECK(dst.device().is_cpu() && dst.is_contiguous() && (dst.dtype() == e.dtype || widen) && begin >= 0 &&
+                  begin + n <= total,
+              DTypeError, path_, ": elements [", begin, ", ", begin + n, ") of tensor '", name, "' (",
+              dtype_name(e.dtype), " ", shape_str(e.shape), ") cannot be read into a ",
+              dst.is_contiguous() ? "" : "non-contiguous ", dtype_name(dst.dtype()), " ", shape_str(dst.sizes()), " ",
+              dst.device().str(), " tensor (needs a range inside it and a contiguous CPU tensor of its dtype or f32)");
+  const std::uint64_t es = element_size(e.dtype), bytes = std::uint64_t(n) * es;
+  char* raw = bytes == 0 ? nullptr : static_cast<char*>(dst.raw_data()) + (widen ? bytes : 0);
+  if (bytes > 0) read_bytes(raw, bytes, data_start_ + e.begin + std::uint64_t(begin) * es, "tensor '" + name + "'");
+  if (widen) widen_in_place(e.dtype, raw, static_cast<float*>(dst.raw_data()), std::size_t(n));
 }
 
 namespace {

@@ -126,6 +126,12 @@ class SafetensorsReader {
   // of its dtype, or f32 for a bf16 / f16 tensor: widened exactly in place),
   // with read()'s checks; a checksum mismatch leaves dst's contents unspecified.
   void read_into(const std::string& name, Tensor& dst) const;
+  // Elements [begin, begin + dst.numel()) of the flattened tensor `name`
+  // into `dst` (contiguous, CPU, its dtype or f32 from bf16 / f16): one
+  // read of that byte range. Not checked against the tensor's checksum,
+  // which covers the whole tensor (read_into verifies). DTypeError for a
+  // range outside it or another dtype; IOError for a short read.
+  void read_range_into(const std::string& name, std::int64_t begin, Tensor& dst) const;
 
  private:
   // Owns an open file descriptor.

@@ -87,7 +87,7 @@ JobGroups Trainer::split_job() const {
 
 void Trainer::build_model(const RecomputePlan& plan, const ProcessGroup& world) {
   const auto& c = opts_.config;
-  if (opts_.zero == 3 && opts_.init_model.empty() && opts_.resume_dir.empty() && world.size() > 1) {
+  if (opts_.zero == 3 && opts_.resume_dir.empty() && world.size() > 1) {
     build_shapes_only();
   } else if (!opts_.init_model.empty() && opts_.resume_dir.empty()) {
     {
@@ -110,20 +110,33 @@ void Trainer::build_model(const RecomputePlan& plan, const ProcessGroup& world) 
   model_->to(opts_.device);  // weights are drawn on the CPU, so every device starts from the same ones
 }
 
-// --zero 3 from seeded weights: the model is built on meta (shapes, no
-// values), each parameter's recipe recorded; its parameters are then CPU
-// tensors without elements, and the optimizer makes each rank's shards from
-// the recipes (values equal to one process's: ranges of the same draws), so
-// no rank holds the whole model at any point.
+// --zero 3 (not resuming): the model is built on meta (shapes, no values);
+// its parameters are then CPU tensors without elements, and the optimizer
+// makes each rank's shards from their source: seeded weights from each
+// parameter's recipe (ranges of the very draws one process makes), --model
+// DIR from byte ranges of the folder's tensors. No rank holds the whole
+// model at any point.
 void Trainer::build_shapes_only() {
   InitRecorder recorder;
   {
     DefaultDeviceScope shapes(kMeta);
     model_ = std::make_unique<DecoderModel>(opts_.config, opts_.seed, layout_.placement());
   }
+  if (!opts_.init_model.empty()) {
+    load_hf_weights(*model_, opts_.init_model);  // (on meta: its config and every header checked, nothing read)
+    auto files = std::make_shared<const CheckpointFiles>(opts_.init_model);
+    initial_ = [files](const std::string& name, std::int64_t begin, Tensor& out) {
+      files->read_range_into(name, begin, out);
+    };
+  } else {
+    auto recipes = std::make_shared<std::map<std::string, InitRecipe>>();
+    for (const auto& [name, p] : model_->named_parameters()) (*recipes)[name] = recorder.recipe(p);
+    initial_ = [recipes](const std::string& name, std::int64_t begin, Tensor& out) {
+      fill_init_range(recipes->at(name), begin, out);
+    };
+  }
   NoGradGuard ng;
   for (auto& [name, p] : model_->named_parameters()) {
-    initial_recipes_[name] = recorder.recipe(p);
     p.alias_storage_(empty(p.sizes()));  // (a CPU tensor: one parameter's bytes, let go at once)
     p.release_storage();
   }
@@ -141,14 +154,9 @@ void Trainer::build_optimizer() {
   AdamWOptions ao;
   ao.weight_decay = opts_.weight_decay;
   // A stage reduces only its own parameters' gradients over its replicas.
-  ParameterRangeSource initial;
-  if (!initial_recipes_.empty())
-    initial = [this](const std::string& name, std::int64_t begin, Tensor& out) {
-      fill_init_range(initial_recipes_.at(name), begin, out);
-    };
   DataParallelUpdate update = make_data_parallel_update(layout_, owned_parameters(), opts_.bucket_bytes, opts_.zero, ao,
-                                                        *model_->model->blocks, initial);
-  initial_recipes_.clear();
+                                                        *model_->model->blocks, initial_);
+  initial_ = nullptr;  // (the recipes or the folder's files, no longer needed)
   reducer_ = std::move(update.reducer);
   optimizer_ = std::move(update.adamw);
   zero_ = std::move(update.zero);

@@ -116,7 +116,7 @@ class Trainer {
   // ---- building (the constructor's steps)
   JobGroups split_job() const;  // --pp: stage-major pipelines and replicas (Error for a layout that cannot run)
   void build_model(const RecomputePlan& plan, const ProcessGroup& world);  // seeded or --model weights, on the device
-  void build_shapes_only();  // --zero 3: on meta, the recipes kept for the optimizer's shards
+  void build_shapes_only();  // --zero 3: on meta; initial_ says where the shards' values come from
   void build_pipeline(std::shared_ptr<ProcessGroup> pipeline_group);  // this rank's stage (split or balanced)
   void build_optimizer();  // gradient reducer, AdamW over this rank's parameters, the batch sampler
 
@@ -159,7 +159,7 @@ class Trainer {
   TrainOptions opts_;
   Corpus corpus_;
   std::unique_ptr<DecoderModel> model_;
-  std::map<std::string, InitRecipe> initial_recipes_;  // --zero 3: until the optimizer has made the shards
+  ParameterRangeSource initial_;  // --zero 3: the shards' values, until the optimizer has made them
   std::unique_ptr<AdamW> optimizer_;       // without --zero
   std::unique_ptr<ZeroOptimizer> zero_;    // --zero 1|2 (then no optimizer_)
   std::unique_ptr<BatchSampler> sampler_;

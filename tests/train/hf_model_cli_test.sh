@@ -181,6 +181,21 @@ b, _ = reference.read_safetensors(os.path.join(sys.argv[4], 'model.safetensors')
 assert set(a) == set(b) and all((a[k] == b[k]).all() for k in a)
 PY"
 
+# --model under --zero 3: each rank reads only its shards' byte ranges of the
+# folder's tensors (the routed experts under --ep 2 whole) and trains as
+# --zero 2, which loads whole tensors, bit for bit.
+for z in 2 3; do
+  timeout 300 mpirun "${flags[@]}" -np 2 $remat train --model "$tmp/mixtral" --steps 3 $train_args --ep 2 --zero $z \
+    --log "$tmp/z$z.jsonl" > "$tmp/z$z.txt" 2>&1
+done
+check "mpirun -np 2 train --model (Mixtral) --ep 2 --zero 3 reads its ranges and logs --zero 2's losses" \
+  "$py - $tmp/z3.jsonl $tmp/z2.jsonl <<'PY' || { tail -5 $tmp/z3.txt; false; }
+import json, sys
+z3 = [json.loads(l)['loss'] for l in open(sys.argv[1])]
+z2 = [json.loads(l)['loss'] for l in open(sys.argv[2])]
+assert len(z3) == 3 and z3 == z2, (z3, z2)
+PY"
+
 # 4. eval and generate take a Hugging Face folder.
 make_model qtok --arch qwen2 --dtype bf16 --hidden 32 --heads 2 --kv-heads 1 --layers 2 --vocab 151669 \
   --tokenizer-from tests/tokenizer/data/qwen3

@@ -241,3 +241,23 @@ TEST_CASE("decode_safetensors gives load_safetensors' results and errors, naming
   CHECK(r.read("h", DType::f32).to_vector<float>() == std::vector<float>{0.5f, -1});
   CHECK(r.read("w").to_vector<float>() == std::vector<float>{1, 2, 3, 4});
 }
+
+TEST_CASE("read_range_into reads one range of a flattened tensor, widening bf16", "[safetensors][zero]") {
+  const std::string dir = temp_dir(), path = dir + "/r.safetensors";
+  std::vector<float> v(37);
+  for (std::size_t k = 0; k < v.size(); ++k) v[k] = 0.5f * float(k) - 3.0f;  // (exact in bf16)
+  const Tensor f = from_vector<float>(v, {37});
+  save_safetensors(path, {{"f", f.view({37})}, {"b", f.to(DType::bf16)}});
+  const SafetensorsReader r(path);
+  for (const auto& [begin, n] : std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 37}, {5, 9}, {36, 1}, {3, 0}})
+    for (const char* name : {"f", "b"}) {
+      INFO(name << " [" << begin << ", " << begin + n << ")");
+      Tensor out = empty({n});
+      r.read_range_into(name, begin, out);
+      CHECK(out.to_vector<float>() == std::vector<float>(v.begin() + begin, v.begin() + begin + n));
+    }
+  Tensor past = empty({4});
+  CHECK_THROWS_WITH(r.read_range_into("f", 35, past), Catch::Contains("elements [35, 39) of tensor 'f'"));
+  Tensor as_bf16 = empty({2}, DType::bf16);
+  CHECK_THROWS_WITH(r.read_range_into("f", 0, as_bf16), Catch::Contains("cannot be read into a bf16"));
+}
