@@ -290,7 +290,8 @@ std::vector<HfTensorSource> hf_sources(const std::vector<std::pair<std::string, 
   std::vector<HfTensorSource> out;
   for (const auto& [name, t] : tensors) {
     REMAT_CHECK(t.defined(), IOError, "save_hf_checkpoint: tensor '", name, "' is undefined");
-    out.push_back({name, t.sizes(), t.dtype(), [t] { return t; }});
+    const Tensor held = t;  // (a lambda may not capture a structured binding before C++20's clang 16)
+    out.push_back({name, t.sizes(), t.dtype(), [held] { return held; }});
   }
   return out;
 }

@@ -65,17 +65,7 @@ ZeroOptimizer::ZeroOptimizer(int stage, const std::vector<std::pair<std::string,
     u.pieces = u.layout.pieces(rank);
     Tensor master;
     if (stage_ == 3) {  // this rank's shard of the values, which AdamW updates
-      CategoryScope cat(MemoryCategory::parameter);
-      master = empty({u.layout.shard}, TensorOptions(DType::f32, u.params.front().device()));
-      if (initial) {  // the pieces from their source, the padding zero
-        master.zero_();
-        for (const ShardPiece& pc : u.pieces) {
-          Tensor dst = master.narrow(0, pc.shard_begin, pc.n);
-          initial(u.layout.names[pc.member], pc.param_begin, dst);
-        }
-      } else {
-        pack_shard(u.layout, rank, u.params, master);
-      }
+      master = make_master(u, rank, initial);
       masters_.push_back(master);
     }
     for (const ShardPiece& pc : u.pieces) {
@@ -101,14 +91,7 @@ ZeroOptimizer::ZeroOptimizer(int stage, const std::vector<std::pair<std::string,
     gatherer_ = std::make_shared<UnitGatherer>(std::move(gathered), group_);
     gatherer_->install();
   }
-  if (initial)  // the unsharded parameters whole, from their source
-    for (std::size_t i = 0; i < unsharded_.size(); ++i) {
-      CategoryScope cat(MemoryCategory::parameter);
-      Tensor v = empty(unsharded_[i].sizes(), TensorOptions(DType::f32, unsharded_[i].device()));
-      Tensor flat = v.view({-1});
-      initial(unsharded_names_[i], 0, flat);
-      unsharded_[i].alias_storage_(v);
-    }
+  if (initial) fill_unsharded(initial);
   std::vector<AdamWParam> slots;
   for (const Unit& u : units_)
     for (std::size_t i = 0; i < u.pieces.size(); ++i)
@@ -116,6 +99,33 @@ ZeroOptimizer::ZeroOptimizer(int stage, const std::vector<std::pair<std::string,
   for (std::size_t i = 0; i < unsharded_.size(); ++i)
     slots.push_back(AdamWParam{unsharded_names_[i], unsharded_[i], unsharded_[i].dim() >= 2});
   adamw_ = std::make_unique<AdamW>(std::move(slots), opts);
+}
+
+Tensor ZeroOptimizer::make_master(const Unit& u, int rank, const ParameterRangeSource& initial) const {
+  CategoryScope cat(MemoryCategory::parameter);
+  NoGradGuard ng;
+  Tensor master = empty({u.layout.shard}, TensorOptions(DType::f32, u.params.front().device()));
+  if (!initial) {
+    pack_shard(u.layout, rank, u.params, master);
+    return master;
+  }
+  master.zero_();  // (the padding)
+  for (const ShardPiece& pc : u.pieces) {
+    Tensor dst = master.narrow(0, pc.shard_begin, pc.n);
+    initial(u.layout.names[pc.member], pc.param_begin, dst);
+  }
+  return master;
+}
+
+void ZeroOptimizer::fill_unsharded(const ParameterRangeSource& initial) {
+  CategoryScope cat(MemoryCategory::parameter);
+  NoGradGuard ng;
+  for (std::size_t i = 0; i < unsharded_.size(); ++i) {
+    Tensor v = empty(unsharded_[i].sizes(), TensorOptions(DType::f32, unsharded_[i].device()));
+    Tensor flat = v.view({-1});
+    initial(unsharded_names_[i], 0, flat);
+    unsharded_[i].alias_storage_(v);
+  }
 }
 
 std::string ZeroOptimizer::piece_name(const Unit& u, const ShardPiece& p) const {

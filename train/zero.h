@@ -123,6 +123,10 @@ class ZeroOptimizer {
     std::vector<Tensor> views;       // per piece: a flat view of its parameter
   };
   std::string piece_name(const Unit& u, const ShardPiece& p) const;
+  // Stage 3: unit u's shard on `rank`, from the parameters or `initial`.
+  Tensor make_master(const Unit& u, int rank, const ParameterRangeSource& initial) const;
+  // The unsharded parameters' values, whole, from `initial`.
+  void fill_unsharded(const ParameterRangeSource& initial);
 
   int stage_;
   std::shared_ptr<ProcessGroup> group_;
