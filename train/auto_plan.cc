@@ -308,7 +308,7 @@ class StepRig {
     model.set_compute_dtype(compute_dtype_from_name(o.dtype));
     model.to(o.device);
     return make_data_parallel_update(layout_, model.named_parameters(), TrainOptions{}.bucket_bytes,
-                                     o.world ? o.world->zero : o.zero, {}, *model.model->blocks);
+                                     o.zero_stage(), {}, *model.model->blocks);
   }
 };
 
@@ -346,8 +346,8 @@ struct CandidatePlan {
 std::vector<CandidatePlan> candidate_plans(const ProfileOptions& opts) {
   const std::int64_t n = opts.config.n_layers;
   std::vector<std::string> comps{""};
-  const std::int64_t zero = opts.world ? opts.world->zero : opts.zero;
-  for (const auto& s : opts.candidates.empty() ? default_candidates(opts.config, opts.allow_lossy, zero) : opts.candidates)
+  for (const auto& s : opts.candidates.empty() ? default_candidates(opts.config, opts.allow_lossy, opts.zero_stage())
+                                                : opts.candidates)
     if (!s.empty() && s != "none") comps.push_back(s);
   std::vector<CandidatePlan> out;
   for (const auto& comp : comps) {
@@ -418,6 +418,15 @@ std::vector<std::vector<StepMeasure>> measure_rounds(const ProfileOptions& opts,
   return measured;
 }
 
+// Element by element, the most of `values` over the job's ranks (a host
+// collective).
+std::vector<std::int64_t> most_over_ranks(ProcessGroup& job, const std::vector<std::int64_t>& values) {
+  TagScope host(kHostTag);
+  Tensor t = from_vector<std::int64_t>(values, {std::int64_t(values.size())});
+  job.all_reduce(t, ReduceOp::max);
+  return t.to_vector<std::int64_t>();
+}
+
 // A job's ranks measured their own steps: each measurement becomes the most
 // over the ranks (the fullest rank's bytes, the slowest rank's times), so
 // every rank derives the same profile and plans the same.
@@ -438,10 +447,7 @@ void take_most_over_ranks(ProcessGroup& job, std::vector<std::vector<StepMeasure
   };
   // (Times travel as integer nanoseconds.)
   visit([&](std::int64_t& x) { bytes.push_back(x); }, [&](double& x) { bytes.push_back(std::llround(x * 1e6)); });
-  TagScope host(kHostTag);
-  Tensor b = from_vector<std::int64_t>(bytes, {std::int64_t(bytes.size())});
-  job.all_reduce(b, ReduceOp::max);
-  bytes = b.to_vector<std::int64_t>();
+  bytes = most_over_ranks(job, bytes);
   std::size_t i = 0;
   visit([&](std::int64_t& x) { x = bytes[i++]; }, [&](double& x) { x = double(bytes[i++]) * 1e-6; });
 }
@@ -954,12 +960,7 @@ std::int64_t measure_plan_peak(const ProfileOptions& opts, const std::string& pl
     rig.step([&] { alloc.reset_peak(); });
     if (step > 0) peak = std::max(peak, alloc.stats().allocated_peak);
   }
-  if (ProcessGroup* job = rig.job()) {  // (the fullest rank's)
-    TagScope host(kHostTag);
-    Tensor p = from_vector<std::int64_t>({peak}, {1});
-    job->all_reduce(p, ReduceOp::max);
-    peak = p.to_vector<std::int64_t>()[0];
-  }
+  if (ProcessGroup* job = rig.job()) peak = most_over_ranks(*job, {peak})[0];  // (the fullest rank's)
   return peak;
 }
 

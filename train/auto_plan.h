@@ -131,6 +131,8 @@ struct ProfileOptions {
   // same. Pipelines are not planned.
   std::shared_ptr<ProcessGroup> job;
   std::int64_t ep = 1, zero = 0;
+  // The ZeRO stage the step runs under: the simulated world's or `zero`.
+  std::int64_t zero_stage() const { return world ? world->zero : zero; }
 };
 
 // The components the profile measures by default: the block region, the
