@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/autograd_internal.h"
+#include "engine/grad_mode.h"
 
 namespace remat {
 
@@ -53,6 +54,20 @@ std::vector<Tensor> Node::apply(std::vector<Tensor>& grads) {
 
 namespace {
 
+// A leaf's first gradient: a copy of g where the leaf's placement says, or a
+// clone.
+Tensor placed_grad(AutogradMeta& meta, const std::shared_ptr<TensorImpl>& leaf, const Tensor& g) {
+  if (!meta.grad_placement) return g.clone();
+  Tensor dst = meta.grad_placement(Tensor(leaf));
+  if (!dst.defined()) return g.clone();
+  REMAT_CHECK(dst.sizes() == g.sizes() && dst.dtype() == g.dtype() && dst.device() == g.device(), AutogradError,
+              "gradient placement: the leaf's gradient is ", g.dtype(), " ", shape_str(g.sizes()), " on ", g.device(),
+              " but its placement gave ", dst.dtype(), " ", shape_str(dst.sizes()), " on ", dst.device());
+  NoGradGuard ng;
+  dst.copy_(g);
+  return dst;
+}
+
 // The sink for a leaf's gradient: runs the leaf's hooks, then accumulates.
 class AccumulateGrad final : public Node {
  public:
@@ -76,7 +91,7 @@ class AccumulateGrad final : public Node {
       if (Tensor r = h(g); r.defined()) g = r;
     CategoryScope cat(MemoryCategory::gradient);
     if (!meta.grad.defined()) {
-      meta.grad = g.clone();
+      meta.grad = placed_grad(meta, leaf_, g);
     } else {
       detail::add_into(meta.grad, g);
     }
@@ -223,6 +238,12 @@ void Tensor::register_hook(std::function<Tensor(const Tensor&)> hook) const {
     m.grad_fn->output_hooks.at(m.output_nr).push_back(std::move(hook));
   else
     m.hooks.push_back(std::move(hook));
+}
+
+void Tensor::set_grad_placement(std::function<Tensor(const Tensor&)> place) const {
+  REMAT_CHECK(requires_grad() && !impl().autograd->grad_fn, AutogradError, "set_grad_placement: tensor of shape ",
+              shape_str(sizes()), " is not a leaf that requires grad");
+  impl().autograd->grad_placement = std::move(place);
 }
 
 void Tensor::register_post_accumulate_hook(std::function<void(const Tensor&)> hook) const {

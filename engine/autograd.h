@@ -33,6 +33,9 @@ using GradHook = std::function<Tensor(const Tensor&)>;
 // Runs after a leaf's .grad was accumulated (the leaf is passed in); data
 // parallel uses it to start reducing gradients while backward goes on.
 using PostAccumulateHook = std::function<void(const Tensor& leaf)>;
+// Where a leaf's first gradient goes: a tensor of the leaf's shape and dtype
+// on its device (a view into a caller's buffer), or undefined for a clone.
+using GradPlacement = std::function<Tensor(const Tensor& leaf)>;
 
 // Where a gradient goes: input `input_nr` of `node` (the node's output slot).
 struct Edge {
@@ -49,6 +52,7 @@ struct AutogradMeta {
   std::weak_ptr<Node> accumulator;   // a leaf's AccumulateGrad node, while a graph uses it
   std::vector<GradHook> hooks;       // a leaf's gradient hooks
   std::vector<PostAccumulateHook> post_accumulate_hooks;
+  GradPlacement grad_placement;      // a leaf's: where its first gradient is written (null: a fresh clone)
 };
 
 // Shape, dtype and device of a tensor: what backward needs to build a zero

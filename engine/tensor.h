@@ -204,6 +204,12 @@ class Tensor {
   // Leaves only: calls `hook` with this tensor each time backward has
   // accumulated a gradient into its .grad.
   void register_post_accumulate_hook(std::function<void(const Tensor&)> hook) const;
+  // Leaves only: when backward brings a gradient and .grad is undefined, it
+  // is copied into the tensor `place` returns (same shape, dtype and device;
+  // e.g. a view into a flat buffer a collective then reads whole) instead of
+  // a fresh copy; an undefined return means a fresh copy. Replaces any
+  // previous placement; a null function removes it.
+  void set_grad_placement(std::function<Tensor(const Tensor&)> place) const;
 
   // ---- Versions and identity ----
   std::uint64_t version() const { return impl().version->value.load(); }

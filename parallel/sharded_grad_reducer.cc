@@ -35,14 +35,51 @@ ShardedGradReducer::ShardedGradReducer(std::vector<ShardedUnit> units, std::shar
       CategoryScope cat(MemoryCategory::gradient);
       shards_.push_back(zeros({unit.layout.shard}, TensorOptions(DType::f32, unit.params.front().device())));
     }
-    if (unit.ready_may_differ) continue;
     for (std::size_t k = 0; k < unit.params.size(); ++k) {
       std::weak_ptr<ShardedGradReducer*> self = self_;  // a reducer that is gone is not called
+      unit.params[k].set_grad_placement([self, u, k](const Tensor&) {
+        auto s = self.lock();
+        return s ? (*s)->place(u, k) : Tensor();
+      });
+      if (unit.ready_may_differ) continue;
       unit.params[k].register_post_accumulate_hook([self, u, k](const Tensor&) {
         if (auto s = self.lock()) (*s)->on_ready(u, k);
       });
     }
   }
+  flat_.resize(U);
+}
+
+Tensor ShardedGradReducer::place(std::size_t u, std::size_t k) {
+  if (!armed_) return Tensor();  // a backward the reducer does not run: a plain copy
+  const ShardLayout& l = units_[u].layout;
+  if (!flat_[u].defined()) {
+    CategoryScope cat(MemoryCategory::gradient);
+    flat_[u] = empty({l.padded()}, TensorOptions(DType::f32, units_[u].params.front().device()));
+  }
+  return flat_[u].narrow(0, l.offsets[k], shape_numel(l.shapes[k])).view(l.shapes[k]);
+}
+
+Tensor ShardedGradReducer::take_flat(std::size_t u) {
+  ShardedUnit& unit = units_[u];
+  const ShardLayout& l = unit.layout;
+  Tensor flat = std::move(flat_[u]);
+  flat_[u] = Tensor();
+  CategoryScope cat(MemoryCategory::gradient);
+  if (!flat.defined()) flat = empty({l.padded()}, TensorOptions(DType::f32, unit.params.front().device()));
+  NoGradGuard ng;
+  if (l.padded() > l.numel) flat.narrow(0, l.numel, l.padded() - l.numel).zero_();
+  for (std::size_t k = 0; k < unit.params.size(); ++k) {
+    Tensor part = flat.narrow(0, l.offsets[k], shape_numel(l.shapes[k]));
+    const Tensor g = unit.params[k].grad();
+    const bool placed = g.shares_storage_with(flat) && g.storage_offset() == part.storage_offset() && g.is_contiguous();
+    if (!g.defined())
+      part.zero_();  // no gradient reached this member
+    else if (!placed)
+      part.copy_(g.reshape({-1}));  // a gradient set outside the placement
+    unit.params[k].set_grad(Tensor());  // the full gradients go with the flat array
+  }
+  return flat;
 }
 
 void ShardedGradReducer::zero() {
@@ -76,15 +113,10 @@ void ShardedGradReducer::on_ready(std::size_t u, std::size_t k) {
 
 void ShardedGradReducer::reduce(std::size_t u) {
   ShardedUnit& unit = units_[u];
-  std::vector<Tensor> grads;
-  for (const Tensor& p : unit.params) grads.push_back(p.grad());
   Tensor part;
   {
+    Tensor flat = take_flat(u);
     CategoryScope cat(MemoryCategory::gradient);
-    Tensor flat = empty({unit.layout.padded()}, TensorOptions(DType::f32, unit.params.front().device()));
-    pack_flat(unit.layout, grads, flat);
-    grads.clear();
-    for (const Tensor& p : unit.params) p.set_grad(Tensor());  // the full gradients go: the flat copy is reduced
     const auto t0 = std::chrono::steady_clock::now();
     part = group_->reduce_scatter(flat, ReduceOp::sum);
     stats_.wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();

@@ -2,7 +2,10 @@
 // are reduce-scattered over the group as soon as backward has produced the
 // last of them, added into this rank's shard of the unit's summed gradient,
 // and the parameters' full gradients freed at once; so a rank holds one
-// unit's full gradients at a time plus its shards.
+// unit's full gradients at a time plus its shards. Backward writes a unit's
+// gradients straight into one flat buffer (the members' gradients are views
+// of it: Tensor::set_grad_placement), which is what is reduce-scattered, so
+// no second copy of the unit's gradients is made.
 //
 // Every rank must build the reducer with the same units in the same order
 // and run the same graph, so units reduce in the same order everywhere
@@ -56,11 +59,14 @@ class ShardedGradReducer {
 
  private:
   void on_ready(std::size_t unit, std::size_t member);
+  Tensor place(std::size_t unit, std::size_t member);  // member's view of the unit's flat gradient
+  Tensor take_flat(std::size_t unit);                   // the flat gradient, every member's part in it
   void reduce(std::size_t unit);
 
   std::vector<ShardedUnit> units_;
   std::shared_ptr<ProcessGroup> group_;
   std::vector<Tensor> shards_;
+  std::vector<Tensor> flat_;               // per unit: its gradients this backward (undefined: none yet)
   std::vector<std::vector<bool>> ready_;   // per unit, per member (this backward)
   std::vector<std::int64_t> pending_;      // members not ready yet (this backward)
   std::vector<bool> reduced_, stale_;      // this backward

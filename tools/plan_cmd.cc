@@ -121,9 +121,11 @@ void print_keep_gathered(const PlanProfile& prof) {
 }
 
 void print_profile(const PlanProfile& prof) {
-  std::printf("profile: %zu components in %.0f s; persistent %s, plan none: peak %s (activations %s), step %.0f ms\n",
-              prof.candidates.size() + prof.chunked_loss.measured, prof.seconds, format_mib(prof.persistent).c_str(),
-              format_mib(prof.none_peak).c_str(), format_mib(prof.none_activation_bytes()).c_str(), prof.none_step_ms);
+  std::printf("profile: %zu components in %.0f s; persistent %s", prof.candidates.size() + prof.chunked_loss.measured,
+              prof.seconds, format_mib(prof.persistent).c_str());
+  if (prof.sharding_working > 0) std::printf(", ZeRO working set %s", format_mib(prof.sharding_working).c_str());
+  std::printf(", plan none: peak %s (activations %s), step %.0f ms\n", format_mib(prof.none_peak).c_str(),
+              format_mib(prof.none_activation_bytes()).c_str(), prof.none_step_ms);
   // The loss region (the head's logits and the loss's) apart from the blocks.
   std::printf("loss region: %s at most in plan none's step", format_mib(prof.none_loss_peak).c_str());
   if (prof.chunked_loss.measured)
@@ -262,6 +264,7 @@ class PlanJson {
     doc.set("config", o_.model.name).set("ranks", o_.ranks).set("ep", o_.ep).set("zero", o_.zero);
     if (!o_.several()) budget_keys(doc, choices_[0]);
     doc.set("allow_lossy", o_.lossy).set("persistent_bytes", prof_.persistent).set("none_peak_bytes", prof_.none_peak);
+    doc.set("zero_working_bytes", prof_.sharding_working);
     doc.set("none_activation_bytes", prof_.none_activation_bytes()).set("none_step_ms", prof_.none_step_ms);
     if (o_.several()) {
       std::vector<JsonObject> per;

@@ -652,6 +652,7 @@ PlanProfile profile_plans(const ProfileOptions& opts) {
   if (ProcessGroup* job = rig.job()) take_most_over_ranks(*job, measured);
   apply_recompute_plan(rig.model, RecomputePlan::parse("none", n));
   prof.persistent = rig.update.persistent_bytes(rig.model.named_parameters());
+  prof.sharding_working = rig.update.working_bytes();
 
   std::vector<Derived> d;
   for (const auto& ms : measured) {
@@ -750,7 +751,8 @@ std::int64_t parse_memory_budget(const std::string& text, const PlanProfile& pro
   auto bad = [&]() {
     return Error("--memory-budget '" + text +
                  "': expected bytes with an optional unit (B, KB, MB, GB, KiB, MiB, GiB; e.g. 1.5GiB), meaning peak "
-                 "allocated on the device, or N% (persistent bytes plus N% of plan none's activation bytes)");
+                 "allocated on the device, or N% (persistent bytes, and under --zero the sharding's working set, plus N% of "
+                 "plan none's activation bytes)");
   };
   std::size_t used = 0;
   double v = 0;
@@ -763,7 +765,7 @@ std::int64_t parse_memory_budget(const std::string& text, const PlanProfile& pro
   if (!(v >= 0) || !std::isfinite(v)) throw bad();
   if (unit == "%") {
     const double act = double(profile.none_activation_bytes());
-    return std::int64_t(double(profile.persistent) + v / 100.0 * act);
+    return std::int64_t(double(profile.base_bytes()) + v / 100.0 * act);
   }
   static const std::map<std::string, double> units = {{"", 1},          {"B", 1},           {"KB", 1e3},
                                                       {"MB", 1e6},        {"GB", 1e9},          {"KiB", 1024.0},

@@ -81,6 +81,10 @@ struct PlanProfile {
   std::int64_t n_blocks = 0;
   std::vector<bool> moe_blocks;   // per block: an MoE block (MoE components apply only there)
   std::int64_t persistent = 0;    // parameters + gradients + optimizer state
+  // Under --zero 2/3: what the sharding holds at a block's backward under
+  // every plan (DataParallelUpdate::working_bytes: gathered units and one
+  // unit's gradients), which is neither persistent nor an activation.
+  std::int64_t sharding_working = 0;
   std::int64_t none_peak = 0;     // plan none's measured peak allocated
   double none_step_ms = 0;
   // The planner's bases (planner.h), absolute bytes.
@@ -96,7 +100,10 @@ struct PlanProfile {
   // rounds: how much the batch moves the peak (MoE routing), 0 for one round.
   double peak_spread = 0;
 
-  std::int64_t none_activation_bytes() const { return none_peak - persistent; }
+  // The bytes every plan holds (persistent state and the sharding's working
+  // set); an N% budget is this plus N% of none_activation_bytes().
+  std::int64_t base_bytes() const { return persistent + sharding_working; }
+  std::int64_t none_activation_bytes() const { return none_peak - base_bytes(); }
   // The solver's input for `budget` (absolute peak allocated bytes), with
   // the bases of the unchunked loss or (chunked, when measured) chunked_loss's.
   PlannerInput planner_input(std::int64_t budget, bool allow_lossy, bool chunked = false) const;

@@ -381,6 +381,13 @@ void DataParallelUpdate::step(const std::vector<Tensor>& params, double clip, do
   }
 }
 
+std::int64_t ZeroOptimizer::working_bytes() const {
+  if (stage_ < 2) return 0;
+  std::int64_t largest = 0;  // one unit's flat f32 array (padded)
+  for (const Unit& u : units_) largest = std::max(largest, u.layout.padded() * std::int64_t(sizeof(float)));
+  return stage_ == 3 ? 3 * largest : largest;
+}
+
 std::int64_t DataParallelUpdate::persistent_bytes(const std::vector<std::pair<std::string, Tensor>>& params) const {
   return zero ? zero->persistent_bytes() : remat::persistent_bytes(params, *adamw);
 }

@@ -111,6 +111,11 @@ class ZeroOptimizer {
   // (whole under stage 1; the shards and the unsharded ones' under stage 2)
   // and the optimizer state.
   std::int64_t persistent_bytes() const;
+  // What the sharding itself holds at a block's backward under any plan, on
+  // top of persistent_bytes(): stage 3 the largest unit gathered twice (the
+  // one running and the one prefetched) and its flat gradient (f32) before
+  // the reduce-scatter; stage 2 that gradient; stage 1 nothing.
+  std::int64_t working_bytes() const;
   // The parameter elements this rank holds across steps: under stage 3 its
   // shards (padding included) and the unsharded parameters, else all.
   std::int64_t held_parameters() const;
@@ -167,6 +172,8 @@ struct DataParallelUpdate {
   // What the rank keeps across steps: parameters, gradients and optimizer
   // state (ZeroOptimizer::persistent_bytes under ZeRO).
   std::int64_t persistent_bytes(const std::vector<std::pair<std::string, Tensor>>& params) const;
+  // ZeroOptimizer::working_bytes under ZeRO, else 0.
+  std::int64_t working_bytes() const { return zero ? zero->working_bytes() : 0; }
 };
 DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
                                              const std::vector<std::pair<std::string, Tensor>>& params,

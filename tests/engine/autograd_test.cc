@@ -276,3 +276,26 @@ TEST_CASE("backward runs newest node first and counts nodes", "[autograd]") {
   // d/da (e^a a) = e^a (1 + a)
   CHECK(a.grad().at({0}) == Approx(std::exp(1.0) * 2));
 }
+
+TEST_CASE("a gradient placement receives a leaf's first gradient, later ones add into it", "[autograd]") {
+  Tensor a = leaf({1, 2}, {2});
+  Tensor b = leaf({3, 4, 5}, {3});
+  Tensor flat = zeros({6});  // a: [0, 2), b: [2, 5), one padding element
+  flat.narrow(0, 5, 1).fill_(-7.0);
+  a.set_grad_placement([&](const Tensor&) { return flat.narrow(0, 0, 2); });
+  b.set_grad_placement([&](const Tensor&) { return flat.narrow(0, 2, 3); });
+  sum(a * a).backward();
+  sum(b * 3.0).backward();
+  CHECK(a.grad().shares_storage_with(flat));
+  CHECK(vals(flat) == std::vector<float>{2, 4, 3, 3, 3, -7});
+  sum(a * 2.0).backward();  // accumulates in place
+  CHECK(vals(flat) == std::vector<float>{4, 6, 3, 3, 3, -7});
+  // An undefined placement falls back to a fresh copy; a wrong shape is an error.
+  Tensor c = leaf({1}, {1});
+  c.set_grad_placement([](const Tensor&) { return Tensor(); });
+  sum(c * 2.0).backward();
+  CHECK(c.grad().item() == 2.0);
+  Tensor d = leaf({1, 2}, {2});
+  d.set_grad_placement([&](const Tensor&) { return flat.narrow(0, 0, 3); });
+  CHECK_THROWS_WITH(sum(d).backward(), Catch::Contains("gradient placement") && Catch::Contains("[3]"));
+}
