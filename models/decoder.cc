@@ -139,6 +139,16 @@ const Tensor& DecoderModel::output_weight() const {
   return lm_head ? lm_head->weight : model->embed_tokens->weight;
 }
 
+std::set<std::string> DecoderModel::f32_read_parameters() const {
+  std::set<const TensorImpl*> direct = {&model->embed_tokens->weight.impl()};
+  for (const auto& layer : model->layers)
+    if (layer && layer->moe) direct.insert(&layer->moe->gate->weight.impl());
+  std::set<std::string> names;
+  for (const auto& [name, p] : named_parameters())
+    if (direct.count(&p.impl())) names.insert(name);
+  return names;
+}
+
 Tensor DecoderModel::head(const Tensor& x) const {
   UnitRun unit(model->blocks->unit_hooks(), "head");
   const Tensor n = model->norm->forward(x);

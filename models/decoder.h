@@ -8,6 +8,8 @@
 
 #include <functional>
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "models/block_stack.h"
@@ -117,6 +119,10 @@ class DecoderModel : public Module {
   std::int64_t loss_chunk(std::int64_t tokens) const;
   // The LM head's weight [vocab, d]: lm_head's, or the embedding's when tied.
   const Tensor& output_weight() const;
+  // The parameters some op reads as f32 values rather than through
+  // weight_as (the embedding table, the MoE routers' weights), by name:
+  // ZeRO-3 gathers their units in f32, the others' in the compute dtype.
+  std::set<std::string> f32_read_parameters() const;
   // Generation: logits [B, S, vocab] of input_ids [B, S] at the positions
   // after the cache's, extending the cache (runs without grad); with
   // last_only, those of the last position only [B, 1, vocab]. Prefill with

@@ -1,10 +1,13 @@
 #include "models/layers.h"
 
 #include <algorithm>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "checkpoint/output_discard.h"
 #include "engine/allocator.h"
+#include "engine/custom_op.h"
 #include "engine/grad_mode.h"
 #include "ops/attention.h"
 #include "ops/embedding.h"
@@ -97,8 +100,58 @@ Linear::Linear(std::int64_t in, std::int64_t out, double init_std, Generator& ge
   if (with_bias) bias = register_parameter("bias", init_constant({out}, InitRecipe::Kind::zeros));
 }
 
+namespace {
+// Parameters' gathered low-precision copies, by the parameter's identity.
+struct GatheredCopies {
+  std::mutex mu;
+  std::unordered_map<const TensorImpl*, Tensor> copies;
+};
+GatheredCopies& gathered_copies() {
+  static GatheredCopies g;
+  return g;
+}
+Tensor gathered_copy(const Tensor& param, DType dtype) {
+  GatheredCopies& g = gathered_copies();
+  std::lock_guard<std::mutex> lock(g.mu);
+  auto it = g.copies.find(&param.impl());
+  return it != g.copies.end() && it->second.dtype() == dtype ? it->second : Tensor();
+}
+// The cast of a parameter whose result the gather made: forward returns the
+// copy (input 1), backward casts the gradient back to the parameter's dtype,
+// as cast's does. Named "cast" so policies and reports see the op it stands for.
+const CustomOp& gathered_cast() {
+  static const CustomOp op(
+      "cast",
+      [](CustomOpContext& ctx, const std::vector<Tensor>& in) {
+        ctx.set("dtype", in[0].dtype());
+        return std::vector<Tensor>{in[1]};
+      },
+      [](CustomOpContext& ctx, const std::vector<Tensor>& g) {
+        return std::vector<Tensor>{cast(g[0], ctx.get<DType>("dtype")), Tensor()};
+      });
+  return op;
+}
+}  // namespace
+
+void set_gathered_copy(const Tensor& param, const Tensor& copy) {
+  REMAT_CHECK(copy.sizes() == param.sizes() && (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16), DTypeError,
+              "set_gathered_copy: the copy of a ", param.dtype(), " ", shape_str(param.sizes()),
+              " parameter must be bf16 or f16 of its shape, got ", copy.dtype(), " ", shape_str(copy.sizes()));
+  GatheredCopies& g = gathered_copies();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.copies[&param.impl()] = copy;
+}
+
+void clear_gathered_copy(const Tensor& param) {
+  GatheredCopies& g = gathered_copies();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.copies.erase(&param.impl());
+}
+
 Tensor weight_as(const Tensor& weight, const Tensor& input) {
-  return weight.dtype() == input.dtype() ? weight : cast(weight, input.dtype());
+  if (weight.dtype() == input.dtype()) return weight;
+  if (Tensor copy = gathered_copy(weight, input.dtype()); copy.defined()) return gathered_cast().apply1({weight, copy});
+  return cast(weight, input.dtype());
 }
 
 Tensor Linear::forward(const Tensor& x) const {

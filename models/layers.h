@@ -33,7 +33,16 @@ class PartRunner {
 // Mixed precision: parameters stay f32 (the master weights); a layer given
 // bf16 (or f16) input computes in that dtype with a differentiable cast of
 // its weight, so gradients reach the f32 parameter.
+// While `weight` has a gathered copy in the input's dtype (below), that
+// copy is returned instead of a fresh cast, with the same gradient.
 Tensor weight_as(const Tensor& weight, const Tensor& input);
+
+// ZeRO-3 gathers a unit's parameters in the compute dtype (train/zero_gather.h):
+// the f32 parameter keeps no values, and `copy` (its shape, bf16 or f16: the
+// bits casting its f32 values gives) is what weight_as hands the layers until
+// cleared. Thread-safe; the caller keeps the pair consistent.
+void set_gathered_copy(const Tensor& param, const Tensor& copy);
+void clear_gathered_copy(const Tensor& param);
 
 // RAII: while one is alive on this thread, new layers allocate their
 // weights without drawing them (values unspecified; `gen` is not advanced),

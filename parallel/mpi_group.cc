@@ -29,15 +29,29 @@ void check(int rc, const char* what) {
   if (rc != MPI_SUCCESS) throw Error(mpi_error(rc, what));
 }
 
-MPI_Datatype mpi_type(const Tensor& t, const char* op) {
+void mpi_type_checks(const Tensor& t, const char* op) {
   REMAT_CHECK(t.device().is_cpu() && t.is_contiguous(), DeviceError, op,
               ": the MPI back end takes contiguous CPU tensors, got ", shape_str(t.sizes()), " on ", t.device());
+}
+
+MPI_Datatype mpi_type(const Tensor& t, const char* op) {
+  mpi_type_checks(t, op);
   switch (t.dtype()) {
     case DType::f32: return MPI_FLOAT;
     case DType::i64: return MPI_INT64_T;
     case DType::i32: return MPI_INT32_T;
-    default: throw DTypeError(std::string(op) + ": the MPI back end supports f32, i32 and i64, got " + dtype_name(t.dtype()));
+    default: throw DTypeError(std::string(op) + ": the MPI back end supports f32, i32 and i64 (and bf16, f16 in gathers), got " + dtype_name(t.dtype()));
   }
+}
+
+// For collectives that only move elements (gathers): 16-bit floats travel
+// as 16-bit words (ZeRO-3 gathers in the compute dtype).
+MPI_Datatype mpi_move_type(const Tensor& t, const char* op) {
+  if (t.dtype() == DType::bf16 || t.dtype() == DType::f16) {
+    mpi_type_checks(t, op);
+    return MPI_UINT16_T;
+  }
+  return mpi_type(t, op);
 }
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
@@ -229,9 +243,8 @@ class MpiGroup final : public ProcessGroup {
     Tensor out = empty(s, t.dtype());
     count(CollectiveKind::all_gather, std::int64_t(t.nbytes()));
     CollectiveInFlight busy(CollectiveKind::all_gather, std::int64_t(t.nbytes()), rank_, size_);
-    check(MPI_Allgather(t.raw_data(), mpi_count(t.numel(), "all_gather"), mpi_type(t, "all_gather"), out.raw_data(),
-                        mpi_count(t.numel(), "all_gather"),
-                        mpi_type(t, "all_gather"), comm_),
+    check(MPI_Allgather(t.raw_data(), mpi_count(t.numel(), "all_gather"), mpi_move_type(t, "all_gather"),
+                        out.raw_data(), mpi_count(t.numel(), "all_gather"), mpi_move_type(t, "all_gather"), comm_),
           "all_gather");
     return out;
   }
@@ -322,8 +335,9 @@ class MpiGroup final : public ProcessGroup {
     check_gather_output(t, out, size_);
     count(CollectiveKind::all_gather, std::int64_t(t.nbytes()));
     auto w = std::make_shared<MpiWork>(out, 1, rank_, size_, CollectiveKind::all_gather, t);
-    check(MPI_Iallgather(t.raw_data(), mpi_count(t.numel(), "all_gather"), mpi_type(t, "all_gather"), out.raw_data(),
-                         mpi_count(t.numel(), "all_gather"), mpi_type(t, "all_gather"), comm_, &w->request),
+    check(MPI_Iallgather(t.raw_data(), mpi_count(t.numel(), "all_gather"), mpi_move_type(t, "all_gather"),
+                         out.raw_data(), mpi_count(t.numel(), "all_gather"), mpi_move_type(t, "all_gather"), comm_,
+                         &w->request),
           "all_gather (async)");
     return w;
   }

@@ -10,7 +10,7 @@ namespace remat::tools {
 
 std::vector<FlagSpec> auto_plan_flag_specs() {
   return {text_flag("memory-budget", "with --recompute auto: peak allocated bytes on the device, with a unit (1.5GiB, "
-                    "700MiB) or N% (persistent bytes plus N% of plan none's activation bytes)"),
+                    "700MiB) or N% (persistent bytes, and ZeRO's working set, plus N% of plan none's activation bytes)"),
           bool_flag("allow-lossy", "with --recompute auto: the planner may also compress saved tensors (bf16, fp8)"),
           bool_flag("tune-microbatch", "train with --recompute auto: also choose the micro-batches per step "
                     "(--grad-accum) at the same global batch, for the least predicted step time"),

@@ -260,7 +260,7 @@ class MemTrainer {
     AdamWOptions ao;
     ao.weight_decay = o.weight_decay;
     DataParallelUpdate update = make_data_parallel_update(layout_, params, o.bucket_bytes, o.zero, ao,
-                                                          *model_->model->blocks);
+                                                          *model_->model->blocks, nullptr, gather_precision(*model_));
     reducer_ = std::move(update.reducer);
     optimizer_ = std::move(update.adamw);
     zero_ = std::move(update.zero);
@@ -348,6 +348,8 @@ class MemTrainer {
     for (const Tensor& p : owned_) named.emplace_back("", p);
     return remat::persistent_bytes(named, *optimizer_);
   }
+  // ZeRO's working set at a block's backward (ZeroOptimizer::working_bytes).
+  std::int64_t working_bytes() const { return zero_ ? zero_->working_bytes() : 0; }
   const PipelineStage* pipeline() const { return pipeline_.get(); }
   const ParallelLayout& layout() const { return layout_; }
   // Every group this rank communicates on (the layout's and the pipeline's).
@@ -468,25 +470,32 @@ void print_summary(const MemRecording& rec, const Timeline& t, const MemOutputs&
 // --simulate-world ...,zero=3: the peak next to its arithmetic (issue #37):
 // 16 bytes per parameter over the D ranks (f32 shards of the values, the
 // gradients and AdamW's two moments), the gathered units at the peak (the
-// unit that runs and the next one prefetched, f32, and the running unit's
-// whole gradients before their reduce-scatter: three of the largest), and
-// the activations (the peak's activation, recompute, loss and other bytes).
+// unit that runs and the next one prefetched, in the gathered dtype: the
+// compute dtype under --dtype bf16, and the running unit's flat f32
+// gradient before its reduce-scatter: ZeroOptimizer::working_bytes), and
+// the activations (the peak's activation, recompute, loss and other bytes,
+// and backward's gradients of activations: the gradient bytes at the peak
+// beyond the shards' 4 x params / D and the unit's flat gradient).
 void print_zero3_arithmetic(MemTrainer& run, const TimelinePoint& peak, std::int64_t dp) {
+  const std::int64_t working = run.working_bytes();
+  const std::int64_t persistent = 16 * run.model().num_parameters() / dp;
   std::map<std::string, std::int64_t> unit_bytes;
   for (const auto& [name, p] : run.model().named_parameters())
     unit_bytes[shard_unit_name(name)] += p.numel() * std::int64_t(sizeof(float));
-  std::int64_t largest = 0;
-  for (const auto& [unit, b] : unit_bytes) largest = std::max(largest, b);
-  const std::int64_t persistent = 16 * run.model().num_parameters() / dp;
-  std::int64_t acts = 0;
+  std::int64_t flat_gradient = 0;  // a block's (the peak is in a block's backward)
+  for (const auto& [unit, b] : unit_bytes)
+    if (unit.rfind("block.", 0) == 0) flat_gradient = std::max(flat_gradient, b);
+  std::int64_t acts = std::max<std::int64_t>(0, peak.bytes[std::size_t(MemoryCategory::gradient)] -
+                                                    4 * run.model().num_parameters() / dp - flat_gradient);
   for (MemoryCategory c : {MemoryCategory::activation, MemoryCategory::recompute, MemoryCategory::loss,
                            MemoryCategory::other})
     acts += peak.bytes[std::size_t(c)];
-  const std::int64_t sum = persistent + 3 * largest + acts;
-  std::printf("  zero 3 arithmetic (this rank): 16 x %lld parameters / %lld = %s, + 3 x the largest unit (two "
-              "gathered, one unit's gradients) %s, + activations at the peak %s = %s; measured peak %s (%+.1f%%)\n",
+  const std::int64_t sum = persistent + working + acts;
+  std::printf("  zero 3 arithmetic (this rank): 16 x %lld parameters / %lld = %s, + ZeRO's working set (a unit and "
+              "the one prefetched gathered, its f32 gradient) %s, + activations and their gradients at the peak %s = %s; measured peak %s "
+              "(%+.1f%%)\n",
               static_cast<long long>(run.model().num_parameters()), static_cast<long long>(dp),
-              format_bytes(persistent).c_str(), format_bytes(3 * largest).c_str(), format_bytes(acts).c_str(),
+              format_bytes(persistent).c_str(), format_bytes(working).c_str(), format_bytes(acts).c_str(),
               format_bytes(sum).c_str(), format_bytes(peak.allocated).c_str(),
               100.0 * double(peak.allocated - sum) / double(sum));
 }

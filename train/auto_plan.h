@@ -157,7 +157,7 @@ PlanProfile profile_plans(const ProfileOptions& opts);
 
 // `--memory-budget` text: bytes with an optional unit (B, KB, MB, GB, KiB,
 // MiB, GiB; "1.5GiB"), meaning peak allocated on the device, or "N%":
-// persistent bytes plus N% of plan none's activation bytes. Error naming the
+// persistent bytes (PlanProfile::base_bytes) plus N% of plan none's activations. Error naming the
 // text and the accepted forms otherwise.
 std::int64_t parse_memory_budget(const std::string& text, const PlanProfile& profile);
 

@@ -327,7 +327,8 @@ std::int64_t ZeroOptimizer::persistent_bytes() const {
 DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
                                              const std::vector<std::pair<std::string, Tensor>>& params,
                                              std::int64_t bucket_bytes, std::int64_t zero, AdamWOptions opts,
-                                             BlockStack& stack, const ParameterRangeSource& initial) {
+                                             BlockStack& stack, const ParameterRangeSource& initial,
+                                             const GatherPrecision& precision) {
   DataParallelUpdate u;
   if (zero == 0) {
     REMAT_CHECK(!stack.plan().keep_gathered, Error, "--recompute ", stack.plan().spec,
@@ -345,6 +346,7 @@ DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
   u.zero = std::make_unique<ZeroOptimizer>(int(zero), params, layout.grad_group ? layout.grad_group : layout.world,
                                            sharded, is_expert_parameter, opts, initial);
   if (u.zero->gatherer()) {
+    u.zero->set_gather_precision(precision);
     stack.set_unit_hooks(u.zero->gatherer());
     u.zero->gatherer()->follow_plan(&stack);  // keep_gathered
   }
@@ -383,9 +385,34 @@ void DataParallelUpdate::step(const std::vector<Tensor>& params, double clip, do
 
 std::int64_t ZeroOptimizer::working_bytes() const {
   if (stage_ < 2) return 0;
-  std::int64_t largest = 0;  // one unit's flat f32 array (padded)
-  for (const Unit& u : units_) largest = std::max(largest, u.layout.padded() * std::int64_t(sizeof(float)));
-  return stage_ == 3 ? 3 * largest : largest;
+  auto gradient = [&](std::size_t k) { return units_[k].layout.padded() * std::int64_t(sizeof(float)); };
+  std::int64_t most = 0;
+  for (std::size_t k = 0; k < units_.size(); ++k) {
+    if (!gatherer_) {
+      most = std::max(most, gradient(k));
+      continue;
+    }
+    // Unit k's backward: it gathered, the unit before it prefetched (not the
+    // embedding, whose backward needs no weight), its flat gradient; its
+    // forward: it and the next unit gathered.
+    const bool before = k >= 1 && units_[k - 1].layout.name != "embed";
+    most = std::max(most, gatherer_->gathered_bytes(k) + (before ? gatherer_->gathered_bytes(k - 1) : 0) + gradient(k));
+    if (k + 1 < units_.size()) most = std::max(most, gatherer_->gathered_bytes(k) + gatherer_->gathered_bytes(k + 1));
+  }
+  return most;
+}
+
+void ZeroOptimizer::set_gather_precision(const GatherPrecision& precision) {
+  if (!gatherer_) return;
+  for (std::size_t k = 0; k < units_.size(); ++k) {
+    bool lowp = precision.compute != DType::f32;
+    for (const std::string& n : units_[k].layout.names) lowp = lowp && !precision.f32_reads.count(n);
+    gatherer_->set_dtype(k, lowp ? precision.compute : DType::f32);
+  }
+}
+
+GatherPrecision gather_precision(const DecoderModel& model) {
+  return GatherPrecision{model.compute_dtype(), model.f32_read_parameters()};
 }
 
 std::int64_t DataParallelUpdate::persistent_bytes(const std::vector<std::pair<std::string, Tensor>>& params) const {

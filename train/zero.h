@@ -22,10 +22,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "models/decoder.h"
 #include "parallel/process_group.h"
 #include "parallel/sharded_grad_reducer.h"
 #include "train/optimizer.h"
@@ -33,6 +35,15 @@
 #include "train/zero_gather.h"
 
 namespace remat {
+
+// The dtype ZeRO-3 gathers units in: the compute dtype, except for a unit
+// with a member some op reads as f32 (by name), which gathers in f32.
+struct GatherPrecision {
+  DType compute = DType::f32;
+  std::set<std::string> f32_reads;
+};
+// The model's: its compute dtype and DecoderModel::f32_read_parameters().
+GatherPrecision gather_precision(const DecoderModel& model);
 
 // The unit a parameter of a decoder model shards with: "embed" for
 // model.embed_tokens.*, "block.N" for model.layers.N.*, "head" for the rest
@@ -61,6 +72,8 @@ class ZeroOptimizer {
                 std::shared_ptr<ProcessGroup> group, const std::function<bool(const std::string&)>& sharded,
                 const std::function<bool(const std::string&)>& ready_may_differ, AdamWOptions opts,
                 const ParameterRangeSource& initial = nullptr);
+  // Stage 3: the dtype each unit gathers in from now on (before a step).
+  void set_gather_precision(const GatherPrecision& precision);
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
@@ -111,10 +124,11 @@ class ZeroOptimizer {
   // (whole under stage 1; the shards and the unsharded ones' under stage 2)
   // and the optimizer state.
   std::int64_t persistent_bytes() const;
-  // What the sharding itself holds at a block's backward under any plan, on
-  // top of persistent_bytes(): stage 3 the largest unit gathered twice (the
-  // one running and the one prefetched) and its flat gradient (f32) before
-  // the reduce-scatter; stage 2 that gradient; stage 1 nothing.
+  // What the sharding itself holds at its fullest under any plan, on top of
+  // persistent_bytes(): stage 3 the most over the units of a unit's backward
+  // (it and the unit before it, prefetched, gathered, and its flat f32
+  // gradient before the reduce-scatter) and forward (it and the next one
+  // gathered); stage 2 the largest unit's flat gradient; stage 1 nothing.
   std::int64_t working_bytes() const;
   // The parameter elements this rank holds across steps: under stage 3 its
   // shards (padding included) and the unsharded parameters, else all.
@@ -178,6 +192,7 @@ struct DataParallelUpdate {
 DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
                                              const std::vector<std::pair<std::string, Tensor>>& params,
                                              std::int64_t bucket_bytes, std::int64_t zero, AdamWOptions opts,
-                                             BlockStack& stack, const ParameterRangeSource& initial = nullptr);
+                                             BlockStack& stack, const ParameterRangeSource& initial = nullptr,
+                                             const GatherPrecision& precision = {});
 
 }  // namespace remat

@@ -7,6 +7,8 @@
 #include "engine/autograd.h"
 #include "engine/grad_mode.h"
 #include "engine/recompute_context.h"
+#include "models/layers.h"
+#include "ops/ops.h"
 
 namespace remat {
 
@@ -62,6 +64,22 @@ UnitGatherer::UnitGatherer(std::vector<Unit> units, std::shared_ptr<ProcessGroup
   saves_ = std::make_shared<SaveRefs>(*this);
 }
 
+UnitGatherer::~UnitGatherer() {
+  try {
+    release_all();
+  } catch (...) {  // (a prefetch's wait failing: the job is ending anyway)
+  }
+}
+
+void UnitGatherer::set_dtype(std::size_t u, DType dtype) {
+  State& s = units_[u];
+  REMAT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, DTypeError, "zero-3: unit '",
+              s.layout.name, "' can gather in f32, bf16 or f16, not ", dtype);
+  REMAT_CHECK(!s.flat.defined() && !s.work, Error, "zero-3: unit '", s.layout.name,
+              "' changes its gathered dtype while gathered");
+  s.dtype = dtype;
+}
+
 void UnitGatherer::install() {
   std::weak_ptr<UnitGatherer> self = weak_from_this();
   for (std::size_t u = 0; u < units_.size(); ++u)
@@ -83,9 +101,10 @@ void UnitGatherer::prefetch(std::size_t u) {
   {
     NoGradGuard ng;
     CategoryScope cat(MemoryCategory::parameter);  // (offload and compression leave parameters alone)
-    s.incoming = empty({s.layout.padded()}, TensorOptions(DType::f32, s.master.device()));
+    s.incoming = empty({s.layout.padded()}, TensorOptions(s.dtype, s.master.device()));
+    if (s.dtype != DType::f32) s.sent = cast(s.master, s.dtype);
   }
-  s.work = group_->all_gather_async(s.master, s.incoming);
+  s.work = group_->all_gather_async(s.dtype == DType::f32 ? s.master : s.sent, s.incoming);
   ++gathers_;
 }
 
@@ -102,11 +121,16 @@ void UnitGatherer::gather(std::size_t u) {
   s.work->wait();
   wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   s.work.reset();
+  s.sent = Tensor();
   s.flat = std::move(s.incoming);
   s.incoming = Tensor();
-  for (std::size_t k = 0; k < s.params.size(); ++k)
-    s.params[k].alias_storage_(
-        s.flat.narrow(0, s.layout.offsets[k], shape_numel(s.layout.shapes[k])).view(s.layout.shapes[k]));
+  for (std::size_t k = 0; k < s.params.size(); ++k) {
+    Tensor member = s.flat.narrow(0, s.layout.offsets[k], shape_numel(s.layout.shapes[k])).view(s.layout.shapes[k]);
+    if (s.dtype == DType::f32)
+      s.params[k].alias_storage_(member);
+    else
+      set_gathered_copy(s.params[k], member);
+  }
   s.got.assign(s.params.size(), false);
   s.pending = 0;
   for (bool c : s.counted) s.pending += c ? 1 : 0;
@@ -117,10 +141,15 @@ void UnitGatherer::release(std::size_t u) {
   if (s.work) {  // a prefetch nothing used (the step ended first)
     s.work->wait();
     s.work.reset();
-    s.incoming = Tensor();
+    s.incoming = s.sent = Tensor();
   }
   if (!s.flat.defined()) return;
-  for (const Tensor& p : s.params) p.release_storage();
+  for (const Tensor& p : s.params) {
+    if (s.dtype == DType::f32)
+      p.release_storage();
+    else
+      clear_gathered_copy(p);
+  }
   s.flat = Tensor();
 }
 

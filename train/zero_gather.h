@@ -38,10 +38,20 @@ class UnitGatherer : public UnitRunHooks, public std::enable_shared_from_this<Un
     std::vector<Tensor> params;       // released unless gathered
     Tensor master;                    // this rank's shard of the values (f32, layout.shard)
     std::vector<bool> counted;        // members whose gradient tells the end of the unit's backward
+    // The gathered values' dtype: f32 (the parameters alias the gathered
+    // array), or bf16/f16 under mixed precision for a unit whose members the
+    // layers read only through weight_as: each rank casts its shard and the
+    // gather moves half the bytes; the parameters keep no values and the
+    // layers get the gathered copies (set_gathered_copy), the bits casting
+    // the f32 values gives.
+    DType dtype = DType::f32;
   };
   // Takes the units (params currently holding their values, which are
   // released here); every rank of `group` builds the same units.
   UnitGatherer(std::vector<Unit> units, std::shared_ptr<ProcessGroup> group);
+  ~UnitGatherer() override;  // releases every unit (no gathered copy outlives it)
+  UnitGatherer(const UnitGatherer&) = delete;
+  UnitGatherer& operator=(const UnitGatherer&) = delete;
   // Installs the post-accumulate hooks that release a unit after its
   // backward (call once, after construction, holding a shared_ptr).
   void install();
@@ -66,9 +76,16 @@ class UnitGatherer : public UnitRunHooks, public std::enable_shared_from_this<Un
   // Releases every gathered unit (after a step's backward).
   void release_all();
   bool gathered(std::size_t u) const { return units_[u].flat.defined(); }
+  // Unit u's gathered dtype from its next gather (Unit::dtype; f32, bf16 or
+  // f16); Error while it is gathered or being gathered.
+  void set_dtype(std::size_t u, DType dtype);
   std::size_t num_units() const { return units_.size(); }
   const Tensor& master(std::size_t u) const { return units_[u].master; }
   const ShardLayout& layout(std::size_t u) const { return units_[u].layout; }
+  // The bytes one gathered copy of unit u takes (padded, in its dtype).
+  std::int64_t gathered_bytes(std::size_t u) const {
+    return units_[u].layout.padded() * std::int64_t(element_size(units_[u].dtype));
+  }
   // Gathers counted since construction, and the time spent waiting for
   // them (a gather that had not finished when its unit was needed: the
   // communication not hidden behind compute).
@@ -79,6 +96,7 @@ class UnitGatherer : public UnitRunHooks, public std::enable_shared_from_this<Un
   struct State : Unit {
     Tensor flat;                 // the gathered values (undefined: released)
     Tensor incoming;             // a prefetch's output, until gather() takes it
+    Tensor sent;                 // the shard cast to dtype, while its gather is under way
     std::shared_ptr<CommWork> work;  // the prefetch under way
     std::vector<bool> got;       // per member: its gradient arrived since the gather
     std::int64_t pending = 0;    // counted members whose gradient has not arrived since the gather

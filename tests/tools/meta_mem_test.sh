@@ -193,8 +193,8 @@ sim l70_dp8_pp4_r31 "simulated rank: 31 of dp=8,ep=1,pp=4: stage 3 (blocks 61-79
 sim mixtral_ep8 "simulated rank: 0 of dp=8,ep=8,pp=1: data-parallel rank 0 of 8, expert-parallel rank 0 of 8
 at the peak: parameter 26.98 GiB" --config mixtral-8x7b --seq 4096 --recompute per_block --simulate-world dp=8,ep=8
 # ZeRO 3 over 64 ranks (issue #37's scale check): 70B and Llama-2-7B, bf16,
-# per_block; rank 0's peak next to its arithmetic (16 x params / 64 + three
-# of the largest unit + the activations at the peak), within 10%.
+# per_block; rank 0's peak next to its arithmetic (16 x params / 64 + ZeRO's
+# working set + the activations and their gradients at the peak), within 10%.
 for z in llama3-70b llama2-7b; do
   sim "zero3_$z" "simulated rank: 0 of dp=64,ep=1,pp=1,zero=3
 zero 3 arithmetic (this rank): 16 x" --config $z --dtype bf16 --recompute per_block --simulate-world dp=64,zero=3
