@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <memory>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -264,14 +265,29 @@ TrainCli options_from_flags(const Flags& f) {
 }
 
 // --save-hf: every rank gathers its experts (a collective), rank 0 writes.
+// Under --zero (no pipeline) no process holds the model: rank 0 streams the
+// sharded state the ranks wrote in parallel (--save's, or one written for
+// this under OUT/.remat-state and removed after) a tensor at a time, as
+// `export` does.
 void export_hf(const Trainer& trainer, const TrainCli& cli) {
   if (cli.save_hf.empty()) return;
-  const auto params = trainer.one_process_parameters();
-  if (trainer.rank() != 0) return;
   HfExportOptions eo;
   eo.dtype = cli.hf_dtype;
   eo.max_shard_bytes = cli.max_shard_bytes;
   eo.tokenizer = cli.options.tokenizer;
+  if (cli.options.zero > 0 && trainer.world_size() > 1 && !trainer.pipeline()) {
+    const bool own = cli.options.save_dir.empty();  // (--save's state is the final one: run() saved it last)
+    const std::string from = own ? (std::filesystem::path(cli.save_hf) / ".remat-state").string() : cli.options.save_dir;
+    if (own) trainer.save(from);
+    if (trainer.rank() != 0) return;
+    export_trained_state(from, cli.save_hf, eo, nullptr);
+    if (own) std::filesystem::remove_all(from);
+    std::printf("Hugging Face model written to %s (%s weights, streamed from the ranks' shards)\n",
+                cli.save_hf.c_str(), dtype_name(cli.hf_dtype));
+    return;
+  }
+  const auto params = trainer.one_process_parameters();
+  if (trainer.rank() != 0) return;
   save_hf_model(cli.save_hf, cli.options.config, params, eo);
   std::printf("Hugging Face model written to %s (%s weights)\n", cli.save_hf.c_str(), dtype_name(cli.hf_dtype));
 }

@@ -40,6 +40,23 @@ $remat export --resume "$tmp/single" --out "$tmp/hf1" > /dev/null 2>&1
 check "the streamed export equals the export of the state resumed and saved by one process" \
   'cmp -s "$tmp/hf/model.safetensors" "$tmp/hf1/model.safetensors"' || tail -3 "$tmp/single.txt"
 
+# --save-hf under --zero 3 streams the state the ranks saved (no process
+# gathers the model): the bytes `export` writes from that state; without
+# --save it writes a temporary set under the folder and removes it.
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --zero 3 --save "$tmp/hfstate" \
+  --save-hf "$tmp/hf_train" > "$tmp/savehf.txt" 2>&1
+rc=$?
+$remat export --resume "$tmp/hfstate" --out "$tmp/hf_export" > /dev/null 2>&1
+check "train --zero 3 --save-hf streams the ranks' shards: export's bytes" \
+  '[ $rc -eq 0 ] && grep -q "streamed from the ranks" "$tmp/savehf.txt" && cmp -s "$tmp/hf_train/model.safetensors" "$tmp/hf_export/model.safetensors"' \
+  || tail -5 "$tmp/savehf.txt"
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --zero 3 --save-hf "$tmp/hf_nosave" \
+  > "$tmp/savehf2.txt" 2>&1
+rc=$?
+check "without --save: the same bytes, no temporary state left" \
+  '[ $rc -eq 0 ] && cmp -s "$tmp/hf_nosave/model.safetensors" "$tmp/hf_train/model.safetensors" && [ ! -e "$tmp/hf_nosave/.remat-state" ]' \
+  || tail -5 "$tmp/savehf2.txt"
+
 # Rank 1 is killed at its 60th collective (in step 1's gathers and
 # reduce-scatters); rank 0 exits non-zero, naming what it was blocked in.
 start=$(date +%s)
