@@ -234,6 +234,13 @@ bool same_on_every_rank(ProcessGroup& g, const std::vector<std::size_t>& sequenc
   return m[0] == -m[1];
 }
 
+std::vector<std::int64_t> most_over_ranks(ProcessGroup& g, const std::vector<std::int64_t>& values) {
+  TagScope host(kHostTag);
+  Tensor t = from_vector<std::int64_t>(values, {std::int64_t(values.size())});
+  g.all_reduce(t, ReduceOp::max);
+  return t.to_vector<std::int64_t>();
+}
+
 void check_gather_output(const Tensor& t, const Tensor& out, int size) {
   Shape want = t.sizes();
   REMAT_CHECK(!want.empty(), ShapeError, "all_gather: needs at least one dim");

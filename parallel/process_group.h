@@ -166,6 +166,9 @@ class ProcessGroup {
 // which it started its reductions): a fingerprint of it, compared by one
 // host-tagged all-reduce (max of the value and of its negation). A collective.
 bool same_on_every_rank(ProcessGroup& g, const std::vector<std::size_t>& sequence);
+// Element by element, the most of `values` over the ranks of `g` (one
+// host-tagged all-reduce; every rank passes as many). A collective.
+std::vector<std::int64_t> most_over_ranks(ProcessGroup& g, const std::vector<std::int64_t>& values);
 
 // The ShapeError every back end gives all_gather_async for an output that
 // is not contiguous, of t's dtype and device, with dim 0 = size x t's.

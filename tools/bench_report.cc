@@ -128,6 +128,8 @@ class BenchReport {
     j.set("tokens_per_s", p.tps).set("recomputed_ops", med("recomputed_ops"));
     j.set("replayed_comm_bytes", med("replayed_comm_bytes")).set("mfu", p.mfu).set("hfu", p.hfu);
     j.set("offloaded_bytes", med("offloaded_bytes")).set("offload_ms", med("offload_ms"));
+    if (m_.samples[i].count("peak_allocated_bytes_rank0"))  // (several ranks)
+      j.set("peak_allocated_bytes_rank0", med("peak_allocated_bytes_rank0"));
     for (const char* k : {"rss_peak_bytes", "spill_page_cache_bytes"})  // (a baseline's rows have none)
       j.set(k, m_.samples[i].count(k) ? med(k) : 0.0);
     j.set("compressed_saved_bytes", med("compressed_saved_bytes"));

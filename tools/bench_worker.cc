@@ -164,6 +164,7 @@ struct WorkerSeries {
   std::vector<double> page_cache;    // the spill file's bytes in the page cache after each timed step
   std::vector<double> zero_wait;     // --zero: ms blocked in reduce-scatters and unfinished gathers
   std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
+  std::int64_t peak_alloc_rank0 = 0;  // several ranks: rank 0's own peak (peak_alloc is the fullest rank's)
   std::int64_t loss = 0;   // the loss category's most (the head's logits and the loss's)
   CommCounters comm_step;  // the last timed step's collectives
 };
@@ -221,6 +222,17 @@ class WorkerSteps {
   }
 
   const WorkerSeries& series() const { return series_; }
+  // Several ranks: the peak, persistent and activation bytes become the
+  // fullest rank's (what a budget must hold; the planner plans for it too),
+  // rank 0's peak kept apart. A collective.
+  void take_fullest_rank(ProcessGroup& world) {
+    series_.peak_alloc_rank0 = series_.peak_alloc;
+    const auto m = most_over_ranks(world, {series_.peak_alloc, series_.peak_res, series_.persistent, series_.activations});
+    series_.peak_alloc = m[0];
+    series_.peak_res = m[1];
+    series_.persistent = m[2];
+    series_.activations = m[3];
+  }
 
  private:
   // Reads the counters and resets the allocator's peak and the replay FLOPs.
@@ -348,6 +360,7 @@ JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const
   j.set("zero_comm_wait_ms", median(s.zero_wait));
   j.set("compressed_saved_bytes", median(s.compressed));
   j.set("peak_allocated_bytes", s.peak_alloc).set("peak_reserved_bytes", s.peak_res);
+  if (W > 1) j.set("peak_allocated_bytes_rank0", s.peak_alloc_rank0);
   j.set("persistent_bytes", s.persistent).set("activation_bytes", s.activations).set("loss_bytes", s.loss);
   j.set("recomputed_ops", s.ops).set("replayed_comm_bytes", s.replayed);
   // Rank 0's replayed FLOPs stand for each rank's: times W for the job's.
@@ -390,6 +403,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
                                 gather_precision(model));
   WorkerSteps steps(model, update, layout, *world, o);
   for (std::int64_t i = 0; i < o.warmup + o.steps; ++i) steps.step(/*timed=*/i >= o.warmup);
+  if (world->size() > 1) steps.take_fullest_rank(*world);
   if (world->rank() != 0) return 0;  // rank 0 reports
   std::printf("BENCH-RESULT %s\n", worker_result(steps.series(), model, layout, world->size(), o.device).str().c_str());
   return 0;

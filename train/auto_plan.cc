@@ -418,15 +418,6 @@ std::vector<std::vector<StepMeasure>> measure_rounds(const ProfileOptions& opts,
   return measured;
 }
 
-// Element by element, the most of `values` over the job's ranks (a host
-// collective).
-std::vector<std::int64_t> most_over_ranks(ProcessGroup& job, const std::vector<std::int64_t>& values) {
-  TagScope host(kHostTag);
-  Tensor t = from_vector<std::int64_t>(values, {std::int64_t(values.size())});
-  job.all_reduce(t, ReduceOp::max);
-  return t.to_vector<std::int64_t>();
-}
-
 // A job's ranks measured their own steps: each measurement becomes the most
 // over the ranks (the fullest rank's bytes, the slowest rank's times), so
 // every rank derives the same profile and plans the same.
