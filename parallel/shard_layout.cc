@@ -61,13 +61,17 @@ void pack_shard(const ShardLayout& l, int rank, const std::vector<Tensor>& membe
     shard.narrow(0, p.shard_begin, p.n).copy_(members[p.member].reshape({-1}).narrow(0, p.param_begin, p.n));
 }
 
+Tensor member_view(const ShardLayout& l, const Tensor& flat, std::size_t k) {
+  return flat.narrow(0, l.offsets[k], shape_numel(l.shapes[k])).view(l.shapes[k]);
+}
+
 void unpack_flat(const ShardLayout& l, const Tensor& flat, const std::vector<Tensor>& members) {
   check_members(l, members, false, "unpack_flat");
   check_flat(l, flat, l.padded(), "unpack_flat");
   NoGradGuard ng;
   for (std::size_t k = 0; k < members.size(); ++k) {
     Tensor dst = members[k];
-    dst.copy_(flat.narrow(0, l.offsets[k], shape_numel(l.shapes[k])).view(l.shapes[k]));
+    dst.copy_(member_view(l, flat, k));
   }
 }
 
@@ -77,9 +81,9 @@ void pack_flat(const ShardLayout& l, const std::vector<Tensor>& members, Tensor&
   NoGradGuard ng;
   if (l.padded() > l.numel) flat.narrow(0, l.numel, l.padded() - l.numel).zero_();
   for (std::size_t k = 0; k < members.size(); ++k) {
-    Tensor dst = flat.narrow(0, l.offsets[k], shape_numel(l.shapes[k]));
+    Tensor dst = member_view(l, flat, k);
     if (members[k].defined())
-      dst.copy_(members[k].reshape({-1}));
+      dst.copy_(members[k]);
     else
       dst.zero_();
   }

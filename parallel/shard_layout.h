@@ -42,6 +42,9 @@ struct ShardLayout {
 // `ranks` ranks; Error for ranks < 1 or no parameters.
 ShardLayout make_shard_layout(std::string name, std::vector<std::string> names, std::vector<Shape> shapes, int ranks);
 
+// Member k's elements of a flat array of the unit (layout.padded()
+// elements of any dtype, contiguous), as a view in the member's shape.
+Tensor member_view(const ShardLayout& layout, const Tensor& flat, std::size_t k);
 // Copies rank `rank`'s shard of the members (contiguous f32 tensors, one per
 // member, in order) into `shard` (f32, layout.shard elements; padding set
 // to 0).

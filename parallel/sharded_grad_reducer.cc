@@ -57,7 +57,7 @@ Tensor ShardedGradReducer::place(std::size_t u, std::size_t k) {
     CategoryScope cat(MemoryCategory::gradient);
     flat_[u] = empty({l.padded()}, TensorOptions(DType::f32, units_[u].params.front().device()));
   }
-  return flat_[u].narrow(0, l.offsets[k], shape_numel(l.shapes[k])).view(l.shapes[k]);
+  return member_view(l, flat_[u], k);
 }
 
 Tensor ShardedGradReducer::take_flat(std::size_t u) {
@@ -70,13 +70,13 @@ Tensor ShardedGradReducer::take_flat(std::size_t u) {
   NoGradGuard ng;
   if (l.padded() > l.numel) flat.narrow(0, l.numel, l.padded() - l.numel).zero_();
   for (std::size_t k = 0; k < unit.params.size(); ++k) {
-    Tensor part = flat.narrow(0, l.offsets[k], shape_numel(l.shapes[k]));
+    Tensor part = member_view(l, flat, k);
     const Tensor g = unit.params[k].grad();
     const bool placed = g.shares_storage_with(flat) && g.storage_offset() == part.storage_offset() && g.is_contiguous();
     if (!g.defined())
       part.zero_();  // no gradient reached this member
     else if (!placed)
-      part.copy_(g.reshape({-1}));  // a gradient set outside the placement
+      part.copy_(g);  // a gradient set outside the placement
     unit.params[k].set_grad(Tensor());  // the full gradients go with the flat array
   }
   return flat;

@@ -399,8 +399,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
   DecoderModel model(o.config, o.seed, layout.placement());
   prepare_model(model, layout, o);
   DataParallelUpdate update =
-      make_data_parallel_update(layout, model.named_parameters(), 25ll << 20, o.zero, {}, *model.model->blocks, nullptr,
-                                gather_precision(model));
+      make_data_parallel_update(layout, model.named_parameters(), 25ll << 20, o.zero, {}, model);
   WorkerSteps steps(model, update, layout, *world, o);
   for (std::int64_t i = 0; i < o.warmup + o.steps; ++i) steps.step(/*timed=*/i >= o.warmup);
   if (world->size() > 1) steps.take_fullest_rank(*world);

@@ -260,7 +260,7 @@ class MemTrainer {
     AdamWOptions ao;
     ao.weight_decay = o.weight_decay;
     DataParallelUpdate update = make_data_parallel_update(layout_, params, o.bucket_bytes, o.zero, ao,
-                                                          *model_->model->blocks, nullptr, gather_precision(*model_));
+                                                          *model_);
     reducer_ = std::move(update.reducer);
     optimizer_ = std::move(update.adamw);
     zero_ = std::move(update.zero);

@@ -308,7 +308,7 @@ class StepRig {
     model.set_compute_dtype(compute_dtype_from_name(o.dtype));
     model.to(o.device);
     return make_data_parallel_update(layout_, model.named_parameters(), TrainOptions{}.bucket_bytes,
-                                     o.zero_stage(), {}, *model.model->blocks, nullptr, gather_precision(model));
+                                     o.zero_stage(), {}, model);
   }
 };
 

@@ -155,7 +155,7 @@ void Trainer::build_optimizer() {
   ao.weight_decay = opts_.weight_decay;
   // A stage reduces only its own parameters' gradients over its replicas.
   DataParallelUpdate update = make_data_parallel_update(layout_, owned_parameters(), opts_.bucket_bytes, opts_.zero, ao,
-                                                        *model_->model->blocks, initial_, gather_precision(*model_));
+                                                        *model_, initial_);
   initial_ = nullptr;  // (the recipes or the folder's files, no longer needed)
   reducer_ = std::move(update.reducer);
   optimizer_ = std::move(update.adamw);

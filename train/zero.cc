@@ -190,7 +190,7 @@ std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::parameter_values() co
     const ShardLayout& l = units_[k].layout;
     const Tensor flat = group_->all_gather(masters_[k]);
     for (std::size_t m = 0; m < l.names.size(); ++m)
-      gathered[l.names[m]] = flat.narrow(0, l.offsets[m], shape_numel(l.shapes[m])).view(l.shapes[m]).clone();
+      gathered[l.names[m]] = member_view(l, flat, m).clone();
   }
   std::vector<std::pair<std::string, Tensor>> out;
   for (const auto& [name, p] : all_params_) {
@@ -225,7 +225,7 @@ std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::one_process_state() c
       const Tensor flat = group_->all_gather(shard);
       for (std::size_t k = 0; k < u.params.size(); ++k)
         out.emplace_back(kind + u.layout.names[k],
-                         flat.narrow(0, u.layout.offsets[k], shape_numel(u.layout.shapes[k])).view(u.layout.shapes[k]).clone());
+                         member_view(u.layout, flat, k).clone());
     }
   }
   for (const std::string& name : unsharded_names_)
@@ -327,8 +327,8 @@ std::int64_t ZeroOptimizer::persistent_bytes() const {
 DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
                                              const std::vector<std::pair<std::string, Tensor>>& params,
                                              std::int64_t bucket_bytes, std::int64_t zero, AdamWOptions opts,
-                                             BlockStack& stack, const ParameterRangeSource& initial,
-                                             const GatherPrecision& precision) {
+                                             DecoderModel& model, const ParameterRangeSource& initial) {
+  BlockStack& stack = *model.model->blocks;
   DataParallelUpdate u;
   if (zero == 0) {
     REMAT_CHECK(!stack.plan().keep_gathered, Error, "--recompute ", stack.plan().spec,
@@ -346,7 +346,7 @@ DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
   u.zero = std::make_unique<ZeroOptimizer>(int(zero), params, layout.grad_group ? layout.grad_group : layout.world,
                                            sharded, is_expert_parameter, opts, initial);
   if (u.zero->gatherer()) {
-    u.zero->set_gather_precision(precision);
+    u.zero->set_gather_precision(gather_precision(model));
     stack.set_unit_hooks(u.zero->gatherer());
     u.zero->gatherer()->follow_plan(&stack);  // keep_gathered
   }

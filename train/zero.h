@@ -165,7 +165,8 @@ class ZeroOptimizer {
 // Under ZeRO the routed experts of an expert-parallel layout stay whole
 // (split by expert already, reduced over their replicas); stage 1 reduces
 // every gradient whole, stages 2 and 3 the unsharded ones only. Stage 3
-// puts the gatherer on `stack` (BlockStack::set_unit_hooks). Error for a
+// puts the gatherer on `model`'s block stack (BlockStack::set_unit_hooks),
+// gathering in gather_precision(model). Error for a
 // stage > 0 on one rank. `initial`: as ZeroOptimizer's (stage 3 only).
 struct DataParallelUpdate {
   std::unique_ptr<GradReducer> reducer;  // null when nothing is reduced whole (or one rank)
@@ -192,7 +193,6 @@ struct DataParallelUpdate {
 DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
                                              const std::vector<std::pair<std::string, Tensor>>& params,
                                              std::int64_t bucket_bytes, std::int64_t zero, AdamWOptions opts,
-                                             BlockStack& stack, const ParameterRangeSource& initial = nullptr,
-                                             const GatherPrecision& precision = {});
+                                             DecoderModel& model, const ParameterRangeSource& initial = nullptr);
 
 }  // namespace remat

@@ -125,7 +125,7 @@ void UnitGatherer::gather(std::size_t u) {
   s.flat = std::move(s.incoming);
   s.incoming = Tensor();
   for (std::size_t k = 0; k < s.params.size(); ++k) {
-    Tensor member = s.flat.narrow(0, s.layout.offsets[k], shape_numel(s.layout.shapes[k])).view(s.layout.shapes[k]);
+    Tensor member = member_view(s.layout, s.flat, k);
     if (s.dtype == DType::f32)
       s.params[k].alias_storage_(member);
     else

@@ -37,7 +37,7 @@ std::vector<MemoryEvent> record_step(const ModelConfig& c, std::shared_ptr<Proce
   }
   apply_parallel_layout(*model, layout, true);
   DataParallelUpdate update =
-      make_data_parallel_update(layout, model->named_parameters(), 256 << 10, zero, {}, *model->model->blocks);
+      make_data_parallel_update(layout, model->named_parameters(), 256 << 10, zero, {}, *model);
   auto& reducer = update.reducer;  // several buckets
   ShardedGradReducer* sharded = update.zero ? update.zero->grad_reducer() : nullptr;
   Tensor global;
