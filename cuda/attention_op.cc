@@ -15,7 +15,10 @@ namespace {
 Tensor repeat_kv(const Tensor& t, const AttentionGeometry& g) {
   if (g.group == 1) return contiguous_detached(t);
   const std::int64_t B = t.size(0), Hkv = t.size(1), S = t.size(2), D = t.size(3);
-  return t.detach().view({B, Hkv, 1, S, D}).expand({B, Hkv, g.group, S, D}).reshape({B, Hkv * g.group, S, D});
+  // With one key/value head the reshape can stay a view (head stride 0):
+  // the kernels read [B, H, S, D] densely, so it is made contiguous.
+  return contiguous_detached(
+      contiguous_detached(t).view({B, Hkv, 1, S, D}).expand({B, Hkv, g.group, S, D}).reshape({B, Hkv * g.group, S, D}));
 }
 
 // A key/value gradient per query head summed over each group into [B, Hkv, S, D].

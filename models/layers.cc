@@ -32,12 +32,19 @@ Tensor init_normal(const Shape& shape, double std, Generator& gen) {
   }
   // (A model built under DefaultDeviceScope(meta) draws nothing: same allocation.)
   if (tls_skip_weight_init || default_device().is_meta()) return empty(shape, DType::f32);
-  Tensor t = randn(shape, DType::f32, &gen);
-  if (std != 1.0) {
-    float* p = t.data<float>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = float(double(p[i]) * std);
+  // Drawn and scaled on the host (the same values on every device), then
+  // moved to the device the model is built on.
+  const Device device = default_device();
+  Tensor t;
+  {
+    DefaultDeviceScope host(kCPU);
+    t = randn(shape, DType::f32, &gen);
+    if (std != 1.0) {
+      float* p = t.data<float>();
+      for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = float(double(p[i]) * std);
+    }
   }
-  return t;
+  return device.is_cpu() ? t : t.to(device);
 }
 
 // zeros or ones (`kind`), recorded as such under an InitRecorder.

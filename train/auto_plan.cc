@@ -288,9 +288,10 @@ class StepRig {
   }
   bool real_job_ = false;
   ParallelLayout layout_;
-  // The model is built on its device (on meta: no memory, nothing drawn).
+  // The model is built on meta there (no memory, nothing drawn), else on
+  // the CPU and moved to its device (init_model), as the trainer does.
   struct BuildOn {
-    explicit BuildOn(Device d) : scope(d) {}
+    explicit BuildOn(Device d) : scope(d.is_meta() ? kMeta : kCPU) {}
     DefaultDeviceScope scope;
   };
   std::optional<BuildOn> building_;

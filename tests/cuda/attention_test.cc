@@ -146,6 +146,22 @@ TEST_CASE("CUDA attention of non-contiguous views ([B, S, H, D] transposed)", "[
   }
 }
 
+TEST_CASE("CUDA attention with grouped key/value heads (one, and two for six query heads)", "[cuda][attention]") {
+  // One key/value head is the case whose repeat could stay a stride-0 view.
+  for (std::int64_t hkv : {1, 2}) {
+    for (DType t : {DType::f32, DType::bf16}) {
+      INFO(dtype_name(t) << " Hkv " << hkv);
+      const std::vector<Tensor> x = {random_normal({2, 6, 33, 16}, 51, t), random_normal({2, hkv, 33, 16}, 52, t),
+                                     random_normal({2, hkv, 33, 16}, 53, t)};
+      compare_on_cuda(attention(true), x, tol_for(t));
+    }
+  }
+  // The op table's case (tests/ops/op_cases.cc): head dim 4, five rows.
+  compare_on_cuda(attention(true),
+                  {random_normal({1, 2, 5, 4}, 54), random_normal({1, 1, 5, 4}, 55), random_normal({1, 1, 5, 4}, 56)},
+                  kF32);
+}
+
 TEST_CASE("CUDA attention gives the same bits on every run, whichever inputs need grad",
           "[cuda][attention]") {
   for (DType t : {DType::f32, DType::bf16}) {

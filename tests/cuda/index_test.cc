@@ -212,7 +212,7 @@ TEST_CASE("cuda scatter_add and index_add: repeated destinations, exact and repe
   const Tensor xg = zeros({3, 4}).to(kGpu);
   CHECK_THROWS_WITH(scatter_add(xg, 0, from_vector<std::int64_t>({3}, {1, 1}).to(kGpu), zeros({1, 1}).to(kGpu)),
                     Catch::Contains("scatter_add: index 3 (at position [0, 0] of index [1, 1] i64 cuda"));
-  CHECK_THROWS_WITH(index_add(xg, 0, from_vector<std::int64_t>({5}).to(kGpu), zeros({1, 4}).to(kGpu)),
+  CHECK_THROWS_WITH(index_add(xg, 0, from_vector<std::int64_t>({5}, {1}).to(kGpu), zeros({1, 4}).to(kGpu)),
                     Catch::Contains("index_add: index 5 (at position [0] of index [1] i64 cuda"));
 }
 
