@@ -3,6 +3,7 @@
 
 #include "cuda/accumulate.h"
 #include "cuda/kernel_util.cuh"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -23,6 +24,20 @@ __global__ void add_into_kernel(D* dst, Strided dl, const S* src, Strided sl, st
       v = load_f32(&r);
     }
     *p = detail::from_f32<D>(load_f32(p) + v);
+  }
+}
+
+// Both contiguous (a parameter's gradient, the common case): no offsets.
+template <typename D, typename S>
+__global__ void add_into_dense_kernel(D* dst, const S* src, std::int64_t n) {
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    float v = load_f32(src + i);
+    if constexpr (!std::is_same_v<D, S>) {  // as add_into_kernel
+      const D r = detail::from_f32<D>(v);
+      v = load_f32(&r);
+    }
+    dst[i] = detail::from_f32<D>(load_f32(dst + i) + v);
   }
 }
 
@@ -77,6 +92,7 @@ std::int64_t sum_reduced_workspace(const Strided& kept, const Strided& reduced) 
 
 void add_into(void* dst, DType dst_dtype, const Strided& dst_l, const void* src, DType src_dtype,
               const Strided& src_l, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const std::int64_t n = dst_l.numel();
   if (n == 0) return;
   const int threads = 256;
@@ -84,8 +100,13 @@ void add_into(void* dst, DType dst_dtype, const Strided& dst_l, const void* src,
     using D = decltype(d);
     detail::dispatch_floating(src_dtype, "gradient accumulation", [&](auto s) {
       using S = decltype(s);
-      add_into_kernel<D, S><<<detail::blocks_for(n, threads), threads, 0, detail::as_stream(stream)>>>(
-          static_cast<D*>(dst), dst_l, static_cast<const S*>(src), src_l, n);
+      const unsigned blocks = detail::blocks_for(n, threads);
+      if (dst_l.contiguous() && src_l.contiguous())
+        add_into_dense_kernel<D, S><<<blocks, threads, 0, detail::as_stream(stream)>>>(
+            static_cast<D*>(dst), static_cast<const S*>(src), n);
+      else
+        add_into_kernel<D, S><<<blocks, threads, 0, detail::as_stream(stream)>>>(
+            static_cast<D*>(dst), dst_l, static_cast<const S*>(src), src_l, n);
     });
   });
   detail::check_launch("add_into");
@@ -93,6 +114,7 @@ void add_into(void* dst, DType dst_dtype, const Strided& dst_l, const void* src,
 
 void sum_reduced(float* out, const void* in, DType in_dtype, const Strided& kept,
                  const Strided& reduced, float* workspace, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const std::int64_t outputs = kept.numel(), count = reduced.numel();
   if (outputs == 0) return;
   const cudaStream_t st = detail::as_stream(stream);

@@ -5,6 +5,7 @@
 // the AdamW update is the CPU's bit for bit.
 #include "cuda/adamw.h"
 #include "cuda/kernel_util.cuh"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -181,6 +182,7 @@ void check_slots(const void* slots, std::int64_t count, std::int64_t total_chunk
 
 void adamw_step(const AdamWSlot* slots, std::int64_t count, std::int64_t total_chunks, const AdamWScalars& s,
                 StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   check_slots(slots, count, total_chunks, "adamw_step");
   for_each_grid(total_chunks, [&](std::int64_t base, unsigned blocks) {
     adamw_kernel<<<blocks, kThreads, 0, detail::as_stream(stream)>>>(slots, count, base, s);
@@ -190,6 +192,7 @@ void adamw_step(const AdamWSlot* slots, std::int64_t count, std::int64_t total_c
 
 double sum_squares(const TensorSlot* slots, std::int64_t count, std::int64_t total_chunks, double* scratch,
                    StreamId stream) {
+  if (meta_addresses_active()) return 0.0;  // a meta run launches nothing: a norm of 0 (docs/META.md)
   check_slots(slots, count, total_chunks, "sum_squares");
   if (total_chunks == 0) return 0.0;
   for_each_grid(total_chunks, [&](std::int64_t base, unsigned blocks) {
@@ -208,6 +211,7 @@ double sum_squares(const TensorSlot* slots, std::int64_t count, std::int64_t tot
 
 void scale_tensors(const TensorSlot* slots, std::int64_t count, std::int64_t total_chunks, float scale,
                    StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   check_slots(slots, count, total_chunks, "scale_tensors");
   for_each_grid(total_chunks, [&](std::int64_t base, unsigned blocks) {
     scale_kernel<<<blocks, kThreads, 0, detail::as_stream(stream)>>>(slots, count, base, scale);

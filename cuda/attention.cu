@@ -33,6 +33,7 @@
 
 #include "cuda/attention.h"
 #include "cuda/kernel_util.cuh"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -862,6 +863,7 @@ void allow_shared_memory(Kernel* kernel, int bytes) {
 void attention_forward(const void* q, const void* k, const void* v, void* out, float* lse,
                        std::int64_t bh, std::int64_t s, std::int64_t d, bool causal, float scale,
                        DType dtype, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   check_sizes("attention_forward", bh, s, d);
   if (bh == 0 || s == 0) return;
   with_policy(dtype, d, "attention_forward", [&](auto policy) {
@@ -883,6 +885,7 @@ void attention_backward(const void* q, const void* k, const void* v, const void*
                         const void* dout, const float* lse, void* dq, void* dk, void* dv,
                         float* delta, std::int64_t bh, std::int64_t s, std::int64_t d, bool causal,
                         float scale, DType dtype, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   check_sizes("attention_backward", bh, s, d);
   if (bh == 0 || s == 0 || (!dq && !dk && !dv)) return;
   with_policy(dtype, d, "attention_backward", [&](auto policy) {

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "cuda/elementwise.cuh"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -181,6 +182,7 @@ struct ScaleUpdate {
 template <typename F>
 void map1(const char* what, void* out, const void* x, const Strided& x_l, DType dtype, F f,
           StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   detail::dispatch_floating(dtype, what, [&](auto tag) {
     using T = decltype(tag);
     const T* in[1] = {static_cast<const T*>(x)};
@@ -194,6 +196,7 @@ void map1(const char* what, void* out, const void* x, const Strided& x_l, DType 
 template <typename F>
 void map2(const char* what, void* out, const Strided& out_l, const void* a, const Strided& a_l,
           const void* b, const Strided& b_l, DType dtype, F f, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   detail::dispatch_floating(dtype, what, [&](auto tag) {
     using T = decltype(tag);
     const T* in[2] = {static_cast<const T*>(a), static_cast<const T*>(b)};
@@ -212,6 +215,7 @@ void check_same_sizes(const char* what, const Strided& a, const Strided& b) {
 
 void binary(BinaryOp op, void* out, const void* a, const Strided& a_l, const void* b,
             const Strided& b_l, DType dtype, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   check_same_sizes("cuda::binary", a_l, b_l);
   const Strided out_l = contiguous_layout(a_l.sizes, a_l.dim);
   dispatch_binary(op, [&](auto k) {
@@ -221,6 +225,7 @@ void binary(BinaryOp op, void* out, const void* a, const Strided& a_l, const voi
 
 void binary_scalar(BinaryOp op, void* out, const void* a, const Strided& a_l, float s,
                    bool scalar_first, DType dtype, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   dispatch_binary(op, [&](auto k) {
     map1("cuda::binary_scalar", out, a, a_l, dtype, ScalarF<decltype(k)::value>{s, scalar_first},
          stream);
@@ -229,6 +234,7 @@ void binary_scalar(BinaryOp op, void* out, const void* a, const Strided& a_l, fl
 
 void unary(UnaryOp op, void* out, const void* x, const Strided& x_l, DType dtype, float param,
            StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const char* what = "cuda::unary";
   switch (op) {
     case UnaryOp::neg: return map1(what, out, x, x_l, dtype, NegF{}, stream);
@@ -249,6 +255,7 @@ void unary(UnaryOp op, void* out, const void* x, const Strided& x_l, DType dtype
 
 void unary_backward(UnaryOp op, void* out, const void* dy, const Strided& dy_l, const void* saved,
                     const Strided& saved_l, DType dtype, float param, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const char* what = "cuda::unary_backward";
   if (op == UnaryOp::neg) return map1(what, out, dy, dy_l, dtype, NegF{}, stream);
   check_same_sizes(what, dy_l, saved_l);
@@ -273,6 +280,7 @@ void unary_backward(UnaryOp op, void* out, const void* dy, const Strided& dy_l, 
 
 void update(UpdateOp op, void* x, const Strided& x_l, const void* y, const Strided& y_l,
             float alpha, DType dtype, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const char* what = "cuda::update";
   switch (op) {
     case UpdateOp::scale:

@@ -8,6 +8,7 @@
 #include "cuda/embedding.h"
 #include "cuda/index.h"
 #include "cuda/kernel_util.cuh"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -56,6 +57,7 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 
 void embedding_forward(void* out, const void* weight, DType dtype, const void* ids, DType id_dtype,
                        std::int64_t n, std::int64_t d, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (!is_floating(dtype))
     throw DTypeError(std::string("embedding: no CUDA kernel for dtype ") + dtype_name(dtype) +
                      " (expected f32, bf16 or f16)");
@@ -66,6 +68,7 @@ void embedding_forward(void* out, const void* weight, DType dtype, const void* i
 void embedding_backward(void* grad, const void* g, DType dtype, const std::int64_t* rows,
                         const std::int64_t* seg, const std::int64_t* order, std::int64_t touched,
                         std::int64_t d, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (touched <= 0 || d <= 0) return;
   const unsigned blocks = detail::blocks_for(touched, 1);
   detail::dispatch_floating(dtype, "embedding backward", [&](auto tag) {

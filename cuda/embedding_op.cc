@@ -1,4 +1,6 @@
 // embedding's CUDA kernels (cuda/embedding.h) registered for ops/embedding.h.
+#include <algorithm>
+
 #include "cuda/embedding.h"
 #include "cuda/op_util.h"
 #include "cuda/runtime.h"
@@ -20,16 +22,27 @@ Tensor forward(const Tensor& weight, const Tensor& ids, const std::vector<std::i
 // buffer [touched rows | their list starts + end | order]; one block per
 // touched row sums its token rows in list order, in f32, and rounds once, as
 // the CPU kernel does. Rows no id touches stay zero.
+//
+// On meta (no ids to read) the lists are sized for every id a different row,
+// their largest (docs/META.md's shape-only paths).
 Tensor backward(const Tensor& g, const Tensor& ids_t, std::int64_t vocab, std::int64_t d, DType dtype) {
-  const std::vector<std::int64_t> ids = host_ids(ids_t);
-  const IdGroups grp = group_ids(ids, vocab);
-  const std::int64_t n = std::int64_t(ids.size()), touched = std::int64_t(grp.touched.size());
   std::vector<std::int64_t> lists;
-  lists.reserve(std::size_t(2 * touched + 1 + n));
-  lists.insert(lists.end(), grp.touched.begin(), grp.touched.end());
-  for (std::int64_t v : grp.touched) lists.push_back(grp.start[std::size_t(v)]);
-  lists.push_back(n);
-  lists.insert(lists.end(), grp.order.begin(), grp.order.end());
+  std::int64_t touched = 0;
+  if (skip_compute(g)) {
+    const std::int64_t n = ids_t.numel();
+    touched = std::min(n, vocab);
+    lists.resize(std::size_t(2 * touched + 1 + n));
+  } else {
+    const std::vector<std::int64_t> ids = host_ids(ids_t);
+    const IdGroups grp = group_ids(ids, vocab);
+    const std::int64_t n = std::int64_t(ids.size());
+    touched = std::int64_t(grp.touched.size());
+    lists.reserve(std::size_t(2 * touched + 1 + n));
+    lists.insert(lists.end(), grp.touched.begin(), grp.touched.end());
+    for (std::int64_t v : grp.touched) lists.push_back(grp.start[std::size_t(v)]);
+    lists.push_back(n);
+    lists.insert(lists.end(), grp.order.begin(), grp.order.end());
+  }
   const Device dev = g.device();
   Tensor dev_lists = empty({std::int64_t(lists.size())}, TensorOptions(DType::i64, dev));
   copy_host_to_device(dev_lists.raw_data(), lists.data(), lists.size() * sizeof(std::int64_t), op_stream());

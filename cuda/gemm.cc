@@ -13,6 +13,7 @@
 
 #include "engine/error.h"
 #include "engine/immortal.h"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -180,7 +181,7 @@ Gemm& gemm_state() {
 std::size_t gemm_workspace_bytes() { return kWorkspaceBytes; }
 
 void gemm(const GemmProblem& args, void* workspace, std::size_t workspace_bytes, StreamId stream) {
-  if (args.m == 0 || args.n == 0 || args.batch == 0) return;
+  if (args.m == 0 || args.n == 0 || args.batch == 0 || meta_addresses_active()) return;
   gemm_state().run(args, workspace, workspace_bytes, stream);
 }
 

@@ -7,6 +7,7 @@
 
 #include "cuda/index.h"
 #include "cuda/kernel_util.cuh"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -154,6 +155,7 @@ bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::ui
 void index_select_rows(void* out, const void* x, DType dtype, const void* index, DType index_dtype,
                        std::int64_t index_stride, std::int64_t outer, std::int64_t n, std::int64_t k,
                        std::int64_t inner, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (outer <= 0 || k <= 0 || inner <= 0) return;
   const std::size_t row_bytes = std::size_t(inner) * element_size(dtype);
   // The widest word that divides a row and both bases' alignment (rows then
@@ -185,6 +187,7 @@ void index_select_rows(void* out, const void* x, DType dtype, const void* index,
 
 void gather(void* out, const Strided& out_l, const void* x, const Strided& x_l, const void* index,
             DType index_dtype, const Strided& index_l, DType dtype, int dim, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const std::int64_t total = out_l.numel();
   if (total == 0) return;
   const unsigned blocks = detail::blocks_for(total, kThreads);
@@ -203,6 +206,7 @@ void gather(void* out, const Strided& out_l, const void* x, const Strided& x_l, 
 void scatter_add_scan(void* out, DType out_dtype, const Strided& region_l, const void* src,
                       DType src_dtype, const Strided& src_l, const void* index, DType index_dtype,
                       const Strided& index_l, int dim, std::int64_t k, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const std::int64_t total = region_l.numel();
   if (total == 0 || k <= 0) return;
   const unsigned blocks = detail::blocks_for(total, kThreads);
@@ -222,6 +226,7 @@ void scatter_add_scan(void* out, DType out_dtype, const Strided& region_l, const
 void scatter_add_lists(void* out, DType out_dtype, const void* src, DType src_dtype,
                        const Strided& src_l, const std::int64_t* dest, const std::int64_t* seg,
                        const std::int64_t* order, std::int64_t touched, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (touched <= 0) return;
   const unsigned blocks = detail::blocks_for(touched, kThreads);
   dispatch_two_floating(out_dtype, src_dtype, "scatter_add", [&](auto ttag, auto stag) {
@@ -237,6 +242,7 @@ void index_add_lists(void* out, DType out_dtype, std::int64_t outer, std::int64_
                      std::int64_t inner, const void* src, DType src_dtype, const Strided& src_l,
                      int dim, const std::int64_t* slice, const std::int64_t* seg,
                      const std::int64_t* order, std::int64_t touched, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const std::int64_t rest = outer * inner;
   if (touched <= 0 || rest <= 0) return;
   // src's layout without `dim`: its row-major positions are o * inner + i.

@@ -41,6 +41,16 @@ struct Lists {
   std::int64_t touched = 0;
 };
 
+// On meta (no index values to read): lists for `positions` index positions
+// each landing on a different one of `destinations`, their largest size
+// (docs/META.md's shape-only paths).
+Lists meta_lists(std::int64_t positions, std::int64_t destinations) {
+  Lists l;
+  l.touched = std::min(positions, destinations);
+  l.buf.resize(std::size_t(2 * l.touched + 1 + positions));
+  return l;
+}
+
 // For a 1-D index of values in [0, n): the distinct values in increasing
 // order and, for each, the positions holding it in increasing order.
 Lists slice_lists(const char* op, const std::vector<std::int64_t>& iv, std::int64_t n) {
@@ -164,7 +174,7 @@ void cuda_index_add(const char* op, const Tensor& out, const Tensor& src, const 
                            int(d), k, op_stream());
     return;
   }
-  const Lists l = slice_lists(op, index_values(index, host), out.size(d));
+  const Lists l = skip_compute(out) ? meta_lists(k, out.size(d)) : slice_lists(op, index_values(index, host), out.size(d));
   Tensor buf = upload(l.buf, out.device());
   const std::int64_t* pb = buf.data<std::int64_t>();
   std::int64_t outer = 1, inner = 1;
@@ -190,7 +200,9 @@ void cuda_scatter_add(const char* op, const Tensor& out, const Tensor& src, cons
                            index.raw_data(), index.dtype(), layout_of(op, index), int(d), k, op_stream());
     return;
   }
-  const Lists l = element_lists(op, index_values(index, host), index.sizes(), out.sizes(), out.strides(), d);
+  const Lists l = skip_compute(out) ? meta_lists(index.numel(), out.numel())
+                                    : element_lists(op, index_values(index, host), index.sizes(), out.sizes(),
+                                                    out.strides(), d);
   Tensor buf = upload(l.buf, out.device());
   const std::int64_t* pb = buf.data<std::int64_t>();
   Strided sl = layout_of(op, src);

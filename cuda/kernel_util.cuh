@@ -49,13 +49,29 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 }
 template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
 
-// Element offset of linear (row-major) index i in layout s.
+// Element offset of linear (row-major) index i in layout s. A 64-bit
+// division costs tens of instructions on the GPU, a 32-bit one a few: the
+// index is divided in 64 bits only while it needs more than 32 (a size
+// above 32 bits then leaves the 32-bit rest whole).
 __device__ __forceinline__ std::int64_t offset_of(const Strided& s, std::int64_t i) {
   std::int64_t off = 0;
-  for (int d = s.dim - 1; d >= 0; --d) {
+  int d = s.dim - 1;
+  for (; d >= 0 && i > 0xffffffffLL; --d) {
     const std::int64_t n = s.sizes[d];
     off += (i % n) * s.strides[d];
     i /= n;
+  }
+  std::uint32_t j = std::uint32_t(i);
+  for (; d >= 0; --d) {
+    const std::int64_t n = s.sizes[d];
+    if (n > 0xffffffffLL) {  // j < n: all of it is this dim's index
+      off += std::int64_t(j) * s.strides[d];
+      j = 0;
+      continue;
+    }
+    const std::uint32_t m = std::uint32_t(n);
+    off += std::int64_t(j % m) * s.strides[d];
+    j /= m;
   }
   return off;
 }

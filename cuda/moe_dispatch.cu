@@ -4,6 +4,7 @@
 // FMA and the results equal the CPU kernels of moe/dispatch.cc bit for bit.
 #include "cuda/kernel_util.cuh"
 #include "cuda/moe_dispatch.h"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -121,6 +122,7 @@ unsigned grid_for(std::int64_t items) { return detail::blocks_for(items, 1); }
 
 void moe_gather_rows(void* out, DType out_dtype, const void* x, DType x_dtype, const std::int64_t* src,
                      const float* w, std::int64_t rows, std::int64_t d, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (rows <= 0 || d <= 0) return;
   const cudaStream_t s = detail::as_stream(stream);
   const std::int64_t row_bytes = d * std::int64_t(element_size(x_dtype));
@@ -145,6 +147,7 @@ void moe_gather_rows(void* out, DType out_dtype, const void* x, DType x_dtype, c
 
 void moe_invert_rows(std::int64_t* row_of_slot, std::int64_t slots, const std::int64_t* slot_of_row,
                      std::int64_t rows, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (slots <= 0) return;
   if (rows > slots)
     throw DeviceError("moe_invert_rows: " + std::to_string(rows) + " rows for " + std::to_string(slots) + " slots");
@@ -159,6 +162,7 @@ void moe_invert_rows(std::int64_t* row_of_slot, std::int64_t slots, const std::i
 void moe_combine_rows(void* out, DType out_dtype, const void* y, DType y_dtype, const float* w,
                       const std::int64_t* row_of_slot, std::int64_t tokens, std::int64_t top_k, std::int64_t d,
                       StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (tokens <= 0 || d <= 0) return;
   // top_k 0 is valid: every token gets 0, as on the CPU.
   if (top_k < 0 || top_k > 4096)
@@ -178,6 +182,7 @@ void moe_combine_rows(void* out, DType out_dtype, const void* y, DType y_dtype, 
 
 void moe_row_dots(float* out, const void* a, DType a_dtype, const std::int64_t* a_rows, const void* b,
                   DType b_dtype, std::int64_t rows, std::int64_t d, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (rows <= 0) return;
   constexpr int threads = 256;  // 32 rows per block
   const cudaStream_t s = detail::as_stream(stream);

@@ -7,6 +7,7 @@
 #include "cuda/adamw.h"
 #include "cuda/op_util.h"
 #include "engine/allocator.h"
+#include "engine/meta_mirror.h"
 #include "ops/multi_tensor.h"
 
 namespace remat::cuda {
@@ -14,7 +15,7 @@ namespace remat::cuda {
 namespace {
 
 void check_operand(const char* op, const Tensor& t, Device device) {
-  REMAT_CHECK(t.defined() && t.device() == device && device.is_cuda() && t.dtype() == DType::f32 &&
+  REMAT_CHECK(t.defined() && t.device() == device && runs_cuda_kernels(device) && t.dtype() == DType::f32 &&
                   t.is_contiguous(),
               DeviceError, op, ": expected a contiguous f32 tensor on the CUDA device ", device, ", got ",
               describe(t));

@@ -8,6 +8,7 @@
 
 #include "cuda/norm.h"
 #include "cuda/row_util.cuh"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -271,6 +272,7 @@ std::int64_t norm_param_grad_workspace(std::int64_t rows, std::int64_t d) { retu
 
 void rms_norm_forward(void* y, float* rstd, const void* x, const void* weight, DType dtype,
                       std::int64_t rows, std::int64_t d, float eps, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (rows <= 0) return;
   const float inv_d = d > 0 ? 1.0f / float(d) : 0.0f;
   detail::dispatch_floating(dtype, "rms_norm", [&](auto tag) {
@@ -285,6 +287,7 @@ void rms_norm_forward(void* y, float* rstd, const void* x, const void* weight, D
 void rms_norm_backward(void* dx, void* dw, const void* grad, const void* x, const void* weight,
                        const float* rstd, DType dtype, std::int64_t rows, std::int64_t d,
                        float* workspace, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const float inv_d = d > 0 ? 1.0f / float(d) : 0.0f;
   const cudaStream_t st = detail::as_stream(stream);
   detail::dispatch_floating(dtype, "rms_norm backward", [&](auto tag) {
@@ -303,6 +306,7 @@ void rms_norm_backward(void* dx, void* dw, const void* grad, const void* x, cons
 void layer_norm_forward(void* y, float* mean, float* rstd, const void* x, const void* weight,
                         const void* bias, DType dtype, std::int64_t rows, std::int64_t d, float eps,
                         StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (rows <= 0) return;
   const float inv_d = d > 0 ? 1.0f / float(d) : 0.0f;
   detail::dispatch_floating(dtype, "layer_norm", [&](auto tag) {
@@ -318,6 +322,7 @@ void layer_norm_forward(void* y, float* mean, float* rstd, const void* x, const 
 void layer_norm_backward(void* dx, void* dw, void* db, const void* grad, const void* x,
                          const void* weight, const float* mean, const float* rstd, DType dtype,
                          std::int64_t rows, std::int64_t d, float* workspace, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const float inv_d = d > 0 ? 1.0f / float(d) : 0.0f;
   const cudaStream_t st = detail::as_stream(stream);
   detail::dispatch_floating(dtype, "layer_norm backward", [&](auto tag) {

@@ -14,6 +14,7 @@ using ops_detail::check_defined;
 using ops_detail::contiguous_detached;
 using ops_detail::describe;
 using ops_detail::f32_contiguous;
+using ops_detail::skip_compute;
 
 // `t`'s sizes and strides as the kernels take them; throws ShapeError naming
 // `op` for more than kMaxDims dims.

@@ -4,6 +4,7 @@
 
 #include "cuda/runtime.h"
 #include "engine/error.h"
+#include "engine/meta_mirror.h"
 #include "engine/philox.h"
 
 namespace remat::cuda {
@@ -38,6 +39,7 @@ void check_launch(const char* what) {
 
 void philox_uniform(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset,
                     StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (n <= 0) return;
   const std::int64_t blocks = (n + 3) / 4;
   const int threads = 256;
@@ -48,6 +50,7 @@ void philox_uniform(float* out, std::int64_t n, std::uint64_t seed, std::uint64_
 
 void philox_normal(float* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset,
                    StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (n <= 0) return;
   const std::int64_t blocks = (n + 3) / 4;
   const int threads = 256;

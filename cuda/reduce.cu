@@ -17,6 +17,7 @@
 
 #include "cuda/reduce.h"
 #include "cuda/row_util.cuh"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -327,6 +328,7 @@ std::int64_t reduce_sum_workspace(const Strided& kept, const Strided& reduced) {
 
 void reduce_sum(void* out, const void* in, DType dtype, const Strided& kept, const Strided& reduced,
                 float scale, float* workspace, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const SumPlan p = plan_sum(kept, reduced);
   if (p.outputs == 0) return;
   if (p.chunks > 1 && workspace == nullptr)
@@ -368,6 +370,7 @@ void reduce_sum(void* out, const void* in, DType dtype, const Strided& kept, con
 
 void reduce_max(void* values, std::int64_t* index, const void* in, DType dtype, const Strided& kept_in,
                 std::int64_t count, std::int64_t stride, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const Strided kept = coalesce(kept_in);
   const std::int64_t outputs = kept.numel();
   if (outputs == 0) return;
@@ -395,6 +398,7 @@ void reduce_max(void* values, std::int64_t* index, const void* in, DType dtype, 
 
 void reduce_max_backward(void* dx, const Strided& kept_in, std::int64_t stride, const void* grad,
                          const std::int64_t* index, DType dtype, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const Strided kept = coalesce(kept_in);
   const std::int64_t outputs = kept.numel();
   if (outputs == 0) return;

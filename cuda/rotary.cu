@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/elementwise.cuh"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -104,6 +105,7 @@ __global__ void rotary_strided_kernel(T* out, const T* x, Strided rows_l, std::i
 
 void rotary_table(float* cos_out, float* sin_out, std::int64_t seq, std::int64_t half,
                   double theta, std::int64_t position_offset, float sign, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const std::int64_t n = seq * half;
   if (n <= 0) return;
   const int threads = 256;
@@ -114,6 +116,7 @@ void rotary_table(float* cos_out, float* sin_out, std::int64_t seq, std::int64_t
 
 void rotary(void* out, const void* x, const Strided& x_l, DType dtype, const float* cos_table,
             const float* sin_table, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const char* what = "cuda::rotary";
   if (x_l.dim < 2 || x_l.sizes[x_l.dim - 1] % 2 != 0)
     throw ShapeError(std::string(what) + ": x must be [..., S, D] with D even");

@@ -9,6 +9,7 @@
 #include "cuda/check.h"
 #include "engine/error.h"
 #include "engine/immortal.h"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -105,24 +106,24 @@ int current_device() {
 void set_device(int device) { check_cuda(cudaSetDevice(device), "cudaSetDevice"); }
 
 void copy_host_to_device(void* dst, const void* src, std::size_t bytes, StreamId stream) {
-  if (bytes == 0) return;
+  if (bytes == 0 || meta_addresses_active()) return;  // (a meta run of a kernel: engine/meta_mirror.h)
   if (bytes <= kDirectBytes) return direct(dst, src, bytes, cudaMemcpyHostToDevice, stream, "host-to-device copy");
   staging().to_device(static_cast<char*>(dst), static_cast<const char*>(src), bytes, as_stream(stream));
 }
 
 void copy_device_to_host(void* dst, const void* src, std::size_t bytes, StreamId stream) {
-  if (bytes == 0) return;
+  if (bytes == 0 || meta_addresses_active()) return;  // (a meta run of a kernel: engine/meta_mirror.h)
   if (bytes <= kDirectBytes) return direct(dst, src, bytes, cudaMemcpyDeviceToHost, stream, "device-to-host copy");
   staging().to_host(static_cast<char*>(dst), static_cast<const char*>(src), bytes, as_stream(stream));
 }
 
 void copy_device_to_device(void* dst, const void* src, std::size_t bytes, StreamId stream) {
-  if (bytes == 0) return;
+  if (bytes == 0 || meta_addresses_active()) return;  // (a meta run of a kernel: engine/meta_mirror.h)
   direct(dst, src, bytes, cudaMemcpyDeviceToDevice, stream, "device-to-device copy");
 }
 
 void memset_async(void* dst, int value, std::size_t bytes, StreamId stream) {
-  if (bytes == 0) return;
+  if (bytes == 0 || meta_addresses_active()) return;  // (a meta run of a kernel: engine/meta_mirror.h)
   check_cuda(cudaMemsetAsync(dst, value, bytes, as_stream(stream)), "cudaMemsetAsync");
 }
 

@@ -7,6 +7,7 @@
 
 #include "cuda/row_util.cuh"
 #include "cuda/softmax.h"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -235,6 +236,7 @@ void dispatch_index(DType t, const char* what, Fn&& fn) {
 
 void softmax_forward(void* y, const void* x, DType dtype, std::int64_t rows, std::int64_t n, bool log,
                      StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (rows <= 0 || n <= 0) return;
   const cudaStream_t st = detail::as_stream(stream);
   detail::dispatch_floating(dtype, log ? "log_softmax" : "softmax", [&](auto tag) {
@@ -253,6 +255,7 @@ void softmax_forward(void* y, const void* x, DType dtype, std::int64_t rows, std
 
 void softmax_backward(void* dx, const void* grad, const void* y, DType dtype, std::int64_t rows,
                       std::int64_t n, bool log, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (rows <= 0 || n <= 0) return;
   const cudaStream_t st = detail::as_stream(stream);
   detail::dispatch_floating(dtype, log ? "log_softmax backward" : "softmax backward", [&](auto tag) {
@@ -274,6 +277,7 @@ void cross_entropy_forward(float* loss, float* lse, const void* logits, DType dt
                            DType target_dtype, std::int64_t rows, std::int64_t classes,
                            std::int64_t ignore_index, std::int64_t count, float* workspace,
                            StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const cudaStream_t st = detail::as_stream(stream);
   if (rows > 0) {
     if (workspace == nullptr) throw DeviceError("cross_entropy: CUDA forward needs a workspace of rows floats");
@@ -295,6 +299,7 @@ void cross_entropy_backward(void* dlogits, const float* grad, const void* logits
                             DType dtype, const void* targets, DType target_dtype, std::int64_t rows,
                             std::int64_t classes, std::int64_t ignore_index, std::int64_t count,
                             StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   if (rows <= 0 || classes <= 0) return;
   const cudaStream_t st = detail::as_stream(stream);
   detail::dispatch_floating(dtype, "cross_entropy backward", [&](auto tag) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/elementwise.cuh"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -77,6 +78,7 @@ __global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dy, const T* g
 
 void swiglu_forward(void* out, const void* gate, const Strided& gate_l, const void* up,
                     const Strided& up_l, DType dtype, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const char* what = "cuda::swiglu_forward";
   bool same = gate_l.dim == up_l.dim;
   for (int d = 0; same && d < gate_l.dim; ++d) same = gate_l.sizes[d] == up_l.sizes[d];
@@ -92,6 +94,7 @@ void swiglu_forward(void* out, const void* gate, const Strided& gate_l, const vo
 
 void swiglu_backward(void* dgate, void* dup, const void* dy, const void* gate, const void* up,
                      std::int64_t n, DType dtype, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const char* what = "cuda::swiglu_backward";
   if (n <= 0 || (!dgate && !dup)) return;
   if (dgate && !up) throw Error(std::string(what) + ": dgate needs up");

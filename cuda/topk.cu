@@ -11,6 +11,7 @@
 
 #include "cuda/kernel_util.cuh"
 #include "cuda/topk.h"
+#include "engine/meta_mirror.h"
 
 namespace remat::cuda {
 
@@ -94,6 +95,7 @@ __global__ void topk_backward_kernel(T* __restrict__ gx, Strided gx_rows, std::i
 void topk(const void* x, DType dtype, const Strided& x_rows, std::int64_t x_stride, std::int64_t n,
           void* values, std::int64_t* indices, const Strided& out_rows, std::int64_t out_stride,
           std::int64_t k, bool largest, StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const std::int64_t rows = x_rows.numel();
   if (rows == 0 || k <= 0 || n <= 0) return;
   if (k > n) throw ShapeError("topk: k = " + std::to_string(k) + " exceeds the row size " + std::to_string(n));
@@ -111,6 +113,7 @@ void topk_backward(void* grad_x, const Strided& gx_rows, std::int64_t gx_stride,
                    const Strided& g_rows, std::int64_t g_stride, const std::int64_t* indices,
                    const Strided& idx_rows, std::int64_t idx_stride, DType dtype, std::int64_t k,
                    StreamId stream) {
+  if (meta_addresses_active()) return;  // a meta run of this code launches nothing
   const std::int64_t total = g_rows.numel() * k;
   if (total <= 0) return;
   const unsigned blocks = detail::blocks_for(total, kThreads);

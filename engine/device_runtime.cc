@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "engine/device_backend.h"
+#include "engine/meta_mirror.h"
 #include "engine/error.h"
 
 namespace remat {
@@ -118,5 +119,30 @@ void copy_async(void* dst, const void* src, std::size_t bytes, StreamId stream) 
   if (bytes == 0) return;
   detail::cuda_backend("copy_async", cuda_device()).copy_async(dst, src, bytes, stream);
 }
+
+// ---------------------------------------------------------------------------
+// What a meta run mirrors (engine/meta_mirror.h)
+
+namespace {
+// Set by a command line (mem --meta-kernels) or a test's scope; read by every
+// meta kernel call.
+std::atomic<DeviceType> g_meta_kernels{DeviceType::CPU};
+}  // namespace
+
+void set_meta_kernels(DeviceType t) {
+  REMAT_CHECK(t == DeviceType::CPU || t == DeviceType::CUDA, DeviceError, "meta kernels: ", device_type_name(t),
+              ": meta mirrors the kernels of cpu or cuda");
+  REMAT_CHECK(t != DeviceType::CUDA || cuda_built(), DeviceError,
+              "meta kernels: this build has no CUDA back end (built without the CUDA toolkit): meta can mirror "
+              "only the CPU's kernels");
+  g_meta_kernels.store(t);
+}
+
+DeviceType meta_kernels() { return g_meta_kernels.load(std::memory_order_relaxed); }
+
+bool runs_cuda_kernels(Device d) { return d.is_cuda() || (d.is_meta() && meta_kernels() == DeviceType::CUDA); }
+
+MetaKernelsScope::MetaKernelsScope(DeviceType t) : previous_(meta_kernels()) { set_meta_kernels(t); }
+MetaKernelsScope::~MetaKernelsScope() { g_meta_kernels.store(previous_); }
 
 }  // namespace remat

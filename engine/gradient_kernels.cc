@@ -8,6 +8,8 @@
 #include "engine/autograd.h"
 #include "engine/device_backend.h"
 #include "engine/device_layout.h"
+#include "engine/meta_mirror.h"
+#include "engine/op_hooks.h"
 #include "engine/strided.h"
 
 namespace remat {
@@ -20,10 +22,15 @@ void detail::add_into(Tensor& acc, const Tensor& g) {
               shape_str(acc.sizes()), " and ", shape_str(g.sizes()), " differ");
   REMAT_CHECK(acc.device() == g.device(), DeviceError, "gradient accumulation: the gradient is on ",
               g.device(), " but the buffer it adds into is on ", acc.device());
-  if (acc.device().is_cuda()) {
+  if (runs_cuda_kernels(acc.device())) {  // (meta mirroring CUDA: CUDA's allocations, none)
     REMAT_CHECK(is_floating(acc.dtype()) && is_floating(g.dtype()), DTypeError,
                 "gradient accumulation on ", acc.device(), ": expected floating dtypes, got ", acc.dtype(),
                 " and ", g.dtype());
+    if (acc.device().is_meta()) {
+      acc.bump_version();
+      return;
+    }
+    const ObservedWork observed("gradient accumulation", acc.device());
     detail::cuda_backend("gradient accumulation", acc.device())
         .add_into(acc.raw_data(), acc.dtype(), detail::device_layout(acc), g.raw_data(), g.dtype(),
                   detail::device_layout(g), current_stream());
@@ -71,11 +78,15 @@ Tensor sum_to_shape_cuda(const Tensor& g, const Shape& shape, const Shape& out_s
     part.strides[part.dim] = g.strides()[d];
     ++part.dim;
   }
-  DeviceBackend& backend = detail::cuda_backend("sum_to_shape", g.device());
+  // (On meta mirroring CUDA: CUDA's output and workspace, no sum.)
+  DeviceBackend& backend = g.device().is_meta() ? *detail::cuda_backend_or_null()
+                                                : detail::cuda_backend("sum_to_shape", g.device());
   Tensor out = empty(shape, TensorOptions(DType::f32, g.device()));
   Tensor work;
   if (const std::int64_t w = backend.sum_reduced_workspace(kept, reduced); w > 0)
     work = empty({w}, TensorOptions(DType::f32, g.device()));
+  if (g.device().is_meta()) return g.dtype() == DType::f32 ? out : out.to(g.dtype());
+  const ObservedWork observed("sum_to_shape", g.device());
   backend.sum_reduced(out.data<float>(), g.raw_data(), g.dtype(), kept, reduced,
                       work.defined() ? work.data<float>() : nullptr, current_stream());
   return g.dtype() == DType::f32 ? out : out.to(g.dtype());
@@ -97,7 +108,7 @@ Tensor detail::sum_to_shape(const Tensor& g, const Shape& shape) {
                 shape_str(g.sizes()), " to ", shape_str(shape));
     out_strides_in_g[lead + i] = shape[i] == 1 ? 0 : cs[i];
   }
-  if (g.device().is_cuda()) return sum_to_shape_cuda(g, shape, out_strides_in_g);
+  if (runs_cuda_kernels(g.device())) return sum_to_shape_cuda(g, shape, out_strides_in_g);
   Tensor gf = g.dtype() == DType::f32 ? g : g.to(DType::f32);
   Tensor acc = zeros(shape, TensorOptions(DType::f32, g.device()));
   if (g.device().is_meta()) return g.dtype() == DType::f32 ? acc : acc.to(g.dtype());  // the CPU's allocations

@@ -45,6 +45,24 @@ OpHookScope::~OpHookScope() { tls_op_hooks.pop_back(); }
 
 std::int64_t ops_called() { return tls_ops; }
 
+namespace {
+thread_local KernelObserver* tls_kernel_observer = nullptr;
+}  // namespace
+
+KernelObserverScope::KernelObserverScope(KernelObserver& observer) : previous_(tls_kernel_observer) {
+  tls_kernel_observer = &observer;
+}
+KernelObserverScope::~KernelObserverScope() { tls_kernel_observer = previous_; }
+KernelObserver* kernel_observer() { return tls_kernel_observer; }
+
+ObservedWork::ObservedWork(const char* what, Device device)
+    : observer_(device.is_meta() ? nullptr : tls_kernel_observer), what_(what), device_(device) {
+  if (observer_) observer_->begin(what_, device_);
+}
+ObservedWork::~ObservedWork() {
+  if (observer_) observer_->end(what_, device_);
+}
+
 std::vector<Tensor> run_op_call(const OpCall& call, const std::function<std::vector<Tensor>()>& body) {
   ++tls_ops;
   TagScope tag(call.name);

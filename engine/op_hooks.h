@@ -69,4 +69,50 @@ Tensor run_op_call1(const OpCall& call, const std::function<Tensor()>& body);
 // Op calls run on this thread since it started (nested calls count too).
 std::int64_t ops_called();
 
+// Observes the kernels ops run through their kernel tables on this thread
+// (ops/kernel_table.h), forward and backward alike: a profiler. begin()
+// comes right before a kernel is called and end() right after it returns
+// (its device work may still be running: a device profiler records events
+// on the stream). Kernels a kernel calls nest inside it. Meta's are not
+// observed.
+class KernelObserver {
+ public:
+  virtual ~KernelObserver() = default;
+  // `table`: the kernel table's name (static storage).
+  virtual void begin(const char* table, Device device) = 0;
+  virtual void end(const char* table, Device device) = 0;
+};
+
+// RAII: `observer` watches this thread's kernel calls for the scope (the
+// scope before it, if any, resumes after). It must outlive the scope.
+class KernelObserverScope {
+ public:
+  explicit KernelObserverScope(KernelObserver& observer);
+  ~KernelObserverScope();
+  KernelObserverScope(const KernelObserverScope&) = delete;
+  KernelObserverScope& operator=(const KernelObserverScope&) = delete;
+
+ private:
+  KernelObserver* previous_;
+};
+
+// This thread's kernel observer, or nullptr.
+KernelObserver* kernel_observer();
+
+// RAII: the observer's begin() and end() around the engine's own device work
+// (copies and casts, fills, gradient accumulation, broadcast sums), named
+// `what` (static storage). Nothing without an observer or on meta.
+class ObservedWork {
+ public:
+  ObservedWork(const char* what, Device device);
+  ~ObservedWork();
+  ObservedWork(const ObservedWork&) = delete;
+  ObservedWork& operator=(const ObservedWork&) = delete;
+
+ private:
+  KernelObserver* observer_;
+  const char* what_;
+  Device device_;
+};
+
 }  // namespace remat

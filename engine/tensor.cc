@@ -8,6 +8,7 @@
 
 #include "engine/autograd.h"
 #include "engine/device_backend.h"
+#include "engine/meta_mirror.h"
 #include "engine/tensor_internal.h"
 
 namespace remat {
@@ -79,9 +80,17 @@ void detail::check_has_values(const Tensor& t, const char* what) {
                     "; meta runs only what shapes decide (docs/META.md): run on cpu or cuda to read values");
 }
 
+namespace {
+thread_local bool tls_meta_addresses = false;
+}  // namespace
+
+MetaAddressScope::MetaAddressScope() : previous_(tls_meta_addresses) { tls_meta_addresses = true; }
+MetaAddressScope::~MetaAddressScope() { tls_meta_addresses = previous_; }
+bool meta_addresses_active() { return tls_meta_addresses; }
+
 void* Tensor::raw_data() const {
   const auto& im = impl();
-  detail::check_has_values(*this, "data access");
+  if (!(tls_meta_addresses && device().is_meta())) detail::check_has_values(*this, "data access");
   REMAT_CHECK(!im.released, Error, "a ", dtype_name(im.dtype), " tensor of shape ", shape_str(im.sizes),
               " was released (release_storage: its values live on another rank) and has no elements to read or write");
   if (!im.storage || !im.storage->data()) return nullptr;
@@ -178,7 +187,8 @@ std::vector<T> Tensor::to_vector() const {
 }
 
 void mirror_host_read(const Tensor& t, DType dtype) {
-  if (!t.defined() || !t.device().is_meta()) return;
+  // (Mirroring a GPU, the read's copies land in host memory: nothing on meta.)
+  if (!t.defined() || !t.device().is_meta() || meta_kernels() != DeviceType::CPU) return;
   const Tensor c = t.detach().to(dtype).contiguous();  // to_vector's copies on a CPU tensor
 }
 

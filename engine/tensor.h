@@ -254,7 +254,8 @@ Tensor from_vector(const std::vector<T>& values, Shape sizes = {}, Device device
 // Meta's stand-in for t.to_vector<T>() with dtype_v<T> == `dtype`: the
 // allocations the read makes when t is on the CPU (a cast, a contiguous
 // copy), without values, so a shape-only path keeps the CPU's allocation
-// sequence. Does nothing unless t is a meta tensor.
+// sequence. Does nothing unless t is a meta tensor, or when meta mirrors a
+// GPU (engine/meta_mirror.h: there the read's copies are in host memory).
 void mirror_host_read(const Tensor& t, DType dtype);
 // Standard normal / uniform [0, 1) values drawn from `gen` (the device's
 // default generator when null). Floating dtypes only.

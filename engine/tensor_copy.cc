@@ -7,6 +7,7 @@
 #include "engine/autograd.h"
 #include "engine/device_backend.h"
 #include "engine/device_layout.h"
+#include "engine/op_hooks.h"
 #include "engine/strided.h"
 #include "engine/tensor.h"
 #include "engine/tensor_internal.h"
@@ -135,6 +136,7 @@ void Tensor::copy_from(const Tensor& src_in) {
     return;
   }
   DeviceBackend& backend = detail::cuda_backend("copy_", device().is_cpu() ? src.device() : device());
+  const ObservedWork observed("copy_", device().is_cpu() ? src.device() : device());
   const StreamId stream = current_stream();
   if (src.device().is_cpu()) {  // host -> device: bytes in the source's dtype, then convert there
     Tensor staged = src.is_contiguous() ? src : src.contiguous();
@@ -176,6 +178,7 @@ Tensor& Tensor::fill_(double value) {
       return *this;
     }
     DeviceBackend& backend = detail::cuda_backend("fill_", device());
+    const ObservedWork observed("fill_", device());
     if (value == 0.0 && !std::signbit(value))  // -0.0 is not all zero bits
       backend.memset(raw_data(), 0, nbytes(), current_stream());
     else

@@ -87,6 +87,8 @@ std::int64_t grain_for(std::int64_t k) {
 
 Tensor host_index(const Tensor& index) {
   NoGradGuard ng;
+  // Mirroring a GPU, the copies below are made in host memory: nothing on meta.
+  if (index.device().is_meta() && meta_kernels() != DeviceType::CPU) return index.detach();
   // meta: stays on meta (no values to read); the cast and contiguous copy below land there, as on the CPU
   Tensor ix = index.device().is_meta() ? index.detach() : index.detach().to(kCPU);
   ix = ix.dtype() == DType::i64 ? ix : ix.to(DType::i64);

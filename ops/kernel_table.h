@@ -18,7 +18,10 @@
 // made on the meta allocator in the CPU's order; each CPU kernel returns
 // before it touches memory when its operands are meta (skip_compute in
 // ops/kernel_util.h). Meta's allocation sequence is the CPU's by
-// construction, not by a second copy of every kernel.
+// construction, not by a second copy of every kernel. set_meta_kernels(CUDA)
+// makes meta run CUDA's kernels instead, inside a MetaAddressScope
+// (engine/meta_mirror.h): their native dtypes, outputs, staging copies and
+// workspaces, in a GPU run's order, with every launch skipped.
 #pragma once
 
 #include <array>
@@ -30,6 +33,8 @@
 
 #include "engine/device.h"
 #include "engine/error.h"
+#include "engine/meta_mirror.h"  // meta_kernels(), MetaAddressScope
+#include "engine/op_hooks.h"    // kernel_observer()
 #include "engine/tensor.h"
 
 namespace remat {
@@ -50,12 +55,12 @@ class KernelTableBase {
   KernelTableBase& operator=(const KernelTableBase&) = delete;
 
   const char* name() const { return name_; }
-  // Whether `t` has kernels (meta has whenever the CPU has).
+  // Whether `t` has kernels (meta has whenever the device it mirrors has).
   bool has(DeviceType t) const { return registered_[std::size_t(kernel_slot(t))]; }
-  // The device types with kernels, in DeviceType order (meta when the CPU has).
+  // The device types with kernels, in DeviceType order (meta when the device it mirrors has).
   std::vector<DeviceType> devices() const;
-  // The device type whose kernels `t` runs: the CPU's for meta, its own otherwise.
-  static constexpr DeviceType kernel_slot(DeviceType t) { return t == DeviceType::Meta ? DeviceType::CPU : t; }
+  // The device type whose kernels `t` runs: meta_kernels() for meta, its own otherwise.
+  static DeviceType kernel_slot(DeviceType t) { return t == DeviceType::Meta ? meta_kernels() : t; }
 
  protected:
   void mark(DeviceType t);
@@ -121,8 +126,14 @@ class KernelTable final : public KernelTableBase {
   R run(Device device, R (*Kernels::*fn)(P...), A&&... args) const {
     const Entry& e = on(device);
     const bool stage = e.dtypes == KernelDTypes::f32;
-    if (device.is_meta()) {  // the CPU's kernel, allocating on meta and computing nothing
+    if (device.is_meta()) {  // the mirrored device's kernel, allocating on meta and computing nothing
       DefaultDeviceScope scope(device);
+      if (meta_kernels() == DeviceType::CPU) return (e.fns.*fn)(pass<P>(stage, std::forward<A>(args))...);
+      MetaAddressScope addresses;  // a native device's code: its launches return at once
+      return (e.fns.*fn)(pass<P>(stage, std::forward<A>(args))...);
+    }
+    if (KernelObserver* o = kernel_observer()) {  // a profiler (engine/op_hooks.h)
+      const Observed observed(*o, name(), device);
       return (e.fns.*fn)(pass<P>(stage, std::forward<A>(args))...);
     }
     return (e.fns.*fn)(pass<P>(stage, std::forward<A>(args))...);
@@ -137,6 +148,17 @@ class KernelTable final : public KernelTableBase {
     else
       return std::forward<A>(a);
   }
+
+  // begin() now, end() when the kernel returns or throws.
+  struct Observed {
+    Observed(KernelObserver& o, const char* table, Device d) : o(o), table(table), d(d) { o.begin(table, d); }
+    ~Observed() { o.end(table, d); }
+    Observed(const Observed&) = delete;
+    Observed& operator=(const Observed&) = delete;
+    KernelObserver& o;
+    const char* table;
+    Device d;
+  };
 
   std::array<std::optional<Entry>, kDeviceTypes> entries_;
 };

@@ -11,15 +11,15 @@ KernelTable<MultiTensorKernels>& multi_tensor_kernels() {
 }
 
 void multi_tensor_adamw(const std::vector<AdamWTensors>& tensors, const AdamWStepScalars& s, Device device) {
-  multi_tensor_kernels().on(device).fns.adamw(tensors, s, device);
+  multi_tensor_kernels().run(device, &MultiTensorKernels::adamw, tensors, s, device);
 }
 
 double multi_tensor_sum_squares(const std::vector<Tensor>& tensors, Device device) {
-  return multi_tensor_kernels().on(device).fns.sum_squares(tensors, device);
+  return multi_tensor_kernels().run(device, &MultiTensorKernels::sum_squares, tensors, device);
 }
 
 void multi_tensor_scale_(const std::vector<Tensor>& tensors, float scale, Device device) {
-  multi_tensor_kernels().on(device).fns.scale(tensors, scale, device);
+  multi_tensor_kernels().run(device, &MultiTensorKernels::scale, tensors, scale, device);
 }
 
 }  // namespace remat

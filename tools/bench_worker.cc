@@ -17,6 +17,8 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/plan.h"
 #include "checkpoint/time_estimate.h"
+#include "cuda/config.h"
+#include "cuda/kernel_profiler.h"
 #include "engine/autograd.h"
 #include "engine/device_runtime.h"
 #include "engine/json.h"
@@ -115,6 +117,7 @@ struct WorkerOptions {
   DType dtype = DType::f32;
   Device device;
   std::optional<std::string> offload_dir;
+  std::optional<std::string> kernel_profile;  // CUDA: each kernel table's GPU time per timed step, to this file
 };
 
 WorkerOptions worker_options(const std::vector<std::string>& args) {
@@ -129,7 +132,9 @@ WorkerOptions worker_options(const std::vector<std::string>& args) {
            int_flag("zero", "ZeRO stage over the processes under mpirun (0: none)", 0, {.min = 0, .max = 3}),
            text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
            text_flag("device", "cpu, cuda or cuda:N", "cpu"),
-           text_flag("offload-dir", "directory for the offload plans' spill file")});
+           text_flag("offload-dir", "directory for the offload plans' spill file"),
+           text_flag("kernel-profile", "on CUDA: write each kernel table's GPU time per timed step, forward and "
+                     "backward apart, to FILE (cuda/kernel_profiler.h)")});
   apply_threads_flag(f);
   WorkerOptions o;
   o.config = ModelConfig::load(f.get("config"));
@@ -142,6 +147,11 @@ WorkerOptions worker_options(const std::vector<std::string>& args) {
   o.zero = f.get_int("zero");
   o.dtype = compute_dtype_from_name(f.get("dtype"));
   if (f.has("offload-dir")) o.offload_dir = f.get("offload-dir");
+  if (f.has("kernel-profile")) {
+    REMAT_CHECK(cuda::kHaveCuda && o.device.is_cuda(), Error, "bench-worker: --kernel-profile times CUDA kernels "
+                "(got --device ", o.device.str(), cuda::kHaveCuda ? ")" : " in a build without the CUDA back end)");
+    o.kernel_profile = f.get("kernel-profile");
+  }
   return o;
 }
 
@@ -206,7 +216,8 @@ class WorkerSteps {
         sampler_(corpus_.train, o.config.batch, o.config.seq, o.seed + 1),
         flops_hook_(std::make_shared<ReplayFlops>()), hook_(flops_hook_),
         estimator_(o.device.is_cpu() ? std::make_shared<StepTimeEstimator>(device_model("cpu-measured")) : nullptr),
-        estimator_hook_(estimator_), alloc_(allocator_for(o.device)) {}
+        estimator_hook_(estimator_ ? std::shared_ptr<OpHook>(estimator_) : std::make_shared<OpHook>()),  // none off the CPU
+        alloc_(allocator_for(o.device)) {}
 
   // One step; its figures go to the series when `timed`.
   void step(bool timed) {
@@ -386,6 +397,30 @@ JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const
   return j;
 }
 
+// The timed steps under a kernel profile; writes o.kernel_profile: per
+// kernel table, its calls and GPU milliseconds per step, then the step's
+// median wall time for scale.
+void profile_kernels(WorkerSteps& steps, const WorkerOptions& o) {
+  cuda::CudaKernelProfiler profiler;
+  {
+    KernelObserverScope observing(profiler);
+    for (std::int64_t i = 0; i < o.steps; ++i) steps.step(/*timed=*/true);
+  }
+  const std::vector<cuda::KernelTime> times = profiler.collect();
+  std::ofstream out(*o.kernel_profile);
+  REMAT_CHECK(out.good(), IOError, "bench-worker: cannot write --kernel-profile ", *o.kernel_profile);
+  double total = 0;
+  out << "# " << o.config.name << " " << o.plan << " on " << o.device.str() << ", per step over " << o.steps
+      << " steps: kernel table, calls, GPU ms (less nested tables)\n";
+  for (const cuda::KernelTime& k : times) {
+    out << k.table << "\t" << double(k.calls) / double(o.steps) << "\t" << k.ms / double(o.steps) << "\n";
+    total += k.ms / double(o.steps);
+  }
+  std::vector<double> wall = steps.series().step_ms;
+  std::sort(wall.begin(), wall.end());
+  out << "# kernel tables " << total << " ms of a " << wall[wall.size() / 2] << " ms step (median wall)\n";
+}
+
 }  // namespace
 
 int run_bench_worker(const std::vector<std::string>& args) {
@@ -401,7 +436,12 @@ int run_bench_worker(const std::vector<std::string>& args) {
   DataParallelUpdate update =
       make_data_parallel_update(layout, model.named_parameters(), 25ll << 20, o.zero, {}, model);
   WorkerSteps steps(model, update, layout, *world, o);
-  for (std::int64_t i = 0; i < o.warmup + o.steps; ++i) steps.step(/*timed=*/i >= o.warmup);
+  for (std::int64_t i = 0; i < o.warmup; ++i) steps.step(/*timed=*/false);
+  if (o.kernel_profile) {
+    if constexpr (cuda::kHaveCuda) profile_kernels(steps, o);
+  } else {
+    for (std::int64_t i = 0; i < o.steps; ++i) steps.step(/*timed=*/true);
+  }
   if (world->size() > 1) steps.take_fullest_rank(*world);
   if (world->rank() != 0) return 0;  // rank 0 reports
   std::printf("BENCH-RESULT %s\n", worker_result(steps.series(), model, layout, world->size(), o.device).str().c_str());

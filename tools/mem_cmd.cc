@@ -10,6 +10,7 @@
 #include "checkpoint/time_estimate.h"
 #include "engine/allocator.h"
 #include "engine/autograd.h"
+#include "engine/meta_mirror.h"
 #include "engine/op_hooks.h"
 #include "engine/parallel_for.h"
 #include "engine/recompute_context.h"
@@ -112,7 +113,7 @@ struct MemOptions {
   std::string stem;  // --out without a trailing .json or .html
   std::int64_t steps_before = 0, capacity = 0;
   std::uint64_t seed = 0;
-  Device device = kCPU;  // cpu, or meta: the same step on shapes alone (docs/META.md)
+  Device device = kCPU;  // cpu, cuda, or meta: the same step on shapes alone (docs/META.md)
   std::string dtype = "f32";  // the compute dtype (parameters, gradients and optimizer state stay f32)
   std::string device_model = "cpu-measured";  // for the time estimate (checkpoint/time_estimate.h)
   std::optional<SimulatedRank> sim;  // --simulate-world: one rank of this job, on meta
@@ -122,7 +123,10 @@ std::vector<FlagSpec> mem_flag_specs() {
   auto specs = with_auto_plan_flags(
       {text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
        text_flag("recompute", "recompute plan, as for train", "none"),
-       text_flag("device", "cpu, or meta: the step on shapes alone, its allocations exactly the CPU's", "cpu"),
+       text_flag("device", "cpu, cuda, or meta: the step on shapes alone, its allocations exactly the CPU's (or a "
+                 "GPU's, with --meta-kernels cuda)", "cpu"),
+       text_flag("meta-kernels", "with --device meta, the kernels it runs on shapes: cpu (the CPU's allocations) or "
+                 "cuda (a GPU run's: CUDA's op code, launching nothing)", "cpu"),
        text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and optimizer state stay f32)", "f32"),
        int_flag("batch", "sequences per step over all ranks (default: the config's; with --simulate-world, the "
                 "config's per micro-batch per data-parallel rank)", std::nullopt, {.min = 1}),
@@ -153,13 +157,16 @@ MemOptions mem_options(const Flags& f) {
               "' names no file (expected e.g. --out out/tiny-mem)");
   m.steps_before = f.get_int("steps-before");
   m.device = device_flag(f, true);
+  const std::string mk = f.get("meta-kernels");
+  REMAT_CHECK(mk == "cpu" || mk == "cuda", Error, "mem: --meta-kernels ", mk, ": expected cpu or cuda");
+  REMAT_CHECK(mk == "cpu" || m.device.is_meta(), Error, "mem: --meta-kernels ", mk, " needs --device meta (got ",
+              m.device.str(), ")");
+  if (mk == "cuda") set_meta_kernels(DeviceType::CUDA);  // (this process's one run)
   m.dtype = f.get("dtype");
   m.device_model = f.get("device-model");
   check_device_model(m.device_model);
   REMAT_CHECK(m.dtype == "f32" || m.dtype == "bf16", Error, "mem: --dtype ", m.dtype,
               ": expected f32 or bf16 (f16 trains with a loss scaler; use train)");
-  REMAT_CHECK(m.device.is_cpu() || m.device.is_meta(), DeviceError, "mem: --device ", m.device.str(),
-              ": mem records the CPU's or meta's allocator (expected cpu or meta)");
   m.capacity = f.get_int("capacity");
   m.sim = simulated_rank_flags(f, m.device);
   apply_threads_flag(f);
@@ -244,10 +251,12 @@ class MemTrainer {
     layout_ = make_parallel_layout(groups.world, o.ep, c);
     manual_seed(o.seed);
     {
-      // On meta the model is built there: its parameters take no memory.
-      DefaultDeviceScope on(o.device);
+      // On meta the model is built there: its parameters take no memory. On
+      // a GPU it is built on the CPU and moved, as the trainer does.
+      DefaultDeviceScope on(o.device.is_meta() ? kMeta : kCPU);
       model_ = std::make_unique<DecoderModel>(c, o.seed, layout_.placement());
     }
+    if (o.device.is_cuda()) model_->to(o.device);
     apply_parallel_layout(*model_, layout_, o.reuse_routing_metadata);
     model_->set_compute_dtype(o.dtype);
     apply_recompute_plan(*model_, plan);
@@ -276,7 +285,7 @@ class MemTrainer {
   Tensor next_batch() {
     Tensor global = sampler_ ? sampler_->next()
                              : empty({o_.config.batch, o_.config.seq + 1}, TensorOptions(DType::i64, o_.device));
-    return batch_shard(global, *layout_.world);
+    return batch_shard(global, *layout_.world).to(o_.device);
   }
 
   // One training step as Trainer::run does it; `w` (when recording) marks
@@ -569,7 +578,8 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
   rec.saved_at_peak_total = watcher->saved_at_peak().live_bytes;
   rec.info = {{"seed", std::to_string(m.seed)},
               {"steps before", std::to_string(m.steps_before)},
-              {"device", o.device.str()},
+              {"device", o.device.is_meta() && meta_kernels() == DeviceType::CUDA ? "meta (CUDA's kernels)"
+                                                                                  : o.device.str()},
               {"loss", o.device.is_meta() ? std::string("- (meta: shapes only)") : std::to_string(loss)},
               {"parameters", std::to_string(run.model().num_parameters())},
               {"parameters held (this rank)", std::to_string(run.owned_parameters())},

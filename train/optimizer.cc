@@ -6,6 +6,7 @@
 
 #include "engine/allocator.h"
 #include "engine/autograd.h"
+#include "engine/meta_mirror.h"
 #include "engine/parallel_for.h"
 #include "ops/multi_tensor.h"
 
@@ -13,12 +14,13 @@ namespace remat {
 
 namespace {
 
-// The CUDA devices of `params`' gradients, each once, in order of first use.
+// The CUDA devices of `params`' gradients (meta's, when it mirrors CUDA:
+// engine/meta_mirror.h), each once, in order of first use.
 std::vector<Device> cuda_devices(const std::vector<Tensor>& params) {
   std::vector<Device> out;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
-    if (!g.defined() || !g.device().is_cuda()) continue;
+    if (!g.defined() || !runs_cuda_kernels(g.device())) continue;
     if (std::find(out.begin(), out.end(), g.device()) == out.end()) out.push_back(g.device());
   }
   return out;
@@ -98,7 +100,7 @@ std::vector<double> cpu_grad_sq_partials(const std::vector<Tensor>& params) {
   std::vector<CpuSpan> chunks;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
-    if (!g.defined() || g.device().is_cuda()) continue;
+    if (!g.defined() || runs_cuda_kernels(g.device())) continue;
     Tensor gc = g.to(DType::f32).contiguous();
     const std::int64_t n = gc.numel();
     if (n == 0) continue;
@@ -207,7 +209,7 @@ void AdamW::step(double lr) {
     Tensor gc = g.to(DType::f32).to(s.param.device()).contiguous();
     REMAT_CHECK(gc.sizes() == s.param.sizes(), ShapeError, "AdamW: gradient of '", s.name, "' is ",
                 shape_str(gc.sizes()), ", expected ", shape_str(s.param.sizes()));
-    if (s.param.device().is_cuda()) {
+    if (runs_cuda_kernels(s.param.device())) {
       const AdamWTensors d{s.param, gc, s.exp_avg, s.exp_avg_sq, decay};
       auto it = std::find(devices.begin(), devices.end(), s.param.device());
       if (it == devices.end()) {

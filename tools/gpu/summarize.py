@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Summarises a GPU check's bench JSON: MFU and tokens/s per plan, the ratio
-to PyTorch eager on the same model, and activations / step time of per_block
-against none. Usage: summarize.py OUTDIR"""
+to PyTorch eager on the same model, activations / step time of every plan
+against none, and the time offload waited per step. Usage: summarize.py OUTDIR"""
 import glob
 import json
 import os
@@ -30,12 +30,16 @@ def main():
             line = (f"{name} {plan}: {r['tokens_per_s']:.0f} tok/s, step {r['step_ms']:.1f} ms, "
                     f"MFU {100 * r['mfu']:.1f}%, activations {r['activation_bytes'] / 2**20:.0f} MiB, "
                     f"peak {r['peak_allocated_bytes'] / 2**20:.0f} MiB")
+            if r.get("offload_ms"):
+                line += f", offload waited {r['offload_ms']:.2f} ms/step ({r.get('offloaded_bytes', 0) / 2**20:.0f} MiB moved)"
             if torch_tps:
                 line += f", {r['tokens_per_s'] / torch_tps:.2f}x PyTorch eager ({torch_tps:.0f} tok/s)"
             print(line)
-        if "none" in rows and "per_block" in rows:
-            n, p = rows["none"], rows["per_block"]
-            print(f"{name} per_block vs none: activations x{p['activation_bytes'] / max(n['activation_bytes'], 1):.2f}, "
+        n = rows.get("none")
+        for plan, p in rows.items():
+            if n is None or plan == "none":
+                continue
+            print(f"{name} {plan} vs none: activations x{p['activation_bytes'] / max(n['activation_bytes'], 1):.2f}, "
                   f"step time x{p['step_ms'] / n['step_ms']:.2f}")
 
 
