@@ -84,7 +84,8 @@ TEST_CASE("every recompute plan is bit-identical to none on the GPU", "[cuda]") 
     for (const std::string config : {"tiny", "tiny-moe"}) {
       const Pass none = one_pass(config, cuda_device(0), dtype, "none");
       std::vector<std::string> plans = {"per_block", "chunk", "selected:0", "uniform:2", "attention",
-                                        "selective:save_matmul", "selective:mlp,layernorm"};
+                                        "selective:save_matmul", "selective:mlp,layernorm", "offload",
+                                        "per_block+offload"};
       if (config == "tiny-moe") plans.push_back("moe_expert");
       for (const auto& plan : plans) {
         INFO(config << " " << dtype_name(dtype) << " " << plan);
