@@ -332,7 +332,33 @@ expect_error() {
     fail "$*: expected '$want', got: $(cat "$tmp/out.txt")"
   fi
 }
-expect_error "expected cpu or meta" mem --device cuda --config tiny --out "$tmp/x"
+# --device cuda records a GPU's step; without one it is refused by the device
+# check (with or without the CUDA back end built).
+cuda_built=0
+$remat info 2>/dev/null | grep -q "CUDA back end : built" && cuda_built=1
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  if [ $cuda_built = 1 ]; then
+    expect_error "device cuda:0 is not available (0 CUDA devices present)" mem --device cuda --config tiny --out "$tmp/x"
+  else
+    expect_error "this build of remat has no CUDA back end" mem --device cuda --config tiny --out "$tmp/x"
+  fi
+fi
+# --meta-kernels cuda: meta runs CUDA's op code on shapes (a build with the
+# back end, no GPU needed); it says so in the info.
+if [ $cuda_built = 1 ]; then
+  if $remat mem --device meta --meta-kernels cuda --config tiny --dtype bf16 --recompute per_block \
+      --out "$tmp/mk" > "$tmp/mk.txt" 2>&1 && grep -q "meta (CUDA's kernels)" "$tmp/mk.json" &&
+      grep -q "workspace 32.00 MiB" "$tmp/mk.txt"; then
+    passed=$((passed + 1))
+  else
+    fail "mem --device meta --meta-kernels cuda: $(cat "$tmp/mk.txt")"
+  fi
+else
+  expect_error "this build has no CUDA back end" mem --device meta --meta-kernels cuda --config tiny --out "$tmp/x"
+fi
+expect_error "mem: --meta-kernels cuda needs --device meta (got cpu)" mem --meta-kernels cuda --config tiny --out "$tmp/x"
+expect_error "mem: --meta-kernels tpu: expected cpu or cuda" mem --device meta --meta-kernels tpu --config tiny \
+  --out "$tmp/x"
 expect_error "unknown device 'metal'; expected cpu, cuda, cuda:N or meta" mem --device metal --config tiny --out "$tmp/x"
 expect_error "expected f32 or bf16" mem --device meta --dtype f16 --config tiny --out "$tmp/x"
 expect_error "unknown device model 'h300'; known: h100, h200, b200, cpu-measured" mem --device meta --device-model h300 \
