@@ -99,9 +99,10 @@ class KernelObserverScope {
 // This thread's kernel observer, or nullptr.
 KernelObserver* kernel_observer();
 
-// RAII: the observer's begin() and end() around the engine's own device work
-// (copies and casts, fills, gradient accumulation, broadcast sums), named
-// `what` (static storage). Nothing without an observer or on meta.
+// RAII: this thread's observer's begin() and end() around a kernel-table
+// call or the engine's own device work (copies and casts, fills, gradient
+// accumulation, broadcast sums), named `what` (static storage). Nothing
+// without an observer or on meta.
 class ObservedWork {
  public:
   ObservedWork(const char* what, Device device);

@@ -34,7 +34,7 @@
 #include "engine/device.h"
 #include "engine/error.h"
 #include "engine/meta_mirror.h"  // meta_kernels(), MetaAddressScope
-#include "engine/op_hooks.h"    // kernel_observer()
+#include "engine/op_hooks.h"    // ObservedWork
 #include "engine/tensor.h"
 
 namespace remat {
@@ -132,10 +132,7 @@ class KernelTable final : public KernelTableBase {
       MetaAddressScope addresses;  // a native device's code: its launches return at once
       return (e.fns.*fn)(pass<P>(stage, std::forward<A>(args))...);
     }
-    if (KernelObserver* o = kernel_observer()) {  // a profiler (engine/op_hooks.h)
-      const Observed observed(*o, name(), device);
-      return (e.fns.*fn)(pass<P>(stage, std::forward<A>(args))...);
-    }
+    const ObservedWork observed(name(), device);  // a profiler's, if one watches (engine/op_hooks.h)
     return (e.fns.*fn)(pass<P>(stage, std::forward<A>(args))...);
   }
 
@@ -148,17 +145,6 @@ class KernelTable final : public KernelTableBase {
     else
       return std::forward<A>(a);
   }
-
-  // begin() now, end() when the kernel returns or throws.
-  struct Observed {
-    Observed(KernelObserver& o, const char* table, Device d) : o(o), table(table), d(d) { o.begin(table, d); }
-    ~Observed() { o.end(table, d); }
-    Observed(const Observed&) = delete;
-    Observed& operator=(const Observed&) = delete;
-    KernelObserver& o;
-    const char* table;
-    Device d;
-  };
 
   std::array<std::optional<Entry>, kDeviceTypes> entries_;
 };
