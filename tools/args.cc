@@ -8,6 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "engine/device_runtime.h"
+#include "engine/meta_mirror.h"
 #include "engine/parallel_for.h"
 
 namespace remat::tools {
@@ -247,8 +248,20 @@ Device device_flag(const Flags& f, bool meta_ok) {
   REMAT_CHECK(meta_ok || !device.is_meta(), DeviceError, "--device meta runs on shapes alone and ", f.command(),
               " needs values (real data, losses, weights); for memory and plans use `mem --device meta` "
               "or `plan --device meta` (docs/META.md)");
+  if (f.has("meta-kernels")) {
+    const std::string mk = f.get("meta-kernels");
+    REMAT_CHECK(mk == "cpu" || mk == "cuda", Error, f.command(), ": --meta-kernels ", mk, ": expected cpu or cuda");
+    REMAT_CHECK(device.is_meta(), Error, f.command(), ": --meta-kernels ", mk, " needs --device meta (got ",
+                device.str(), ")");
+    set_meta_kernels(mk == "cuda" ? DeviceType::CUDA : DeviceType::CPU);  // (this process's run)
+  }
   use_device_if_present(device);
   return device;
+}
+
+FlagSpec meta_kernels_flag_spec() {
+  return text_flag("meta-kernels", "with --device meta, the kernels it runs on shapes: cpu (the CPU's allocations, "
+                   "the default) or cuda (a GPU run's: CUDA's op code, launching nothing; docs/META.md)");
 }
 
 }  // namespace remat::tools

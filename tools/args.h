@@ -110,6 +110,15 @@ void apply_threads_flag(const Flags& f);
 // CUDA device that is present becomes the thread's current one, so kernels,
 // cuBLASLt and the default stream run where the memory is (an absent one
 // fails later, naming it).
+// With --meta-kernels given (commands that declare it), sets the kernels
+// meta runs (engine/meta_mirror.h); Error for a value other than cpu or
+// cuda, or for it without --device meta.
 Device device_flag(const Flags& f, bool meta_ok = false);
+
+// --meta-kernels cpu|cuda, for the commands that take --device meta and
+// report its bytes (mem, plan, dump): whose kernels meta runs on shapes, the
+// CPU's (the default) or CUDA's (a GPU run's allocations; a build with the
+// CUDA back end, no GPU needed).
+FlagSpec meta_kernels_flag_spec();
 
 }  // namespace remat::tools

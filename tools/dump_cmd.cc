@@ -39,6 +39,7 @@ std::vector<FlagSpec> dump_flag_specs() {
        text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
        text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and the loss stay f32)", "f32"),
        text_flag("device", "cpu, cuda, cuda:N, or meta (shapes and saved bytes only, to FILE.json)", "cpu"),
+       meta_kernels_flag_spec(),
        text_flag("out", "output FILE.safetensors, or FILE.json on meta (required)"),
        threads_flag_spec()});
 }

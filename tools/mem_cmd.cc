@@ -125,8 +125,7 @@ std::vector<FlagSpec> mem_flag_specs() {
        text_flag("recompute", "recompute plan, as for train", "none"),
        text_flag("device", "cpu, cuda, or meta: the step on shapes alone, its allocations exactly the CPU's (or a "
                  "GPU's, with --meta-kernels cuda)", "cpu"),
-       text_flag("meta-kernels", "with --device meta, the kernels it runs on shapes: cpu (the CPU's allocations) or "
-                 "cuda (a GPU run's: CUDA's op code, launching nothing)", "cpu"),
+       meta_kernels_flag_spec(),
        text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and optimizer state stay f32)", "f32"),
        int_flag("batch", "sequences per step over all ranks (default: the config's; with --simulate-world, the "
                 "config's per micro-batch per data-parallel rank)", std::nullopt, {.min = 1}),
@@ -157,11 +156,6 @@ MemOptions mem_options(const Flags& f) {
               "' names no file (expected e.g. --out out/tiny-mem)");
   m.steps_before = f.get_int("steps-before");
   m.device = device_flag(f, true);
-  const std::string mk = f.get("meta-kernels");
-  REMAT_CHECK(mk == "cpu" || mk == "cuda", Error, "mem: --meta-kernels ", mk, ": expected cpu or cuda");
-  REMAT_CHECK(mk == "cpu" || m.device.is_meta(), Error, "mem: --meta-kernels ", mk, " needs --device meta (got ",
-              m.device.str(), ")");
-  if (mk == "cuda") set_meta_kernels(DeviceType::CUDA);  // (this process's one run)
   m.dtype = f.get("dtype");
   m.device_model = f.get("device-model");
   check_device_model(m.device_model);

@@ -46,6 +46,7 @@ std::vector<FlagSpec> plan_flag_specs() {
       text_flag("config", "model config name or FILE.json", "bench-dense"),
       text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
       text_flag("device", "cpu, cuda, cuda:N or meta (shapes only: exact bytes, estimated times; docs/META.md)", "cpu"),
+      meta_kernels_flag_spec(),
       int_flag("seed", "seed", 0, {.min = 0}),
       text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
       text_flag("json", "write the profile, the choice and (with --measure) the measurements to FILE"),

@@ -357,6 +357,17 @@ else
   expect_error "this build has no CUDA back end" mem --device meta --meta-kernels cuda --config tiny --out "$tmp/x"
 fi
 expect_error "mem: --meta-kernels cuda needs --device meta (got cpu)" mem --meta-kernels cuda --config tiny --out "$tmp/x"
+expect_error "plan: --meta-kernels cuda needs --device meta (got cpu)" plan --meta-kernels cuda --config tiny \
+  --memory-budget 50%
+# plan and dump take it too: the planner profiles CUDA's allocations on meta.
+if [ $cuda_built = 1 ]; then
+  if $remat plan --device meta --meta-kernels cuda --config tiny --memory-budget 60% > "$tmp/pk.txt" 2>&1 &&
+      $remat dump --device meta --meta-kernels cuda --config tiny --out "$tmp/dk.json" > /dev/null 2>&1; then
+    passed=$((passed + 1))
+  else
+    fail "plan/dump --device meta --meta-kernels cuda: $(cat "$tmp/pk.txt")"
+  fi
+fi
 expect_error "mem: --meta-kernels tpu: expected cpu or cuda" mem --device meta --meta-kernels tpu --config tiny \
   --out "$tmp/x"
 expect_error "unknown device 'metal'; expected cpu, cuda, cuda:N or meta" mem --device metal --config tiny --out "$tmp/x"
