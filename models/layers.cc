@@ -1,6 +1,7 @@
 #include "models/layers.h"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -112,6 +113,7 @@ namespace {
 struct GatheredCopies {
   std::mutex mu;
   std::unordered_map<const TensorImpl*, Tensor> copies;
+  std::atomic<std::size_t> size{0};  // copies.size(), read without the lock (none outside --zero 3)
 };
 GatheredCopies& gathered_copies() {
   static GatheredCopies g;
@@ -119,6 +121,7 @@ GatheredCopies& gathered_copies() {
 }
 Tensor gathered_copy(const Tensor& param, DType dtype) {
   GatheredCopies& g = gathered_copies();
+  if (g.size.load(std::memory_order_acquire) == 0) return Tensor();  // (no lock: the common case)
   std::lock_guard<std::mutex> lock(g.mu);
   auto it = g.copies.find(&param.impl());
   return it != g.copies.end() && it->second.dtype() == dtype ? it->second : Tensor();
@@ -147,12 +150,14 @@ void set_gathered_copy(const Tensor& param, const Tensor& copy) {
   GatheredCopies& g = gathered_copies();
   std::lock_guard<std::mutex> lock(g.mu);
   g.copies[&param.impl()] = copy;
+  g.size.store(g.copies.size(), std::memory_order_release);
 }
 
 void clear_gathered_copy(const Tensor& param) {
   GatheredCopies& g = gathered_copies();
   std::lock_guard<std::mutex> lock(g.mu);
   g.copies.erase(&param.impl());
+  g.size.store(g.copies.size(), std::memory_order_release);
 }
 
 Tensor weight_as(const Tensor& weight, const Tensor& input) {

@@ -1,5 +1,6 @@
 #include "parallel/process_group.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -239,6 +240,29 @@ std::vector<std::int64_t> most_over_ranks(ProcessGroup& g, const std::vector<std
   Tensor t = from_vector<std::int64_t>(values, {std::int64_t(values.size())});
   g.all_reduce(t, ReduceOp::max);
   return t.to_vector<std::int64_t>();
+}
+
+std::optional<RankFailure> first_failure(ProcessGroup& g, const std::optional<std::string>& mine) {
+  const int W = g.size();
+  std::vector<std::int64_t> failed(std::size_t(W), 0);
+  if (mine) failed[std::size_t(g.rank())] = 1;
+  failed = most_over_ranks(g, failed);
+  int first = 0;
+  while (first < W && failed[std::size_t(first)] == 0) ++first;
+  if (first == W) return std::nullopt;
+  TagScope host(kHostTag);
+  const std::string text = g.rank() == first ? *mine : std::string();
+  Tensor len = from_vector<std::int64_t>({std::int64_t(text.size())}, {1}, kCPU);
+  g.broadcast(len, first);
+  const std::int64_t n = len.to_vector<std::int64_t>()[0];
+  std::vector<std::int64_t> chars(std::size_t(std::max<std::int64_t>(n, 1)), 0);
+  for (std::size_t i = 0; i < text.size(); ++i) chars[i] = static_cast<unsigned char>(text[i]);
+  Tensor t = from_vector<std::int64_t>(chars, {std::int64_t(chars.size())}, kCPU);
+  g.broadcast(t, first);
+  RankFailure out{first, std::string()};
+  const std::vector<std::int64_t> got = t.to_vector<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i) out.message.push_back(char(got[std::size_t(i)]));
+  return out;
 }
 
 void check_gather_output(const Tensor& t, const Tensor& out, int size) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -169,6 +170,16 @@ bool same_on_every_rank(ProcessGroup& g, const std::vector<std::size_t>& sequenc
 // Element by element, the most of `values` over the ranks of `g` (one
 // host-tagged all-reduce; every rank passes as many). A collective.
 std::vector<std::int64_t> most_over_ranks(ProcessGroup& g, const std::vector<std::int64_t>& values);
+// Whether a step every rank ran on its own failed anywhere: `mine` is this
+// rank's failure message (nullopt when it succeeded). Returns nullopt when
+// no rank failed, else the lowest failing rank and its message, the same on
+// every rank (host-tagged: an all-reduce, then two broadcasts). A
+// collective: lets every rank stop together where only some saw the fault.
+struct RankFailure {
+  int rank;
+  std::string message;
+};
+std::optional<RankFailure> first_failure(ProcessGroup& g, const std::optional<std::string>& mine);
 
 // The ShapeError every back end gives all_gather_async for an output that
 // is not contiguous, of t's dtype and device, with dim 0 = size x t's.

@@ -75,18 +75,4 @@ void unpack_flat(const ShardLayout& l, const Tensor& flat, const std::vector<Ten
   }
 }
 
-void pack_flat(const ShardLayout& l, const std::vector<Tensor>& members, Tensor& flat) {
-  check_members(l, members, true, "pack_flat");
-  check_flat(l, flat, l.padded(), "pack_flat");
-  NoGradGuard ng;
-  if (l.padded() > l.numel) flat.narrow(0, l.numel, l.padded() - l.numel).zero_();
-  for (std::size_t k = 0; k < members.size(); ++k) {
-    Tensor dst = member_view(l, flat, k);
-    if (members[k].defined())
-      dst.copy_(members[k]);
-    else
-      dst.zero_();
-  }
-}
-
 }  // namespace remat

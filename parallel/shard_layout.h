@@ -52,9 +52,5 @@ void pack_shard(const ShardLayout& layout, int rank, const std::vector<Tensor>& 
 // Copies a whole flat array (layout.padded() f32 elements, e.g. an
 // all-gather of every rank's shard) into the members (contiguous f32).
 void unpack_flat(const ShardLayout& layout, const Tensor& flat, const std::vector<Tensor>& members);
-// The members' values as one flat array of layout.padded() f32 elements
-// (padding 0), in `flat` (allocated by the caller); an undefined member
-// counts as zeros.
-void pack_flat(const ShardLayout& layout, const std::vector<Tensor>& members, Tensor& flat);
 
 }  // namespace remat

@@ -168,7 +168,7 @@ AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWOptions op
 
 AdamW::AdamW(std::vector<AdamWParam> params, AdamWOptions opts) : opts_(opts) {
   CategoryScope cat(MemoryCategory::optimizer);
-  for (auto& [name, p, decay] : params) {
+  for (auto& [name, p, decay, m, v] : params) {
     REMAT_CHECK(p.dtype() == DType::f32 && (p.device().is_cpu() || p.device().is_cuda() || p.device().is_meta()),
                 DTypeError, "AdamW: parameter '", name, "' must be an f32 CPU, CUDA or meta tensor (master weights), got ", p.dtype(),
                 " on ", p.device());
@@ -177,7 +177,14 @@ AdamW::AdamW(std::vector<AdamWParam> params, AdamWOptions opts) : opts_(opts) {
                 " must be contiguous, got shape ", shape_str(p.sizes()), " with strides ", shape_str(p.strides()));
     // The state lives on the parameter's device.
     const TensorOptions state(DType::f32, p.device());
-    slots_.push_back(Slot{name, p, zeros(p.sizes(), state), zeros(p.sizes(), state), decay});
+    for (const Tensor* given : {&m, &v})
+      REMAT_CHECK(!given->defined() || (given->dtype() == DType::f32 && given->is_contiguous() &&
+                                        given->numel() == p.numel() && given->device() == p.device()),
+                  DTypeError, "AdamW: the state given for parameter '", name, "' must be contiguous f32 with ",
+                  p.numel(), " elements on ", p.device(), ", got ", given->dtype(), " ", shape_str(given->sizes()),
+                  " on ", given->device());
+    slots_.push_back(Slot{name, p, m.defined() ? m.view(p.sizes()) : zeros(p.sizes(), state),
+                          v.defined() ? v.view(p.sizes()) : zeros(p.sizes(), state), decay});
   }
 }
 
@@ -262,10 +269,17 @@ void AdamW::load_state(const std::map<std::string, Tensor>& tensors, std::int64_
                   it->second.dtype(), ", expected ", shape_str(s.param.sizes()), " f32");
     }
   }
+  fill_state([&](const std::string& prefix, const std::string& name, Tensor& dst) { dst.copy_(tensors.at(prefix + name)); },
+             step);
+}
+
+void AdamW::fill_state(const StateFill& fill, std::int64_t step) {
   NoGradGuard ng;
   for (Slot& s : slots_) {
-    s.exp_avg.copy_(tensors.at("optimizer.exp_avg." + s.name));
-    s.exp_avg_sq.copy_(tensors.at("optimizer.exp_avg_sq." + s.name));
+    fill("optimizer.exp_avg.", s.name, s.exp_avg);
+    fill("optimizer.exp_avg_sq.", s.name, s.exp_avg_sq);
+    s.exp_avg.bump_version();
+    s.exp_avg_sq.bump_version();
   }
   step_ = step;
 }

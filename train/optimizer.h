@@ -3,6 +3,7 @@
 // warm-up.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -23,9 +24,15 @@ struct AdamWOptions {
 // rank's shard under ZeRO), with whether weight decay applies to it.
 struct AdamWParam {
   AdamWParam(std::string n, Tensor p, bool d) : name(std::move(n)), param(std::move(p)), decay(d) {}
+  // With the state's storage given: `m` and `v` are zeroed contiguous f32
+  // tensors of the parameter's element count on its device (views into one
+  // buffer per ZeRO unit, so every rank allocates the same blocks).
+  AdamWParam(std::string n, Tensor p, bool d, Tensor m, Tensor v)
+      : name(std::move(n)), param(std::move(p)), decay(d), exp_avg(std::move(m)), exp_avg_sq(std::move(v)) {}
   std::string name;  // keys the saved state
   Tensor param;      // contiguous f32; the update reads param.grad()
   bool decay;
+  Tensor exp_avg, exp_avg_sq;  // undefined: AdamW allocates them
 };
 
 class AdamW {
@@ -52,6 +59,13 @@ class AdamW {
   // Restores state saved by state(); throws IOError naming any missing or
   // mismatched tensor (and changes nothing in that case).
   void load_state(const std::map<std::string, Tensor>& tensors, std::int64_t step);
+  // Fills every state tensor in place, fill(prefix, name, dst) with prefix
+  // "optimizer.exp_avg." or "optimizer.exp_avg_sq." and the parameter's
+  // name (dst: contiguous f32, the parameter's shape and device), then sets
+  // the step count. The caller validates first: an exception from `fill`
+  // leaves the state partly filled.
+  using StateFill = std::function<void(const std::string& prefix, const std::string& name, Tensor& dst)>;
+  void fill_state(const StateFill& fill, std::int64_t step);
 
  private:
   struct Slot {

@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <set>
+#include <vector>
 
 #include "engine/json.h"
 #include "train/file_io.h"
@@ -420,12 +422,37 @@ void SafetensorsReader::read_into(const std::string& name, Tensor& dst) const {
   if (n > 0) read_bytes(raw, n, data_start_ + e.begin, "tensor '" + name + "'");
   if (e.checksum) {
     const std::uint64_t got = xxh3_64(raw, n);
-    if (got != *e.checksum)
-      throw IOError(path_ + ": checksum mismatch in tensor '" + name + "': its data hashes to " + hex64(got) +
-                    " but the file records " + hex64(*e.checksum) + " (" + kChecksumAlgorithm +
-                    "); the file is corrupt");
+    if (got != *e.checksum) throw checksum_mismatch(name, got, *e.checksum);
   }
   if (widen) widen_in_place(e.dtype, raw, static_cast<float*>(dst.raw_data()), std::size_t(n / 2));
+}
+
+IOError SafetensorsReader::checksum_mismatch(const std::string& name, std::uint64_t got, std::uint64_t want) const {
+  return IOError(path_ + ": checksum mismatch in tensor '" + name + "': its data hashes to " + hex64(got) +
+                 " but the file records " + hex64(want) + " (" + kChecksumAlgorithm + "); the file is corrupt");
+}
+
+void SafetensorsReader::verify(const std::string& name) const {
+  const Entry& e = entry(name);
+  if (!e.checksum) return;
+  {
+    const std::lock_guard<std::mutex> lock(verified_->mu);
+    if (verified_->names.count(name)) return;
+  }
+  const std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(), XXH3_freeState);
+  REMAT_CHECK(state && XXH3_64bits_reset(state.get()) == XXH_OK, Error, "verifying tensor '", name, "' of ", path_,
+              ": cannot start a hash (out of memory)");
+  constexpr std::uint64_t kChunk = std::uint64_t(8) << 20;
+  std::vector<char> buf(std::size_t(std::min(kChunk, e.end - e.begin)));
+  for (std::uint64_t at = e.begin; at < e.end; at += kChunk) {
+    const std::uint64_t n = std::min(kChunk, e.end - at);
+    read_bytes(buf.data(), n, data_start_ + at, "tensor '" + name + "'");
+    XXH3_64bits_update(state.get(), buf.data(), std::size_t(n));
+  }
+  const std::uint64_t got = XXH3_64bits_digest(state.get());
+  if (got != *e.checksum) throw checksum_mismatch(name, got, *e.checksum);
+  const std::lock_guard<std::mutex> lock(verified_->mu);
+  verified_->names.insert(name);
 }
 
 void SafetensorsReader::read_range_into(const std::string& name, std::int64_t begin, Tensor& dst) const {

@@ -20,7 +20,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -132,6 +135,12 @@ class SafetensorsReader {
   // which covers the whole tensor (read_into verifies). DTypeError for a
   // range outside it or another dtype; IOError for a short read.
   void read_range_into(const std::string& name, std::int64_t begin, Tensor& dst) const;
+  // Checks tensor `name`'s stored bytes against its checksum, reading them
+  // in chunks of at most 8 MiB (nothing the size of the tensor is held); the
+  // IOError read() throws on a mismatch. Nothing to check without checksums.
+  // A tensor verified once is not hashed again by this reader (thread-safe).
+  // Before read_range_into, this makes a range read as safe as read_into.
+  void verify(const std::string& name) const;
 
  private:
   // Owns an open file descriptor.
@@ -172,6 +181,8 @@ class SafetensorsReader {
   // The checksum keys of __metadata__: their form here (each tensor's hash is
   // checked when it is read); taken out of metadata_.
   void read_checksums();
+  // The IOError for tensor `name` whose bytes hash to `got`, not `want`.
+  IOError checksum_mismatch(const std::string& name, std::uint64_t got, std::uint64_t want) const;
   // "PATH: not a valid safetensors file: WHY".
   IOError invalid(const std::string& why) const;
   // Reads exactly `n` bytes at file offset `at` into `dst` (pread, retried on
@@ -186,6 +197,11 @@ class SafetensorsReader {
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;
   bool checksummed_ = false;
+  struct Verified {
+    std::mutex mu;
+    std::set<std::string> names;
+  };
+  std::unique_ptr<Verified> verified_ = std::make_unique<Verified>();  // (verify()'s memory)
 };
 
 // Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync of

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <map>
@@ -143,15 +144,40 @@ const Shape& ShardedSetReader::shape(const std::string& name) const {
 }
 
 Tensor ShardedSetReader::read(const std::string& name) const {
-  const Shape& shape = this->shape(name);
   NoGradGuard ng;
-  Tensor whole = empty(shape);  // (CPU, f32; every element written below: the pieces cover it)
+  Tensor whole = empty(shape(name));  // (CPU, f32; every element written below: the pieces cover it)
   Tensor flat = whole.view({-1});
-  for (const Piece& p : tensors_.at(name).pieces) {
-    Tensor dst = flat.narrow(0, p.begin, p.n);
-    files_[p.file]->read_into(p.piece, dst);  // (its checksum verified)
-  }
+  read_range(name, 0, flat);
   return whole;
+}
+
+void ShardedSetReader::read_range(const std::string& name, std::int64_t begin, Tensor& dst) const {
+  const std::int64_t total = shape_numel(shape(name)), n = dst.numel(), end = begin + n;
+  REMAT_CHECK(dst.device().is_cpu() && dst.is_contiguous() && dst.dtype() == DType::f32 && begin >= 0 && end <= total,
+              DTypeError, "sharded state in ", dir_, ": elements [", begin, ", ", end, ") of '", name, "' (",
+              total, " elements) cannot be read into a ", dst.is_contiguous() ? "" : "non-contiguous ",
+              dtype_name(dst.dtype()), " ", shape_str(dst.sizes()), " ", dst.device().str(),
+              " tensor (needs a range inside it and a contiguous f32 CPU tensor)");
+  NoGradGuard ng;
+  Tensor flat = dst.view({-1});
+  for (const Piece& p : tensors_.at(name).pieces) {
+    const std::int64_t from = std::max(begin, p.begin), to = std::min(end, p.begin + p.n);
+    if (from >= to) continue;
+    Tensor part = flat.narrow(0, from - begin, to - from);
+    const SafetensorsReader& file = *files_[p.file];
+    if (to - from == p.n) {
+      file.read_into(p.piece, part);  // (its checksum verified)
+    } else {
+      file.verify(p.piece);
+      file.read_range_into(p.piece, from - p.begin, part);
+    }
+  }
+}
+
+void ShardedSetReader::verify_range(const std::string& name, std::int64_t begin, std::int64_t n) const {
+  shape(name);  // (IOError for a name the set does not hold)
+  for (const Piece& p : tensors_.at(name).pieces)
+    if (std::max(begin, p.begin) < std::min(begin + n, p.begin + p.n)) files_[p.file]->verify(p.piece);
 }
 
 void complete_sharded_state(const std::string& dir, SafetensorsFile& file) {

@@ -67,6 +67,16 @@ class ShardedSetReader {
   // The tensor, whole (f32, CPU), from its pieces (each checksum verified:
   // IOError naming the file and the piece).
   Tensor read(const std::string& name) const;
+  // Elements [begin, begin + dst.numel()) of the flattened tensor into `dst`
+  // (contiguous f32 CPU), from the pieces that overlap them only: a piece
+  // read whole is verified as it is read, one read in part is verified
+  // first (SafetensorsReader::verify). IOError as read(); DTypeError for a
+  // range outside the tensor or another kind of `dst`.
+  void read_range(const std::string& name, std::int64_t begin, Tensor& dst) const;
+  // Verifies the pieces that overlap elements [begin, begin + n) of `name`
+  // (their checksums, hashed in bounded chunks; read_range reads them after
+  // without hashing again). IOError as read().
+  void verify_range(const std::string& name, std::int64_t begin, std::int64_t n) const;
 
  private:
   ShardedSetReader() = default;

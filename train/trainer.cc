@@ -87,7 +87,7 @@ JobGroups Trainer::split_job() const {
 
 void Trainer::build_model(const RecomputePlan& plan, const ProcessGroup& world) {
   const auto& c = opts_.config;
-  if (opts_.zero == 3 && opts_.resume_dir.empty() && world.size() > 1) {
+  if (opts_.zero == 3 && world.size() > 1) {
     build_shapes_only();
   } else if (!opts_.init_model.empty() && opts_.resume_dir.empty()) {
     {
@@ -110,19 +110,22 @@ void Trainer::build_model(const RecomputePlan& plan, const ProcessGroup& world) 
   model_->to(opts_.device);  // weights are drawn on the CPU, so every device starts from the same ones
 }
 
-// --zero 3 (not resuming): the model is built on meta (shapes, no values);
-// its parameters are then CPU tensors without elements, and the optimizer
-// makes each rank's shards from their source: seeded weights from each
-// parameter's recipe (ranges of the very draws one process makes), --model
-// DIR from byte ranges of the folder's tensors. No rank holds the whole
-// model at any point.
+// --zero 3: the model is built on meta (shapes, no values); its parameters
+// are then CPU tensors without elements, and the optimizer makes each
+// rank's shards from their source: seeded weights from each parameter's
+// recipe (ranges of the very draws one process makes), --model DIR from
+// byte ranges of the folder's tensors, zeros when resuming (resume() then
+// reads the rank's ranges of the state). No rank holds the whole model at
+// any point.
 void Trainer::build_shapes_only() {
   InitRecorder recorder;
   {
     DefaultDeviceScope shapes(kMeta);
     model_ = std::make_unique<DecoderModel>(opts_.config, opts_.seed, layout_.placement());
   }
-  if (!opts_.init_model.empty()) {
+  if (!opts_.resume_dir.empty()) {
+    initial_ = [](const std::string&, std::int64_t, Tensor& out) { out.zero_(); };  // (every value is resumed)
+  } else if (!opts_.init_model.empty()) {
     load_hf_weights(*model_, opts_.init_model);  // (on meta: its config and every header checked, nothing read)
     auto files = std::make_shared<const CheckpointFiles>(opts_.init_model);
     initial_ = [files](const std::string& name, std::int64_t begin, Tensor& out) {

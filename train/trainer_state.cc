@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "models/layers.h"
 #include "train/safetensors.h"
 #include "train/sharded_state.h"
+#include "train/state_reader.h"
 #include "train/state_files.h"
 #include "train/trainer.h"
 
@@ -147,23 +149,23 @@ std::string previous_state_hint(const std::string& dir, bool failed_is_prev) {
   }
 }
 
-// The state file --resume chose, loaded with every checksum verified; its
-// metadata read by key, each failure an IOError naming the file and what
-// the previous state offers.
+// The state file --resume chose, opened (headers only: every tensor is read
+// later, by name or range, each read verified); its metadata read by key,
+// each failure an IOError naming the file and what the previous state offers.
 struct ResumedState {
   ResumedState(const std::string& folder, const StateChoice& choice)
-      : dir(folder), path(choice.path), from_prev(choice.from_prev) {
+      : dir(folder), path(choice.path), from_prev(choice.from_prev), reader(open(folder, choice.path, hint())) {}
+  static StateReader open(const std::string& folder, const std::string& path, const std::string& hint) {
     try {
-      file = load_safetensors(path);  // every checksum verified before any tensor is built
-      complete_sharded_state(folder, file);  // a sharded set: every rank file, verified, assembled
+      return StateReader(folder, path);  // (a sharded set: every rank file's header, checked against the index)
     } catch (const IOError& e) {
-      throw IOError(std::string("--resume: ") + e.what() + hint());
+      throw IOError(std::string("--resume: ") + e.what() + hint);
     }
   }
   std::string hint() const { return previous_state_hint(dir, from_prev); }
   const std::string& meta(const char* key) const {
-    auto it = file.metadata.find(key);
-    REMAT_CHECK(it != file.metadata.end(), IOError, "--resume: ", path, " has no metadata '", key, "'", hint());
+    auto it = reader.metadata().find(key);
+    REMAT_CHECK(it != reader.metadata().end(), IOError, "--resume: ", path, " has no metadata '", key, "'", hint());
     return it->second;
   }
   std::uint64_t meta_u64(const char* key) const {
@@ -172,20 +174,26 @@ struct ResumedState {
                 "--resume: metadata '", key, "' of ", path, " is not a number: '", v, "'", hint());
     return std::stoull(v);
   }
-  // Every parameter of `model` is in the file with its shape and dtype.
-  void check_parameters(const DecoderModel& model) const {
-    for (const auto& [name, p] : model.named_parameters()) {
-      auto it = file.tensors.find(name);
-      REMAT_CHECK(it != file.tensors.end(), IOError, "--resume: ", path, " is missing parameter '", name, "'", hint());
-      REMAT_CHECK(it->second.sizes() == p.sizes() && it->second.dtype() == p.dtype(), IOError, "--resume: parameter '",
-                  name, "' in ", path, " is ", shape_str(it->second.sizes()), " ", it->second.dtype(), ", expected ",
-                  shape_str(p.sizes()), " ", p.dtype());
-    }
+  // Tensor `name` is in the state with `shape` and `dtype` (`what` names it
+  // in the error: "parameter" or "optimizer state").
+  void check_tensor(const std::string& what, const std::string& name, const Shape& shape, DType dtype) const {
+    REMAT_CHECK(reader.has(name), IOError, "--resume: ", path, " is missing ", what, " '", name, "'", hint());
+    REMAT_CHECK(reader.shape(name) == shape && reader.dtype(name) == dtype, IOError, "--resume: ", what, " '", name,
+                "' in ", path, " is ", shape_str(reader.shape(name)), " ", reader.dtype(name), ", expected ",
+                shape_str(shape), " ", dtype);
+  }
+  // Every parameter of `model` is in the state with its shape and dtype, and
+  // the AdamW moments of every parameter this rank updates (`owned`).
+  void check_tensors(const DecoderModel& model, const std::vector<std::pair<std::string, Tensor>>& owned) const {
+    for (const auto& [name, p] : model.named_parameters()) check_tensor("parameter", name, p.sizes(), p.dtype());
+    for (const auto& [name, p] : owned)
+      for (const char* prefix : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."})
+        check_tensor("optimizer state", prefix + name, p.sizes(), DType::f32);
   }
   // The saved f16 loss scale (finite, > 0) and its good-step count; nullopt
   // for a state written before loss scaling.
   std::optional<std::pair<double, std::int64_t>> loss_scale() const {
-    if (!file.metadata.count("loss_scale")) return std::nullopt;
+    if (!reader.metadata().count("loss_scale")) return std::nullopt;
     const std::string& v = meta("loss_scale");
     char* end = nullptr;
     const double scale = std::strtod(v.c_str(), &end);
@@ -197,8 +205,68 @@ struct ResumedState {
   std::string dir;   // the --resume folder
   std::string path;  // the state file chosen in it
   bool from_prev;    // ... the previous state (the current one was missing or damaged)
-  SafetensorsFile file;
+  StateReader reader;
 };
+
+// Elements [begin, begin + out.numel()) of state tensor `name` into `out`
+// (contiguous f32, any device): a rank's ranges of a one-process state.
+ParameterRangeSource state_ranges(const StateReader& reader) {
+  return [&reader](const std::string& name, std::int64_t begin, Tensor& out) {
+    if (out.device().is_cpu()) return reader.read_range(name, begin, out);
+    Tensor host = empty(out.sizes(), TensorOptions(DType::f32, kCPU));
+    reader.read_range(name, begin, host);
+    out.copy_(host);
+  };
+}
+
+// Checks every byte load_values reads against its checksum: the parameters
+// this rank keeps whole, its ZeRO ranges (or AdamW's moments whole).
+void verify_values(const StateReader& reader, const DecoderModel& model, const ZeroOptimizer* zero,
+                   const AdamW* optimizer) {
+  for (const auto& [name, p] : model.named_parameters())
+    if (!p.released()) reader.verify_range(name, 0, p.numel());
+  if (zero) {
+    for (const ZeroOptimizer::StateRange& r : zero->loaded_ranges()) reader.verify_range(r.name, r.begin, r.n);
+  } else {
+    for (const auto& [name, t] : optimizer->state()) reader.verify_range(name, 0, t.numel());
+  }
+}
+
+// The values this rank holds, from the state (names and shapes checked
+// before, bytes verified by verify_values): the parameters it keeps whole,
+// its ZeRO shards by range, the optimizer's moments (by range under --zero).
+// A read that fails now (a short read) leaves them partly loaded.
+void load_values(const StateReader& reader, DecoderModel& model, ZeroOptimizer* zero, AdamW* optimizer,
+                 std::int64_t step) {
+  NoGradGuard ng;
+  for (auto& [name, p] : model.named_parameters()) {
+    if (p.released()) continue;  // another pipeline stage's, or sharded (--zero 3)
+    Tensor dst = p;
+    read_state_tensor(reader, name, dst);
+  }
+  if (zero) {
+    zero->load_parameters(state_ranges(reader));  // --zero 3: this rank's shards
+    zero->load_state(state_ranges(reader), step);
+  } else {
+    optimizer->fill_state([&](const std::string& prefix, const std::string& name,
+                              Tensor& dst) { read_state_tensor(reader, prefix + name, dst); },
+                          step);
+  }
+}
+// Runs `step` on this rank; when it failed on any rank of `job`, every rank
+// throws that rank's IOError (a collective).
+void run_on_every_rank(ProcessGroup& job, const ResumedState& st, const std::function<void()>& step) {
+  std::optional<std::string> failed;
+  try {
+    step();
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    failed = what.rfind("--resume: ", 0) == 0 ? what : "--resume: " + what + st.hint();
+  }
+  if (const std::optional<RankFailure> f = first_failure(job, failed))
+    throw IOError(f->rank == job.rank() ? f->message
+                                        : f->message + " (found by rank " + std::to_string(f->rank) + ")");
+}
 }  // namespace
 
 void Trainer::resume(const std::string& dir) {
@@ -206,7 +274,7 @@ void Trainer::resume(const std::string& dir) {
   StateChoice choice = choose_state_file(dir);
   const ResumedState st(dir, choice);
   const std::string& cur = st.path;
-  if (!st.file.checksummed)
+  if (!st.reader.checksummed())
     choice.notes.push_back(cur + " has no checksums (written before remat recorded them): loaded without an "
                            "integrity check; the next save adds them");
   REMAT_CHECK(st.meta("format") == kFormat, IOError, "--resume: ", cur, " has format '", st.meta("format"),
@@ -216,22 +284,9 @@ void Trainer::resume(const std::string& dir) {
               " was trained with config ", saved.to_json().dump(), ", but this run uses ",
               opts_.config.to_json().dump());
   const std::int64_t step = std::int64_t(st.meta_u64("step"));
-  st.check_parameters(*model_);  // every parameter before changing anything
+  st.check_tensors(*model_, owned_parameters());  // every name and shape before changing anything
   const RngState data{st.meta_u64("data_rng_seed"), st.meta_u64("data_rng_offset")};
   const RngState rng{st.meta_u64("rng_seed"), st.meta_u64("rng_offset")};
-  if (zero_)  // this rank's shards of the one-process state
-    zero_->load_state(st.file.tensors, step);  // validates, then loads
-  else
-    optimizer_->load_state(st.file.tensors, step);
-  {
-    NoGradGuard ng;
-    for (auto& [name, p] : model_->named_parameters()) {
-      if (p.released()) continue;  // another pipeline stage's, or sharded (--zero 3)
-      Tensor dst = p;
-      dst.copy_(st.file.tensors.at(name));
-    }
-  }
-  if (zero_) zero_->load_parameters(st.file.tensors);  // --zero 3: this rank's shards
   std::pair<double, std::int64_t> scale{1.0, 0};
   if (const auto saved_scale = st.loss_scale()) {
     scale = *saved_scale;
@@ -240,6 +295,11 @@ void Trainer::resume(const std::string& dir) {
                            format_exact(opts_.loss_scale_init));
     scale.first = opts_.loss_scale_init;
   }
+  // Each rank reads only what it holds, so a damaged piece may be seen by
+  // one rank alone: every rank learns of it and stops with its message,
+  // before any value changes (every byte is verified first).
+  run_on_every_rank(*job_, st, [&] { verify_values(st.reader, *model_, zero_.get(), optimizer_.get()); });
+  run_on_every_rank(*job_, st, [&] { load_values(st.reader, *model_, zero_.get(), optimizer_.get(), step); });
   sampler_->set_state(data);
   default_generator(opts_.device).set_state(rng);
   if (scaler_.enabled()) set_loss_scale(scale.first, scale.second);
@@ -249,14 +309,13 @@ void Trainer::resume(const std::string& dir) {
 
 std::unique_ptr<DecoderModel> load_trained_model(const std::string& dir, std::map<std::string, std::string>* metadata) {
   const StateChoice choice = choose_state_file(dir);
-  SafetensorsFile f = load_safetensors(choice.path);  // checksums verified
-  complete_sharded_state(dir, f);                    // (a sharded set: its rank files too)
-  auto it = f.metadata.find("format");
-  REMAT_CHECK(it != f.metadata.end() && it->second == kFormat, IOError, choice.path,
-              " is not a remat training state (metadata format '", it == f.metadata.end() ? "" : it->second,
+  const StateReader f(dir, choice.path);  // (a sharded set: its rank files too)
+  auto it = f.metadata().find("format");
+  REMAT_CHECK(it != f.metadata().end() && it->second == kFormat, IOError, choice.path,
+              " is not a remat training state (metadata format '", it == f.metadata().end() ? "" : it->second,
               "', expected ", kFormat, ")");
-  auto cfg = f.metadata.find("config");
-  REMAT_CHECK(cfg != f.metadata.end(), IOError, choice.path, " has no metadata 'config'");
+  auto cfg = f.metadata().find("config");
+  REMAT_CHECK(cfg != f.metadata().end(), IOError, choice.path, " has no metadata 'config'");
   const ModelConfig c = ModelConfig::from_json(Json::parse(cfg->second, choice.path + " config"));
   std::unique_ptr<DecoderModel> model;
   {
@@ -265,23 +324,22 @@ std::unique_ptr<DecoderModel> load_trained_model(const std::string& dir, std::ma
   }
   NoGradGuard ng;
   for (auto& [name, p] : model->named_parameters()) {
-    auto t = f.tensors.find(name);
-    REMAT_CHECK(t != f.tensors.end(), IOError, choice.path, " is missing parameter '", name, "'");
-    REMAT_CHECK(t->second.sizes() == p.sizes() && t->second.dtype() == p.dtype(), IOError, "parameter '", name,
-                "' in ", choice.path, " is ", shape_str(t->second.sizes()), " ", t->second.dtype(), ", expected ",
+    REMAT_CHECK(f.has(name), IOError, choice.path, " is missing parameter '", name, "'");
+    REMAT_CHECK(f.shape(name) == p.sizes() && f.dtype(name) == p.dtype(), IOError, "parameter '", name, "' in ",
+                choice.path, " is ", shape_str(f.shape(name)), " ", f.dtype(name), ", expected ",
                 shape_str(p.sizes()), " ", p.dtype());
     Tensor dst = p;
-    dst.copy_(t->second);
+    read_state_tensor(f, name, dst);  // (checksum verified)
   }
   model->train(false);
-  if (metadata) *metadata = f.metadata;
+  if (metadata) *metadata = f.metadata();
   return model;
 }
 
 std::map<std::string, std::string> export_trained_state(const std::string& dir, const std::string& out,
                                                         const HfExportOptions& options, std::int64_t* parameters) {
   const StateChoice choice = choose_state_file(dir);
-  auto state = std::make_shared<SafetensorsReader>(choice.path);
+  auto state = std::make_shared<const StateReader>(dir, choice.path);  // (a sharded set: its rank files' headers)
   const std::map<std::string, std::string>& meta = state->metadata();
   auto it = meta.find("format");
   REMAT_CHECK(it != meta.end() && it->second == kFormat, IOError, choice.path,
@@ -290,7 +348,6 @@ std::map<std::string, std::string> export_trained_state(const std::string& dir, 
   auto cfg = meta.find("config");
   REMAT_CHECK(cfg != meta.end(), IOError, choice.path, " has no metadata 'config'");
   const ModelConfig c = ModelConfig::from_json(Json::parse(cfg->second, choice.path + " config"));
-  auto set = std::make_shared<const std::optional<ShardedSetReader>>(ShardedSetReader::open(dir, meta));
   // The parameters' names and shapes from the model built on meta (no memory).
   std::vector<HfTensorSource> sources;
   {
@@ -298,15 +355,11 @@ std::map<std::string, std::string> export_trained_state(const std::string& dir, 
     SkipWeightInit no_values;
     const DecoderModel model(c, 0);
     for (const auto& [name, p] : model.named_parameters()) {
-      const bool sharded = *set && (*set)->has(name);
-      REMAT_CHECK(sharded || state->has(name), IOError, choice.path, " is missing parameter '", name, "'");
-      const Shape stored = sharded ? (*set)->shape(name) : state->shape(name);
-      REMAT_CHECK(stored == p.sizes() && (sharded || state->dtype(name) == p.dtype()), IOError, "parameter '", name,
-                  "' in ", choice.path, " is ", shape_str(stored), ", expected ", shape_str(p.sizes()), " ",
-                  p.dtype());
-      sources.push_back({name, p.sizes(), p.dtype(), [set, state, name = name, sharded] {
-                           return sharded ? (*set)->read(name) : state->read(name);
-                         }});
+      REMAT_CHECK(state->has(name), IOError, choice.path, " is missing parameter '", name, "'");
+      REMAT_CHECK(state->shape(name) == p.sizes() && state->dtype(name) == p.dtype(), IOError, "parameter '", name,
+                  "' in ", choice.path, " is ", shape_str(state->shape(name)), ", expected ", shape_str(p.sizes()),
+                  " ", p.dtype());
+      sources.push_back({name, p.sizes(), p.dtype(), [state, name = name] { return state->read(name); }});
     }
     if (parameters) *parameters = model.num_parameters();
   }

@@ -92,10 +92,24 @@ ZeroOptimizer::ZeroOptimizer(int stage, const std::vector<std::pair<std::string,
     gatherer_->install();
   }
   if (initial) fill_unsharded(initial);
+  make_adamw(opts);
+}
+
+void ZeroOptimizer::make_adamw(AdamWOptions opts) {
   std::vector<AdamWParam> slots;
-  for (const Unit& u : units_)
-    for (std::size_t i = 0; i < u.pieces.size(); ++i)
-      slots.push_back(AdamWParam{piece_name(u, u.pieces[i]), u.views[i], u.layout.shapes[u.pieces[i].member].size() >= 2});
+  for (const Unit& u : units_) {
+    // AdamW's moments for the unit's pieces: views into one buffer each of
+    // the shard's size, so every rank allocates the same blocks (pieces
+    // straddle members differently on each rank).
+    CategoryScope cat(MemoryCategory::optimizer);
+    const TensorOptions state(DType::f32, u.params.front().device());
+    const Tensor m = zeros({u.layout.shard}, state), v = zeros({u.layout.shard}, state);
+    for (std::size_t i = 0; i < u.pieces.size(); ++i) {
+      const ShardPiece& pc = u.pieces[i];
+      slots.push_back(AdamWParam{piece_name(u, pc), u.views[i], u.layout.shapes[pc.member].size() >= 2,
+                                 m.narrow(0, pc.shard_begin, pc.n), v.narrow(0, pc.shard_begin, pc.n)});
+    }
+  }
   for (std::size_t i = 0; i < unsharded_.size(); ++i)
     slots.push_back(AdamWParam{unsharded_names_[i], unsharded_[i], unsharded_[i].dim() >= 2});
   adamw_ = std::make_unique<AdamW>(std::move(slots), opts);
@@ -109,12 +123,18 @@ Tensor ZeroOptimizer::make_master(const Unit& u, int rank, const ParameterRangeS
     pack_shard(u.layout, rank, u.params, master);
     return master;
   }
+  fill_master(u, master, initial);
+  return master;
+}
+
+void ZeroOptimizer::fill_master(const Unit& u, Tensor& master, const ParameterRangeSource& values) const {
+  NoGradGuard ng;
   master.zero_();  // (the padding)
   for (const ShardPiece& pc : u.pieces) {
     Tensor dst = master.narrow(0, pc.shard_begin, pc.n);
-    initial(u.layout.names[pc.member], pc.param_begin, dst);
+    values(u.layout.names[pc.member], pc.param_begin, dst);
   }
-  return master;
+  master.bump_version();
 }
 
 void ZeroOptimizer::fill_unsharded(const ParameterRangeSource& initial) {
@@ -200,14 +220,9 @@ std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::parameter_values() co
   return out;
 }
 
-void ZeroOptimizer::load_parameters(const std::map<std::string, Tensor>& tensors) {
+void ZeroOptimizer::load_parameters(const ParameterRangeSource& values) {
   if (stage_ != 3) return;
-  NoGradGuard ng;
-  for (std::size_t k = 0; k < units_.size(); ++k) {
-    std::vector<Tensor> members;
-    for (const std::string& n : units_[k].layout.names) members.push_back(tensors.at(n).contiguous());
-    pack_shard(units_[k].layout, group_->rank(), members, masters_[k]);
-  }
+  for (std::size_t k = 0; k < units_.size(); ++k) fill_master(units_[k], masters_[k], values);
   if (gatherer_) gatherer_->release_all();
 }
 
@@ -267,32 +282,34 @@ std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::unsharded_named() con
   return out;
 }
 
-void ZeroOptimizer::load_state(const std::map<std::string, Tensor>& tensors, std::int64_t step) {
-  // Validate the whole tensors first (AdamW then checks the pieces' shapes).
-  std::map<std::string, Tensor> pieces;
-  for (const Unit& u : units_) {
-    for (std::size_t k = 0; k < u.params.size(); ++k) {
-      for (const std::string kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."}) {
-        const std::string key = kind + u.layout.names[k];
-        auto it = tensors.find(key);
-        REMAT_CHECK(it != tensors.end(), IOError, "optimizer state: missing tensor '", key, "'");
-        REMAT_CHECK(it->second.sizes() == u.layout.shapes[k] && it->second.dtype() == DType::f32, IOError,
-                    "optimizer state: tensor '", key, "' is ", shape_str(it->second.sizes()), " ", it->second.dtype(),
-                    ", expected ", shape_str(u.layout.shapes[k]), " f32");
-      }
+void ZeroOptimizer::load_state(const ParameterRangeSource& values, std::int64_t step) {
+  // AdamW's slot -> the one-process tensor and the first element it starts at.
+  std::map<std::string, std::pair<std::string, std::int64_t>> source;
+  for (const Unit& u : units_)
+    for (const ShardPiece& pc : u.pieces) source[piece_name(u, pc)] = {u.layout.names[pc.member], pc.param_begin};
+  for (const std::string& name : unsharded_names_) source[name] = {name, 0};
+  adamw_->fill_state(
+      [&](const std::string& prefix, const std::string& slot, Tensor& dst) {
+        const auto& [name, begin] = source.at(slot);
+        Tensor flat = dst.view({-1});
+        values(prefix + name, begin, flat);
+      },
+      step);
+}
+
+std::vector<ZeroOptimizer::StateRange> ZeroOptimizer::loaded_ranges() const {
+  std::vector<StateRange> out;
+  for (const Unit& u : units_)
+    for (const ShardPiece& pc : u.pieces) {
+      const std::string& name = u.layout.names[pc.member];
+      if (stage_ == 3) out.push_back({name, pc.param_begin, pc.n});
+      for (const char* prefix : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."})
+        out.push_back({prefix + name, pc.param_begin, pc.n});
     }
-    for (const ShardPiece& pc : u.pieces)
-      for (const std::string kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."})
-        pieces[kind + piece_name(u, pc)] =
-            tensors.at(kind + u.layout.names[pc.member]).contiguous().view({-1}).narrow(0, pc.param_begin, pc.n);
-  }
-  for (const std::string& name : unsharded_names_)
-    for (const std::string kind : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."}) {
-      auto it = tensors.find(kind + name);
-      REMAT_CHECK(it != tensors.end(), IOError, "optimizer state: missing tensor '", kind + name, "'");
-      pieces[kind + name] = it->second;
-    }
-  adamw_->load_state(pieces, step);
+  for (std::size_t i = 0; i < unsharded_.size(); ++i)
+    for (const char* prefix : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."})
+      out.push_back({prefix + unsharded_names_[i], 0, unsharded_[i].numel()});
+  return out;
 }
 
 std::int64_t ZeroOptimizer::held_parameters() const {

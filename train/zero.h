@@ -101,9 +101,12 @@ class ZeroOptimizer {
   // The parameters' values in the model's order (stage 3: every unit's
   // shards gathered, a collective); the parameters themselves otherwise.
   std::vector<std::pair<std::string, Tensor>> parameter_values() const;
-  // Stage 3: sets this rank's shards from whole values by name (checked
-  // beforehand by the caller); the unsharded parameters are the caller's.
-  void load_parameters(const std::map<std::string, Tensor>& tensors);
+  // Stage 3: sets this rank's shards of the parameters from `values` (a
+  // state in one process's layout, read by range; names and shapes checked
+  // beforehand by the caller): only the rank's ranges are read. The
+  // unsharded parameters, and every parameter under stages 1 and 2, are the
+  // caller's to load whole.
+  void load_parameters(const ParameterRangeSource& values);
   std::int64_t steps() const { return adamw_->steps(); }
 
   // The optimizer state in one process's layout (AdamW::state()'s names and
@@ -116,10 +119,20 @@ class ZeroOptimizer {
   std::vector<std::pair<std::string, Shape>> sharded_tensors() const;
   // The unsharded parameters and their optimizer state (AdamW::state()'s names).
   std::vector<std::pair<std::string, Tensor>> unsharded_named() const;
-  // Takes this rank's shards of a state in one process's layout (as
-  // one_process_state() returns and AdamW saves); IOError naming a missing
-  // or mismatched tensor, and nothing changed, otherwise.
-  void load_state(const std::map<std::string, Tensor>& tensors, std::int64_t step);
+  // Takes this rank's shards of the optimizer state from `values` (a state
+  // in one process's layout, as one_process_state() returns and AdamW
+  // saves, read by range: only the rank's ranges of each moment, the
+  // unsharded parameters' moments whole). The caller checks the names and
+  // shapes beforehand; an exception from `values` leaves the state partly
+  // loaded.
+  void load_state(const ParameterRangeSource& values, std::int64_t step);
+  // The ranges load_parameters and load_state read, {name, first element,
+  // count} of the one-process tensors (a caller verifies them first).
+  struct StateRange {
+    std::string name;
+    std::int64_t begin, n;
+  };
+  std::vector<StateRange> loaded_ranges() const;
   // What this rank keeps across steps: the parameters, their gradients
   // (whole under stage 1; the shards and the unsharded ones' under stage 2)
   // and the optimizer state.
@@ -143,6 +156,11 @@ class ZeroOptimizer {
   };
   std::string piece_name(const Unit& u, const ShardPiece& p) const;
   // Stage 3: unit u's shard on `rank`, from the parameters or `initial`.
+  // AdamW over this rank's pieces (its moments one buffer per unit) and the
+  // unsharded parameters.
+  void make_adamw(AdamWOptions opts);
+  // Fills `master` (a unit's shard) from `values`, its padding zeroed.
+  void fill_master(const Unit& u, Tensor& master, const ParameterRangeSource& values) const;
   Tensor make_master(const Unit& u, int rank, const ParameterRangeSource& initial) const;
   // The unsharded parameters' values, whole, from `initial`.
   void fill_unsharded(const ParameterRangeSource& initial);

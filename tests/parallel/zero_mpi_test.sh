@@ -25,6 +25,28 @@ $remat train "${common[@]}" --resume "$tmp/state" > "$tmp/resume.txt" 2>&1
 rc=$?
 check "one process resumes the sharded state" '[ $rc -eq 0 ] && grep -q "resumed at step 2" "$tmp/resume.txt"' \
   || tail -5 "$tmp/resume.txt"
+# The 2-rank set resumed by 4 ranks under --zero 3 and by 4 under --zero 1:
+# each rank reads only its ranges, which cut the 2-rank pieces in half
+# (read after their checksums are verified), and the runs continue with
+# the losses of the one-process resume.
+$remat train "${common[@]}" --resume "$tmp/state" --log "$tmp/one_resume.jsonl" > /dev/null 2>&1
+for z in 3 1; do
+  timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${common[@]}" --zero $z --resume "$tmp/state" \
+    --log "$tmp/z${z}_4.jsonl" > "$tmp/z${z}_4.txt" 2>&1
+done
+check "the 2-rank set resumes on 4 ranks under --zero 3 and 1 with one process's losses" \
+  "/usr/bin/python3 - '$tmp' <<'PY'
+import json, sys
+d = sys.argv[1]
+def rows(n): return [json.loads(l) for l in open(f'{d}/{n}.jsonl')]
+one = rows('one_resume')
+assert len(one) == 2, one
+for name in ('z3_4', 'z1_4'):
+    got = rows(name)
+    assert len(got) == 2, (name, got)
+    for a, b in zip(one, got):
+        assert a['step'] == b['step'] and abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (name, a['loss'], b['loss'])
+PY" || tail -5 "$tmp/z3_4.txt"
 $remat export --resume "$tmp/state" --out "$tmp/hf" > "$tmp/export.txt" 2>&1
 rc=$?
 check "export writes the sharded state as one Hugging Face folder" '[ $rc -eq 0 ] && [ -f "$tmp/hf/model.safetensors" ]' \

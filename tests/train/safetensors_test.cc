@@ -261,3 +261,35 @@ TEST_CASE("read_range_into reads one range of a flattened tensor, widening bf16"
   Tensor as_bf16 = empty({2}, DType::bf16);
   CHECK_THROWS_WITH(r.read_range_into("f", 0, as_bf16), Catch::Contains("cannot be read into a bf16"));
 }
+
+TEST_CASE("verify hashes a tensor in bounded chunks: a flipped byte in any chunk is named, a good one passes",
+          "[safetensors][checksum][zero]") {
+  const std::string dir = temp_dir(), path = dir + "/v.safetensors";
+  // 3 Mi floats = 12 MiB: two 8 MiB chunks, the second partial.
+  const std::int64_t n = 3 << 20;
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::size_t k = 0; k < v.size(); ++k) v[k] = float(k % 1000) * 0.25f;
+  save_safetensors(path, {{"big", from_vector<float>(v, {n})}, {"small", from_vector<float>({1, 2, 3})}});
+  const std::string good = read_all(path);
+  {
+    const SafetensorsReader r(path);
+    CHECK_NOTHROW(r.verify("big"));
+    CHECK_NOTHROW(r.verify("small"));
+    CHECK_THROWS_WITH(r.verify("absent"), Catch::Contains("no tensor 'absent'"));
+  }
+  for (const std::int64_t at : {std::int64_t(5), (std::int64_t(9) << 20) + 3, n * 4 - 1}) {
+    INFO("byte " << at << " of 'big' flipped");
+    std::string bad = good;
+    bad[data_offset(good, "big") + std::size_t(at)] ^= 0x04;
+    write_all(path, bad);
+    const SafetensorsReader r(path);
+    CHECK_THROWS_WITH(r.verify("big"), Catch::Contains("checksum mismatch in tensor 'big'") && Catch::Contains(path));
+    CHECK_NOTHROW(r.verify("small"));
+    // The range read itself does not check (verify is what makes it safe).
+    Tensor part = empty({4});
+    r.read_range_into("big", 8, part);
+  }
+  // Without checksums there is nothing to verify.
+  save_safetensors(path, {{"small", from_vector<float>({1, 2, 3})}}, {}, {.checksums = false});
+  CHECK_NOTHROW(SafetensorsReader(path).verify("small"));
+}
