@@ -265,17 +265,17 @@ TrainCli options_from_flags(const Flags& f) {
 }
 
 // --save-hf: every rank gathers its experts (a collective), rank 0 writes.
-// Under --zero (no pipeline) no process holds the model: rank 0 streams the
-// sharded state the ranks wrote in parallel (--save's, or one written for
-// this under OUT/.remat-state and removed after) a tensor at a time, as
-// `export` does.
+// Under --zero (with or without --pp) no process holds the model: rank 0
+// streams the sharded state the ranks wrote in parallel (--save's, or one
+// written for this under OUT/.remat-state and removed after) a tensor at a
+// time, as `export` does.
 void export_hf(const Trainer& trainer, const TrainCli& cli) {
   if (cli.save_hf.empty()) return;
   HfExportOptions eo;
   eo.dtype = cli.hf_dtype;
   eo.max_shard_bytes = cli.max_shard_bytes;
   eo.tokenizer = cli.options.tokenizer;
-  if (cli.options.zero > 0 && trainer.world_size() > 1 && !trainer.pipeline()) {
+  if (cli.options.zero > 0 && trainer.world_size() > 1) {
     const bool own = cli.options.save_dir.empty();  // (--save's state is the final one: run() saved it last)
     const std::string from = own ? (std::filesystem::path(cli.save_hf) / ".remat-state").string() : cli.options.save_dir;
     if (own) trainer.save(from);

@@ -80,18 +80,27 @@ std::vector<std::pair<std::string, Tensor>> Trainer::optimizer_state() const {
 }
 
 void Trainer::save(const std::string& dir) const {
-  // --zero without a pipeline: every rank writes its own shards, rank 0 the
-  // index and the unsharded tensors (train/sharded_state.h). Otherwise one
-  // file in the layout of one process, gathered to rank 0.
-  const bool sharded = zero_ && !pipeline_;
+  // --zero: every rank of the job writes its own shards (under --pp, each
+  // stage's replicas shard their stage), rank 0 the index and the unsharded
+  // tensors (train/sharded_state.h). Otherwise one file in the layout of one
+  // process, gathered to rank 0.
+  const bool sharded = zero_ != nullptr;
   std::string index;
   std::vector<std::pair<std::string, Tensor>> tensors;
   if (sharded) {
     const std::string folder = shard_folder_name(dir, step_);
-    write_rank_shards(dir, folder, layout_.world->rank(), world_size(), step_, zero_->shard_pieces_named());
+    write_rank_shards(dir, folder, job_->rank(), job_->size(), step_, zero_->shard_pieces_named());
     tensors = gather_experts(zero_->unsharded_named());
-    layout_.world->barrier();  // every rank file is written before the index commits the set
-    index = shard_index(folder, world_size(), step_, zero_->sharded_tensors());
+    if (pipeline_ && layout_.world->rank() == 0)  // replica 0's stages' unsharded tensors to rank 0
+      tensors = pipeline_->gather_to_first(std::move(tensors));
+    job_->barrier();  // every rank file is written before the index commits the set
+    // Every stage's sharded tensors, from the whole model's shapes.
+    std::vector<std::pair<std::string, Shape>> shapes;
+    for (const auto& [name, p] : model_->named_parameters())
+      if (zero_shards_parameter(layout_.ep, name))
+        for (const char* prefix : {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."})
+          shapes.emplace_back(prefix + name, p.sizes());
+    index = shard_index(folder, job_->size(), step_, shapes);
   } else {
     tensors = parameter_values();
     for (auto& t : optimizer_state()) tensors.push_back(t);

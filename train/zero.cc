@@ -17,6 +17,8 @@ std::string shard_unit_name(const std::string& name) {
   return "head";
 }
 
+bool zero_shards_parameter(std::int64_t ep, const std::string& name) { return !(ep > 1 && is_expert_parameter(name)); }
+
 void check_zero_stage(std::int64_t stage) {
   REMAT_CHECK(stage >= 0 && stage <= 3, Error, "--zero ", stage, ": expected 1 (shard the optimizer state), "
               "2 (and the gradients) or 3 (and the parameters), or 0 for none");
@@ -263,15 +265,6 @@ std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::shard_pieces_named() 
   return out;
 }
 
-std::vector<std::pair<std::string, Shape>> ZeroOptimizer::sharded_tensors() const {
-  std::vector<std::pair<std::string, Shape>> out;
-  for (const Unit& u : units_)
-    for (std::size_t k = 0; k < u.params.size(); ++k)
-      for (const char* kind : {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."})
-        out.emplace_back(kind + u.layout.names[k], u.layout.shapes[k]);
-  return out;
-}
-
 std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::unsharded_named() const {
   std::map<std::string, Tensor> state;
   for (auto& [name, t] : adamw_->state()) state.emplace(name, t);
@@ -354,8 +347,8 @@ DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
     u.adamw = std::make_unique<AdamW>(params, opts);
     return u;
   }
-  const bool ep = layout.ep > 1;
-  auto sharded = [ep](const std::string& name) { return !(ep && is_expert_parameter(name)); };
+  const std::int64_t ep = layout.ep;
+  auto sharded = [ep](const std::string& name) { return zero_shards_parameter(ep, name); };
   std::vector<std::pair<std::string, Tensor>> whole;
   for (const auto& [name, p] : params)
     if (zero == 1 || !sharded(name)) whole.emplace_back(name, p);

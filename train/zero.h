@@ -50,6 +50,11 @@ GatherPrecision gather_precision(const DecoderModel& model);
 // (the final norm and the LM head).
 std::string shard_unit_name(const std::string& param_name);
 
+// Whether ZeRO shards parameter `name` over the data-parallel ranks: every
+// parameter but the routed experts under expert parallelism (`ep` > 1),
+// which stay whole, split by expert already.
+bool zero_shards_parameter(std::int64_t ep, const std::string& name);
+
 // Error naming --zero for a stage other than 0 (none), 1, 2 or 3.
 void check_zero_stage(std::int64_t stage);
 
@@ -114,9 +119,8 @@ class ZeroOptimizer {
   std::vector<std::pair<std::string, Tensor>> one_process_state() const;
   // This rank's pieces for a sharded save (train/sharded_state.h): the
   // parameters' and their optimizer state's, "<tensor>@<first element>" of
-  // the flattened tensor, 1-D; and the sharded tensors' names and shapes.
+  // the flattened tensor, 1-D.
   std::vector<std::pair<std::string, Tensor>> shard_pieces_named() const;
-  std::vector<std::pair<std::string, Shape>> sharded_tensors() const;
   // The unsharded parameters and their optimizer state (AdamW::state()'s names).
   std::vector<std::pair<std::string, Tensor>> unsharded_named() const;
   // Takes this rank's shards of the optimizer state from `values` (a state

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `./remat train --zero` and `bench --dp --zero` under mpirun, through the
-# CLI: a sharded state (one file per rank and an index) resumes in one
-# process and exports to one Hugging Face folder; a rank killed while the
+# CLI: a sharded state (one file per rank and an index, under --pp too)
+# resumes in one process and on other layouts and exports to one Hugging
+# Face folder; a rank killed while the
 # others are in a gather or reduce-scatter ends the job, the survivor naming
 # the collective; bench reports per-rank memory and the gathers per phase;
 # bad layouts are refused before any work. (The exactness and crash checks
@@ -61,6 +62,46 @@ $remat train "${common[@]}" --steps 2 --resume "$tmp/state" --save "$tmp/single"
 $remat export --resume "$tmp/single" --out "$tmp/hf1" > /dev/null 2>&1
 check "the streamed export equals the export of the state resumed and saved by one process" \
   'cmp -s "$tmp/hf/model.safetensors" "$tmp/hf1/model.safetensors"' || tail -3 "$tmp/single.txt"
+
+# --pp 2 x --dp 2: ZeRO shards each stage over its replicas, with --zero 0's
+# losses; a save is one file per rank of the job and the index (no rank
+# gathers the stages), which one process resumes, and --save-hf streams it.
+ppc=(--config tiny --steps 4 --warmup 2 --eval-every 0 --seed 5 --progress off --pp 2 --dp 2)
+for z in 0 3; do
+  timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${ppc[@]}" --zero $z --log "$tmp/pp_z$z.jsonl" \
+    > "$tmp/pp_z$z.txt" 2>&1
+done
+timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${ppc[@]}" --zero 3 --stop-after 2 --save "$tmp/ppstate" \
+  > "$tmp/ppsave.txt" 2>&1
+rc=$?
+check "--pp 2 --dp 2 --zero 3 saves one file per rank and the index" \
+  '[ $rc -eq 0 ] && [ "$(ls "$tmp/ppstate/shards-2" | grep -c "^rank-[0-3].safetensors$")" -eq 4 ]' \
+  || tail -5 "$tmp/ppsave.txt"
+$remat train "${common[@]}" --resume "$tmp/ppstate" --log "$tmp/pp_resume.jsonl" > "$tmp/pp_resume.txt" 2>&1
+timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${ppc[@]}" --zero 2 --resume "$tmp/ppstate" \
+  --log "$tmp/pp_resume_z2.jsonl" > "$tmp/pp_resume_z2.txt" 2>&1
+check "--pp 2 --dp 2 --zero 3 logs --zero 0's losses; its sharded state resumes on them in one process and under --pp 2 --zero 2" \
+  "/usr/bin/python3 - '$tmp' <<'PY'
+import json, sys
+d = sys.argv[1]
+def rows(n): return [json.loads(l) for l in open(f'{d}/{n}.jsonl')]
+z0, z3 = rows('pp_z0'), rows('pp_z3')
+assert len(z0) == len(z3) == 4, (z0, z3)
+for a, b in zip(z0, z3):
+    assert abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (a['loss'], b['loss'])
+for name in ('pp_resume', 'pp_resume_z2'):
+    resumed = rows(name)
+    assert len(resumed) == 2, (name, resumed)
+    for a, b in zip(z0[2:], resumed):
+        assert a['step'] == b['step'] and abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (name, a['loss'], b['loss'])
+PY" || tail -5 "$tmp/pp_resume.txt" "$tmp/pp_resume_z2.txt"
+timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${ppc[@]}" --zero 3 --save "$tmp/pphf_state" \
+  --save-hf "$tmp/pp_hf" > "$tmp/pp_savehf.txt" 2>&1
+rc=$?
+$remat export --resume "$tmp/pphf_state" --out "$tmp/pp_hf_export" > /dev/null 2>&1
+check "--pp 2 --zero 3 --save-hf streams the ranks' shards: export's bytes" \
+  '[ $rc -eq 0 ] && grep -q "streamed from the ranks" "$tmp/pp_savehf.txt" && cmp -s "$tmp/pp_hf/model.safetensors" "$tmp/pp_hf_export/model.safetensors"' \
+  || tail -5 "$tmp/pp_savehf.txt"
 
 # --save-hf under --zero 3 streams the state the ranks saved (no process
 # gathers the model): the bytes `export` writes from that state; without
