@@ -960,20 +960,19 @@ std::int64_t measure_plan_peak(const ProfileOptions& opts, const std::string& pl
 
 namespace {
 
-// When no choice was seen to fit: the first choice's alternatives (each
-// predicted to fit, fastest first), then its smallest-peak plan, are run in
-// turn (at most three runs) and the first seen within the budget less the
-// margin is taken. An overshoot is one plan's error, not every plan's: planning
+// When no choice was seen to fit: the first choice's two fastest
+// alternatives (each predicted to fit), then its smallest-peak plan (the
+// likeliest to fit), are run in turn, those not run already, and the first
+// seen within the budget less the margin is taken. An overshoot is one plan's error, not every plan's: planning
 // it away from all of them can leave nothing, when a simpler plan fits.
-void check_fallbacks(const PlanProfile& profile, const ProfileOptions& opts, const AutoPlan& first, CheckedPlan& r) {
-  std::vector<PlannerResult> order = first.alternatives;
+void check_fallbacks(const PlanProfile& profile, const PlanPeakMeasure& measure, const AutoPlan& first,
+                     CheckedPlan& r) {
+  std::vector<PlannerResult> order(first.alternatives.begin(),
+                                   first.alternatives.begin() + std::ptrdiff_t(std::min<std::size_t>(2, first.alternatives.size())));
   order.push_back(first.smallest);
-  int runs = 0;
   for (const PlannerResult& p : order) {
-    if (runs == 3) break;
     if (std::any_of(r.history.begin(), r.history.end(), [&](const auto& h) { return h.first == p.plan; })) continue;
-    const std::int64_t measured = measure_plan_peak(opts, p.plan);
-    ++runs;
+    const std::int64_t measured = measure(p.plan);
     r.history.emplace_back(p.plan, measured);
     if (measured > first.planned_budget) continue;
     r.plan = first;
@@ -988,7 +987,9 @@ void check_fallbacks(const PlanProfile& profile, const ProfileOptions& opts, con
 }  // namespace
 
 CheckedPlan choose_checked_plan(const PlanProfile& profile, const ProfileOptions& opts, std::int64_t budget,
-                                bool allow_lossy) {
+                                bool allow_lossy, const PlanPeakMeasure& measure_peak) {
+  const PlanPeakMeasure measure =
+      measure_peak ? measure_peak : [&opts](const std::string& plan) { return measure_plan_peak(opts, plan); };
   CheckedPlan r;
   AutoPlan first;  // the first choice, with its alternatives and smallest-peak plan
   // The tries: the whole space; then with the overshoot planned away; then
@@ -1011,7 +1012,7 @@ CheckedPlan choose_checked_plan(const PlanProfile& profile, const ProfileOptions
     if (r.tries == 1) first = a;
     const bool seen = std::any_of(r.history.begin(), r.history.end(), [&](const auto& h) { return h.first == a.best.plan; });
     if (!seen) {
-      const std::int64_t measured = measure_plan_peak(opts, a.best.plan);
+      const std::int64_t measured = measure(a.best.plan);
       r.history.emplace_back(a.best.plan, measured);
       r.plan = std::move(a);
       r.measured_peak = measured;
@@ -1027,7 +1028,7 @@ CheckedPlan choose_checked_plan(const PlanProfile& profile, const ProfileOptions
     hooks = false;
     reserve = 0;
   }
-  if (!r.checked) check_fallbacks(profile, opts, first, r);
+  if (!r.checked) check_fallbacks(profile, measure, first, r);
   return r;
 }
 

@@ -202,9 +202,9 @@ std::int64_t measure_plan_peak(const ProfileOptions& opts, const std::string& pl
 // overshoot planned away, and if that does not fit either, without offload
 // and compression (what offload keeps resident follows its I/O thread's
 // timing, which the profile sees only for offload on every block); if no
-// such choice is seen to fit, the first choice's alternatives and then its
-// smallest-peak plan are run in turn (at most three) and the first that fits
-// is taken. The plan returned has been seen to fit unless none of these did
+// such choice is seen to fit, the first choice's two fastest alternatives
+// and then its smallest-peak plan are run in turn (those not run yet) and
+// the first that fits is taken. The plan returned has been seen to fit unless none of these did
 // (then the last choice run, checked = false). Throws as choose_plan when
 // the first choice finds no plan.
 struct CheckedPlan {
@@ -214,8 +214,11 @@ struct CheckedPlan {
   int tries = 0;
   std::vector<std::pair<std::string, std::int64_t>> history;  // each plan run and its measured peak
 };
+// `measure` stands in for measure_plan_peak(opts, plan) when given (a test
+// scripting the runs' peaks).
+using PlanPeakMeasure = std::function<std::int64_t(const std::string& plan)>;
 CheckedPlan choose_checked_plan(const PlanProfile& profile, const ProfileOptions& opts, std::int64_t budget,
-                                bool allow_lossy);
+                                bool allow_lossy, const PlanPeakMeasure& measure = nullptr);
 
 // Bytes as "123.4 MiB".
 std::string format_mib(std::int64_t bytes);

@@ -179,6 +179,38 @@ TEST_CASE("auto plan: a checked choice fits when run, offload among the candidat
 }
 
 
+TEST_CASE("auto plan: when every choice overshoots when run, a simpler plan that fits is still taken",
+          "[auto_plan]") {
+  // The runs' peaks are scripted: every plan overshoots the budget except
+  // the first choice's smallest-peak plan. The re-choices (the overshoot
+  // planned away, then without offload) are refused in turn; the fallbacks
+  // (the first choice's alternatives, then its smallest-peak plan) take the
+  // first seen to fit instead of leaving no plan.
+  ProfileOptions o;
+  o.config = ModelConfig::load("tiny");
+  o.rounds = 1;
+  const PlanProfile p = profile_plans(o);
+  const std::int64_t budget = parse_memory_budget("60%", p);
+  const AutoPlan first = choose_plan(p, budget, false);
+  REQUIRE(first.smallest.plan != first.best.plan);
+  std::vector<std::string> runs;
+  const std::int64_t fits = first.planned_budget - 1, over = budget + (1 << 20);
+  const CheckedPlan r = choose_checked_plan(p, o, budget, false, [&](const std::string& plan) {
+    runs.push_back(plan);
+    return plan == first.smallest.plan ? fits : over;
+  });
+  INFO("first " << first.best.plan << ", smallest " << first.smallest.plan << ", runs " << runs.size());
+  CHECK(r.checked);
+  CHECK(r.plan.best.plan == first.smallest.plan);
+  CHECK(r.measured_peak == fits);
+  REQUIRE(!runs.empty());
+  CHECK(runs.front() == first.best.plan);  // the first choice is run first
+  CHECK(runs.back() == first.smallest.plan);
+  CHECK(r.history.size() == runs.size());
+  CHECK(runs.size() <= 3 + 3);  // the tries, then at most three fallbacks
+  for (std::size_t i = 0; i + 1 < runs.size(); ++i) CHECK(r.history[i].second == over);
+}
+
 TEST_CASE("auto plan: keep_gathered's measured change joins every choice where it saves time", "[auto_plan][zero]") {
   // A hand-made profile of four blocks under --zero 3: keeping (100 held),
   // per_block (10 held, 100 replayed, 5 ms); keeping a block's gathered
