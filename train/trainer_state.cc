@@ -262,6 +262,7 @@ void load_values(const StateReader& reader, DecoderModel& model, ZeroOptimizer* 
                           step);
   }
 }
+
 // Runs `step` on this rank; when it failed on any rank of `job`, every rank
 // throws that rank's IOError (a collective).
 void run_on_every_rank(ProcessGroup& job, const ResumedState& st, const std::function<void()>& step) {

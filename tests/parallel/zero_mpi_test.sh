@@ -63,6 +63,19 @@ $remat export --resume "$tmp/single" --out "$tmp/hf1" > /dev/null 2>&1
 check "the streamed export equals the export of the state resumed and saved by one process" \
   'cmp -s "$tmp/hf/model.safetensors" "$tmp/hf1/model.safetensors"' || tail -3 "$tmp/single.txt"
 
+# train ARGS --zero 3 --save S --save-hf H on NP ranks, then `export` of S:
+# --save-hf streamed the ranks' shards and wrote export's bytes.
+check_streamed_save_hf() {  # TAG NP LABEL TRAIN-ARGS...
+  local tag=$1 np=$2 label=$3
+  shift 3
+  timeout 300 mpirun "${flags[@]}" -np "$np" $remat train "$@" --zero 3 --save "$tmp/${tag}_state" \
+    --save-hf "$tmp/${tag}_hf" > "$tmp/${tag}_savehf.txt" 2>&1
+  local rc=$?
+  $remat export --resume "$tmp/${tag}_state" --out "$tmp/${tag}_export" > /dev/null 2>&1
+  check "$label" '[ $rc -eq 0 ] && grep -q "streamed from the ranks" "$tmp/${tag}_savehf.txt" && cmp -s "$tmp/${tag}_hf/model.safetensors" "$tmp/${tag}_export/model.safetensors"' \
+    || tail -5 "$tmp/${tag}_savehf.txt"
+}
+
 # --pp 2 x --dp 2: ZeRO shards each stage over its replicas, with --zero 0's
 # losses; a save is one file per rank of the job and the index (no rank
 # gathers the stages), which one process resumes, and --save-hf streams it.
@@ -95,29 +108,17 @@ for name in ('pp_resume', 'pp_resume_z2'):
     for a, b in zip(z0[2:], resumed):
         assert a['step'] == b['step'] and abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (name, a['loss'], b['loss'])
 PY" || tail -5 "$tmp/pp_resume.txt" "$tmp/pp_resume_z2.txt"
-timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${ppc[@]}" --zero 3 --save "$tmp/pphf_state" \
-  --save-hf "$tmp/pp_hf" > "$tmp/pp_savehf.txt" 2>&1
-rc=$?
-$remat export --resume "$tmp/pphf_state" --out "$tmp/pp_hf_export" > /dev/null 2>&1
-check "--pp 2 --zero 3 --save-hf streams the ranks' shards: export's bytes" \
-  '[ $rc -eq 0 ] && grep -q "streamed from the ranks" "$tmp/pp_savehf.txt" && cmp -s "$tmp/pp_hf/model.safetensors" "$tmp/pp_hf_export/model.safetensors"' \
-  || tail -5 "$tmp/pp_savehf.txt"
+check_streamed_save_hf pp 4 "--pp 2 --zero 3 --save-hf streams the ranks' shards: export's bytes" "${ppc[@]}"
 
 # --save-hf under --zero 3 streams the state the ranks saved (no process
 # gathers the model): the bytes `export` writes from that state; without
 # --save it writes a temporary set under the folder and removes it.
-timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --zero 3 --save "$tmp/hfstate" \
-  --save-hf "$tmp/hf_train" > "$tmp/savehf.txt" 2>&1
-rc=$?
-$remat export --resume "$tmp/hfstate" --out "$tmp/hf_export" > /dev/null 2>&1
-check "train --zero 3 --save-hf streams the ranks' shards: export's bytes" \
-  '[ $rc -eq 0 ] && grep -q "streamed from the ranks" "$tmp/savehf.txt" && cmp -s "$tmp/hf_train/model.safetensors" "$tmp/hf_export/model.safetensors"' \
-  || tail -5 "$tmp/savehf.txt"
+check_streamed_save_hf dp 2 "train --zero 3 --save-hf streams the ranks' shards: export's bytes" "${common[@]}"
 timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --zero 3 --save-hf "$tmp/hf_nosave" \
   > "$tmp/savehf2.txt" 2>&1
 rc=$?
 check "without --save: the same bytes, no temporary state left" \
-  '[ $rc -eq 0 ] && cmp -s "$tmp/hf_nosave/model.safetensors" "$tmp/hf_train/model.safetensors" && [ ! -e "$tmp/hf_nosave/.remat-state" ]' \
+  '[ $rc -eq 0 ] && cmp -s "$tmp/hf_nosave/model.safetensors" "$tmp/dp_hf/model.safetensors" && [ ! -e "$tmp/hf_nosave/.remat-state" ]' \
   || tail -5 "$tmp/savehf2.txt"
 
 # Rank 1 is killed at its 60th collective (in step 1's gathers and
