@@ -118,6 +118,23 @@ void Tensor::alias_storage_(const Tensor& src) const {
   im.released = false;
 }
 
+void Tensor::reshape_storage_(const Tensor& src) const {
+  REMAT_CHECK(src.defined() && src.dtype() == dtype() && src.device() == device() && src.is_contiguous(), ShapeError,
+              "reshape_storage_: the source must be a contiguous ", dtype_name(dtype()), " tensor on ", device().str(),
+              ", got ", src.defined() ? shape_str(src.sizes()) + " " + dtype_name(src.dtype()) + " on " + src.device().str()
+                                      : std::string("an undefined tensor"));
+  REMAT_CHECK(!grad().defined(), Error, "reshape_storage_: the ", shape_str(sizes()),
+              " tensor already has a gradient (reshape a parameter before any backward)");
+  auto& im = impl();
+  const auto& from = src.impl();
+  im.storage = from.storage;
+  im.sizes = from.sizes;
+  im.offset = from.offset;
+  im.strides = from.strides;
+  im.released = false;
+  im.version->value.fetch_add(1);
+}
+
 // ---------------------------------------------------------------------------
 // Element access
 

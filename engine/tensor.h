@@ -120,6 +120,12 @@ class Tensor {
   // them go again. Does not bump the version (the values are the ones the
   // tensor had).
   void alias_storage_(const Tensor& src) const;
+  // Points this tensor at `src`'s elements and takes its shape (src:
+  // contiguous, the same dtype and device), keeping every handle and the
+  // autograd state; bumps the version. For a parameter that a tensor-parallel
+  // rank keeps only a slice of (models/tensor_parallel.h), before any
+  // gradient exists (Error if one does).
+  void reshape_storage_(const Tensor& src) const;
 
   // ---- Views (share storage and version counter) ----
   // Same data with new sizes; one size may be -1. Throws ShapeError if the

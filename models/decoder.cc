@@ -7,6 +7,7 @@
 #include "ops/linear_cross_entropy.h"
 #include "ops/loss.h"
 #include "ops/ops.h"
+#include "parallel/vocab_parallel.h"
 
 namespace remat {
 
@@ -41,10 +42,15 @@ RegionFn norm_fn(const RMSNorm& norm) {
 }
 }  // namespace
 
+Tensor DecoderBlock::drop(const Tensor& y) const {
+  if (!tp || !tp->sp) return remat::dropout(y, dropout, training());
+  return remat::dropout(y, dropout, training(), RowPiece{tp->rank(), tp->size()});  // [B, S/T, d] of [B, S, d]
+}
+
 Tensor DecoderBlock::attention_part(const Tensor& x) const {
   return region("attention", [this](const std::vector<Tensor>& in) {
     Tensor a = self_attn->forward(region("layernorm", norm_fn(*input_layernorm), {in[0]})[0], part_runner());
-    return std::vector<Tensor>{add(in[0], remat::dropout(a, dropout, training()))};
+    return std::vector<Tensor>{add(in[0], drop(a))};
   }, {x})[0];
 }
 
@@ -53,7 +59,7 @@ Tensor DecoderBlock::mlp_part(const Tensor& h) const {
   Tensor m = region("mlp", [this](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{moe ? moe->forward(in[0], part_runner()) : mlp->forward(in[0])};
   }, {n})[0];
-  return add(h, remat::dropout(m, dropout, training()));
+  return add(h, drop(m));
 }
 
 Tensor DecoderBlock::forward(const Tensor& x) const {
@@ -61,13 +67,13 @@ Tensor DecoderBlock::forward(const Tensor& x) const {
   // The attention's residual add and the MLP's norm as one pass
   // (add_rms_norm: the same bits as add then rms_norm, and the same
   // gradients, h having one other consumer, the MLP's residual add).
-  Tensor a = remat::dropout(self_attn->forward(input_layernorm->forward(x), part_runner()), dropout, training());
+  Tensor a = drop(self_attn->forward(input_layernorm->forward(x), part_runner()));
   const RMSNorm& pn = *post_attention_layernorm;
-  auto [h, n] = add_rms_norm(x, a, weight_as(pn.weight, x), pn.eps);
+  auto [h, n] = add_rms_norm(x, a, pn.weight_for(x), pn.eps);
   Tensor m = region("mlp", [this](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{moe ? moe->forward(in[0], part_runner()) : mlp->forward(in[0])};
   }, {n})[0];
-  return add(h, remat::dropout(m, dropout, training()));
+  return add(h, drop(m));
 }
 
 Tensor DecoderBlock::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const {
@@ -106,9 +112,20 @@ void DecoderModel::set_compute_dtype(DType dtype) {
   compute_dtype_ = dtype;
 }
 
+void DecoderModel::set_tensor_parallel(std::shared_ptr<const TensorParallel> tp, std::int64_t vocab_begin) {
+  tp_ = std::move(tp);
+  vocab_begin_ = vocab_begin;
+}
+
 Tensor DecoderModel::embed(const Tensor& input_ids) const {
   UnitRun unit(model->blocks->unit_hooks(), "embed");
-  Tensor h = unit.done(model->embed_tokens->forward(input_ids));
+  Tensor h;
+  if (tp_) {  // each rank looks up its rows; the sum (under sp: this rank's part of the sequence) is the lookup
+    const Tensor part = vocab_parallel_embedding(model->embed_tokens->weight, input_ids, vocab_begin_);
+    h = unit.done(tp_->sp ? tp_scatter(tp_->group, part, 1) : tp_reduce(tp_->group, part));
+  } else {
+    h = unit.done(model->embed_tokens->forward(input_ids));
+  }
   return h.dtype() == compute_dtype_ ? h : cast(h, compute_dtype_);
 }
 
@@ -151,8 +168,9 @@ std::set<std::string> DecoderModel::f32_read_parameters() const {
 
 Tensor DecoderModel::head(const Tensor& x) const {
   UnitRun unit(model->blocks->unit_hooks(), "head");
-  const Tensor n = model->norm->forward(x);
+  const Tensor n = tp_ ? tp_->enter(model->norm->forward(x)) : model->norm->forward(x);
   Tensor logits = lm_head ? lm_head->forward(n) : linear(n, weight_as(model->embed_tokens->weight, n));
+  if (tp_) logits = tp_gather(tp_->group, logits, logits.dim() - 1);  // every rank's rows of the vocabulary
   return unit.done(logits.dtype() == DType::f32 ? logits : cast(logits, DType::f32));  // the loss in f32
 }
 
@@ -173,7 +191,22 @@ std::int64_t DecoderModel::loss_chunk(std::int64_t tokens) const {
   return std::min(default_loss_chunk(config_.vocab, output_weight().device()), std::max<std::int64_t>(tokens, 1));
 }
 
+Tensor DecoderModel::tp_loss_head(const Tensor& x, const Tensor& targets) const {
+  UnitRun unit(model->blocks->unit_hooks(), "head");
+  const Tensor n = tp_->enter(model->norm->forward(x));  // the whole sequence on every rank
+  const Tensor w = weight_as(output_weight(), n);
+  REMAT_CHECK(!lm_head || !lm_head->bias.defined(), Error, "tensor parallel: the LM head has a bias, which the "
+              "vocabulary-parallel loss does not take");
+  const bool chunked = block_stack().plan().chunked_loss || !grad_enabled();
+  const std::int64_t chunk = chunked ? loss_chunk(targets.numel()) : std::max<std::int64_t>(targets.numel(), 1);
+  return unit.done(vocab_parallel_cross_entropy(tp_->group, n, w, targets, vocab_begin_, config_.vocab, chunk));
+}
+
 Tensor DecoderModel::loss_head(const Tensor& x, const Tensor& targets) const {
+  if (tp_) {
+    CategoryScope cat(MemoryCategory::loss);
+    return tp_loss_head(x, targets);
+  }
   // Chunked under the plan's chunked_loss, and always without grad (eval):
   // the loss has the same bits at any chunk, only the weight's gradient
   // depends on it.

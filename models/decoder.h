@@ -45,6 +45,13 @@ class DecoderBlock : public Block {
   std::shared_ptr<MLP> mlp;      // dense blocks
   std::shared_ptr<MoELayer> moe; // MoE blocks (registered as "mlp" too)
   double dropout;
+  // Tensor parallel (models/tensor_parallel.h): under sequence parallelism
+  // the block's input and output are this rank's part of the sequence, and
+  // dropout draws one process's values for it.
+  std::shared_ptr<const TensorParallel> tp;
+
+ private:
+  Tensor drop(const Tensor& y) const;  // the dropout of an attention or MLP output
 };
 
 // "model": the embedding, the blocks and the final norm.
@@ -138,9 +145,19 @@ class DecoderModel : public Module {
   std::shared_ptr<DecoderStack> model;
   std::shared_ptr<Linear> lm_head;  // null when the embeddings are tied
 
+  // Tensor parallel (models/tensor_parallel.h): this rank holds rows
+  // [vocab_begin(), vocab_begin() + V/T) of the embedding and the LM head;
+  // the loss is vocab_parallel_cross_entropy, forward()'s logits gathered.
+  void set_tensor_parallel(std::shared_ptr<const TensorParallel> tp, std::int64_t vocab_begin);
+  const std::shared_ptr<const TensorParallel>& tensor_parallel() const { return tp_; }
+  std::int64_t vocab_begin() const { return vocab_begin_; }
+
  private:
   ModelConfig config_;
   DType compute_dtype_ = DType::f32;
+  std::shared_ptr<const TensorParallel> tp_;
+  std::int64_t vocab_begin_ = 0;
+  Tensor tp_loss_head(const Tensor& x, const Tensor& targets) const;  // the vocabulary-parallel loss
 
  public:
   // The blocks' stack (model->blocks): its recompute plan and the plan's

@@ -13,6 +13,7 @@
 #include "ops/attention.h"
 #include "ops/embedding.h"
 #include "ops/norm.h"
+#include "ops/matmul.h"
 #include "ops/ops.h"
 #include "ops/rotary.h"
 #include "ops/swiglu.h"
@@ -180,7 +181,9 @@ RMSNorm::RMSNorm(std::int64_t dim, double eps_) : eps(eps_) {
   weight = register_parameter("weight", init_constant({dim}, InitRecipe::Kind::ones));
 }
 
-Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight_as(weight, x), eps); }
+Tensor RMSNorm::weight_for(const Tensor& x) const { return weight_as(tp ? tp->replicated(weight) : weight, x); }
+
+Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight_for(x), eps); }
 
 SelfAttention::SelfAttention(const ModelConfig& c, Generator& gen)
     : n_heads(c.n_heads), n_kv_heads(c.num_kv_heads()), head_dim(c.head_dim()), rope_theta(c.rope_theta) {
@@ -199,18 +202,27 @@ Tensor SelfAttention::core(const Tensor& q, const Tensor& k, const Tensor& v) co
   return o.transpose(1, 2).reshape({B, S, n_heads * head_dim});
 }
 
-Tensor SelfAttention::forward(const Tensor& x, const PartRunner& parts) const {
+Tensor SelfAttention::project_kv(const Linear& proj, const Tensor& x) const {
+  if (!tp || !tp->kv_group) return proj.forward(x);
+  const Tensor w = weight_as(tp->kv_shared(proj.weight), x);
+  return proj.bias.defined() ? linear(x, w, weight_as(tp->kv_shared(proj.bias), x)) : linear(x, w);
+}
+
+Tensor SelfAttention::forward(const Tensor& x_in, const PartRunner& parts) const {
+  const Tensor x = tp ? tp->enter(x_in) : x_in;  // (the whole sequence: gathered under sp)
   const std::int64_t B = x.size(0), S = x.size(1);
   auto heads = [&](const Tensor& t, std::int64_t h) {
     return t.view({B, S, h, head_dim}).transpose(1, 2).contiguous();  // [B, h, S, Dh]
   };
   Tensor q = heads(q_proj->forward(x), n_heads);
-  Tensor k = heads(k_proj->forward(x), n_kv_heads);
-  Tensor v = heads(v_proj->forward(x), n_kv_heads);
+  Tensor k = heads(project_kv(*k_proj, x), n_kv_heads);
+  Tensor v = heads(project_kv(*v_proj, x), n_kv_heads);
   Tensor o = parts.run("core_attn", [this](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{core(in[0], in[1], in[2])};
   }, {q, k, v})[0];
-  return o_proj->forward(o);
+  if (!tp) return o_proj->forward(o);
+  const Tensor y = tp->leave(linear(o, weight_as(o_proj->weight, o)));
+  return o_proj->bias.defined() ? add(y, weight_as(tp->replicated(o_proj->bias), y)) : y;
 }
 
 Tensor SelfAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const {
@@ -258,12 +270,17 @@ MLP::MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& 
   down_proj = register_module(names.down, std::make_shared<Linear>(hidden, d_model, init_std, gen));
 }
 
-Tensor MLP::forward(const Tensor& x) const {
+Tensor MLP::forward(const Tensor& x_in) const {
+  const Tensor x = tp ? tp->enter(x_in) : x_in;
   Tensor g = gate_proj->forward(x), u = up_proj->forward(x);
-  if (!recompute_activation) return down_proj->forward(swiglu(g, u));
+  if (!recompute_activation) {
+    Tensor y = down_proj->forward(swiglu(g, u));
+    return tp ? tp->leave(y) : y;
+  }
   DiscardedOutput act("moe_act", [](const std::vector<Tensor>& in) { return swiglu(in[0], in[1]); }, {g, u});
   SavedTensorHooksScope scope(act.hooks());
-  return down_proj->forward(act.output());
+  Tensor y = down_proj->forward(act.output());
+  return tp ? tp->leave(y) : y;
 }
 
 }  // namespace remat

@@ -12,6 +12,7 @@
 #include "engine/rng.h"
 #include "models/config.h"
 #include "models/module.h"
+#include "parallel/tensor_parallel_ops.h"
 
 namespace remat {
 
@@ -121,8 +122,12 @@ class RMSNorm : public Module {
   RMSNorm(std::int64_t dim, double eps);
   // x * rsqrt(mean(x^2) + eps) * weight over the last dim.
   Tensor forward(const Tensor& x) const;
+  // The weight as forward uses it on x (x's dtype; under sequence
+  // parallelism through tp->replicated).
+  Tensor weight_for(const Tensor& x) const;
   Tensor weight;
   double eps;
+  std::shared_ptr<const TensorParallel> tp;  // set by apply_tensor_parallel (models/tensor_parallel.h)
 };
 
 // Multi-head causal self-attention with rotary position embeddings:
@@ -146,8 +151,14 @@ class SelfAttention : public Module {
   // rounding (the cached path is a matmul / softmax, not the fused kernel).
   Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
-  std::int64_t n_heads, n_kv_heads, head_dim;
+  std::int64_t n_heads, n_kv_heads, head_dim;  // this rank's heads under tensor parallelism
   double rope_theta;
+  // Tensor parallel (models/tensor_parallel.h): q/k/v column-parallel by
+  // heads, o_proj row-parallel (its bias added once, after the reduction).
+  std::shared_ptr<const TensorParallel> tp;
+
+ private:
+  Tensor project_kv(const Linear& proj, const Tensor& x) const;  // k_proj / v_proj, shared by ranks or not
 };
 
 // The parameter names of an MLP's three projections: {gate, up, down}.
@@ -167,6 +178,9 @@ class MLP : public Module {
   // gate and up outputs, which its backward keeps anyway) right before the
   // down projection's backward: an output-discard checkpoint ("moe_act").
   bool recompute_activation = false;
+  // Tensor parallel: gate/up column-parallel, down row-parallel (a dense
+  // block's MLP; models/tensor_parallel.h).
+  std::shared_ptr<const TensorParallel> tp;
 };
 
 }  // namespace remat

@@ -16,6 +16,19 @@ namespace remat {
 // With !training or p == 0 returns `x` itself. p must be in [0, 1).
 Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen = nullptr);
 
+// Which part of the tensor one process draws a mask for `x` is: each row of
+// x (dim 0) is piece `index` of `pieces` equal consecutive pieces of a row
+// of it (a sequence-parallel rank's [B, S/T, d] of [B, S, d]).
+struct RowPiece {
+  std::int64_t index = 0, pieces = 1;
+};
+// dropout() of the default generator whose draw covers the whole rows
+// (pieces x x.numel() values, a data-parallel rank's share under
+// RngShardScope), x taking its pieces' words: the values one process's
+// dropout gives those elements. A row piece's elements must be a multiple
+// of 4 (ShapeError otherwise, naming the shapes).
+Tensor dropout(const Tensor& x, double p, bool training, RowPiece piece);
+
 // The kernel a device registers for dropout (forward and backward alike).
 struct DropoutKernels {
   // x (any layout) times the mask of Philox stream `state`, scaled by

@@ -13,6 +13,7 @@
 #include "moe/dispatch.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
+#include "parallel/vocab_parallel.h"
 #include "tools/args.h"
 #include "tools/json.h"
 
@@ -220,6 +221,15 @@ void add_softmax_loss_cases(std::vector<BenchOpCase>& c) {
   c.push_back({"gemm", "linear_cross_entropy [1024x512]@[8192x512]^T, chunk 256", "linear_cross_entropy", "", [] {
                  Tensor h = rnd({T, d}, 11), w = rnd({8192, d}, 12), targets = arange(T);
                  return std::function<void()>([h, w, targets] { linear_cross_entropy(h, w, targets, 256); });
+               }});
+  // The same on one rank of a tensor-parallel group (its vocabulary rows; the
+  // collectives are a one-process group's).
+  c.push_back({"gemm", "vocab_parallel_cross_entropy [1024x512]@[8192x512]^T, one rank", "vocab_parallel_cross_entropy",
+               "", [] {
+                 Tensor h = rnd({T, d}, 11), w = rnd({8192, d}, 12), targets = arange(T);
+                 return std::function<void()>([h, w, targets] {
+                   vocab_parallel_cross_entropy(single_process_group(), h, w, targets, 0, 8192, T);
+                 });
                }});
   c.push_back({"memory", "rotary         [4x8x256x64]", "rotary_embedding", "", [] {
                  Tensor q = rnd({B, H, S, Dh}, 10);

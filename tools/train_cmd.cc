@@ -122,6 +122,10 @@ std::vector<FlagSpec> run_flags() {
     int_flag("pp", "pipeline parallel: split the blocks into N stages, one per rank (run under `mpirun -np N`, "
              "or N x D ranks for D data-parallel replicas of each stage); micro-batches from --grad-accum", 1,
              {.min = 1}),
+    int_flag("tp", "tensor parallel: split every block's matmuls, the embedding and the LM head over N "
+             "neighbouring ranks (the job is N x the data-parallel ranks)", 1, {.min = 1}),
+    bool_flag("sp", "with --tp: sequence parallel, the norms, dropout and residual stream sharded along the sequence "
+              "over the --tp ranks"),
     text_flag("pp-schedule", "with --pp: 1f1b (warm-up, one forward one backward, cool-down) or gpipe (all "
               "forwards, then all backwards)", "1f1b"),
     text_flag("pp-split", "with --pp: the first block of each stage after the first, e.g. 3,6 (default: "
@@ -231,6 +235,8 @@ void set_schedule_and_layout(const Flags& f, TrainOptions& o) {
   o.ep = f.get_int("ep");
   o.zero = f.get_int("zero");
   o.pp = f.get_int("pp");
+  o.tp = f.get_int("tp");
+  o.sp = f.get_bool("sp");
   o.pp_schedule = parse_pipeline_schedule(f.get("pp-schedule"));
   o.pp_split = f.get("pp-split");
   o.bucket_bytes = std::int64_t(f.get_double("bucket-mb") * double(1 << 20));
@@ -240,6 +246,8 @@ void set_schedule_and_layout(const Flags& f, TrainOptions& o) {
 // --recompute auto (and --tune-microbatch) chosen here, before the Trainer.
 void resolve_plan(const Flags& f, TrainOptions& o) {
   const std::string dtype = dtype_name(o.dtype);
+  REMAT_CHECK(o.tp == 1 || o.recompute != "auto", Error, "--recompute auto with --tp ", o.tp, ": the planner does "
+              "not profile under tensor parallelism yet; name a plan (per_block, selective:mlp, ...)");
   if (f.get_bool("tune-microbatch")) {
     REMAT_CHECK(o.recompute == "auto", Error, "--tune-microbatch needs --recompute auto (got --recompute ",
                 o.recompute, ")");
@@ -298,7 +306,7 @@ void print_header(Trainer& trainer, const TrainCli& cli) {
   const auto& c = o.config;
   if (!cli.hf_dir.empty()) std::printf("remat train: fine-tuning %s (%s)\n", cli.hf_dir.c_str(), c.arch.c_str());
   std::printf("remat train: config %s (%lld parameters, %lld layers, d %lld), %d threads\n", c.name.c_str(),
-              static_cast<long long>(trainer.model().num_parameters()), static_cast<long long>(c.n_layers),
+              static_cast<long long>(trainer.model_parameters()), static_cast<long long>(c.n_layers),
               static_cast<long long>(c.d_model), num_threads());
   if (const PipelineStage* pp = trainer.pipeline()) {
     std::string stages;
@@ -335,7 +343,7 @@ class StepReporter {
   StepReporter(const Trainer& trainer, const TrainCli& cli, ProgressOutput& progress)
       : trainer_(trainer), progress_(progress), f16_(cli.options.dtype == DType::f16) {
     keys_.pipeline = trainer.pipeline() != nullptr;
-    keys_.comm = trainer.world_size() > 1 || keys_.pipeline;
+    keys_.comm = trainer.world_size() > 1 || keys_.pipeline || trainer.tensor_parallel();
     keys_.moe = keys_.pipeline && cli.options.config.experts > 0;
     if (cli.log.empty()) return;
     log_ = std::make_unique<std::ofstream>(cli.log);

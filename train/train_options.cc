@@ -29,6 +29,7 @@ void validate_train_options(const TrainOptions& o) {
   integer("save_every (--save-every)", o.save_every, 0);
   integer("dp (--dp)", o.dp, 0);
   integer("ep (--ep)", o.ep, 1);
+  integer("tp (--tp)", o.tp, 1);
   integer("bucket_bytes (--bucket-mb)", o.bucket_bytes, 1);
   check_zero_stage(o.zero);
   integer("max_nonfinite_skips (--max-nonfinite-skips)", o.max_nonfinite_skips, 1);

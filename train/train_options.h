@@ -83,6 +83,14 @@ struct TrainOptions {
   // (one process's layout: any layout resumes them); every stage resumes its
   // own from the file.
   std::int64_t pp = 1;
+  // Tensor parallel (models/tensor_parallel.h): tp ranks split every block's
+  // matmuls, the embedding and the LM head; they are the innermost
+  // (neighbouring) ranks of the job, which holds tp x dp of them. sp:
+  // sequence parallel, the tensors between the blocks' regions sharded
+  // along the sequence over the tp ranks. Not yet with zero, pp or a CUDA
+  // device.
+  std::int64_t tp = 1;
+  bool sp = false;
   PipelineSchedule pp_schedule = PipelineSchedule::one_f_one_b;
   std::string pp_split;
   bool reuse_routing_metadata = true;      // replays reuse the forward's exchanged counts

@@ -53,6 +53,10 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scale
   const auto& c = opts_.config;
   RecomputePlan plan = RecomputePlan::parse(opts_.recompute, c.n_layers);
   plan.offload_dir = opts_.offload_dir;
+  check_tensor_parallel(c, opts_.tp, opts_.sp);
+  REMAT_CHECK(opts_.tp == 1 || (opts_.zero == 0 && opts_.pp == 1 && opts_.device.is_cpu()), Error, "--tp ", opts_.tp,
+              " with ", opts_.zero ? "--zero " + std::to_string(opts_.zero) : opts_.pp > 1 ? "--pp " + std::to_string(opts_.pp) : "--device " + opts_.device.str(),
+              ": not supported yet (tensor parallelism runs on the CPU under MPI, with --dp and --ep)");
   REMAT_CHECK(opts_.zero != 3 || !c.tie_embeddings, Error, "--zero 3: config ", c.name, " ties its embeddings (the "
               "LM head uses the embedding's weight), which sharded parameters do not support yet; use --zero 2");
   job_ = opts_.group ? opts_.group : world_group();
@@ -79,10 +83,38 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scale
   if (!opts_.resume_dir.empty()) resume(opts_.resume_dir);
 }
 
-JobGroups Trainer::split_job() const {
+JobGroups Trainer::split_job() {
   REMAT_CHECK(opts_.pp <= 1 || opts_.device.is_cpu(), Error, "--pp ", opts_.pp,
               ": pipelines run on the CPU under MPI for now (NCCL stages are not built yet)");
-  return split_job_groups(job_, opts_.pp, opts_.dp, opts_.config);
+  if (opts_.tp == 1) return split_job_groups(job_, opts_.pp, opts_.dp, opts_.config);
+  // Tensor-parallel ranks innermost: rank r is tensor-parallel rank r % T
+  // of the ranks r / T * T ...; the ranks of one tensor-parallel rank form
+  // the job of the other axes.
+  const int T = int(opts_.tp);
+  REMAT_CHECK(job_->size() % T == 0, Error, "--tp ", T, ": the job has ", job_->size(), " rank(s), not a multiple of ",
+              T, " (start it with `mpirun -np N` for N = --tp x the data-parallel ranks)");
+  auto group = job_->split_by([T](int r) { return std::pair<int, int>(r / T, r % T); });
+  auto others = job_->split_by([T](int r) { return std::pair<int, int>(r % T, r / T); });
+  auto tp = std::make_shared<TensorParallel>();
+  tp->group = group;
+  tp->kv_group = kv_head_group(opts_.config, group);
+  tp->sp = opts_.sp;
+  tp_ = tp;
+  return split_job_groups(others, opts_.pp, opts_.dp, opts_.config);
+}
+
+std::int64_t Trainer::model_parameters() const {
+  std::int64_t n = 0;
+  for (const auto& [name, p] : model_->named_parameters())
+    n += p.numel() * (tp_ ? tp_slice(opts_.config, name, tp_->size(), tp_->rank()).parts : 1);
+  return n;
+}
+
+CommCounters Trainer::comm_counters() const {
+  CommCounters c = layout_.counters();
+  if (tp_) c = c + tp_->group->counters();
+  if (tp_ && tp_->kv_group) c = c + tp_->kv_group->counters();
+  return c;
 }
 
 void Trainer::build_model(const RecomputePlan& plan, const ProcessGroup& world) {
@@ -99,6 +131,7 @@ void Trainer::build_model(const RecomputePlan& plan, const ProcessGroup& world) 
     model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
   }
   apply_parallel_layout(*model_, layout_, opts_.reuse_routing_metadata);
+  if (tp_) apply_tensor_parallel(*model_, tp_);  // (built whole from the seed or --model: one process's values)
   model_->set_compute_dtype(opts_.dtype);
   apply_recompute_plan(*model_, plan);
   REMAT_CHECK(opts_.device.is_cpu() || world.size() == 1, Error, "--device ", opts_.device.str(),
@@ -273,7 +306,7 @@ Trainer::StepStart Trainer::begin_step() {
   start.offload = blocks.offload_hooks() ? blocks.offload_hooks()->stats() : OffloadStats{};
   start.compress = blocks.compress_hooks() ? blocks.compress_hooks()->stats() : CompressHooks::Stats{};
   start.moved = dispatch_counters();
-  start.comm = layout_.counters();
+  start.comm = comm_counters();
   start.pipeline_comm = pipeline_group_ ? pipeline_group_->counters() : CommCounters{};
   return start;
 }
@@ -435,20 +468,28 @@ double Trainer::grad_norm() const {
   };
   // --zero 2: each rank holds its shards of the dense gradients; their
   // squares are summed over the replicas in rank order (then over stages).
+  // --tp: a slice's squares on the first rank that holds it, summed over
+  // the tensor-parallel ranks in rank order; replicated parameters have the
+  // same gradient on every one of them.
   const bool sharded = zero_ && zero_->stage() >= 2;
-  std::vector<Tensor> dense, experts;
+  std::vector<Tensor> dense, experts, slices;
   for (auto& [name, p] : owned_parameters()) {
-    if (layout_.ep > 1 && is_expert_parameter(name))
+    const TpSlice sl = tp_ ? tp_slice(opts_.config, name, tp_->size(), tp_->rank()) : TpSlice{};
+    if (sl.split()) {
+      if (sl.first_holder(tp_->rank(), tp_->size())) slices.push_back(p);
+    } else if (layout_.ep > 1 && is_expert_parameter(name)) {
       experts.push_back(p);
-    else if (!sharded)
+    } else if (!sharded) {
       dense.push_back(p);
+    }
   }
+  const double slice_sq = tp_ ? sum_in_rank_order(*tp_->group, squares(slices)) : 0.0;
   double dense_sq = 0;
   if (sharded) {
     const double shards = sum_in_rank_order(*layout_.world, grad_sq_sum(zero_->shard_pieces()));
     dense_sq = pipeline_ ? pipeline_->sum_over_stages({shards}) : shards;
   } else {
-    dense_sq = squares(dense);
+    dense_sq = squares(dense) + slice_sq;
   }
   if (layout_.ep == 1) return std::sqrt(dense_sq);
   return std::sqrt(dense_sq + sum_in_rank_order(*layout_.ep_group, squares(experts)));
@@ -505,7 +546,7 @@ void Trainer::collect_stats(const StepStart& start, const RunState& run, double 
   // (A pipeline stage holds only its own parameters: the others' are released.)
   s.persistent_bytes = zero_ ? zero_->persistent_bytes() : persistent_bytes(owned_parameters(), *optimizer_);
   s.activation_bytes = s.peak_allocated_bytes - s.persistent_bytes;
-  s.comm = layout_.counters() - start.comm;
+  s.comm = comm_counters() - start.comm;
   if (!pipeline_) return;
   s.comm = s.comm + (pipeline_group_->counters() - start.pipeline_comm);
   PipelineStageStats mine = pipeline_->stage_stats(loss.pipeline);

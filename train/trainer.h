@@ -25,6 +25,7 @@
 #include "train/step_stats.h"
 #include "train/train_options.h"
 #include "train/zero.h"
+#include "models/tensor_parallel.h"
 
 namespace remat {
 
@@ -100,6 +101,10 @@ class Trainer {
   // The pipeline stage of this rank (null without --pp).
   const PipelineStage* pipeline() const { return pipeline_.get(); }
   const ParallelLayout& layout() const { return layout_; }
+  // The tensor-parallel group of --tp (null without).
+  const std::shared_ptr<const TensorParallel>& tensor_parallel() const { return tp_; }
+  // The model's parameter count in one process's layout (--tp slices counted whole).
+  std::int64_t model_parameters() const;
   const Corpus& corpus() const { return corpus_; }
   DecoderModel& model() { return *model_; }
   const TrainOptions& options() const { return opts_; }
@@ -114,7 +119,7 @@ class Trainer {
   struct StepLoss;
 
   // ---- building (the constructor's steps)
-  JobGroups split_job() const;  // --pp: stage-major pipelines and replicas (Error for a layout that cannot run)
+  JobGroups split_job();  // --tp innermost, then --pp: stage-major pipelines and replicas (Error for a layout that cannot run)
   void build_model(const RecomputePlan& plan, const ProcessGroup& world);  // seeded or --model weights, on the device
   void build_shapes_only();  // --zero 3: on meta; initial_ says where the shards' values come from
   void build_pipeline(std::shared_ptr<ProcessGroup> pipeline_group);  // this rank's stage (split or balanced)
@@ -170,7 +175,13 @@ class Trainer {
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<PipelineStage> pipeline_;
   std::shared_ptr<ProcessGroup> pipeline_group_;
-  std::shared_ptr<ProcessGroup> job_;  // every rank of the job (pp x dp)
+  std::shared_ptr<ProcessGroup> job_;  // every rank of the job (tp x pp x dp)
+  std::shared_ptr<const TensorParallel> tp_;  // --tp: this rank's tensor-parallel group (null without)
+  CommCounters comm_counters() const;  // every group's counters: the layout's and the tensor-parallel ones
+  // `tensors` (parameters or their AdamW moments, "optimizer.exp_avg.<name>")
+  // with every tensor-parallel slice made whole (a collective over tp_).
+  std::vector<std::pair<std::string, Tensor>> gather_tensor_parallel(
+      std::vector<std::pair<std::string, Tensor>> tensors) const;
 };
 
 }  // namespace remat

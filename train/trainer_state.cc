@@ -35,14 +35,29 @@ std::pair<std::size_t, std::int64_t> expert_index(const std::string& name) {
   const RoutedExpertName r = routed_expert_name(name);
   return {r.at, r.expert};
 }
+// A state tensor's parameter: "optimizer.exp_avg.<name>" -> name.
+std::string parameter_of(const std::string& name) {
+  for (const char* prefix : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."})
+    if (name.rfind(prefix, 0) == 0) return name.substr(std::string(prefix).size());
+  return name;
+}
 }  // namespace
 
 std::vector<std::pair<std::string, Tensor>> Trainer::parameter_values() const {
   return zero_ ? zero_->parameter_values() : owned_parameters();
 }
 
+std::vector<std::pair<std::string, Tensor>> Trainer::gather_tensor_parallel(
+    std::vector<std::pair<std::string, Tensor>> tensors) const {
+  if (!tp_) return tensors;
+  for (auto& [name, t] : tensors)
+    if (const TpSlice sl = tp_slice(opts_.config, parameter_of(name), tp_->size(), tp_->rank()); sl.split())
+      t = tp_whole(*tp_->group, t, sl);
+  return tensors;
+}
+
 std::vector<std::pair<std::string, Tensor>> Trainer::one_process_parameters() const {
-  std::vector<std::pair<std::string, Tensor>> tensors = gather_experts(parameter_values());
+  std::vector<std::pair<std::string, Tensor>> tensors = gather_experts(gather_tensor_parallel(parameter_values()));
   // Replica 0's pipeline gathers its stages to rank 0 (the other replicas hold the same).
   if (pipeline_ && layout_.world->rank() == 0)
     tensors = pipeline_->gather_to_first(std::move(tensors));
@@ -104,7 +119,7 @@ void Trainer::save(const std::string& dir) const {
   } else {
     tensors = parameter_values();
     for (auto& t : optimizer_state()) tensors.push_back(t);
-    tensors = gather_experts(std::move(tensors));
+    tensors = gather_experts(gather_tensor_parallel(std::move(tensors)));
     if (pipeline_ && layout_.world->rank() == 0)  // replica 0's stages to rank 0
       tensors = pipeline_->gather_to_first(std::move(tensors));
   }
@@ -139,6 +154,20 @@ void Trainer::save(const std::string& dir) const {
 }
 
 namespace {
+// The part of parameter `name` this rank holds (whole without --tp).
+using SliceOf = std::function<TpSlice(const std::string& name)>;
+Shape whole_shape(const Tensor& p, const TpSlice& s) {
+  Shape shape = p.sizes();
+  if (s.split()) shape[std::size_t(s.dim)] *= s.parts;
+  return shape;
+}
+// State tensor `name`'s slice `s` into dst (verified as read_state_tensor).
+void read_slice(const StateReader& reader, const std::string& name, const TpSlice& s, Tensor& dst) {
+  if (!s.split()) return read_state_tensor(reader, name, dst);
+  NoGradGuard ng;
+  dst.copy_(tp_take_slice(reader.read(name), s));
+}
+
 // On a failure to resume from DIR: what the previous state offers (read
 // only then; nothing when it is the state that failed).
 std::string previous_state_hint(const std::string& dir, bool failed_is_prev) {
@@ -193,11 +222,14 @@ struct ResumedState {
   }
   // Every parameter of `model` is in the state with its shape and dtype, and
   // the AdamW moments of every parameter this rank updates (`owned`).
-  void check_tensors(const DecoderModel& model, const std::vector<std::pair<std::string, Tensor>>& owned) const {
-    for (const auto& [name, p] : model.named_parameters()) check_tensor("parameter", name, p.sizes(), p.dtype());
+  // Under --tp the state holds the whole tensors this rank has slices of.
+  void check_tensors(const DecoderModel& model, const std::vector<std::pair<std::string, Tensor>>& owned,
+                     const SliceOf& slice_of) const {
+    for (const auto& [name, p] : model.named_parameters())
+      check_tensor("parameter", name, whole_shape(p, slice_of(name)), p.dtype());
     for (const auto& [name, p] : owned)
       for (const char* prefix : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."})
-        check_tensor("optimizer state", prefix + name, p.sizes(), DType::f32);
+        check_tensor("optimizer state", prefix + name, whole_shape(p, slice_of(name)), DType::f32);
   }
   // The saved f16 loss scale (finite, > 0) and its good-step count; nullopt
   // for a state written before loss scaling.
@@ -231,13 +263,14 @@ ParameterRangeSource state_ranges(const StateReader& reader) {
 // Checks every byte load_values reads against its checksum: the parameters
 // this rank keeps whole, its ZeRO ranges (or AdamW's moments whole).
 void verify_values(const StateReader& reader, const DecoderModel& model, const ZeroOptimizer* zero,
-                   const AdamW* optimizer) {
+                   const AdamW* optimizer, const SliceOf& slice_of) {
   for (const auto& [name, p] : model.named_parameters())
-    if (!p.released()) reader.verify_range(name, 0, p.numel());
+    if (!p.released()) reader.verify_range(name, 0, p.numel() * slice_of(name).parts);
   if (zero) {
     for (const ZeroOptimizer::StateRange& r : zero->loaded_ranges()) reader.verify_range(r.name, r.begin, r.n);
   } else {
-    for (const auto& [name, t] : optimizer->state()) reader.verify_range(name, 0, t.numel());
+    for (const auto& [name, t] : optimizer->state())
+      reader.verify_range(name, 0, t.numel() * slice_of(parameter_of(name)).parts);
   }
 }
 
@@ -246,19 +279,19 @@ void verify_values(const StateReader& reader, const DecoderModel& model, const Z
 // its ZeRO shards by range, the optimizer's moments (by range under --zero).
 // A read that fails now (a short read) leaves them partly loaded.
 void load_values(const StateReader& reader, DecoderModel& model, ZeroOptimizer* zero, AdamW* optimizer,
-                 std::int64_t step) {
+                 std::int64_t step, const SliceOf& slice_of) {
   NoGradGuard ng;
   for (auto& [name, p] : model.named_parameters()) {
     if (p.released()) continue;  // another pipeline stage's, or sharded (--zero 3)
     Tensor dst = p;
-    read_state_tensor(reader, name, dst);
+    read_slice(reader, name, slice_of(name), dst);
   }
   if (zero) {
     zero->load_parameters(state_ranges(reader));  // --zero 3: this rank's shards
     zero->load_state(state_ranges(reader), step);
   } else {
     optimizer->fill_state([&](const std::string& prefix, const std::string& name,
-                              Tensor& dst) { read_state_tensor(reader, prefix + name, dst); },
+                              Tensor& dst) { read_slice(reader, prefix + name, slice_of(name), dst); },
                           step);
   }
 }
@@ -294,7 +327,10 @@ void Trainer::resume(const std::string& dir) {
               " was trained with config ", saved.to_json().dump(), ", but this run uses ",
               opts_.config.to_json().dump());
   const std::int64_t step = std::int64_t(st.meta_u64("step"));
-  st.check_tensors(*model_, owned_parameters());  // every name and shape before changing anything
+  const SliceOf slice_of = [this](const std::string& name) {
+    return tp_ ? tp_slice(opts_.config, name, tp_->size(), tp_->rank()) : TpSlice{};
+  };
+  st.check_tensors(*model_, owned_parameters(), slice_of);  // every name and shape before changing anything
   const RngState data{st.meta_u64("data_rng_seed"), st.meta_u64("data_rng_offset")};
   const RngState rng{st.meta_u64("rng_seed"), st.meta_u64("rng_offset")};
   std::pair<double, std::int64_t> scale{1.0, 0};
@@ -308,8 +344,8 @@ void Trainer::resume(const std::string& dir) {
   // Each rank reads only what it holds, so a damaged piece may be seen by
   // one rank alone: every rank learns of it and stops with its message,
   // before any value changes (every byte is verified first).
-  run_on_every_rank(*job_, st, [&] { verify_values(st.reader, *model_, zero_.get(), optimizer_.get()); });
-  run_on_every_rank(*job_, st, [&] { load_values(st.reader, *model_, zero_.get(), optimizer_.get(), step); });
+  run_on_every_rank(*job_, st, [&] { verify_values(st.reader, *model_, zero_.get(), optimizer_.get(), slice_of); });
+  run_on_every_rank(*job_, st, [&] { load_values(st.reader, *model_, zero_.get(), optimizer_.get(), step, slice_of); });
   sampler_->set_state(data);
   default_generator(opts_.device).set_state(rng);
   if (scaler_.enabled()) set_loss_scale(scale.first, scale.second);

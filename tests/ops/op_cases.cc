@@ -5,6 +5,8 @@
 #include "moe/dispatch.h"
 #include "ops/ops.h"
 #include "parallel/comm_ops.h"
+#include "parallel/tensor_parallel_ops.h"
+#include "parallel/vocab_parallel.h"
 #include "parallel/process_group.h"
 
 namespace remat::testing {
@@ -232,6 +234,20 @@ std::vector<OpCase> make_cases() {
   comm("all_reduce", [](const Inputs& x) { return all_reduce_sum(single_process_group(), x[0]); });
   comm("all_gather", [](const Inputs& x) { return all_gather(single_process_group(), x[0]); });
   comm("reduce_scatter", [](const Inputs& x) { return reduce_scatter(single_process_group(), x[0]); });
+  comm("tp_copy", [](const Inputs& x) { return tp_copy(single_process_group(), x[0]); });
+  comm("tp_reduce", [](const Inputs& x) { return tp_reduce(single_process_group(), x[0]); });
+  comm("tp_gather", [](const Inputs& x) { return tp_gather(single_process_group(), x[0], 1); });
+  comm("tp_scatter", [](const Inputs& x) { return tp_scatter(single_process_group(), x[0], 1); });
+  c.push_back({"vocab_parallel_cross_entropy", "one rank: h [2, 3, 4], w [7, 4], chunks of 2 rows, one target ignored",
+               [] { return Inputs{randn_f32({2, 3, 4}, 53), randn_f32({7, 4}, 54), i64({2, -100, 6, 0, 1, 3}, {2, 3})}; },
+               [](const Inputs& x) { return vocab_parallel_cross_entropy(single_process_group(), x[0], x[1], x[2], 0, 7, 2); },
+               GradcheckOptions{}, std::nullopt});
+  c.push_back({"dropout", "p 0.3, row piece 1 of 2 (sequence parallel), the default generator reseeded",
+               [] { return Inputs{randn_f32({2, 3, 4}, 55)}; },
+               [](const Inputs& x) {
+                 manual_seed(11);
+                 return dropout(x[0], 0.3, true, RowPiece{1, 2});
+               }});
   return c;
 }
 

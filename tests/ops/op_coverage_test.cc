@@ -40,6 +40,11 @@ const std::map<std::string, std::string> kNoCudaComparison = {
     {"all_reduce", "CUDA collectives need NCCL and several ranks (tests/parallel)"},
     {"all_gather", "CUDA collectives need NCCL and several ranks (tests/parallel)"},
     {"reduce_scatter", "CUDA collectives need NCCL and several ranks (tests/parallel)"},
+    {"tp_copy", "CUDA collectives need NCCL and several ranks (tests/parallel)"},
+    {"tp_reduce", "CUDA collectives need NCCL and several ranks (tests/parallel)"},
+    {"tp_gather", "CUDA collectives need NCCL and several ranks (tests/parallel)"},
+    {"tp_scatter", "CUDA collectives need NCCL and several ranks (tests/parallel)"},
+    {"vocab_parallel_cross_entropy", "CPU only: tensor parallelism runs under MPI (tests/parallel)"},
 };
 
 // Ops without a bench-ops row.
@@ -48,6 +53,10 @@ const std::map<std::string, std::string> kNoBenchRow = {
     {"all_reduce", "communication: bench --dp times it inside the step"},
     {"all_gather", "communication: bench --dp times it inside the step"},
     {"reduce_scatter", "communication: bench --dp times it inside the step"},
+    {"tp_copy", "communication: times inside the step of train --tp"},
+    {"tp_reduce", "communication: times inside the step of train --tp"},
+    {"tp_gather", "communication: times inside the step of train --tp"},
+    {"tp_scatter", "communication: times inside the step of train --tp"},
 };
 
 // The op names listed in docs/REFERENCE.md's op table: rows "| `name` | ...".

@@ -10,7 +10,7 @@ skipped=0
 flags=(--oversubscribe)
 [ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
 export OMP_NUM_THREADS=1 REMAT_COMM_TIMEOUT=60
-for bin in collectives_test p2p_test parallel_training_test simulated_rank_test zero_test; do
+for bin in collectives_test p2p_test parallel_training_test simulated_rank_test zero_test tensor_parallel_test; do
 for np in 2 4; do
   out=$(timeout 600 mpirun "${flags[@]}" --tag-output -np "$np" "./bazel-bin/tests/parallel/$bin" 2>&1)
   rc=$?

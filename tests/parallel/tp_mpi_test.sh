@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# `./remat train --tp` under mpirun (#38): tensor and sequence parallel runs
+# log one process's losses; a --tp state is one process's layout, which one
+# process and another --tp resume on the uninterrupted run's losses;
+# --save-hf gathers the slices (export's bytes); a killed rank is named; bad
+# layouts are refused before any work. The one-process run uses the default
+# thread count; ranks run one thread each. Losses agree within 1e-5 (the log's
+# rounding; tests/parallel/tensor_parallel_test.cc compares to 1e-6).
+set -u
+# shellcheck source=tests/script_checks.sh
+source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"
+flags=(--oversubscribe)
+[ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
+export OMP_NUM_THREADS=1
+remat=./bazel-bin/tools/remat
+common=(--config tiny --steps 4 --warmup 2 --eval-every 0 --seed 5 --progress off)
+
+env -u OMP_NUM_THREADS $remat train "${common[@]}" --log "$tmp/one.jsonl" > "$tmp/one.txt" 2>&1
+run_tp() {  # TAG NP ARGS...
+  local tag=$1 np=$2
+  shift 2
+  timeout 300 mpirun "${flags[@]}" -np "$np" $remat train "${common[@]}" "$@" --log "$tmp/$tag.jsonl" > "$tmp/$tag.txt" 2>&1
+}
+run_tp tp2 2 --tp 2
+run_tp tp2sp 2 --tp 2 --sp --recompute per_block
+run_tp tp2dp2 4 --tp 2 --dp 2 --sp
+run_tp tp4 4 --tp 4 --recompute selective:mlp
+check "only rank 0 prints, with the whole model's parameter count" \
+  '[ "$(grep -c "^remat train:" "$tmp/tp2.txt")" -eq 1 ] && grep -q "857216 parameters" "$tmp/tp2.txt"' || tail -5 "$tmp/tp2.txt"
+check "--tp 2, --tp 2 --sp (per_block), --tp 2 --dp 2 --sp and --tp 4 (selective:mlp) log one process's losses" \
+  "/usr/bin/python3 - '$tmp' <<'PY'
+import json, sys
+d = sys.argv[1]
+def rows(n): return [json.loads(l) for l in open(f'{d}/{n}.jsonl')]
+one = rows('one')
+assert len(one) == 4
+for tag in ('tp2', 'tp2sp', 'tp2dp2', 'tp4'):
+    got = rows(tag)
+    assert len(got) == 4, tag
+    for a, b in zip(one, got):
+        assert abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (tag, a['loss'], b['loss'])
+        assert abs(a['grad_norm'] - b['grad_norm']) <= 1e-5 * a['grad_norm'], (tag, a['grad_norm'], b['grad_norm'])
+c = rows('tp2sp')[-1]['comm']
+assert c['replay']['all_gather']['calls'] == 8 and c['replay']['reduce_scatter']['calls'] == 4, c
+assert 'all_gather' not in rows('tp2')[-1]['comm'].get('replay', {}), rows('tp2')[-1]['comm']
+PY" || tail -3 "$tmp"/tp*.txt
+
+# A state saved under --tp 2 holds whole tensors (one process's layout); one
+# process and --tp 4 --sp resume it on the uninterrupted run's losses.
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --tp 2 --stop-after 2 --save "$tmp/state" \
+  > "$tmp/save.txt" 2>&1
+check "a --tp 2 state holds whole tensors" \
+  "/usr/bin/python3 - '$tmp/state/state.safetensors' <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], 'rb').read()
+h = json.loads(b[8:8 + struct.unpack('<Q', b[:8])[0]])
+assert h['model.layers.0.self_attn.q_proj.weight']['shape'] == [128, 128]
+assert h['optimizer.exp_avg.model.layers.0.mlp.down_proj.weight']['shape'] == [128, 344]
+assert h['lm_head.weight']['shape'] == [256, 128]
+PY" || tail -5 "$tmp/save.txt"
+$remat train "${common[@]}" --resume "$tmp/state" --log "$tmp/resumed1.jsonl" > "$tmp/resumed1.txt" 2>&1
+timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${common[@]}" --tp 4 --sp --resume "$tmp/state" \
+  --log "$tmp/resumed4.jsonl" > "$tmp/resumed4.txt" 2>&1
+check "one process and --tp 4 --sp resume it and continue as the uninterrupted run" \
+  "/usr/bin/python3 - '$tmp' <<'PY'
+import json, sys
+d = sys.argv[1]
+one = [json.loads(l) for l in open(f'{d}/one.jsonl')]
+for tag in ('resumed1', 'resumed4'):
+    res = [json.loads(l) for l in open(f'{d}/{tag}.jsonl')]
+    assert [r['step'] for r in res] == [3, 4], (tag, res)
+    for a, b in zip(one[2:], res):
+        assert abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (tag, a['loss'], b['loss'])
+PY" || tail -3 "$tmp"/resumed*.txt
+
+# --save-hf gathers every slice: the bytes export writes from the saved state.
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --tp 2 --sp --save "$tmp/hfstate" \
+  --save-hf "$tmp/hf" > "$tmp/savehf.txt" 2>&1
+rc=$?
+$remat export --resume "$tmp/hfstate" --out "$tmp/export" > /dev/null 2>&1
+check "--tp 2 --save-hf writes export's bytes" \
+  '[ $rc -eq 0 ] && cmp -s "$tmp/hf/model.safetensors" "$tmp/export/model.safetensors"' || tail -5 "$tmp/savehf.txt"
+
+# A rank killed mid-step: the other exits non-zero naming its collective.
+start=$(date +%s)
+REMAT_FAULT=kill:1:40 timeout 120 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --tp 2 --sp \
+  > "$tmp/kill.txt" 2>&1
+rc=$?
+check "a killed --tp rank ends the job non-zero, within the timeout" \
+  '[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $(( $(date +%s) - start )) -lt 100 ]'
+check "the surviving rank names the collective it was in" \
+  'grep -qE "remat: .*(collective (all_gather|all_reduce|reduce_scatter) \(phase|MPI [a-z_]+.* failed)" "$tmp/kill.txt"' \
+  || cat "$tmp/kill.txt"
+
+# Bad layouts: refused before any work, naming what is wrong.
+bad() {  # NP PATTERN ARGS...
+  local np=$1 pattern=$2
+  shift 2
+  timeout 60 mpirun "${flags[@]}" -np "$np" $remat train --config tiny --steps 1 "$@" > "$tmp/bad.txt" 2>&1
+  grep -q -- "$pattern" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; return 1; }
+}
+check "--tp 3 names what does not divide" 'bad 3 "config tiny does not split into 3 tensor-parallel ranks: the 4 attention heads" --tp 3'
+check "--sp without --tp is refused" 'bad 1 "give --tp T with T >= 2" --sp'
+check "a job that is not a multiple of --tp is refused" 'bad 3 "the job has 3 rank(s), not a multiple of 2" --tp 2'
+check "--tp with --zero is refused for now" 'bad 2 "--tp 2 with --zero 1: not supported yet" --tp 2 --zero 1 --dp 1'
+check "--sp with MoE blocks is refused with the reason" 'bad 2 "--sp with config tiny-moe" --config tiny-moe --tp 2 --sp'
+finish
