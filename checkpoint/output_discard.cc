@@ -7,11 +7,20 @@ namespace remat {
 namespace {
 
 thread_local std::int64_t tls_regenerations = 0;
+thread_local bool tls_regenerating = false;
+
+// One forward's output as its saves share it: how many saves hold the
+// recipe, and the regenerated output while any of them is still to unpack.
+struct Shared {
+  std::int64_t saves = 0;
+  Tensor output;
+};
 
 // What a save of the discarded output holds instead of its data.
 struct Recipe {
   std::shared_ptr<const DiscardedOutput::Producer> producer;
   std::shared_ptr<const std::vector<Tensor>> inputs;
+  std::shared_ptr<Shared> shared;
 };
 
 class DiscardHooks final : public TypedSavedTensorHooks {
@@ -41,23 +50,36 @@ class DiscardHooks final : public TypedSavedTensorHooks {
     REMAT_CHECK(inputs != nullptr, Error, "output-discard '", name_, "': a save of its output by op '", info.op,
                 "' after the DiscardedOutput was destroyed");
     for (const auto& in : *inputs) saved_bytes_hold(in, "output_discard_inputs", info.region);
-    return Recipe{producer_, inputs};
+    if (!shared_ || shared_->saves == 0) shared_ = std::make_shared<Shared>();  // (a new forward of the region)
+    ++shared_->saves;
+    return Recipe{producer_, inputs, shared_};
   }
 
   void on_release(const std::any& packed, const SaveInfo& info) override {
-    for (const auto& in : *std::any_cast<const Recipe&>(packed).inputs)
-      saved_bytes_release(in, "output_discard_inputs", info.region);
+    const Recipe& r = std::any_cast<const Recipe&>(packed);
+    for (const auto& in : *r.inputs) saved_bytes_release(in, "output_discard_inputs", info.region);
+    if (--r.shared->saves == 0) r.shared->output = Tensor();  // (the last save: the regenerated output goes)
   }
 
   Tensor unpack_tensor(std::any packed, const SaveInfo&) override {
     const Recipe& r = std::any_cast<const Recipe&>(packed);
+    if (r.shared->output.defined()) return r.shared->output;
     RecomputeScope replaying;
     NoGradGuard no_grad;
     CategoryScope cat(MemoryCategory::recompute);
     ++tls_regenerations;
     std::vector<Tensor> in;
     for (const auto& t : *r.inputs) in.push_back(t.defined() ? t.detach() : t);
-    return (*r.producer)(in);
+    const bool was = tls_regenerating;
+    tls_regenerating = true;
+    try {
+      r.shared->output = (*r.producer)(in);
+    } catch (...) {
+      tls_regenerating = was;
+      throw;
+    }
+    tls_regenerating = was;
+    return r.shared->output;
   }
 
   std::size_t held_bytes(const std::any&) const override { return 0; }  // a recipe holds no data of its own
@@ -69,6 +91,7 @@ class DiscardHooks final : public TypedSavedTensorHooks {
   std::int64_t offset_;
   std::shared_ptr<const DiscardedOutput::Producer> producer_;
   std::weak_ptr<const std::vector<Tensor>> inputs_;
+  std::shared_ptr<Shared> shared_;  // the saves of this forward's output
 };
 
 }  // namespace
@@ -80,5 +103,6 @@ DiscardedOutput::DiscardedOutput(const char* name, Producer producer, std::vecto
 }
 
 std::int64_t DiscardedOutput::regenerations() { return tls_regenerations; }
+bool DiscardedOutput::regenerating() { return tls_regenerating; }
 
 }  // namespace remat

@@ -2,7 +2,10 @@
 // forward consumers hold it; where a later op saves that output for backward,
 // the save holds a recipe (the producing function and its inputs) instead of
 // the data, and the output is regenerated right before the backward that
-// needs it. (The MoE router's FP32 cast of its input uses this.)
+// needs it. Several saves of it share one regeneration: the first unpack
+// keeps the output until the last of those saves is released. (The MoE
+// router's FP32 cast of its input uses this, and sequence parallelism's
+// gathered inputs of the column-parallel projections: models/layers.h.)
 #pragma once
 
 #include <functional>
@@ -32,6 +35,9 @@ class DiscardedOutput {
 
   // Regenerations run on this thread since it started.
   static std::int64_t regenerations();
+  // True while a producer runs to regenerate (not in the forward, nor in a
+  // checkpoint replay of it): a collective producer counts it as backward.
+  static bool regenerating();
 
  private:
   std::shared_ptr<const std::vector<Tensor>> inputs_;

@@ -208,8 +208,37 @@ Tensor SelfAttention::project_kv(const Linear& proj, const Tensor& x) const {
   return proj.bias.defined() ? linear(x, w, weight_as(tp->kv_shared(proj.bias), x)) : linear(x, w);
 }
 
+namespace {
+// Sequence parallelism: the whole sequence of a rank's piece x, for a
+// column-parallel region, as an output-discard checkpoint: the saves of the
+// gathered tensor (the projections' inputs) hold the piece, and backward
+// gathers it again once for all of them, as backward communication
+// (Megatron-LM keeps the piece and re-gathers the same way; Korthikanti et
+// al. 2022's 34/t bytes per layer assume it). A checkpoint replay runs the
+// same way (its saves must match the forward's), so a replayed region
+// gathers in the replay and again in backward.
+struct GatheredInput {
+  explicit GatheredInput(const TensorParallel& tp, const Tensor& x)
+      : discard("tp_gather", [group = tp.group](const std::vector<Tensor>& in) {
+          if (!DiscardedOutput::regenerating()) return tp_gather(group, in[0], 1);
+          CommPhaseScope phase(CommPhase::backward);
+          return tp_gather(group, in[0], 1);
+        }, {x}),
+        scope(discard.hooks()) {}
+  DiscardedOutput discard;
+  SavedTensorHooksScope scope;  // around the region's ops
+};
+}  // namespace
+
 Tensor SelfAttention::forward(const Tensor& x_in, const PartRunner& parts) const {
-  const Tensor x = tp ? tp->enter(x_in) : x_in;  // (the whole sequence: gathered under sp)
+  if (tp && tp->sp) {
+    const GatheredInput gathered(*tp, x_in);
+    return project(gathered.discard.output(), parts);
+  }
+  return project(tp ? tp->enter(x_in) : x_in, parts);
+}
+
+Tensor SelfAttention::project(const Tensor& x, const PartRunner& parts) const {
   const std::int64_t B = x.size(0), S = x.size(1);
   auto heads = [&](const Tensor& t, std::int64_t h) {
     return t.view({B, S, h, head_dim}).transpose(1, 2).contiguous();  // [B, h, S, Dh]
@@ -270,17 +299,19 @@ MLP::MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& 
   down_proj = register_module(names.down, std::make_shared<Linear>(hidden, d_model, init_std, gen));
 }
 
-Tensor MLP::forward(const Tensor& x_in) const {
-  const Tensor x = tp ? tp->enter(x_in) : x_in;
+Tensor MLP::forward(const Tensor& x) const {
+  if (!tp) return project(x);
+  if (!tp->sp) return tp->leave(project(tp->enter(x)));
+  const GatheredInput gathered(*tp, x);
+  return tp->leave(project(gathered.discard.output()));
+}
+
+Tensor MLP::project(const Tensor& x) const {
   Tensor g = gate_proj->forward(x), u = up_proj->forward(x);
-  if (!recompute_activation) {
-    Tensor y = down_proj->forward(swiglu(g, u));
-    return tp ? tp->leave(y) : y;
-  }
+  if (!recompute_activation) return down_proj->forward(swiglu(g, u));
   DiscardedOutput act("moe_act", [](const std::vector<Tensor>& in) { return swiglu(in[0], in[1]); }, {g, u});
   SavedTensorHooksScope scope(act.hooks());
-  Tensor y = down_proj->forward(act.output());
-  return tp ? tp->leave(y) : y;
+  return down_proj->forward(act.output());
 }
 
 }  // namespace remat

@@ -154,11 +154,14 @@ class SelfAttention : public Module {
   std::int64_t n_heads, n_kv_heads, head_dim;  // this rank's heads under tensor parallelism
   double rope_theta;
   // Tensor parallel (models/tensor_parallel.h): q/k/v column-parallel by
-  // heads, o_proj row-parallel (its bias added once, after the reduction).
+  // heads, o_proj row-parallel (its bias added once, after the reduction);
+  // under sequence parallelism the gathered input is not kept for backward
+  // (gathered again there).
   std::shared_ptr<const TensorParallel> tp;
 
  private:
   Tensor project_kv(const Linear& proj, const Tensor& x) const;  // k_proj / v_proj, shared by ranks or not
+  Tensor project(const Tensor& x, const PartRunner& parts) const;  // x: the whole sequence
 };
 
 // The parameter names of an MLP's three projections: {gate, up, down}.
@@ -181,6 +184,9 @@ class MLP : public Module {
   // Tensor parallel: gate/up column-parallel, down row-parallel (a dense
   // block's MLP; models/tensor_parallel.h).
   std::shared_ptr<const TensorParallel> tp;
+
+ private:
+  Tensor project(const Tensor& x) const;  // down(swiglu(gate(x), up(x))), this rank's part
 };
 
 }  // namespace remat

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <vector>
 
+#include "engine/allocator.h"
 #include "engine/grad_mode.h"
 #include "ops/join.h"
 
@@ -77,7 +78,7 @@ std::shared_ptr<ProcessGroup> kv_head_group(const ModelConfig& c, const std::sha
 Tensor tp_take_slice(const Tensor& whole, const TpSlice& s) {
   if (!s.split()) return whole;
   const std::int64_t n = whole.size(s.dim) / s.parts;
-  return whole.narrow(s.dim, s.index * n, n).contiguous();
+  return whole.narrow(s.dim, s.index * n, n).clone();  // (its own elements: a view would keep the whole alive)
 }
 
 Tensor tp_whole(ProcessGroup& group, const Tensor& slice, const TpSlice& s) {
@@ -97,6 +98,7 @@ void apply_tensor_parallel(DecoderModel& model, std::shared_ptr<const TensorPara
   const std::int64_t t = tp->size(), rank = tp->rank();
   {
     NoGradGuard ng;
+    CategoryScope cat(MemoryCategory::parameter);
     for (auto& [name, p] : model.named_parameters())
       if (const TpSlice s = tp_slice(c, name, t, rank); s.split()) p.reshape_storage_(tp_take_slice(p, s));
   }

@@ -46,7 +46,8 @@ std::shared_ptr<ProcessGroup> kv_head_group(const ModelConfig& c, const std::sha
 // gradient reducer see the parameters; check_tensor_parallel first.
 void apply_tensor_parallel(DecoderModel& model, std::shared_ptr<const TensorParallel> tp);
 
-// The slice `s` of a whole parameter's values (contiguous).
+// The slice `s` of a whole parameter's values, in elements of its own
+// (a copy: the whole may be freed).
 Tensor tp_take_slice(const Tensor& whole, const TpSlice& s);
 // The whole parameter from every rank's slice (each rank passes its own,
 // of one shape): an all-gather over `group`; the same on every rank.

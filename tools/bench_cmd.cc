@@ -39,10 +39,22 @@ namespace {
 struct BenchRows {
   std::vector<std::string> names, run_plans;
   std::map<std::size_t, AutoRow> autos;
+  std::vector<BenchOptions::TpLayout> layouts;  // per row (--tp); empty: one process layout for all
 };
 
-// The plans as given: every row runs its own name.
-BenchRows hand_rows(const BenchOptions& o) { return {o.plans, o.plans, {}}; }
+// The plans as given: every row runs its own name; under several --tp
+// layouts every plan under each ("per_block @tp2+sp"; T = 1 keeps the name).
+BenchRows hand_rows(const BenchOptions& o) {
+  if (o.tp_layouts.size() == 1 && o.tp_layouts[0].t == 1) return {o.plans, o.plans, {}, {}};
+  BenchRows rows;
+  for (const BenchOptions::TpLayout& l : o.tp_layouts)
+    for (const std::string& p : o.plans) {
+      rows.names.push_back(l.t == 1 ? p : p + " @tp" + std::to_string(l.t) + (l.sp ? "+sp" : ""));
+      rows.run_plans.push_back(p);
+      rows.layouts.push_back(l);
+    }
+  return rows;
+}
 
 // With auto among the plans: one profile (in this process, before any
 // worker), then one row per budget ("auto" for one budget, "auto B" for
@@ -176,9 +188,10 @@ void run_variants(const BenchOptions& o, const BenchRows& rows, TorchBaseline* t
   for (const BenchSlot& s : order) {
     const std::string& name = m.variants[std::size_t(s.variant)];
     const bool is_torch = torch && s.variant == V - 1;
+    const BenchOptions::TpLayout layout = rows.layouts.empty() || is_torch ? o.tp_layouts[0] : rows.layouts[std::size_t(s.variant)];
     const auto r = is_torch ? torch->run(o.threads, dtype_name(o.dtype), o.device.str(), o.warmup, o.steps)
                             : run_worker(o.config, rows.run_plans[std::size_t(s.variant)], o.warmup, o.steps,
-                                         o.threads, std::to_string(o.seed), WorkerRanks{o.ep, o.dp, o.zero},
+                                         o.threads, std::to_string(o.seed), WorkerRanks{o.ep, o.dp, o.zero, layout.t, layout.sp},
                                          dtype_name(o.dtype),
                                          o.device.str(), o.offload_dir);
     for (const auto& [k, val] : r) m.samples[std::size_t(s.variant)][k].push_back(val);

@@ -1,5 +1,7 @@
 #include "tools/bench_options.h"
 
+#include "models/tensor_parallel.h"
+
 #include <algorithm>
 #include <sstream>
 
@@ -31,6 +33,9 @@ std::vector<FlagSpec> bench_flag_specs() {
        int_flag("zero", "with --dp: ZeRO stage over the worker's processes (1 optimizer state, 2 and gradients, 3 "
                 "and parameters); per-rank persistent, activation and peak bytes, gathers and reduce-scatters per "
                 "phase", 0, {.min = 0, .max = 3}),
+       text_flag("tp", "tensor-parallel layouts, comma-separated: T (each worker T x --dp processes under mpirun, "
+                 "every block split over T) or T+sp (sequence parallel too), e.g. 1,2,2+sp,4,4+sp; every plan "
+                 "runs under each, interleaved; per-rank activation bytes and collectives per phase", "1"),
        int_flag("pp", "pipeline stages: each worker is N processes under mpirun, one stage each; per-stage "
                 "memory, in-flight micro-batches and bubble for every --pp-schedule x --recompute", 1, {.min = 1}),
        text_flag("pp-schedule", "with --pp: comma-separated schedules", "gpipe,1f1b"),
@@ -141,10 +146,29 @@ BenchBaseline baseline_flag(const Flags& f, const BenchOptions& o) {
   return BenchBaseline::torch;
 }
 
+// "1,2,2+sp,4": each item T or T+sp, checked against the config
+// (check_tensor_parallel) before any run; Error naming the item otherwise.
+std::vector<BenchOptions::TpLayout> tp_layouts(const std::string& text, const ModelConfig& c) {
+  std::vector<BenchOptions::TpLayout> out;
+  for (const std::string& item : comma_items(text, false)) {
+    BenchOptions::TpLayout l;
+    const std::string t = item.size() > 3 && item.compare(item.size() - 3, 3, "+sp") == 0 ? item.substr(0, item.size() - 3) : item;
+    l.sp = t.size() != item.size();
+    REMAT_CHECK(!t.empty() && t.find_first_not_of("0123456789") == std::string::npos && t.size() < 6 && std::stoll(t) >= 1,
+                Error, "bench --tp: '", item, "' is not T or T+sp (T >= 1), e.g. --tp 1,2,2+sp");
+    l.t = std::stoll(t);
+    check_tensor_parallel(c, l.t, l.sp);
+    out.push_back(l);
+  }
+  REMAT_CHECK(!out.empty(), Error, "bench --tp: give one or more layouts, e.g. --tp 1,2,2+sp");
+  return out;
+}
+
 }  // namespace
 
 PipelineBenchSpec pipeline_bench_spec(const Flags& f, const std::string& config, const ModelConfig& c) {
-  for (const char* other : {"ep", "dp", "zero", "baseline", "estimate", "pareto", "html", "memory-budget", "offload-dir"})
+  for (const char* other : {"ep", "dp", "zero", "tp", "baseline", "estimate", "pareto", "html", "memory-budget",
+                            "offload-dir"})
     REMAT_CHECK(!f.has(other), Error, "bench --pp: --", other, " is not measured with a pipeline");
   REMAT_CHECK(f.get("device") == "cpu", Error, "bench --pp: pipelines run on the CPU under MPI for now");
   apply_threads_flag(f);
@@ -181,6 +205,7 @@ BenchOptions bench_options(const Flags& f, const std::string& config, const Mode
   o.ep = f.get_int("ep");
   o.dp = f.get_int("dp");
   o.zero = f.get_int("zero");
+  o.tp_layouts = tp_layouts(f.get("tp"), c);
   o.seed = std::uint64_t(f.get_int("seed"));
   o.dtype = compute_dtype_from_name(f.get("dtype"));  // a bad --dtype fails before any run
   o.device = device_flag(f, true);
@@ -207,6 +232,11 @@ BenchOptions bench_options(const Flags& f, const std::string& config, const Mode
               "`mem --device meta --simulate-world`)");
   REMAT_CHECK(!o.estimate || ((o.device.is_cpu() || o.device.is_meta()) && o.dtype == DType::f32), Error,
               "bench: --estimate traces f32 steps on the CPU or meta; drop --dtype, and --device cuda, for it");
+  const bool tensor_parallel = o.tp_layouts.size() > 1 || o.tp_layouts[0].t > 1;
+  REMAT_CHECK(!tensor_parallel || (o.device.is_cpu() && o.zero == 0 && !o.estimate), Error, "bench --tp ",
+              f.get("tp"), ": tensor parallelism runs on the CPU under MPI, without --zero or --estimate, for now");
+  REMAT_CHECK(!tensor_parallel || !o.has_auto, Error, "bench --tp ", f.get("tp"),
+              ": --recompute auto does not profile under tensor parallelism yet; name the plans");
   o.baseline = baseline_flag(f, o);
   if (f.has("peak-flops")) o.peak_flops = f.get_double("peak-flops");
   if (f.has("json")) o.json_path = f.get("json");

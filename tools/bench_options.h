@@ -43,6 +43,14 @@ struct BenchOptions {
   bool pareto = false, has_auto = false, estimate = false;
   std::int64_t repeats = 1, warmup = 0, steps = 1, ep = 1;
   std::int64_t dp = 1, zero = 0;    // --dp D (the processes of a worker) and --zero S over them
+  // --tp T[+sp],...: the tensor-parallel layouts, each a worker of T times
+  // the processes splitting every block (models/tensor_parallel.h), with
+  // sequence parallelism for "+sp"; every plan runs under each of them.
+  struct TpLayout {
+    std::int64_t t = 1;
+    bool sp = false;
+  };
+  std::vector<TpLayout> tp_layouts{TpLayout{}};
   int threads = 1;                  // num_threads() once --threads is applied
   std::uint64_t seed = 0;
   DType dtype = DType::f32;

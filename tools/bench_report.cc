@@ -155,6 +155,21 @@ class BenchReport {
                             "reduce_scatter_bytes_backward", "zero_comm_wait_ms"})
         j.set(k, med(k));
     }
+    if (m_.samples[i].count("tp")) {  // (a worker under --tp T > 1)
+      // Per rank (the fullest): activation_bytes; next to the fraction of one
+      // process's activations that Korthikanti et al. (2022) give a rank:
+      // (10 + 24/t) / 34 with tensor parallelism, 1/t with --sp.
+      const double t = med("tp");
+      const bool sp = med("sp") > 0;
+      j.set("tp", t).set("sp", sp).set("activation_formula_fraction", sp ? 1 / t : (10 + 24 / t) / 34);
+      for (const char* k : {"comm_bytes_forward", "comm_bytes_backward", "comm_bytes_replay"}) j.set(k, med(k));
+      for (const char* kind : {"all_reduce", "all_gather", "reduce_scatter"})
+        for (const char* ph : {"forward", "backward", "replay"})
+          for (const char* what : {"calls", "bytes"}) {
+            const std::string k = std::string(kind) + "_" + what + "_" + ph;
+            j.set(k, med(k.c_str()));
+          }
+    }
     if (o_.ep > 1) {
       j.set("ep", o_.ep);
       for (const char* k : {"comm_bytes_forward", "comm_bytes_backward", "comm_bytes_replay", "all_to_all_bytes_forward",

@@ -26,6 +26,7 @@
 #include "engine/op_hooks.h"
 #include "models/decoder.h"
 #include "models/recompute.h"
+#include "models/tensor_parallel.h"
 #include "moe/dispatch.h"
 #include "parallel/grad_reducer.h"
 #include "tools/args.h"
@@ -64,7 +65,8 @@ std::map<std::string, double> run_worker(const std::string& config, const std::s
   std::string cmd = launcher + "'/proc/" + std::to_string(::getpid()) + "/exe' bench-worker --config '" + config +
                     "' --recompute '" + plan + "' --warmup " + std::to_string(warmup) + " --steps " +
                     std::to_string(steps) + " --threads " + std::to_string(threads) + " --seed " + seed +
-                    " --ep " + std::to_string(ep) + " --zero " + std::to_string(ranks.zero) + " --dtype " + dtype +
+                    " --ep " + std::to_string(ep) + " --zero " + std::to_string(ranks.zero) + " --tp " +
+                    std::to_string(ranks.tp) + (ranks.sp ? " --sp" : "") + " --dtype " + dtype +
                     " --device " + device +
                     (offload_dir.empty() ? "" : " --offload-dir '" + offload_dir + "'") + " 2>&1";
   return run_bench_result(cmd, "bench: worker for plan " + plan);
@@ -112,7 +114,8 @@ class ReplayFlops final : public OpHook {
 struct WorkerOptions {
   ModelConfig config;
   std::string plan;
-  std::int64_t warmup = 0, steps = 0, ep = 1, zero = 0;
+  std::int64_t warmup = 0, steps = 0, ep = 1, zero = 0, tp = 1;
+  bool sp = false;
   std::uint64_t seed = 0;
   DType dtype = DType::f32;
   Device device;
@@ -130,6 +133,8 @@ WorkerOptions worker_options(const std::vector<std::string>& args) {
            int_flag("seed", "seed", 0, {.min = 0}),
            int_flag("ep", "expert parallel degree (the processes under mpirun)", 1, {.min = 1}),
            int_flag("zero", "ZeRO stage over the processes under mpirun (0: none)", 0, {.min = 0, .max = 3}),
+           int_flag("tp", "tensor-parallel degree (innermost ranks of the processes under mpirun)", 1, {.min = 1}),
+           bool_flag("sp", "with --tp: sequence parallel"),
            text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
            text_flag("device", "cpu, cuda or cuda:N", "cpu"),
            text_flag("offload-dir", "directory for the offload plans' spill file"),
@@ -145,6 +150,8 @@ WorkerOptions worker_options(const std::vector<std::string>& args) {
   o.device = device_flag(f);
   o.ep = f.get_int("ep");
   o.zero = f.get_int("zero");
+  o.tp = f.get_int("tp");
+  o.sp = f.get_bool("sp");
   o.dtype = compute_dtype_from_name(f.get("dtype"));
   if (f.has("offload-dir")) o.offload_dir = f.get("offload-dir");
   if (f.has("kernel-profile")) {
@@ -208,9 +215,12 @@ struct StepTimes {
 // recorded.
 class WorkerSteps {
  public:
+  // `world`: the data-parallel ranks (sharing the batch); `tp`: this rank's
+  // tensor-parallel group (null without --tp); `ranks`: the job's processes.
   WorkerSteps(DecoderModel& model, DataParallelUpdate& update, const ParallelLayout& layout, ProcessGroup& world,
-              const WorkerOptions& o)
-      : model_(model), update_(update), layout_(layout), world_(world), device_(o.device),
+              std::shared_ptr<const TensorParallel> tp, int ranks, const WorkerOptions& o)
+      : model_(model), update_(update), layout_(layout), world_(world), tp_(std::move(tp)), ranks_(ranks),
+        device_(o.device),
         offload_(model.block_stack().offload_hooks()), compress_(model.block_stack().compress_hooks()),
         corpus_(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
         sampler_(corpus_.train, o.config.batch, o.config.seq, o.seed + 1),
@@ -247,9 +257,17 @@ class WorkerSteps {
 
  private:
   // Reads the counters and resets the allocator's peak and the replay FLOPs.
+  // Every group's collectives: the layout's and the tensor-parallel ones.
+  CommCounters comm() const {
+    CommCounters c = layout_.counters();
+    if (tp_) c = c + tp_->group->counters();
+    if (tp_ && tp_->kv_group) c = c + tp_->kv_group->counters();
+    return c;
+  }
+
   CounterMarks mark() {
     CounterMarks m;
-    m.comm = layout_.counters();
+    m.comm = comm();
     alloc_.reset_peak();
     m.ops_recomputed = checkpoint_counters().ops_recomputed;
     m.replay_ns = checkpoint_counters().replay_ns;
@@ -331,15 +349,17 @@ class WorkerSteps {
     s.loss = std::max(s.loss, st.category_peak[std::size_t(MemoryCategory::loss)]);
     s.ops = checkpoint_counters().ops_recomputed - m.ops_recomputed;
     s.replayed = dispatch_counters().replay_bytes_moved - m.replay_bytes_moved;
-    s.comm_step = layout_.counters() - m.comm;
+    s.comm_step = comm() - m.comm;
     // With several ranks: what really crossed between ranks again.
-    if (world_.size() > 1) s.replayed = s.comm_step.bytes_in(CommPhase::replay);
+    if (ranks_ > 1) s.replayed = s.comm_step.bytes_in(CommPhase::replay);
   }
 
   DecoderModel& model_;
   DataParallelUpdate& update_;
   const ParallelLayout& layout_;
   ProcessGroup& world_;
+  std::shared_ptr<const TensorParallel> tp_;
+  int ranks_;
   Device device_;
   const std::shared_ptr<OffloadHooks>& offload_;
   const std::shared_ptr<CompressHooks>& compress_;
@@ -391,8 +411,13 @@ JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const
       j.set("all_gather_calls_" + ph, double(comm.calls_of(CollectiveKind::all_gather, p)));
       j.set("all_gather_bytes_" + ph, double(comm.bytes_of(CollectiveKind::all_gather, p)));
     }
-    j.set("reduce_scatter_calls_backward", double(comm.calls_of(CollectiveKind::reduce_scatter, CommPhase::backward)));
-    j.set("reduce_scatter_bytes_backward", double(comm.bytes_of(CollectiveKind::reduce_scatter, CommPhase::backward)));
+    for (CommPhase p : {CommPhase::forward, CommPhase::backward, CommPhase::replay}) {
+      const std::string ph = phase_name(p);
+      j.set("reduce_scatter_calls_" + ph, double(comm.calls_of(CollectiveKind::reduce_scatter, p)));
+      j.set("reduce_scatter_bytes_" + ph, double(comm.bytes_of(CollectiveKind::reduce_scatter, p)));
+      j.set("all_reduce_calls_" + ph, double(comm.calls_of(CollectiveKind::all_reduce, p)));
+      j.set("all_reduce_bytes_" + ph, double(comm.bytes_of(CollectiveKind::all_reduce, p)));
+    }
   }
   return j;
 }
@@ -428,23 +453,40 @@ int run_bench_worker(const std::vector<std::string>& args) {
   // Several processes (--ep, --dp under mpirun): each rank takes its share
   // of the batch and of the experts, and its shards (--zero), as `./remat
   // train` does.
-  auto world = world_group();
+  // --tp: the innermost ranks split each block, the ranks with the same
+  // tensor-parallel rank share the batch (as train --tp).
+  auto job = world_group();
+  auto world = job;
+  std::shared_ptr<TensorParallel> tp;
+  if (o.tp > 1) {
+    check_tensor_parallel(o.config, o.tp, o.sp);
+    const int T = int(o.tp);
+    REMAT_CHECK(job->size() % T == 0, Error, "bench-worker --tp ", T, ": ", job->size(), " processes");
+    tp = std::make_shared<TensorParallel>();
+    tp->group = job->split_by([T](int r) { return std::pair<int, int>(r / T, r % T); });
+    world = job->split_by([T](int r) { return std::pair<int, int>(r % T, r / T); });
+    tp->kv_group = kv_head_group(o.config, tp->group);
+    tp->sp = o.sp;
+  }
   const ParallelLayout layout = make_parallel_layout(world, o.ep, o.config);
   manual_seed(o.seed);
   DecoderModel model(o.config, o.seed, layout.placement());
+  if (tp) apply_tensor_parallel(model, tp);
   prepare_model(model, layout, o);
   DataParallelUpdate update =
       make_data_parallel_update(layout, model.named_parameters(), 25ll << 20, o.zero, {}, model);
-  WorkerSteps steps(model, update, layout, *world, o);
+  WorkerSteps steps(model, update, layout, *world, tp, job->size(), o);
   for (std::int64_t i = 0; i < o.warmup; ++i) steps.step(/*timed=*/false);
   if (o.kernel_profile) {
     if constexpr (cuda::kHaveCuda) profile_kernels(steps, o);
   } else {
     for (std::int64_t i = 0; i < o.steps; ++i) steps.step(/*timed=*/true);
   }
-  if (world->size() > 1) steps.take_fullest_rank(*world);
-  if (world->rank() != 0) return 0;  // rank 0 reports
-  std::printf("BENCH-RESULT %s\n", worker_result(steps.series(), model, layout, world->size(), o.device).str().c_str());
+  if (job->size() > 1) steps.take_fullest_rank(*job);
+  if (job->rank() != 0) return 0;  // rank 0 reports
+  JsonObject result = worker_result(steps.series(), model, layout, job->size(), o.device);
+  if (tp) result.set("tp", double(o.tp)).set("sp", o.sp ? 1.0 : 0.0);
+  std::printf("BENCH-RESULT %s\n", result.str().c_str());
   return 0;
 }
 

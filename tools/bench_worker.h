@@ -27,8 +27,9 @@ double max_of(const std::vector<double>& v);
 // The processes of one worker: ep-way expert parallel over dp data-parallel
 // ranks (dp 1: ep ranks), with ZeRO stage `zero` over them.
 struct WorkerRanks {
-  std::int64_t ep = 1, dp = 1, zero = 0;
-  std::int64_t processes() const { return dp > 1 ? dp : ep; }
+  std::int64_t ep = 1, dp = 1, zero = 0, tp = 1;
+  bool sp = false;
+  std::int64_t processes() const { return (dp > 1 ? dp : ep) * tp; }
 };
 
 // One worker process (this binary as `bench-worker`): `warmup` untimed and

@@ -307,7 +307,10 @@ struct PipelineStage::Pass {
     if (first) {
       u.x = model.embed(tokens.narrow(1, 0, seq).contiguous());
     } else {
-      u.x = empty({rows, seq, model.config().d_model}, TensorOptions(model.compute_dtype(), batch.device()));
+      // (under sequence parallelism this rank's piece of the sequence)
+      const auto& tp = model.tensor_parallel();
+      const std::int64_t held = tp && tp->sp ? seq / tp->size() : seq;
+      u.x = empty({rows, held, model.config().d_model}, TensorOptions(model.compute_dtype(), batch.device()));
       recv(u.x, int(s - 1), int(2 * m));
       if (train) u.x.set_requires_grad(true);
     }

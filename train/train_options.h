@@ -85,9 +85,9 @@ struct TrainOptions {
   std::int64_t pp = 1;
   // Tensor parallel (models/tensor_parallel.h): tp ranks split every block's
   // matmuls, the embedding and the LM head; they are the innermost
-  // (neighbouring) ranks of the job, which holds tp x dp of them. sp:
-  // sequence parallel, the tensors between the blocks' regions sharded
-  // along the sequence over the tp ranks. Not yet with zero, pp or a CUDA
+  // (neighbouring) ranks of the job, which holds tp x dp (x pp) of them.
+  // sp: sequence parallel, the tensors between the blocks' regions sharded
+  // along the sequence over the tp ranks. Not yet with zero or a CUDA
   // device.
   std::int64_t tp = 1;
   bool sp = false;

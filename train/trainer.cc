@@ -54,9 +54,10 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scale
   RecomputePlan plan = RecomputePlan::parse(opts_.recompute, c.n_layers);
   plan.offload_dir = opts_.offload_dir;
   check_tensor_parallel(c, opts_.tp, opts_.sp);
-  REMAT_CHECK(opts_.tp == 1 || (opts_.zero == 0 && opts_.pp == 1 && opts_.device.is_cpu()), Error, "--tp ", opts_.tp,
-              " with ", opts_.zero ? "--zero " + std::to_string(opts_.zero) : opts_.pp > 1 ? "--pp " + std::to_string(opts_.pp) : "--device " + opts_.device.str(),
-              ": not supported yet (tensor parallelism runs on the CPU under MPI, with --dp and --ep)");
+  REMAT_CHECK(opts_.tp == 1 || (opts_.zero < 3 && opts_.device.is_cpu()), Error, "--tp ", opts_.tp, " with ",
+              opts_.zero == 3 ? std::string("--zero 3") : "--device " + opts_.device.str(),
+              ": not supported yet (tensor parallelism runs on the CPU under MPI, with --dp, --ep, --pp and --zero 1 "
+              "or 2)");
   REMAT_CHECK(opts_.zero != 3 || !c.tie_embeddings, Error, "--zero 3: config ", c.name, " ties its embeddings (the "
               "LM head uses the embedding's weight), which sharded parameters do not support yet; use --zero 2");
   job_ = opts_.group ? opts_.group : world_group();
@@ -476,7 +477,7 @@ double Trainer::grad_norm() const {
   for (auto& [name, p] : owned_parameters()) {
     const TpSlice sl = tp_ ? tp_slice(opts_.config, name, tp_->size(), tp_->rank()) : TpSlice{};
     if (sl.split()) {
-      if (sl.first_holder(tp_->rank(), tp_->size())) slices.push_back(p);
+      if (!sharded && sl.first_holder(tp_->rank(), tp_->size())) slices.push_back(p);
     } else if (layout_.ep > 1 && is_expert_parameter(name)) {
       experts.push_back(p);
     } else if (!sharded) {
@@ -486,7 +487,17 @@ double Trainer::grad_norm() const {
   const double slice_sq = tp_ ? sum_in_rank_order(*tp_->group, squares(slices)) : 0.0;
   double dense_sq = 0;
   if (sharded) {
-    const double shards = sum_in_rank_order(*layout_.world, grad_sq_sum(zero_->shard_pieces()));
+    // (under --tp: the pieces of slices apart, summed over the ranks of the slices too)
+    std::vector<Tensor> whole_pieces, slice_pieces;
+    const std::vector<Tensor> pieces = zero_->shard_pieces();
+    const std::vector<std::string> of = zero_->shard_piece_parameters();
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const TpSlice sl = tp_ ? tp_slice(opts_.config, of[i], tp_->size(), tp_->rank()) : TpSlice{};
+      if (!sl.split()) whole_pieces.push_back(pieces[i]);
+      else if (sl.first_holder(tp_->rank(), tp_->size())) slice_pieces.push_back(pieces[i]);
+    }
+    double shards = sum_in_rank_order(*layout_.world, grad_sq_sum(whole_pieces));
+    if (tp_) shards += sum_in_rank_order(*tp_->group, sum_in_rank_order(*layout_.world, grad_sq_sum(slice_pieces)));
     dense_sq = pipeline_ ? pipeline_->sum_over_stages({shards}) : shards;
   } else {
     dense_sq = squares(dense) + slice_sq;

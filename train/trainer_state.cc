@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <functional>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "engine/grad_mode.h"
@@ -99,7 +100,9 @@ void Trainer::save(const std::string& dir) const {
   // stage's replicas shard their stage), rank 0 the index and the unsharded
   // tensors (train/sharded_state.h). Otherwise one file in the layout of one
   // process, gathered to rank 0.
-  const bool sharded = zero_ != nullptr;
+  // (under --tp a slice's pieces would share names across the ranks of the
+  // slice: the state is gathered into one process's layout instead)
+  const bool sharded = zero_ != nullptr && !tp_;
   std::string index;
   std::vector<std::pair<std::string, Tensor>> tensors;
   if (sharded) {
@@ -249,10 +252,30 @@ struct ResumedState {
   StateReader reader;
 };
 
+// Elements [begin, begin + out.numel()) of slice `s` of state tensor `name`
+// (flattened) into `out` (contiguous f32 on the CPU): runs within the
+// slice's rows of the whole tensor.
+void read_slice_range(const StateReader& reader, const std::string& name, const TpSlice& s, std::int64_t begin,
+                      Tensor& out) {
+  const Shape& whole = reader.shape(name);
+  std::int64_t row = 1;  // a whole row: the elements of dims [dim, end)
+  for (std::size_t i = std::size_t(s.dim); i < whole.size(); ++i) row *= whole[i];
+  const std::int64_t piece = row / s.parts;  // a slice row's elements
+  Tensor flat = out.view({-1});
+  for (std::int64_t done = 0, n = out.numel(); done < n;) {
+    const std::int64_t e = begin + done, r = e / piece, c = e % piece, run = std::min(piece - c, n - done);
+    Tensor part = flat.narrow(0, done, run);
+    reader.read_range(name, r * row + s.index * piece + c, part);
+    done += run;
+  }
+}
+
 // Elements [begin, begin + out.numel()) of state tensor `name` into `out`
-// (contiguous f32, any device): a rank's ranges of a one-process state.
-ParameterRangeSource state_ranges(const StateReader& reader) {
-  return [&reader](const std::string& name, std::int64_t begin, Tensor& out) {
+// (contiguous f32, any device): a rank's ranges of a one-process state
+// (under --tp, of this rank's slice of it).
+ParameterRangeSource state_ranges(const StateReader& reader, const SliceOf& slice_of) {
+  return [&reader, slice_of](const std::string& name, std::int64_t begin, Tensor& out) {
+    if (const TpSlice s = slice_of(parameter_of(name)); s.split()) return read_slice_range(reader, name, s, begin, out);
     if (out.device().is_cpu()) return reader.read_range(name, begin, out);
     Tensor host = empty(out.sizes(), TensorOptions(DType::f32, kCPU));
     reader.read_range(name, begin, host);
@@ -267,7 +290,13 @@ void verify_values(const StateReader& reader, const DecoderModel& model, const Z
   for (const auto& [name, p] : model.named_parameters())
     if (!p.released()) reader.verify_range(name, 0, p.numel() * slice_of(name).parts);
   if (zero) {
-    for (const ZeroOptimizer::StateRange& r : zero->loaded_ranges()) reader.verify_range(r.name, r.begin, r.n);
+    std::set<std::string> sliced;  // (verified whole: a slice's range is not one range of the tensor)
+    for (const ZeroOptimizer::StateRange& r : zero->loaded_ranges()) {
+      if (!slice_of(parameter_of(r.name)).split())
+        reader.verify_range(r.name, r.begin, r.n);
+      else if (sliced.insert(r.name).second)
+        reader.verify_range(r.name, 0, shape_numel(reader.shape(r.name)));
+    }
   } else {
     for (const auto& [name, t] : optimizer->state())
       reader.verify_range(name, 0, t.numel() * slice_of(parameter_of(name)).parts);
@@ -287,8 +316,8 @@ void load_values(const StateReader& reader, DecoderModel& model, ZeroOptimizer* 
     read_slice(reader, name, slice_of(name), dst);
   }
   if (zero) {
-    zero->load_parameters(state_ranges(reader));  // --zero 3: this rank's shards
-    zero->load_state(state_ranges(reader), step);
+    zero->load_parameters(state_ranges(reader, slice_of));  // --zero 3: this rank's shards
+    zero->load_state(state_ranges(reader, slice_of), step);
   } else {
     optimizer->fill_state([&](const std::string& prefix, const std::string& name,
                               Tensor& dst) { read_slice(reader, prefix + name, slice_of(name), dst); },

@@ -185,6 +185,13 @@ std::vector<Tensor> ZeroOptimizer::shard_pieces() const {
   return out;
 }
 
+std::vector<std::string> ZeroOptimizer::shard_piece_parameters() const {
+  std::vector<std::string> out;
+  for (const Unit& u : units_)
+    for (const auto& piece : u.pieces) out.push_back(u.layout.names[piece.member]);
+  return out;
+}
+
 void ZeroOptimizer::step(double lr) {
   if (gatherer_) gatherer_->release_all();  // (after backward nothing is gathered; values change now)
   adamw_->step(lr);

@@ -97,6 +97,8 @@ class ZeroOptimizer {
   const std::vector<Tensor>& bind_grads();
   // The pieces alone (bound by the last bind_grads()).
   std::vector<Tensor> shard_pieces() const;
+  // The parameter each of shard_pieces() is a piece of, in the same order.
+  std::vector<std::string> shard_piece_parameters() const;
   // The unsharded parameters.
   const std::vector<Tensor>& unsharded() const { return unsharded_; }
   // AdamW on this rank's pieces and the unsharded parameters; then, under

@@ -21,7 +21,9 @@
 #include "models/tensor_parallel.h"
 #include "ops/ops.h"
 #include "train/trainer.h"
+#include "engine/allocator.h"
 #include "tests/files.h"
+#include "tests/parallel/fake_group.h"
 #include "tests/skip.h"
 
 using namespace remat;
@@ -68,7 +70,7 @@ void nudge(DecoderModel& model) {
 // rest), or, with `resume`, from the state there to `steps`.
 Run train(const ModelConfig& c, std::shared_ptr<ProcessGroup> group, std::int64_t tp, bool sp, std::int64_t ep,
           const std::string& plan, std::int64_t steps, std::int64_t stop_first = 0, const std::string& save = "",
-          const std::string& resume = "", bool nudged = false) {
+          const std::string& resume = "", bool nudged = false, std::int64_t zero = 0) {
   TrainOptions o;
   o.config = c;
   o.steps = steps;
@@ -80,6 +82,7 @@ Run train(const ModelConfig& c, std::shared_ptr<ProcessGroup> group, std::int64_
   o.sp = sp;
   o.ep = ep;
   o.recompute = plan;
+  o.zero = zero;
   o.stop_after = stop_first;
   o.save_dir = save;
   o.resume_dir = resume;
@@ -159,13 +162,15 @@ TEST_CASE("tensor and sequence parallel training equal one process after 10 step
     const ModelConfig c = small(name);
     const Run ref = train(c, single_process_group(), 1, false, 1, "none", 10);
     // tp = every rank; on 4 ranks also tp 2 x dp 2 (MoE: experts split over the two replicas).
-    std::vector<std::int64_t> tps = {W};
-    if (W == 4) tps.push_back(2);
-    for (const std::int64_t tp : tps)
+    // On 4 ranks, tp 2 x dp 2 also under --zero 2 (sharding each slice over the replicas).
+    std::vector<std::pair<std::int64_t, std::int64_t>> tps = {{W, 0}};
+    if (W == 4) tps.insert(tps.end(), {{2, 0}, {2, 2}});
+    for (const auto& [tp, zero] : tps)
       for (const bool sp : {false, true}) {
         if (sp && c.experts > 0) continue;  // (refused: below)
         const std::int64_t ep = c.experts > 0 && W / tp > 1 ? W / tp : 1;
-        INFO(name << ": --tp " << tp << (sp ? " --sp" : "") << " --ep " << ep << " on " << W << " ranks");
+        INFO(name << ": --tp " << tp << (sp ? " --sp" : "") << " --ep " << ep << " --zero " << zero << " on " << W
+                  << " ranks");
         // 9 steps, a save (one process's layout), then the 10th step; one
         // process resumes the save and takes the same 10th step, so the
         // 10th step's gradients are compared at the same weights (AdamW's
@@ -175,13 +180,13 @@ TEST_CASE("tensor and sequence parallel training equal one process after 10 step
         // within 2e-6 of its largest element, or within 4 times what one
         // process's own moves when its weights move by rounding (nudge).
         const std::string dir = shared_dir(*world);
-        Run got = train(c, world, tp, sp, ep, "none", 10, 9, dir);
+        Run got = train(c, world, tp, sp, ep, "none", 10, 9, dir, "", false, zero);
         REQUIRE(got.losses.size() == 10);
         for (std::size_t i = 0; i < 10; ++i) CHECK(std::fabs(got.losses[i] - ref.losses[i]) <= 1e-6 * ref.losses[i]);
         const Run one = train(c, single_process_group(), 1, false, 1, "none", 10, 0, "", dir + "/first");
         REQUIRE(one.losses.size() == 1);
         CHECK(std::fabs(got.losses[9] - one.losses[0]) <= 1e-6 * one.losses[0]);
-        if (ep > 1) continue;  // (the experts' gradients live on their ranks; the losses cover them)
+        if (ep > 1 || zero > 1) continue;  // (the experts' / gradients' pieces live on their ranks; the losses cover them)
         const Run rounded = train(c, single_process_group(), 1, false, 1, "none", 10, 0, "", dir + "/first", true);
         double worst = 0, d2 = 0, n2 = 0;
         std::string worst_name;
@@ -284,3 +289,44 @@ TEST_CASE("a parameter's slices make the whole parameter", "[parallel][tp]") {
   CHECK(same_bits(tp_whole(*single_process_group(), w, TpSlice{}), w));
 }
 
+
+TEST_CASE("dropout's row pieces are one process's mask, sliced along the sequence", "[parallel][tp]") {
+  // One process's [B, S, d] against two ranks' [B, S/2, d] pieces, under a
+  // data-parallel shard (rank 1 of 2) as the trainer runs them.
+  const Tensor x = randn({2, 8, 4});
+  manual_seed(3);
+  Tensor whole;
+  {
+    RngShardScope shard(1, 2);
+    whole = dropout(x, 0.4, true);
+  }
+  for (std::int64_t t = 0; t < 2; ++t) {
+    manual_seed(3);
+    RngShardScope shard(1, 2);
+    const Tensor piece = dropout(x.narrow(1, 4 * t, 4).contiguous(), 0.4, true, RowPiece{t, 2});
+    CHECK(same_bits(piece, whole.narrow(1, 4 * t, 4).contiguous()));
+  }
+  CHECK_THROWS_WITH(dropout(randn({2, 3, 1}), 0.4, true, RowPiece{0, 2}),
+                    Catch::Contains("a row piece must hold a multiple of 4 elements"));
+}
+
+TEST_CASE("a rank keeps only its slices' elements, in the parameter category", "[parallel][tp]") {
+  DecoderModel model(small("llama-gqa-tied"), 11);
+  auto tp = std::make_shared<TensorParallel>();
+  tp->group = std::make_shared<testing::TwoRankFakeGroup>();
+  const std::int64_t whole = model.num_parameters() * 4;
+  const std::int64_t before = allocator_for(kCPU).stats().category(MemoryCategory::parameter);
+  apply_tensor_parallel(model, tp);
+  std::int64_t kept = 0, n = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    INFO(name);
+    CHECK(p.impl().storage->nbytes() == p.nbytes());  // (a view of the whole would keep all of it)
+    kept += std::int64_t(p.nbytes());
+    ++n;
+  }
+  // The wholes freed, the slices kept as parameters (up to the allocator's rounding).
+  const std::int64_t freed = before - allocator_for(kCPU).stats().category(MemoryCategory::parameter);
+  CHECK(std::abs(freed - (whole - kept)) <= 1024 * n);
+  CHECK(kept < whole * 6 / 10);
+  CHECK(model.model->layers[0]->self_attn->n_heads == 2);
+}

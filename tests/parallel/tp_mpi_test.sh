@@ -25,16 +25,18 @@ run_tp tp2 2 --tp 2
 run_tp tp2sp 2 --tp 2 --sp --recompute per_block
 run_tp tp2dp2 4 --tp 2 --dp 2 --sp
 run_tp tp4 4 --tp 4 --recompute selective:mlp
+run_tp tp2pp2 4 --tp 2 --pp 2 --sp --grad-accum 2 --recompute per_block
+run_tp tp2z2 4 --tp 2 --dp 2 --zero 2 --sp
 check "only rank 0 prints, with the whole model's parameter count" \
   '[ "$(grep -c "^remat train:" "$tmp/tp2.txt")" -eq 1 ] && grep -q "857216 parameters" "$tmp/tp2.txt"' || tail -5 "$tmp/tp2.txt"
-check "--tp 2, --tp 2 --sp (per_block), --tp 2 --dp 2 --sp and --tp 4 (selective:mlp) log one process's losses" \
+check "--tp 2, --tp 2 --sp (per_block), --tp 2 --dp 2 --sp, --tp 4 (selective:mlp), --tp 2 --pp 2 --sp and --tp 2 --dp 2 --zero 2 --sp log one process's losses" \
   "/usr/bin/python3 - '$tmp' <<'PY'
 import json, sys
 d = sys.argv[1]
 def rows(n): return [json.loads(l) for l in open(f'{d}/{n}.jsonl')]
 one = rows('one')
 assert len(one) == 4
-for tag in ('tp2', 'tp2sp', 'tp2dp2', 'tp4'):
+for tag in ('tp2', 'tp2sp', 'tp2dp2', 'tp4', 'tp2pp2', 'tp2z2'):
     got = rows(tag)
     assert len(got) == 4, tag
     for a, b in zip(one, got):
@@ -61,12 +63,14 @@ PY" || tail -5 "$tmp/save.txt"
 $remat train "${common[@]}" --resume "$tmp/state" --log "$tmp/resumed1.jsonl" > "$tmp/resumed1.txt" 2>&1
 timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${common[@]}" --tp 4 --sp --resume "$tmp/state" \
   --log "$tmp/resumed4.jsonl" > "$tmp/resumed4.txt" 2>&1
-check "one process and --tp 4 --sp resume it and continue as the uninterrupted run" \
+timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${common[@]}" --tp 2 --dp 2 --zero 2 --resume "$tmp/state" \
+  --log "$tmp/resumedz.jsonl" > "$tmp/resumedz.txt" 2>&1
+check "one process, --tp 4 --sp and --tp 2 --dp 2 --zero 2 resume it and continue as the uninterrupted run" \
   "/usr/bin/python3 - '$tmp' <<'PY'
 import json, sys
 d = sys.argv[1]
 one = [json.loads(l) for l in open(f'{d}/one.jsonl')]
-for tag in ('resumed1', 'resumed4'):
+for tag in ('resumed1', 'resumed4', 'resumedz'):
     res = [json.loads(l) for l in open(f'{d}/{tag}.jsonl')]
     assert [r['step'] for r in res] == [3, 4], (tag, res)
     for a, b in zip(one[2:], res):
@@ -92,6 +96,23 @@ check "the surviving rank names the collective it was in" \
   'grep -qE "remat: .*(collective (all_gather|all_reduce|reduce_scatter) \(phase|MPI [a-z_]+.* failed)" "$tmp/kill.txt"' \
   || cat "$tmp/kill.txt"
 
+# bench --tp: every plan under every layout in one interleaved run; per rank
+# activation bytes next to the formula's share, collectives per phase.
+$remat bench --config tiny --recompute none,per_block --tp 1,2+sp --repeats 1 --warmup 1 --steps 1 --threads 2 \
+  --json "$tmp/bench.json" > "$tmp/bench.txt" 2>&1
+check "bench --tp 1,2+sp reports each layout's rows, activation bytes and replayed collectives" \
+  "/usr/bin/python3 - '$tmp/bench.json' <<'PY'
+import json, sys
+rows = {r['plan']: r for r in json.load(open(sys.argv[1]))['rows']}
+assert set(rows) == {'none', 'per_block', 'none @tp2+sp', 'per_block @tp2+sp'}, list(rows)
+sp = rows['per_block @tp2+sp']
+assert sp['tp'] == 2 and sp['sp'] and sp['activation_formula_fraction'] == 0.5
+assert sp['all_gather_calls_replay'] == 8 and sp['reduce_scatter_calls_replay'] == 4, sp
+assert rows['none @tp2+sp']['all_gather_calls_replay'] == 0
+assert rows['none @tp2+sp']['activation_bytes'] < 0.6 * rows['none']['activation_bytes']
+assert sp['activation_bytes'] < rows['none @tp2+sp']['activation_bytes']
+PY" || tail -20 "$tmp/bench.txt"
+
 # Bad layouts: refused before any work, naming what is wrong.
 bad() {  # NP PATTERN ARGS...
   local np=$1 pattern=$2
@@ -102,6 +123,10 @@ bad() {  # NP PATTERN ARGS...
 check "--tp 3 names what does not divide" 'bad 3 "config tiny does not split into 3 tensor-parallel ranks: the 4 attention heads" --tp 3'
 check "--sp without --tp is refused" 'bad 1 "give --tp T with T >= 2" --sp'
 check "a job that is not a multiple of --tp is refused" 'bad 3 "the job has 3 rank(s), not a multiple of 2" --tp 2'
-check "--tp with --zero is refused for now" 'bad 2 "--tp 2 with --zero 1: not supported yet" --tp 2 --zero 1 --dp 1'
+check "--tp with --zero 3 is refused for now" 'bad 4 "--tp 2 with --zero 3: not supported yet" --tp 2 --zero 3'
 check "--sp with MoE blocks is refused with the reason" 'bad 2 "--sp with config tiny-moe" --config tiny-moe --tp 2 --sp'
+$remat bench --config tiny --tp 3 > "$tmp/bad_bench.txt" 2>&1
+check "bench --tp 3 names what does not divide" 'grep -q "config tiny does not split into 3" "$tmp/bad_bench.txt"'
+$remat bench --config tiny --tp 2x > "$tmp/bad_bench2.txt" 2>&1
+check "bench --tp with a bad layout names it" 'grep -q "bench --tp: .2x. is not T or T+sp" "$tmp/bad_bench2.txt"'
 finish
