@@ -81,6 +81,18 @@ Tensor tp_take_slice(const Tensor& whole, const TpSlice& s) {
   return whole.narrow(s.dim, s.index * n, n).clone();  // (its own elements: a view would keep the whole alive)
 }
 
+void for_each_slice_run(const Shape& whole, const TpSlice& s, std::int64_t begin, std::int64_t n,
+                        const std::function<void(std::int64_t, std::int64_t, std::int64_t)>& fn) {
+  std::int64_t row = 1;  // a whole row: the elements of dims [dim, end)
+  for (std::size_t i = std::size_t(s.dim); i < whole.size(); ++i) row *= whole[i];
+  const std::int64_t piece = row / s.parts;  // a slice row's elements
+  for (std::int64_t done = 0; done < n;) {
+    const std::int64_t e = begin + done, r = e / piece, c = e % piece, run = std::min(piece - c, n - done);
+    fn(r * row + s.index * piece + c, e, run);
+    done += run;
+  }
+}
+
 Tensor tp_whole(ProcessGroup& group, const Tensor& slice, const TpSlice& s) {
   if (!s.split()) return slice;
   const std::int64_t t = group.size();

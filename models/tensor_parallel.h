@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,6 +50,13 @@ void apply_tensor_parallel(DecoderModel& model, std::shared_ptr<const TensorPara
 // The slice `s` of a whole parameter's values, in elements of its own
 // (a copy: the whole may be freed).
 Tensor tp_take_slice(const Tensor& whole, const TpSlice& s);
+// Elements [begin, begin + n) of slice `s` (flattened) of a tensor of shape
+// `whole` (flattened) as runs that are consecutive in both: fn(whole
+// element, slice element, count) for each, in order (a dim-0 slice is one
+// run, a dim-1 slice one per row).
+void for_each_slice_run(const Shape& whole, const TpSlice& s, std::int64_t begin, std::int64_t n,
+                        const std::function<void(std::int64_t, std::int64_t, std::int64_t)>& fn);
+
 // The whole parameter from every rank's slice (each rank passes its own,
 // of one shape): an all-gather over `group`; the same on every rank.
 Tensor tp_whole(ProcessGroup& group, const Tensor& slice, const TpSlice& s);

@@ -58,6 +58,8 @@ ProfileOptions profile_options_for_flags(const Flags& f, const ModelConfig& c, c
     o.job = world;
     o.ep = job.ep;
     o.zero = job.zero;
+    o.tp = job.tp;
+    o.sp = job.sp;
   }
   o.config = c;
   o.dtype = dtype;

@@ -39,7 +39,8 @@ void scale_simulated_batch(ModelConfig& c, const SimulatedRank& r, std::int64_t 
 // How the ranks of a job under mpirun run the step the profile measures
 // (train's --ep, --zero, --pp): the profile runs on every rank together.
 struct ProfileJob {
-  std::int64_t ep = 1, zero = 0, pp = 1;
+  std::int64_t ep = 1, zero = 0, pp = 1, tp = 1;
+  bool sp = false;
 };
 
 // The profile options for `c` from the flags' --profile-rounds,

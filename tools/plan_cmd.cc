@@ -55,6 +55,8 @@ std::vector<FlagSpec> plan_flag_specs() {
       int_flag("repeats", "with --measure: processes per plan", 2, {.min = 1}),
       int_flag("warmup", "with --measure: untimed warm-up steps per process", 1, {.min = 0}),
       int_flag("steps", "with --measure: timed steps per process", 3, {.min = 1}),
+      int_flag("tp", "under mpirun: the tensor-parallel degree the ranks profile under, as train --tp", 1, {.min = 1}),
+      bool_flag("sp", "with --tp: sequence parallel, as train --sp"),
       int_flag("zero", "under mpirun: the ZeRO stage the ranks profile under, as train --zero (0: none)", 0,
                {.min = 0, .max = 3}),
       int_flag("ep", "under mpirun: the expert-parallel degree the ranks profile under, as train --ep", 1,
@@ -387,12 +389,13 @@ int run_plan(const std::vector<std::string>& args) {
                                       "plan: rank ", world->rank(), " cannot quiet its output");
   std::printf("remat plan: config %s, %d threads%s; profiling %lld rounds of each plan component on every block\n",
               o.model.name.c_str(), num_threads(),
-              o.ranks > 1 ? fmt(", %lld ranks (--ep %lld, --zero %lld)", static_cast<long long>(o.ranks),
-                                static_cast<long long>(o.ep), static_cast<long long>(o.zero)).c_str() : "",
+              o.ranks > 1 ? fmt(", %lld ranks (--ep %lld, --zero %lld, --tp %lld%s)", static_cast<long long>(o.ranks),
+                                static_cast<long long>(o.ep), static_cast<long long>(o.zero),
+                                static_cast<long long>(f.get_int("tp")), f.get_bool("sp") ? " --sp" : "").c_str() : "",
               static_cast<long long>(f.get_int("profile-rounds")));
   std::fflush(stdout);
   const ProfileOptions popts = profile_options_for_flags(f, o.model, dtype_name(o.dtype), o.device, o.seed,
-                                                        world->rank() == 0, {f.get_int("ep"), f.get_int("zero"), 1});
+                                                        world->rank() == 0, {f.get_int("ep"), f.get_int("zero"), 1, f.get_int("tp"), f.get_bool("sp")});
   const PlanProfile prof = profile_plans(popts);
   for (const auto& b : o.budget_texts) parse_memory_budget(b, prof);  // a bad text is an error before any choice
   print_profile(prof);

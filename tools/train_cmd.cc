@@ -246,15 +246,13 @@ void set_schedule_and_layout(const Flags& f, TrainOptions& o) {
 // --recompute auto (and --tune-microbatch) chosen here, before the Trainer.
 void resolve_plan(const Flags& f, TrainOptions& o) {
   const std::string dtype = dtype_name(o.dtype);
-  REMAT_CHECK(o.tp == 1 || o.recompute != "auto", Error, "--recompute auto with --tp ", o.tp, ": the planner does "
-              "not profile under tensor parallelism yet; name a plan (per_block, selective:mlp, ...)");
   if (f.get_bool("tune-microbatch")) {
     REMAT_CHECK(o.recompute == "auto", Error, "--tune-microbatch needs --recompute auto (got --recompute ",
                 o.recompute, ")");
     REMAT_CHECK(!f.has("grad-accum"), Error, "--tune-microbatch chooses --grad-accum itself; drop one of them");
     o.recompute = resolve_recompute_and_microbatch(f, o.config, dtype, o.device, o.seed, &o.grad_accum);
   } else {
-    o.recompute = resolve_recompute(f, o.recompute, o.config, dtype, o.device, o.seed, {o.ep, o.zero, o.pp});
+    o.recompute = resolve_recompute(f, o.recompute, o.config, dtype, o.device, o.seed, {o.ep, o.zero, o.pp, o.tp, o.sp});
   }
 }
 

@@ -138,6 +138,11 @@ struct ProfileOptions {
   // same. Pipelines are not planned.
   std::shared_ptr<ProcessGroup> job;
   std::int64_t ep = 1, zero = 0;
+  // ... with tensor parallelism over `tp` neighbouring ranks of the job
+  // (sequence parallel with `sp`; models/tensor_parallel.h), as train --tp:
+  // the replays' collectives are part of each measured step.
+  std::int64_t tp = 1;
+  bool sp = false;
   // The ZeRO stage the step runs under: the simulated world's or `zero`.
   std::int64_t zero_stage() const { return world ? world->zero : zero; }
 };

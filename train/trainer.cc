@@ -122,6 +122,8 @@ void Trainer::build_model(const RecomputePlan& plan, const ProcessGroup& world) 
   const auto& c = opts_.config;
   if (opts_.zero == 3 && world.size() > 1) {
     build_shapes_only();
+  } else if (tp_ && !opts_.init_model.empty() && opts_.resume_dir.empty()) {
+    build_tp_slices_from_model();
   } else if (!opts_.init_model.empty() && opts_.resume_dir.empty()) {
     {
       SkipWeightInit loaded_next;  // load_hf_weights sets every parameter (or throws)
@@ -132,7 +134,8 @@ void Trainer::build_model(const RecomputePlan& plan, const ProcessGroup& world) 
     model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
   }
   apply_parallel_layout(*model_, layout_, opts_.reuse_routing_metadata);
-  if (tp_) apply_tensor_parallel(*model_, tp_);  // (built whole from the seed or --model: one process's values)
+  // (built whole from the seed: one process's values; --model: its slices already)
+  if (tp_ && !model_->tensor_parallel()) apply_tensor_parallel(*model_, tp_);
   model_->set_compute_dtype(opts_.dtype);
   apply_recompute_plan(*model_, plan);
   REMAT_CHECK(opts_.device.is_cpu() || world.size() == 1, Error, "--device ", opts_.device.str(),
@@ -176,6 +179,35 @@ void Trainer::build_shapes_only() {
   for (auto& [name, p] : model_->named_parameters()) {
     p.alias_storage_(empty(p.sizes()));  // (a CPU tensor: one parameter's bytes, let go at once)
     p.release_storage();
+  }
+}
+
+// --tp with --model DIR: the model on meta is checked against the folder's
+// config and headers (nothing read), keeps this rank's slices' shapes, and
+// each slice is read from the folder by ranges (a dim-1 slice row by row):
+// no rank reads or holds a whole tensor it splits.
+void Trainer::build_tp_slices_from_model() {
+  {
+    DefaultDeviceScope shapes(kMeta);
+    SkipWeightInit loaded_next;
+    model_ = std::make_unique<DecoderModel>(opts_.config, opts_.seed, layout_.placement());
+  }
+  load_hf_weights(*model_, opts_.init_model);  // (on meta: every name and shape checked)
+  std::map<std::string, Shape> whole;
+  for (const auto& [name, p] : model_->named_parameters()) whole[name] = p.sizes();
+  apply_tensor_parallel(*model_, tp_);
+  const CheckpointFiles files(opts_.init_model);
+  CategoryScope cat(MemoryCategory::parameter);
+  NoGradGuard ng;
+  for (auto& [name, p] : model_->named_parameters()) {
+    Tensor values = empty(p.sizes(), TensorOptions(DType::f32, kCPU));
+    Tensor flat = values.view({-1});
+    const TpSlice sl = tp_slice(opts_.config, name, tp_->size(), tp_->rank());
+    for_each_slice_run(whole.at(name), sl, 0, values.numel(), [&](std::int64_t at, std::int64_t e, std::int64_t n) {
+      Tensor part = flat.narrow(0, e, n);
+      files.read_range_into(name, at, part);
+    });
+    p.alias_storage_(values);
   }
 }
 

@@ -257,17 +257,11 @@ struct ResumedState {
 // slice's rows of the whole tensor.
 void read_slice_range(const StateReader& reader, const std::string& name, const TpSlice& s, std::int64_t begin,
                       Tensor& out) {
-  const Shape& whole = reader.shape(name);
-  std::int64_t row = 1;  // a whole row: the elements of dims [dim, end)
-  for (std::size_t i = std::size_t(s.dim); i < whole.size(); ++i) row *= whole[i];
-  const std::int64_t piece = row / s.parts;  // a slice row's elements
   Tensor flat = out.view({-1});
-  for (std::int64_t done = 0, n = out.numel(); done < n;) {
-    const std::int64_t e = begin + done, r = e / piece, c = e % piece, run = std::min(piece - c, n - done);
-    Tensor part = flat.narrow(0, done, run);
-    reader.read_range(name, r * row + s.index * piece + c, part);
-    done += run;
-  }
+  for_each_slice_run(reader.shape(name), s, begin, out.numel(), [&](std::int64_t at, std::int64_t e, std::int64_t n) {
+    Tensor part = flat.narrow(0, e - begin, n);
+    reader.read_range(name, at, part);
+  });
 }
 
 // Elements [begin, begin + out.numel()) of state tensor `name` into `out`

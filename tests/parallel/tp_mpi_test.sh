@@ -85,6 +85,33 @@ $remat export --resume "$tmp/hfstate" --out "$tmp/export" > /dev/null 2>&1
 check "--tp 2 --save-hf writes export's bytes" \
   '[ $rc -eq 0 ] && cmp -s "$tmp/hf/model.safetensors" "$tmp/export/model.safetensors"' || tail -5 "$tmp/savehf.txt"
 
+# --model DIR under --tp: each rank reads its slices only, on one process's losses.
+hfc=(--model "$tmp/export" --batch 8 --seq 64 --steps 4 --warmup 2 --eval-every 0 --seed 5 --progress off)
+$remat train "${hfc[@]}" --log "$tmp/hf1.jsonl" > "$tmp/hf1.txt" 2>&1
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${hfc[@]}" --tp 2 --sp \
+  --log "$tmp/hf2.jsonl" > "$tmp/hf2.txt" 2>&1
+check "--model DIR under --tp 2 --sp logs one process's losses" \
+  "/usr/bin/python3 - '$tmp' <<'PY'
+import json, sys
+d = sys.argv[1]
+a, b = ([json.loads(l) for l in open(f'{d}/{n}.jsonl')] for n in ('hf1', 'hf2'))
+assert len(a) == len(b) == 4
+for x, y in zip(a, b):
+    assert abs(x['loss'] - y['loss']) <= 1e-5 * x['loss'], (x['loss'], y['loss'])
+PY" || tail -5 "$tmp/hf2.txt"
+
+# --recompute auto profiles on the job's ranks under the same --tp --sp.
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --tp 2 --sp --recompute auto --memory-budget 50% \
+  --profile-rounds 1 --log "$tmp/auto.jsonl" > "$tmp/auto.txt" 2>&1
+check "--recompute auto under --tp 2 --sp chooses a plan and logs one process's losses" \
+  "grep -q '^recompute auto: ' '$tmp/auto.txt' && /usr/bin/python3 - '$tmp' <<'PY'
+import json, sys
+d = sys.argv[1]
+a, b = ([json.loads(l) for l in open(f'{d}/{n}.jsonl')] for n in ('one', 'auto'))
+for x, y in zip(a, b):
+    assert abs(x['loss'] - y['loss']) <= 1e-5 * x['loss'], (x['loss'], y['loss'])
+PY" || tail -5 "$tmp/auto.txt"
+
 # A rank killed mid-step: the other exits non-zero naming its collective.
 start=$(date +%s)
 REMAT_FAULT=kill:1:40 timeout 120 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --tp 2 --sp \
