@@ -10,6 +10,7 @@
 #include "engine/allocator.h"
 #include "engine/custom_op.h"
 #include "engine/grad_mode.h"
+#include "engine/recompute_context.h"
 #include "ops/attention.h"
 #include "ops/embedding.h"
 #include "ops/norm.h"
@@ -214,9 +215,13 @@ namespace {
 // gathered tensor (the projections' inputs) hold the piece, and backward
 // gathers it again once for all of them, as backward communication
 // (Megatron-LM keeps the piece and re-gathers the same way; Korthikanti et
-// al. 2022's 34/t bytes per layer assume it). A checkpoint replay runs the
-// same way (its saves must match the forward's), so a replayed region
-// gathers in the replay and again in backward.
+// al. 2022's 34/t bytes per layer assume it). Inside a checkpoint region
+// (its forward or its replay) the gather is plain: the region drops what it
+// saves anyway, and the recipe would keep the piece alive across it.
+bool discard_gathered_input(const TensorParallel& tp) {
+  return tp.sp && current_save_region() < 0 && !in_recompute();
+}
+
 struct GatheredInput {
   explicit GatheredInput(const TensorParallel& tp, const Tensor& x)
       : discard("tp_gather", [group = tp.group](const std::vector<Tensor>& in) {
@@ -231,7 +236,7 @@ struct GatheredInput {
 }  // namespace
 
 Tensor SelfAttention::forward(const Tensor& x_in, const PartRunner& parts) const {
-  if (tp && tp->sp) {
+  if (tp && discard_gathered_input(*tp)) {
     const GatheredInput gathered(*tp, x_in);
     return project(gathered.discard.output(), parts);
   }
@@ -301,7 +306,7 @@ MLP::MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& 
 
 Tensor MLP::forward(const Tensor& x) const {
   if (!tp) return project(x);
-  if (!tp->sp) return tp->leave(project(tp->enter(x)));
+  if (!discard_gathered_input(*tp)) return tp->leave(project(tp->enter(x)));
   const GatheredInput gathered(*tp, x);
   return tp->leave(project(gathered.discard.output()));
 }

@@ -75,6 +75,29 @@ std::shared_ptr<ProcessGroup> kv_head_group(const ModelConfig& c, const std::sha
   return group->split_by([share](int r) { return std::pair<int, int>(int(r / share), int(r % share)); });
 }
 
+TensorParallelJob split_tensor_parallel(const std::shared_ptr<ProcessGroup>& job, const ModelConfig& c,
+                                        std::int64_t ranks, bool sp) {
+  check_tensor_parallel(c, ranks, sp);
+  if (ranks <= 1) return {nullptr, job};
+  const int T = int(ranks);
+  REMAT_CHECK(job->size() % T == 0, Error, "--tp ", T, ": the job has ", job->size(), " rank(s), not a multiple of ", T,
+              " (start it with `mpirun -np N` for N = --tp x the data-parallel ranks)");
+  auto tp = std::make_shared<TensorParallel>();
+  tp->group = job->split_by([T](int r) { return std::pair<int, int>(r / T, r % T); });
+  auto rest = job->split_by([T](int r) { return std::pair<int, int>(r % T, r / T); });
+  tp->kv_group = kv_head_group(c, tp->group);
+  tp->sp = sp;
+  return {tp, rest};
+}
+
+std::int64_t whole_parameters(const DecoderModel& model) {
+  const auto& tp = model.tensor_parallel();
+  std::int64_t n = 0;
+  for (const auto& [name, p] : model.named_parameters())
+    n += p.numel() * (tp ? tp_slice(model.config(), name, tp->size(), tp->rank()).parts : 1);
+  return n;
+}
+
 Tensor tp_take_slice(const Tensor& whole, const TpSlice& s) {
   if (!s.split()) return whole;
   const std::int64_t n = whole.size(s.dim) / s.parts;

@@ -37,6 +37,19 @@ TpSlice tp_slice(const ModelConfig& c, const std::string& name, std::int64_t ran
 // not supported yet (their router statistics would need the whole batch).
 void check_tensor_parallel(const ModelConfig& c, std::int64_t ranks, bool sp);
 
+// A job's groups under tensor parallelism over its T innermost
+// (neighbouring) ranks: rank r is tensor-parallel rank r % T of `tp`, and
+// the ranks of one tensor-parallel rank, in order of r / T, are `rest`: the
+// job of the other axes (data, expert, pipeline). T = 1: {null, job}.
+// check_tensor_parallel's errors, and one naming --tp unless the job's size
+// is a multiple of T. A collective over `job`.
+struct TensorParallelJob {
+  std::shared_ptr<TensorParallel> tp;
+  std::shared_ptr<ProcessGroup> rest;
+};
+TensorParallelJob split_tensor_parallel(const std::shared_ptr<ProcessGroup>& job, const ModelConfig& c,
+                                        std::int64_t ranks, bool sp);
+
 // The sub-group of `group` that shares a key/value head of config c over T
 // = group->size() ranks (null when every rank holds its own). A collective.
 std::shared_ptr<ProcessGroup> kv_head_group(const ModelConfig& c, const std::shared_ptr<ProcessGroup>& group);
@@ -46,6 +59,10 @@ std::shared_ptr<ProcessGroup> kv_head_group(const ModelConfig& c, const std::sha
 // vocabulary rows become this rank's. Call before the optimizer and the
 // gradient reducer see the parameters; check_tensor_parallel first.
 void apply_tensor_parallel(DecoderModel& model, std::shared_ptr<const TensorParallel> tp);
+
+// The parameter count of `model` in one process's layout: every
+// tensor-parallel slice counted whole (num_parameters() without --tp).
+std::int64_t whole_parameters(const DecoderModel& model);
 
 // The slice `s` of a whole parameter's values, in elements of its own
 // (a copy: the whole may be freed).

@@ -24,6 +24,12 @@ Tensor vocab_parallel_embedding(const Tensor& table, const Tensor& ids, std::int
               shape_str(table.sizes()));
   REMAT_CHECK(ids.dtype() == DType::i64, DTypeError, "vocab_parallel_embedding: ids must be i64, got ", ids.dtype());
   const std::int64_t rows = table.size(0);
+  Shape mask_shape = ids.sizes();
+  mask_shape.push_back(1);
+  if (ids.device().is_meta()) {  // (shapes only: the same ops on tensors without values)
+    const Tensor found = embedding(table, empty(ids.sizes(), TensorOptions(DType::i64, ids.device())));
+    return mul(found, empty(mask_shape, TensorOptions(found.dtype(), ids.device())));
+  }
   const std::vector<std::int64_t> all = ids.contiguous().to_vector<std::int64_t>();
   std::vector<std::int64_t> local(all.size());
   std::vector<float> keep(all.size());
@@ -32,8 +38,6 @@ Tensor vocab_parallel_embedding(const Tensor& table, const Tensor& ids, std::int
     local[i] = mine ? all[i] - vocab_begin : 0;
     keep[i] = mine ? 1.0f : 0.0f;
   }
-  Shape mask_shape = ids.sizes();
-  mask_shape.push_back(1);
   const Tensor found = embedding(table, from_vector<std::int64_t>(local, ids.sizes(), ids.device()));
   Tensor mask = from_vector<float>(keep, mask_shape, ids.device());
   return mul(found, mask.dtype() == found.dtype() ? mask : cast(mask, found.dtype()));
@@ -54,8 +58,8 @@ void check(const OpDef& op, const std::vector<Tensor>& in, const VocabCEState& s
   check_floating(op.name(), h, "hidden states");
   check_same(op.name(), h, w);
   check_index(op.name(), targets, "targets");
-  REMAT_CHECK(h.device().is_cpu(), DeviceError, op.name(), ": runs on the CPU (tensor parallelism under MPI), got ",
-              describe(h));
+  REMAT_CHECK(h.device().is_cpu() || h.device().is_meta(), DeviceError, op.name(),
+              ": runs on the CPU (tensor parallelism under MPI) or meta, got ", describe(h));
   REMAT_CHECK(w.dim() == 2 && h.dim() >= 1 && h.size(-1) == w.size(1), ShapeError, op.name(), ": hidden states ",
               describe(h), " do not match the weight's rows ", describe(w), " (expected [..., d] and [rows, d])");
   const Shape lead(h.sizes().begin(), h.sizes().end() - 1);
@@ -72,6 +76,13 @@ void check(const OpDef& op, const std::vector<Tensor>& in, const VocabCEState& s
 void chunk_rows(ProcessGroup& g, Tensor& logits, const std::int64_t* tg, std::int64_t v0, std::int64_t count,
                 std::int64_t ignore, float* row_loss, bool dl) {
   const std::int64_t n = logits.size(0), vr = logits.size(1);
+  if (logits.device().is_meta()) {  // shapes only: the two all-reduces, counted
+    const TensorOptions meta(DType::f32, logits.device());
+    Tensor mx = empty({n}, meta), sums = empty({2 * n}, meta);
+    g.all_reduce(mx, ReduceOp::max);
+    g.all_reduce(sums, ReduceOp::sum);
+    return;
+  }
   float* l = logits.data<float>();
   Tensor mx = empty({n}, DType::f32);
   float* m = mx.data<float>();
@@ -120,7 +131,7 @@ OpResults forward(const std::vector<Tensor>& in, VocabCEState& s) {
   Tensor dh, dw;
   if (s.grad_h) {
     CategoryScope cat(MemoryCategory::gradient);
-    dh = empty({rows, d}, DType::f32);
+    dh = empty({rows, d}, TensorOptions(DType::f32, dev));
   }
   for (std::int64_t r = 0; r < rows; r += s.chunk) {
     const std::int64_t n = std::min(s.chunk, rows - r);
@@ -138,15 +149,16 @@ OpResults forward(const std::vector<Tensor>& in, VocabCEState& s) {
     else
       matmul_kernels().run(dev, &MatmulKernels::accumulate, dw, logits.t(), hc);
   }
-  if (s.grad_w && !dw.defined()) dw = zeros({vr, d}, DType::f32);
-  const Tensor loss = full({}, mean_of_row_losses(row_loss.data(), rows, count), DType::f32);
+  if (s.grad_w && !dw.defined()) dw = zeros({vr, d}, TensorOptions(DType::f32, dev));
+  const Tensor loss = dev.is_meta() ? full({}, 0.0, TensorOptions(DType::f32, dev))  // (meta: no values)
+                                    : full({}, mean_of_row_losses(row_loss.data(), rows, count), DType::f32);
   return {{loss}, {dh.defined() ? dh.view(h.sizes()) : Tensor(), dw}};
 }
 
 // The forward's gradients times the upstream gradient (1: as made).
 std::vector<Tensor> backward(const OpBackward<VocabCEState>& b) {
   const Tensor g32 = b.grad().detach().to(DType::f32);
-  const bool unit = g32.item() == 1.0;
+  const bool unit = g32.device().is_meta() || g32.item() == 1.0;  // (meta: the loss's own seed, as no values)
   auto scaled = [&](const char* name) {
     const Tensor t = b.saved(name);
     return unit ? t : mul(t, g32);

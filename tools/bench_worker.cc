@@ -456,18 +456,9 @@ int run_bench_worker(const std::vector<std::string>& args) {
   // --tp: the innermost ranks split each block, the ranks with the same
   // tensor-parallel rank share the batch (as train --tp).
   auto job = world_group();
-  auto world = job;
-  std::shared_ptr<TensorParallel> tp;
-  if (o.tp > 1) {
-    check_tensor_parallel(o.config, o.tp, o.sp);
-    const int T = int(o.tp);
-    REMAT_CHECK(job->size() % T == 0, Error, "bench-worker --tp ", T, ": ", job->size(), " processes");
-    tp = std::make_shared<TensorParallel>();
-    tp->group = job->split_by([T](int r) { return std::pair<int, int>(r / T, r % T); });
-    world = job->split_by([T](int r) { return std::pair<int, int>(r % T, r / T); });
-    tp->kv_group = kv_head_group(o.config, tp->group);
-    tp->sp = o.sp;
-  }
+  const TensorParallelJob split = split_tensor_parallel(job, o.config, o.tp, o.sp);
+  const std::shared_ptr<TensorParallel>& tp = split.tp;
+  const std::shared_ptr<ProcessGroup>& world = split.rest;
   const ParallelLayout layout = make_parallel_layout(world, o.ep, o.config);
   manual_seed(o.seed);
   DecoderModel model(o.config, o.seed, layout.placement());

@@ -16,6 +16,7 @@
 #include "engine/recompute_context.h"
 #include "models/decoder.h"
 #include "models/recompute.h"
+#include "models/tensor_parallel.h"
 #include "parallel/simulated_group.h"
 #include "tools/args.h"
 #include "tools/auto_plan_flags.h"
@@ -177,6 +178,8 @@ TrainOptions mem_train_options(const Flags& f, const MemOptions& m) {
   o.pp = w.pp;
   o.ep = w.ep;
   o.zero = w.zero;
+  o.tp = w.tp;
+  o.sp = w.sp;
   o.grad_accum = f.has("grad-accum") ? f.get_int("grad-accum") : w.pp;
   o.pp_schedule = parse_pipeline_schedule(f.get("pp-schedule"));
   if (f.has("batch"))
@@ -241,7 +244,9 @@ class MemTrainer {
   MemTrainer(const TrainOptions& o, const RecomputePlan& plan, std::shared_ptr<ProcessGroup> job)
       : o_(o), alloc_(allocator_for(o.device)) {
     const ModelConfig& c = o.config;
-    const JobGroups groups = split_job_groups(std::move(job), o.pp, 0, c);
+    TensorParallelJob split = split_tensor_parallel(std::move(job), c, o.tp, o.sp);  // (tp innermost)
+    tp_ = std::move(split.tp);
+    const JobGroups groups = split_job_groups(split.rest, o.pp, 0, c);
     layout_ = make_parallel_layout(groups.world, o.ep, c);
     manual_seed(o.seed);
     {
@@ -252,6 +257,7 @@ class MemTrainer {
     }
     if (o.device.is_cuda()) model_->to(o.device);
     apply_parallel_layout(*model_, layout_, o.reuse_routing_metadata);
+    if (tp_) apply_tensor_parallel(*model_, tp_);
     model_->set_compute_dtype(o.dtype);
     apply_recompute_plan(*model_, plan);
     pipeline_group_ = groups.pipeline;
@@ -355,10 +361,14 @@ class MemTrainer {
   std::int64_t working_bytes() const { return zero_ ? zero_->working_bytes() : 0; }
   const PipelineStage* pipeline() const { return pipeline_.get(); }
   const ParallelLayout& layout() const { return layout_; }
-  // Every group this rank communicates on (the layout's and the pipeline's).
+  const std::shared_ptr<TensorParallel>& tensor_parallel() const { return tp_; }
+  // Every group this rank communicates on (the layout's, the pipeline's and
+  // the tensor-parallel ones).
   std::vector<std::shared_ptr<ProcessGroup>> groups() const {
     auto g = layout_.groups();
     if (pipeline_group_) g.push_back(pipeline_group_);
+    if (tp_) g.push_back(tp_->group);
+    if (tp_ && tp_->kv_group) g.push_back(tp_->kv_group);
     return g;
   }
   // The parameters this rank holds and updates (a stage's own; under
@@ -377,6 +387,7 @@ class MemTrainer {
   ParallelLayout layout_;
   std::unique_ptr<DecoderModel> model_;
   std::unique_ptr<PipelineStage> pipeline_;
+  std::shared_ptr<TensorParallel> tp_;  // --simulate-world tp=T (null without)
   std::shared_ptr<ProcessGroup> pipeline_group_;
   std::vector<Tensor> owned_;
   // The trainer's update under --zero (Trainer::update_tensors): the whole
@@ -422,6 +433,9 @@ std::string rank_role(MemTrainer& run) {
   role += std::string(role.empty() ? "" : ", ") + "data-parallel rank " + std::to_string(l.world->rank()) + " of " +
           std::to_string(l.world->size());
   if (l.ep > 1) role += ", expert-parallel rank " + std::to_string(l.ep_group->rank()) + " of " + std::to_string(l.ep);
+  if (const auto& tp = run.tensor_parallel())
+    role += ", tensor-parallel rank " + std::to_string(tp->rank()) + " of " + std::to_string(tp->size()) +
+            (tp->sp ? " (sequence parallel)" : "");
   return role;
 }
 
@@ -575,7 +589,7 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
               {"device", o.device.is_meta() && meta_kernels() == DeviceType::CUDA ? "meta (CUDA's kernels)"
                                                                                   : o.device.str()},
               {"loss", o.device.is_meta() ? std::string("- (meta: shapes only)") : std::to_string(loss)},
-              {"parameters", std::to_string(run.model().num_parameters())},
+              {"parameters", std::to_string(whole_parameters(run.model()))},
               {"parameters held (this rank)", std::to_string(run.owned_parameters())},
               {"persistent (this rank)", format_bytes(run.persistent_bytes())},
               {"replays", std::to_string(cc.replays)},

@@ -229,8 +229,9 @@ std::string whole_plan(const std::string& component, std::int64_t n) {
 class StepRig {
  public:
   explicit StepRig(const ProfileOptions& o)
-      : seed_(o.seed), device(o.device), job_(o.job && o.job->size() > 1 ? o.job : nullptr), tp_(tensor_parallel(o)),
-        layout_(layout_for(o)), building_(std::in_place, o.device),
+      : seed_(o.seed), device(o.device), job_(o.job && o.job->size() > 1 ? o.job : nullptr),
+        split_(split_for(o)), layout_(layout_for(o)),
+        building_(std::in_place, o.device),
         model(o.config, o.seed, layout_.placement()), update(init_model(o)),
         corpus(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
         sampler(corpus.train, o.config.batch, o.config.seq, o.seed + 1) {
@@ -278,36 +279,27 @@ class StepRig {
  private:
   // One process, the ranks of a job, or the simulated rank of a data- and
   // expert-parallel job.
-  // --tp: the job's innermost ranks split the blocks (as the trainer's
-  // split_job), the ranks of one tensor-parallel rank are the data-parallel
-  // world (null without).
-  std::shared_ptr<TensorParallel> tensor_parallel(const ProfileOptions& o) {
-    if (o.tp <= 1) return nullptr;
-    REMAT_CHECK(job_ && job_->size() % o.tp == 0, Error, "the planner profiles --tp ", o.tp, " on the ranks of a job "
-                "of a multiple of ", o.tp, " (under mpirun), got ", job_ ? job_->size() : 1, " rank(s)");
-    check_tensor_parallel(o.config, o.tp, o.sp);
-    const int T = int(o.tp);
-    auto tp = std::make_shared<TensorParallel>();
-    tp->group = job_->split_by([T](int r) { return std::pair<int, int>(r / T, r % T); });
-    world_ = job_->split_by([T](int r) { return std::pair<int, int>(r % T, r / T); });
-    tp->kv_group = kv_head_group(o.config, tp->group);
-    tp->sp = o.sp;
-    return tp;
+  // The ranks of the job (or of the simulated one) split for --tp: the
+  // tensor-parallel group (null without) and the rest.
+  TensorParallelJob split_for(const ProfileOptions& o) const {
+    REMAT_CHECK(o.tp == 1 || job_, Error, "the planner profiles --tp ", o.tp, " on the ranks of a job (under mpirun)");
+    if (job_) return split_tensor_parallel(job_, o.config, o.tp, o.sp);
+    if (!o.world) return {};
+    return split_tensor_parallel(simulated_world(int(o.world->ranks()), o.rank), o.config, o.world->tp, o.world->sp);
   }
   ParallelLayout layout_for(const ProfileOptions& o) {
-    if (job_) return make_parallel_layout(world_ ? world_ : job_, o.ep, o.config);
+    if (job_) return make_parallel_layout(split_.rest, o.ep, o.config);
     if (!o.world) return make_parallel_layout(single_process_group(), 1, o.config);
     REMAT_CHECK(o.device.is_meta(), DeviceError, "the planner simulates a rank of a job on meta only, got --device ",
                 o.device.str());
     REMAT_CHECK(o.world->pp == 1, Error, "the planner profiles one process's blocks; a pipeline (",
                 o.world->str(), ") is not planned yet: plan its stage's blocks with dp and ep only, or run mem "
                 "--simulate-world with a hand plan");
-    return make_parallel_layout(simulated_world(int(o.world->ranks()), o.rank), o.world->ep, o.config);
+    return make_parallel_layout(split_.rest, o.world->ep, o.config);
   }
   bool real_job_ = false;
-  std::shared_ptr<ProcessGroup> job_;    // every rank of the job (null: one process or a simulated rank)
-  std::shared_ptr<ProcessGroup> world_;  // --tp: the data-parallel ranks of this tensor-parallel rank
-  std::shared_ptr<TensorParallel> tp_;
+  std::shared_ptr<ProcessGroup> job_;  // every rank of the job (null: one process or a simulated rank)
+  TensorParallelJob split_;            // --tp's group (null without) and the data-parallel ranks of this rank
   ParallelLayout layout_;
   // The model is built on meta there (no memory, nothing drawn), else on
   // the CPU and moved to its device (init_model), as the trainer does.
@@ -327,7 +319,7 @@ class StepRig {
   DataParallelUpdate init_model(const ProfileOptions& o) {
     real_job_ = o.job && o.job->size() > 1;
     if (o.world || real_job_) apply_parallel_layout(model, layout_, true);  // (as train runs it)
-    if (tp_) apply_tensor_parallel(model, tp_);
+    if (split_.tp) apply_tensor_parallel(model, split_.tp);
     model.set_compute_dtype(compute_dtype_from_name(o.dtype));
     model.to(o.device);
     return make_data_parallel_update(layout_, model.named_parameters(), TrainOptions{}.bucket_bytes,

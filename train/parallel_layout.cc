@@ -32,18 +32,26 @@ ParallelLayout make_parallel_layout(std::shared_ptr<ProcessGroup> world, std::in
 
 std::string WorldSpec::str() const {
   return "dp=" + std::to_string(dp) + ",ep=" + std::to_string(ep) + ",pp=" + std::to_string(pp) +
-         (zero > 0 ? ",zero=" + std::to_string(zero) : "");
+         (zero > 0 ? ",zero=" + std::to_string(zero) : "") + (tp > 1 ? ",tp=" + std::to_string(tp) : "") +
+         (sp ? ",sp" : "");
 }
 
 WorldSpec parse_world_spec(const std::string& text) {
-  const std::string form = "expected dp=D,ep=E,pp=P,zero=S (any of them; the others are 1, zero 0), e.g. dp=8,pp=4";
+  const std::string form = "expected dp=D,ep=E,pp=P,zero=S,tp=T,sp (any of them; the others are 1, zero 0, sp off), "
+                           "e.g. dp=8,pp=4 or dp=2,tp=8,sp";
   WorldSpec w;
   std::vector<std::string> seen;
   std::stringstream items(text);
   for (std::string item; std::getline(items, item, ',');) {
     const auto eq = item.find('=');
     const std::string key = item.substr(0, eq);
-    REMAT_CHECK(eq != std::string::npos && (key == "dp" || key == "ep" || key == "pp" || key == "zero"), Error,
+    if (item == "sp") {
+      REMAT_CHECK(!w.sp, Error, "world '", text, "': sp is given twice; ", form);
+      w.sp = true;
+      continue;
+    }
+    REMAT_CHECK(eq != std::string::npos && (key == "dp" || key == "ep" || key == "pp" || key == "zero" || key == "tp"),
+                Error,
                 "world '", text,
                 "': '", item, "' is not an axis; ", form);
     REMAT_CHECK(std::find(seen.begin(), seen.end(), key) == seen.end(), Error, "world '", text, "': ", key,
@@ -60,9 +68,11 @@ WorldSpec parse_world_spec(const std::string& text) {
     REMAT_CHECK(used > 0 && used == item.size() - eq - 1 && (zero ? v >= 0 && v <= 3 : v >= 1), Error, "world '",
                 text, "': ", key, " must be ", zero ? "0, 1, 2 or 3" : "a whole number >= 1", ", got '",
                 item.substr(eq + 1), "'; ", form);
-    (key == "dp" ? w.dp : key == "ep" ? w.ep : key == "pp" ? w.pp : w.zero) = v;
+    (key == "dp" ? w.dp : key == "ep" ? w.ep : key == "pp" ? w.pp : key == "tp" ? w.tp : w.zero) = v;
   }
   REMAT_CHECK(!seen.empty(), Error, "world '", text, "': names no axis; ", form);
+  REMAT_CHECK(!w.sp || w.tp > 1, Error, "world '", text, "': sp shards the sequence over the tensor-parallel ranks; "
+              "it needs tp >= 2");
   REMAT_CHECK(w.dp % w.ep == 0, Error, "world '", text, "': ep=", w.ep, " must divide dp=", w.dp,
               " (the experts are split within each stage's data-parallel ranks)");
   REMAT_CHECK(w.zero == 0 || w.dp > 1, Error, "world '", text, "': zero=", w.zero,

@@ -21,17 +21,19 @@
 namespace remat {
 
 // The shape of a job: dp data-parallel replicas (ep of them split the
-// experts) of a pipeline of pp stages, dp x pp ranks; zero: the ZeRO stage
-// over the data-parallel replicas (0: none).
+// experts) of a pipeline of pp stages, each stage's blocks split over tp
+// tensor-parallel ranks (sequence parallel with sp), tp x dp x pp ranks;
+// zero: the ZeRO stage over the data-parallel replicas (0: none).
 struct WorldSpec {
-  std::int64_t dp = 1, ep = 1, pp = 1, zero = 0;
-  std::int64_t ranks() const { return dp * pp; }
-  std::string str() const;  // "dp=8,ep=1,pp=4" (",zero=S" when S > 0)
+  std::int64_t dp = 1, ep = 1, pp = 1, zero = 0, tp = 1;
+  bool sp = false;
+  std::int64_t ranks() const { return dp * pp * tp; }
+  std::string str() const;  // "dp=8,ep=1,pp=4" (",zero=S" when S > 0, ",tp=T" when T > 1, ",sp")
 };
-// "dp=D,ep=E,pp=P,zero=S" (any of them, any order; the rest 1, zero 0).
-// Error naming the text and the expected form for an unknown key, a value
-// < 1 (zero: not 0-3), a key given twice, ep not dividing dp, or zero > 0
-// with dp = 1.
+// "dp=D,ep=E,pp=P,zero=S,tp=T,sp" (any of them, any order; the rest 1, zero
+// 0, sp off). Error naming the text and the expected form for an unknown
+// key, a value < 1 (zero: not 0-3), a key given twice, ep not dividing dp,
+// zero > 0 with dp = 1, or sp without tp >= 2.
 WorldSpec parse_world_spec(const std::string& text);
 
 // The groups of one rank of a job of pp x dp ranks, stage-major: rank

@@ -87,29 +87,14 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scale
 JobGroups Trainer::split_job() {
   REMAT_CHECK(opts_.pp <= 1 || opts_.device.is_cpu(), Error, "--pp ", opts_.pp,
               ": pipelines run on the CPU under MPI for now (NCCL stages are not built yet)");
-  if (opts_.tp == 1) return split_job_groups(job_, opts_.pp, opts_.dp, opts_.config);
-  // Tensor-parallel ranks innermost: rank r is tensor-parallel rank r % T
-  // of the ranks r / T * T ...; the ranks of one tensor-parallel rank form
-  // the job of the other axes.
-  const int T = int(opts_.tp);
-  REMAT_CHECK(job_->size() % T == 0, Error, "--tp ", T, ": the job has ", job_->size(), " rank(s), not a multiple of ",
-              T, " (start it with `mpirun -np N` for N = --tp x the data-parallel ranks)");
-  auto group = job_->split_by([T](int r) { return std::pair<int, int>(r / T, r % T); });
-  auto others = job_->split_by([T](int r) { return std::pair<int, int>(r % T, r / T); });
-  auto tp = std::make_shared<TensorParallel>();
-  tp->group = group;
-  tp->kv_group = kv_head_group(opts_.config, group);
-  tp->sp = opts_.sp;
-  tp_ = tp;
-  return split_job_groups(others, opts_.pp, opts_.dp, opts_.config);
+  // Tensor-parallel ranks innermost; the ranks of one tensor-parallel rank
+  // form the job of the other axes.
+  TensorParallelJob split = split_tensor_parallel(job_, opts_.config, opts_.tp, opts_.sp);
+  tp_ = std::move(split.tp);
+  return split_job_groups(split.rest, opts_.pp, opts_.dp, opts_.config);
 }
 
-std::int64_t Trainer::model_parameters() const {
-  std::int64_t n = 0;
-  for (const auto& [name, p] : model_->named_parameters())
-    n += p.numel() * (tp_ ? tp_slice(opts_.config, name, tp_->size(), tp_->rank()).parts : 1);
-  return n;
-}
+std::int64_t Trainer::model_parameters() const { return whole_parameters(*model_); }
 
 CommCounters Trainer::comm_counters() const {
   CommCounters c = layout_.counters();

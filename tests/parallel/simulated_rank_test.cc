@@ -188,7 +188,11 @@ TEST_CASE("world specs: dp, ep, pp and zero") {
   CHECK(w.ep == 1);
   CHECK(w.ranks() == 32);
   CHECK(w.str() == "dp=8,ep=1,pp=4");
-  CHECK_THROWS_WITH(parse_world_spec("tp=2"), Catch::Contains("'tp=2' is not an axis") && Catch::Contains("dp=D"));
+  CHECK_THROWS_WITH(parse_world_spec("cp=2"), Catch::Contains("'cp=2' is not an axis") && Catch::Contains("dp=D"));
+  const WorldSpec t = parse_world_spec("dp=2,tp=4,sp");
+  CHECK((t.tp == 4 && t.sp && t.ranks() == 8 && t.str() == "dp=2,ep=1,pp=1,tp=4,sp"));
+  CHECK_THROWS_WITH(parse_world_spec("dp=2,sp"), Catch::Contains("it needs tp >= 2"));
+  CHECK_THROWS_WITH(parse_world_spec("tp=2,sp,sp"), Catch::Contains("sp is given twice"));
   CHECK_THROWS_WITH(parse_world_spec("dp=0"), Catch::Contains("dp must be a whole number >= 1"));
   CHECK_THROWS_WITH(parse_world_spec("dp=2,dp=2"), Catch::Contains("given twice"));
   CHECK_THROWS_WITH(parse_world_spec("dp=4,ep=3"), Catch::Contains("ep=3 must divide dp=4"));

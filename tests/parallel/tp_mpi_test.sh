@@ -112,6 +112,26 @@ for x, y in zip(a, b):
     assert abs(x['loss'] - y['loss']) <= 1e-5 * x['loss'], (x['loss'], y['loss'])
 PY" || tail -5 "$tmp/auto.txt"
 
+# The meta device's simulated rank (mem --simulate-world tp=T[,sp]) peaks
+# where a rank of the real job does, to the byte (tiny, per_block).
+for w in "tp=2,sp 2 --sp" "tp=4 4"; do
+  set -- $w
+  spec=$1 np=$2
+  shift 2
+  $remat mem --device meta --config tiny --simulate-world "$spec" --recompute per_block --out "$tmp/meta" \
+    > /dev/null 2>&1
+  timeout 300 mpirun "${flags[@]}" -np "$np" $remat train --config tiny --steps 2 --eval-every 0 --progress off \
+    --tp "$np" "$@" --recompute per_block --log "$tmp/real.jsonl" > /dev/null 2>&1
+  check "mem --device meta --simulate-world $spec peaks at the real --tp run's bytes" \
+    "/usr/bin/python3 - '$tmp' <<'PY'
+import json, sys
+d = sys.argv[1]
+meta = json.load(open(f'{d}/meta.json'))['peak']['allocated']
+real = [json.loads(l)['peak_allocated_bytes'] for l in open(f'{d}/real.jsonl')][-1]
+assert meta == real, (meta, real)
+PY"
+done
+
 # A rank killed mid-step: the other exits non-zero naming its collective.
 start=$(date +%s)
 REMAT_FAULT=kill:1:40 timeout 120 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --tp 2 --sp \

@@ -192,6 +192,12 @@ sim l70_dp8_pp4_r31 "simulated rank: 31 of dp=8,ep=1,pp=4: stage 3 (blocks 61-79
   --config llama3-70b --seq 8192 --recompute per_block --simulate-world pp=4,dp=8 --simulate-rank 31
 sim mixtral_ep8 "simulated rank: 0 of dp=8,ep=8,pp=1: data-parallel rank 0 of 8, expert-parallel rank 0 of 8
 at the peak: parameter 26.98 GiB" --config mixtral-8x7b --seq 4096 --recompute per_block --simulate-world dp=8,ep=8
+# Tensor and sequence parallel over 8 ranks (x dp=8): an eighth of the
+# parameters, and per_block holding an eighth of a block's input.
+sim l70_tp8_sp "simulated rank: 0 of dp=8,ep=1,pp=1,tp=8,sp: data-parallel rank 0 of 8, tensor-parallel rank 0 of 8 (sequence parallel)
+at the peak: parameter 32.86 GiB
+held for backward per block (after its forward): 32.00 MiB (block 1) to 32.09 MiB (block 0)" --config llama3-70b \
+  --seq 8192 --recompute per_block --simulate-world dp=8,tp=8,sp
 # ZeRO 3 over 64 ranks (issue #37's scale check): 70B and Llama-2-7B, bf16,
 # per_block; rank 0's peak next to its arithmetic (16 x params / 64 + ZeRO's
 # working set + the activations and their gradients at the peak), within 10%.
@@ -387,8 +393,12 @@ expect_error "mem: --simulate-world runs one rank of a job that is not running, 
   mem --config tiny --simulate-world dp=2 --out "$tmp/x"
 expect_error "mem: --simulate-rank 8: the job dp=4,ep=1,pp=2 has ranks 0 to 7" mem --device meta --config tiny \
   --simulate-world dp=4,pp=2 --simulate-rank 8 --out "$tmp/x"
-expect_error "world 'tp=2': 'tp=2' is not an axis; expected dp=D,ep=E,pp=P" mem --device meta --config tiny \
-  --simulate-world tp=2 --out "$tmp/x"
+expect_error "world 'cp=2': 'cp=2' is not an axis; expected dp=D,ep=E,pp=P,zero=S,tp=T,sp" mem --device meta \
+  --config tiny --simulate-world cp=2 --out "$tmp/x"
+expect_error "world 'dp=2,sp': sp shards the sequence over the tensor-parallel ranks; it needs tp >= 2" mem \
+  --device meta --config tiny --simulate-world dp=2,sp --out "$tmp/x"
+expect_error "--tp 3: config tiny does not split into 3 tensor-parallel ranks" mem --device meta --config tiny \
+  --simulate-world tp=3 --out "$tmp/x"
 expect_error "mem: --simulate-rank needs --simulate-world" mem --device meta --config tiny --simulate-rank 1 --out "$tmp/x"
 expect_error "ep=3 must divide dp=4" mem --device meta --config tiny-moe --simulate-world dp=4,ep=3 --out "$tmp/x"
 
