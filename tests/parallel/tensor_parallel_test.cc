@@ -243,6 +243,12 @@ TEST_CASE("every lossless plan under --tp --sp equals none bit for bit; replays 
         }
       }
       if (plan == "selective:core_attn") CHECK(cc.calls_in(CommPhase::replay) == 0);
+      // A sub-block region repeats its gather only: its reduction is its
+      // last collective, after the last op that saves anything.
+      if ((plan == "attention" || plan == "selective:mlp") && sp) {
+        CHECK(gathers(CommPhase::replay) == c.n_layers);
+        CHECK(scatters(CommPhase::replay) == 0);
+      }
     }
   }
 }
