@@ -184,7 +184,8 @@ void Trainer::build_tp_slices_from_model() {
   const CheckpointFiles files(opts_.init_model);
   CategoryScope cat(MemoryCategory::parameter);
   NoGradGuard ng;
-  for (auto& [name, p] : model_->named_parameters()) {
+  for (auto& [parameter, p] : model_->named_parameters()) {
+    const std::string name = parameter;  // (a lambda below reads it)
     Tensor values = empty(p.sizes(), TensorOptions(DType::f32, kCPU));
     Tensor flat = values.view({-1});
     const TpSlice sl = tp_slice(opts_.config, name, tp_->size(), tp_->rank());
