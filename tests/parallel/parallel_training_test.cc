@@ -16,33 +16,12 @@
 #include "train/parallel_layout.h"
 #include "train/trainer.h"
 #include "tests/skip.h"
+#include "tests/tensor_compare.h"
 
 using namespace remat;
+using remat::test::norm_rel_diff;
 
 namespace {
-
-// max |a - b| / max |b| (0 when both are 0).
-double rel_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.sizes() == b.sizes());
-  const auto x = a.to_vector<float>(), y = b.to_vector<float>();
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::fabs(double(x[i]) - double(y[i])));
-    scale = std::max(scale, std::fabs(double(y[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
-// ||a - b|| / ||b||.
-double norm_rel_diff(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector<float>(), y = b.to_vector<float>();
-  double d = 0, n = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    d += (double(x[i]) - double(y[i])) * (double(x[i]) - double(y[i]));
-    n += double(y[i]) * double(y[i]);
-  }
-  return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
-}
 
 ModelConfig small_moe(double capacity_factor = 0) {
   ModelConfig c = ModelConfig::named("tiny-moe");
@@ -119,7 +98,7 @@ void check_same(const RunResult& got, const RunResult& ref, const std::string& w
   std::string worst_name;
   for (const auto& [name, g] : ref.grads) {
     REQUIRE(got.grads.count(name) == 1);
-    const double d = rel_diff(got.grads.at(name), g);
+    const double d = test::max_rel_diff(got.grads.at(name), g);
     if (d > worst) worst = d, worst_name = name;
   }
   INFO("worst gradient " << worst_name << ": " << worst);
@@ -257,7 +236,7 @@ TEST_CASE("data parallel on shards of the batch equals one process after 5 steps
       std::string worst_name;
       for (auto& [name, p] : dp->model().named_parameters()) {
         const Tensor& q = ref->model().parameter(name);
-        const double d = rel_diff(p, q);
+        const double d = test::max_rel_diff(p, q);
         if (d > worst) worst = d, worst_name = name;
         const double nr = norm_rel_diff(p, q);
         worst_norm = std::max(worst_norm, nr);

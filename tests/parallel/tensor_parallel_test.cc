@@ -25,8 +25,11 @@
 #include "tests/files.h"
 #include "tests/parallel/fake_group.h"
 #include "tests/skip.h"
+#include "tests/tensor_compare.h"
 
 using namespace remat;
+using remat::test::max_rel_diff;
+using remat::test::norm_rel_diff;
 
 namespace {
 
@@ -111,18 +114,6 @@ Run train(const ModelConfig& c, std::shared_ptr<ProcessGroup> group, std::int64_
   return r;
 }
 
-// max |a - b| / max |b| (0 when both are 0).
-double max_rel_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.sizes() == b.sizes());
-  const auto x = a.to_vector<float>(), y = b.to_vector<float>();
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::fabs(double(x[i]) - double(y[i])));
-    scale = std::max(scale, std::fabs(double(y[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
 // A fresh folder every rank of `g` names alike (rank 0's, removed at exit).
 std::string shared_dir(ProcessGroup& g) {
   std::string dir = g.rank() == 0 ? test::temp_dir("tp") : std::string();
@@ -134,18 +125,6 @@ std::string shared_dir(ProcessGroup& g) {
   for (std::int64_t ch : t.to_vector<std::int64_t>())
     if (ch) dir += char(ch);
   return dir;
-}
-
-// ||a - b|| / ||b||.
-double norm_rel_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.sizes() == b.sizes());
-  const auto x = a.to_vector<float>(), y = b.to_vector<float>();
-  double d = 0, n = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    d += (double(x[i]) - double(y[i])) * (double(x[i]) - double(y[i]));
-    n += double(y[i]) * double(y[i]);
-  }
-  return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
