@@ -7,7 +7,6 @@ namespace remat {
 namespace {
 
 thread_local std::int64_t tls_regenerations = 0;
-thread_local bool tls_regenerating = false;
 
 // One forward's output as its saves share it: how many saves hold the
 // recipe, and the regenerated output while any of them is still to unpack.
@@ -70,15 +69,7 @@ class DiscardHooks final : public TypedSavedTensorHooks {
     ++tls_regenerations;
     std::vector<Tensor> in;
     for (const auto& t : *r.inputs) in.push_back(t.defined() ? t.detach() : t);
-    const bool was = tls_regenerating;
-    tls_regenerating = true;
-    try {
-      r.shared->output = (*r.producer)(in);
-    } catch (...) {
-      tls_regenerating = was;
-      throw;
-    }
-    tls_regenerating = was;
+    r.shared->output = (*r.producer)(in);
     return r.shared->output;
   }
 
@@ -103,6 +94,5 @@ DiscardedOutput::DiscardedOutput(const char* name, Producer producer, std::vecto
 }
 
 std::int64_t DiscardedOutput::regenerations() { return tls_regenerations; }
-bool DiscardedOutput::regenerating() { return tls_regenerating; }
 
 }  // namespace remat

@@ -35,9 +35,6 @@ class DiscardedOutput {
 
   // Regenerations run on this thread since it started.
   static std::int64_t regenerations();
-  // True while a producer runs to regenerate (not in the forward, nor in a
-  // checkpoint replay of it): a collective producer counts it as backward.
-  static bool regenerating();
 
  private:
   std::shared_ptr<const std::vector<Tensor>> inputs_;

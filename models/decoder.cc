@@ -47,6 +47,12 @@ Tensor DecoderBlock::drop(const Tensor& y) const {
   return remat::dropout(y, dropout, training(), RowPiece{tp->rank(), tp->size()});  // [B, S/T, d] of [B, S, d]
 }
 
+Tensor DecoderBlock::feed_forward(const Tensor& n) const {
+  if (!moe) return mlp->forward(n);
+  if (!tp) return moe->forward(n, part_runner());
+  return tp->own_part(moe->forward(tp->whole(n), part_runner()));
+}
+
 Tensor DecoderBlock::attention_part(const Tensor& x) const {
   return region("attention", [this](const std::vector<Tensor>& in) {
     Tensor a = self_attn->forward(region("layernorm", norm_fn(*input_layernorm), {in[0]})[0], part_runner());
@@ -56,9 +62,8 @@ Tensor DecoderBlock::attention_part(const Tensor& x) const {
 
 Tensor DecoderBlock::mlp_part(const Tensor& h) const {
   Tensor n = region("layernorm", norm_fn(*post_attention_layernorm), {h})[0];
-  Tensor m = region("mlp", [this](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{moe ? moe->forward(in[0], part_runner()) : mlp->forward(in[0])};
-  }, {n})[0];
+  Tensor m = region("mlp", [this](const std::vector<Tensor>& in) { return std::vector<Tensor>{feed_forward(in[0])}; },
+                    {n})[0];
   return add(h, drop(m));
 }
 
@@ -70,9 +75,8 @@ Tensor DecoderBlock::forward(const Tensor& x) const {
   Tensor a = drop(self_attn->forward(input_layernorm->forward(x), part_runner()));
   const RMSNorm& pn = *post_attention_layernorm;
   auto [h, n] = add_rms_norm(x, a, pn.weight_for(x), pn.eps);
-  Tensor m = region("mlp", [this](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{moe ? moe->forward(in[0], part_runner()) : mlp->forward(in[0])};
-  }, {n})[0];
+  Tensor m = region("mlp", [this](const std::vector<Tensor>& in) { return std::vector<Tensor>{feed_forward(in[0])}; },
+                    {n})[0];
   return add(h, drop(m));
 }
 

@@ -52,6 +52,11 @@ class DecoderBlock : public Block {
 
  private:
   Tensor drop(const Tensor& y) const;  // the dropout of an attention or MLP output
+  // The MLP or MoE block on the post-attention norm's output n, inside the
+  // "mlp" region. Under sequence parallelism a MoE block runs on the whole
+  // sequence on every rank (its router statistics and capacity need every
+  // token), gathered in and split out inside the region.
+  Tensor feed_forward(const Tensor& n) const;
 };
 
 // "model": the embedding, the blocks and the final norm.

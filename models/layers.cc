@@ -210,47 +210,39 @@ Tensor SelfAttention::project_kv(const Linear& proj, const Tensor& x) const {
 }
 
 namespace {
-// Sequence parallelism: the whole sequence of a rank's piece x, for a
-// column-parallel region, as an output-discard checkpoint: the saves of the
-// gathered tensor (the projections' inputs) hold the piece, and backward
-// gathers it again once for all of them, as backward communication
-// (Megatron-LM keeps the piece and re-gathers the same way; Korthikanti et
-// al. 2022's 34/t bytes per layer assume it). Inside a checkpoint region
-// (its forward or its replay) the gather is plain: the region drops what it
-// saves anyway, and the recipe would keep the piece alive across it.
-bool discard_gathered_input(const TensorParallel& tp) {
-  return tp.sp && current_save_region() < 0 && !in_recompute();
+// Sequence parallelism: a column-parallel region's projections of this
+// rank's piece x of the sequence (sp_column_linears: the piece is what they
+// keep for backward, which gathers it again), each plus its bias.
+std::vector<Tensor> sp_projections(const TensorParallel& tp, const Tensor& x, const std::vector<const Linear*>& projs,
+                                   const std::vector<bool>& kv_shared) {
+  std::vector<Tensor> weights;
+  for (std::size_t i = 0; i < projs.size(); ++i)
+    weights.push_back(weight_as(kv_shared[i] ? tp.kv_shared(projs[i]->weight) : projs[i]->weight, x));
+  std::vector<Tensor> ys = sp_column_linears(tp.group, x, weights);
+  for (std::size_t i = 0; i < projs.size(); ++i)
+    if (const Tensor& b = projs[i]->bias; b.defined()) ys[i] = add(ys[i], weight_as(kv_shared[i] ? tp.kv_shared(b) : b, x));
+  return ys;
 }
-
-struct GatheredInput {
-  explicit GatheredInput(const TensorParallel& tp, const Tensor& x)
-      : discard("tp_gather", [group = tp.group](const std::vector<Tensor>& in) {
-          if (!DiscardedOutput::regenerating()) return tp_gather(group, in[0], 1);
-          CommPhaseScope phase(CommPhase::backward);
-          return tp_gather(group, in[0], 1);
-        }, {x}),
-        scope(discard.hooks()) {}
-  DiscardedOutput discard;
-  SavedTensorHooksScope scope;  // around the region's ops
-};
 }  // namespace
 
 Tensor SelfAttention::forward(const Tensor& x_in, const PartRunner& parts) const {
-  if (tp && discard_gathered_input(*tp)) {
-    const GatheredInput gathered(*tp, x_in);
-    return project(gathered.discard.output(), parts);
-  }
-  return project(tp ? tp->enter(x_in) : x_in, parts);
-}
-
-Tensor SelfAttention::project(const Tensor& x, const PartRunner& parts) const {
-  const std::int64_t B = x.size(0), S = x.size(1);
+  const std::int64_t B = x_in.size(0), S = tp && tp->sp ? x_in.size(1) * tp->size() : x_in.size(1);
   auto heads = [&](const Tensor& t, std::int64_t h) {
     return t.view({B, S, h, head_dim}).transpose(1, 2).contiguous();  // [B, h, S, Dh]
   };
+  if (tp && tp->sp) {
+    const std::vector<Tensor> qkv = sp_projections(*tp, x_in, {q_proj.get(), k_proj.get(), v_proj.get()},
+                                                   {false, true, true});
+    return attend(heads(qkv[0], n_heads), heads(qkv[1], n_kv_heads), heads(qkv[2], n_kv_heads), parts);
+  }
+  const Tensor x = tp ? tp->enter(x_in) : x_in;
   Tensor q = heads(q_proj->forward(x), n_heads);
   Tensor k = heads(project_kv(*k_proj, x), n_kv_heads);
   Tensor v = heads(project_kv(*v_proj, x), n_kv_heads);
+  return attend(q, k, v, parts);
+}
+
+Tensor SelfAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v, const PartRunner& parts) const {
   Tensor o = parts.run("core_attn", [this](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{core(in[0], in[1], in[2])};
   }, {q, k, v})[0];
@@ -305,14 +297,17 @@ MLP::MLP(std::int64_t d_model, std::int64_t hidden, double init_std, Generator& 
 }
 
 Tensor MLP::forward(const Tensor& x) const {
-  if (!tp) return project(x);
-  if (!discard_gathered_input(*tp)) return tp->leave(project(tp->enter(x)));
-  const GatheredInput gathered(*tp, x);
-  return tp->leave(project(gathered.discard.output()));
+  if (tp && tp->sp) {
+    const std::vector<Tensor> gu = sp_projections(*tp, x, {gate_proj.get(), up_proj.get()}, {false, false});
+    return tp->leave(down(gu[0], gu[1]));
+  }
+  const Tensor whole = tp ? tp->enter(x) : x;
+  const Tensor g = gate_proj->forward(whole);  // (gate before up)
+  const Tensor u = up_proj->forward(whole);
+  return tp ? tp->leave(down(g, u)) : down(g, u);
 }
 
-Tensor MLP::project(const Tensor& x) const {
-  Tensor g = gate_proj->forward(x), u = up_proj->forward(x);
+Tensor MLP::down(const Tensor& g, const Tensor& u) const {
   if (!recompute_activation) return down_proj->forward(swiglu(g, u));
   DiscardedOutput act("moe_act", [](const std::vector<Tensor>& in) { return swiglu(in[0], in[1]); }, {g, u});
   SavedTensorHooksScope scope(act.hooks());

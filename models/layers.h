@@ -155,13 +155,15 @@ class SelfAttention : public Module {
   double rope_theta;
   // Tensor parallel (models/tensor_parallel.h): q/k/v column-parallel by
   // heads, o_proj row-parallel (its bias added once, after the reduction);
-  // under sequence parallelism the gathered input is not kept for backward
-  // (gathered again there).
+  // under sequence parallelism q/k/v are one sp_column_linears, which keeps
+  // this rank's piece of the input for backward, not the gathered sequence.
   std::shared_ptr<const TensorParallel> tp;
 
  private:
   Tensor project_kv(const Linear& proj, const Tensor& x) const;  // k_proj / v_proj, shared by ranks or not
-  Tensor project(const Tensor& x, const PartRunner& parts) const;  // x: the whole sequence
+  // From q [B, H, S, Dh], k and v [B, Hkv, S, Dh]: the core (part
+  // "core_attn") and the output projection.
+  Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const PartRunner& parts) const;
 };
 
 // The parameter names of an MLP's three projections: {gate, up, down}.
@@ -186,7 +188,7 @@ class MLP : public Module {
   std::shared_ptr<const TensorParallel> tp;
 
  private:
-  Tensor project(const Tensor& x) const;  // down(swiglu(gate(x), up(x))), this rank's part
+  Tensor down(const Tensor& g, const Tensor& u) const;  // down(swiglu(g, u)), this rank's part
 };
 
 }  // namespace remat

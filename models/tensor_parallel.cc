@@ -63,9 +63,6 @@ void check_tensor_parallel(const ModelConfig& c, std::int64_t t, bool sp) {
     m << " must divide by " << t;
     throw Error(m.str());
   }
-  REMAT_CHECK(!sp || c.experts == 0, Error, "--sp with config ", c.name, "'s MoE blocks is not supported yet (the "
-              "router's statistics need every token of the batch; each rank would hold 1/", t,
-              " of the sequence); use --tp without --sp, which runs the MoE blocks whole on every rank");
 }
 
 std::shared_ptr<ProcessGroup> kv_head_group(const ModelConfig& c, const std::shared_ptr<ProcessGroup>& group) {

@@ -2,7 +2,10 @@
 // run the group's all-reduce, all-gather or reduce-scatter along a dim.
 #include "parallel/tensor_parallel_ops.h"
 
+#include "ops/binary.h"
 #include "ops/cast.h"
+#include "ops/inplace.h"
+#include "ops/matmul.h"
 #include "ops/op.h"
 
 namespace remat {
@@ -57,6 +60,25 @@ std::vector<Tensor> scatter_bwd(const OpBackward<TpState>& b) {
   return {gather_along(*b.state().group, b.grad(), b.state().dim)};
 }
 
+// The whole tensor used alike on every rank: its gradient is too, so each
+// rank keeps its piece of it.
+Tensor own_piece(ProcessGroup& g, const Tensor& x, std::int64_t dim) {
+  const std::int64_t n = x.size(dim) / g.size();
+  return x.detach().narrow(dim, g.rank() * n, n).contiguous();
+}
+
+OpResults gather_whole_fwd(const std::vector<Tensor>& in, TpState& s) {
+  return {{gather_along(*s.group, in[0], s.dim)}};
+}
+std::vector<Tensor> gather_whole_bwd(const OpBackward<TpState>& b) {
+  return {own_piece(*b.state().group, b.grad(), b.state().dim)};
+}
+
+OpResults split_fwd(const std::vector<Tensor>& in, TpState& s) { return {{own_piece(*s.group, in[0], s.dim)}}; }
+std::vector<Tensor> split_bwd(const OpBackward<TpState>& b) {
+  return {gather_along(*b.state().group, b.grad(), b.state().dim)};
+}
+
 Op<TpState> define(const char* name, OpResults (*forward)(const std::vector<Tensor>&, TpState&),
                    std::vector<Tensor> (*backward)(const OpBackward<TpState>&), const char* summary) {
   return Op<TpState>({.name = name, .inputs = {"x"}, .outputs = {{"y"}}, .summary = summary},
@@ -70,6 +92,107 @@ const Op<TpState> kGather =
     define("tp_gather", gather_fwd, gather_bwd, "the ranks' pieces concatenated along dim; backward reduce-scatters");
 const Op<TpState> kScatter =
     define("tp_scatter", scatter_fwd, scatter_bwd, "the sum over the group, this rank's piece; backward gathers");
+
+const Op<TpState> kGatherWhole = define("tp_gather_whole", gather_whole_fwd, gather_whole_bwd,
+                                      "the ranks' pieces concatenated along dim; backward keeps this rank's piece");
+const Op<TpState> kSplit =
+    define("tp_split", split_fwd, split_bwd, "this rank's piece along dim; backward gathers");
+
+void check_split(const char* op, const ProcessGroup& g, const Tensor& x, std::int64_t dim) {
+  REMAT_CHECK(dim >= 0 && dim < x.dim(), ShapeError, op, ": dim ", dim, " out of range for ", shape_str(x.sizes()));
+  REMAT_CHECK(x.size(dim) % g.size() == 0, ShapeError, op, ": dim ", dim, " of ", shape_str(x.sizes()),
+              " does not divide into the ", g.size(), " ranks of the tensor-parallel group");
+}
+
+// ---------------------------------------------------------------------------
+// sp_column_linears: the column-parallel projections of a sequence piece
+
+struct SpLinearsState {
+  std::shared_ptr<ProcessGroup> group;
+};
+
+constexpr std::size_t kMaxSpWeights = 3;
+const char* const kSpWeightNames[kMaxSpWeights] = {"w0", "w1", "w2"};
+
+void check_sp_linears(const OpDef& op, const std::vector<Tensor>& in, const SpLinearsState&) {
+  REMAT_CHECK(in.size() >= 2 && in.size() <= kMaxSpWeights + 1, Error, op.name(), ": expected x and 1 to ",
+              kMaxSpWeights, " weights, got ", in.size(), " tensors");
+  const Tensor& x = in[0];
+  REMAT_CHECK(x.dim() == 3, ShapeError, op.name(), ": x must be this rank's piece [B, S/T, d] of the sequence, got ",
+              shape_str(x.sizes()));
+  for (std::size_t i = 1; i < in.size(); ++i)
+    REMAT_CHECK(in[i].dim() == 2 && in[i].size(1) == x.size(2) && in[i].dtype() == x.dtype() &&
+                    in[i].device() == x.device(),
+                ShapeError, op.name(), ": weight ", i - 1, " must be [out, ", x.size(2), "] ", x.dtype(), " on ",
+                x.device(), " (x is ", shape_str(x.sizes()), "), got [", shape_str(in[i].sizes()), "] ", in[i].dtype(),
+                " on ", in[i].device());
+}
+
+OpResults sp_linears_fwd(const std::vector<Tensor>& in, SpLinearsState& s) {
+  const Tensor X = gather_along(*s.group, in[0], 1);  // [B, S, d]
+  const std::int64_t B = X.size(0), S = X.size(1), d = X.size(2), m = B * S;
+  const Tensor X2 = X.reshape({m, d});
+  std::vector<Tensor> ys, weights;
+  for (std::size_t i = 1; i < in.size(); ++i) {
+    const Tensor w = in[i].detach();
+    const std::int64_t n = w.size(0);
+    ys.push_back(matmul_kernels().run(X.device(), &MatmulKernels::product, X2, w.t(), Shape{m, n}, 1, m, n, d)
+                     .view({B, S, n}));
+    weights.push_back(w);
+  }
+  weights.resize(kMaxSpWeights);  // (saves of absent weights stay empty)
+  return {ys, weights};
+}
+
+std::vector<Tensor> sp_linears_bwd(const OpBackward<SpLinearsState>& b) {
+  const std::size_t n = b.num_inputs() - 1;
+  std::vector<Tensor> grads(n + 1);
+  bool weights = false;
+  for (std::size_t i = 1; i <= n; ++i) weights = weights || b.needs(i);
+  if (weights) {  // the whole sequence again (backward communication), for the weights' gradients only
+    const Tensor X = gather_along(*b.state().group, b.saved("x"), 1);
+    const Tensor X2 = X.reshape({-1, X.size(2)});
+    for (std::size_t i = 0; i < n; ++i)
+      if (b.needs(i + 1)) grads[i + 1] = matmul(b.grad(i).reshape({-1, b.grad(i).size(-1)}).t(), X2);
+  }
+  if (!b.needs(0)) return grads;
+  Tensor dX;  // the projections' sum, in order, in one buffer; then this rank's piece of its sum over ranks
+  for (std::size_t i = 0; i < n; ++i) {
+    Tensor part = matmul(b.grad(i), b.saved(kSpWeightNames[i]));
+    if (dX.defined()) add_(dX, part);
+    else dX = std::move(part);
+  }
+  grads[0] = scatter_along(*b.state().group, dX, 1);
+  return grads;
+}
+
+OpCost sp_linears_cost(const std::vector<Tensor>& in, const SpLinearsState& s) {
+  const Tensor& x = in[0];
+  const double m = double(x.size(0) * x.size(1) * s.group->size()), d = double(x.size(2));
+  const double es = double(element_size(x.dtype()));
+  OpCost c{0, 0, m * d * es};
+  for (std::size_t i = 1; i < in.size(); ++i) {
+    const double n = double(in[i].size(0));
+    c.matmul_flops += 2 * m * n * d;
+    c.bytes += (n * d + m * n) * es;
+  }
+  return c;
+}
+
+const Op<SpLinearsState> kSpLinears(
+    {.name = "sp_column_linears",
+     .inputs = {"x", "weights"},
+     .variadic = true,
+     .outputs = {{"y"}},
+     .variadic_outputs = true,
+     .saves = {{"x", SaveFrom::input, 0, inputs_mask({1, 2, 3})},
+               {"w0", SaveFrom::intermediate, 0, inputs_mask({0})},
+               {"w1", SaveFrom::intermediate, 1, inputs_mask({0})},
+               {"w2", SaveFrom::intermediate, 2, inputs_mask({0})}},
+     .saves_inputs_first = true,
+     .summary = "the ranks' sequence pieces gathered, times each weight transposed; saves the piece, gathers "
+                "again in backward"},
+    {.check = check_sp_linears, .forward = sp_linears_fwd, .backward = sp_linears_bwd, .cost = sp_linears_cost});
 
 }  // namespace
 
@@ -87,11 +210,26 @@ Tensor tp_gather(const std::shared_ptr<ProcessGroup>& group, const Tensor& x, st
 }
 
 Tensor tp_scatter(const std::shared_ptr<ProcessGroup>& group, const Tensor& x, std::int64_t dim) {
-  REMAT_CHECK(dim >= 0 && dim < x.dim(), ShapeError, "tp_scatter: dim ", dim, " out of range for ",
-              shape_str(x.sizes()));
-  REMAT_CHECK(x.size(dim) % group->size() == 0, ShapeError, "tp_scatter: dim ", dim, " of ", shape_str(x.sizes()),
-              " does not divide into the ", group->size(), " ranks of the tensor-parallel group");
+  check_split("tp_scatter", *group, x, dim);
   return kScatter.call1({x}, {group, dim});
+}
+
+Tensor tp_gather_whole(const std::shared_ptr<ProcessGroup>& group, const Tensor& x, std::int64_t dim) {
+  REMAT_CHECK(dim >= 0 && dim < x.dim(), ShapeError, "tp_gather_whole: dim ", dim, " out of range for ",
+              shape_str(x.sizes()));
+  return kGatherWhole.call1({x}, {group, dim});
+}
+
+std::vector<Tensor> sp_column_linears(const std::shared_ptr<ProcessGroup>& group, const Tensor& x,
+                                      const std::vector<Tensor>& weights) {
+  std::vector<Tensor> in = {x};
+  in.insert(in.end(), weights.begin(), weights.end());
+  return kSpLinears(std::move(in), {group});
+}
+
+Tensor tp_split(const std::shared_ptr<ProcessGroup>& group, const Tensor& x, std::int64_t dim) {
+  check_split("tp_split", *group, x, dim);
+  return kSplit.call1({x}, {group, dim});
 }
 
 }  // namespace remat

@@ -273,6 +273,7 @@ class MemTrainer {
     reducer_ = std::move(update.reducer);
     optimizer_ = std::move(update.adamw);
     zero_ = std::move(update.zero);
+    if (!zero_ || zero_->stage() < 2) give_gradient_buffers(owned_);  // (as the trainer does)
     if (!o.device.is_meta()) {
       corpus_ = generated_corpus(o.seed);
       sampler_ = std::make_unique<BatchSampler>(corpus_.train, c.batch, c.seq, o.seed + 1);
@@ -395,11 +396,7 @@ class MemTrainer {
   // clipped, stepped. (The norm is this rank's: the values are not compared.)
   void update_sharded(double lr) {
     std::vector<Tensor> whole = zero_->stage() >= 2 ? zero_->unsharded() : owned_;
-    for (const Tensor& p : whole)
-      if (!p.grad().defined()) {
-        CategoryScope grad_cat(MemoryCategory::gradient);
-        p.set_grad(zeros(p.sizes(), p.device()));
-      }
+    give_gradient_buffers(whole);
     clip_grad_norm(zero_->bind_grads(), o_.clip);
     zero_->step(lr);
   }

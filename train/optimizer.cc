@@ -291,6 +291,12 @@ std::int64_t persistent_bytes(const std::vector<std::pair<std::string, Tensor>>&
   return n;
 }
 
+void give_gradient_buffers(const std::vector<Tensor>& params) {
+  CategoryScope grad_cat(MemoryCategory::gradient);
+  for (const Tensor& p : params)
+    if (!p.grad().defined()) p.set_grad(zeros(p.sizes(), p.device()));
+}
+
 std::vector<double> grad_sq_partials(const std::vector<Tensor>& params) {
   REMAT_CHECK(cuda_devices(params).empty(), DeviceError,
               "grad_sq_partials: CPU gradients only (CUDA gradients are summed per device by grad_sq_sum)");

@@ -45,6 +45,7 @@ LossScaler loss_scaler_for(const TrainOptions& o) {
   so.min = o.loss_scale_min;
   return LossScaler(o.dtype == DType::f16, so);
 }
+
 }  // namespace
 
 Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scaler_for(opts_)) {
@@ -217,6 +218,13 @@ void Trainer::build_optimizer() {
   zero_ = std::move(update.zero);
   sampler_ = std::make_unique<BatchSampler>(corpus_.train_source(), opts_.config.batch, opts_.config.seq,
                                             opts_.seed + 1);
+  // The gradients a step keeps (all but ZeRO 2/3's, which the reducer
+  // shards), allocated before any activation.
+  if (!zero_ || zero_->stage() < 2) {
+    std::vector<Tensor> params;
+    for (auto& [name, p] : owned_parameters()) params.push_back(p);
+    give_gradient_buffers(params);
+  }
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::owned_parameters() const {
@@ -468,11 +476,7 @@ std::vector<Tensor> Trainer::update_tensors() {
   } else {
     for (auto& [name, p] : owned_parameters()) whole.push_back(p);
   }
-  for (const Tensor& p : whole)
-    if (!p.grad().defined()) {
-      CategoryScope grad_cat(MemoryCategory::gradient);
-      p.set_grad(zeros(p.sizes(), p.device()));
-    }
+  give_gradient_buffers(whole);
   return zero_ ? zero_->bind_grads() : whole;
 }
 

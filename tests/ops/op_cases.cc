@@ -238,6 +238,15 @@ std::vector<OpCase> make_cases() {
   comm("tp_reduce", [](const Inputs& x) { return tp_reduce(single_process_group(), x[0]); });
   comm("tp_gather", [](const Inputs& x) { return tp_gather(single_process_group(), x[0], 1); });
   comm("tp_scatter", [](const Inputs& x) { return tp_scatter(single_process_group(), x[0], 1); });
+  comm("tp_gather_whole", [](const Inputs& x) { return tp_gather_whole(single_process_group(), x[0], 1); });
+  comm("tp_split", [](const Inputs& x) { return tp_split(single_process_group(), x[0], 1); });
+  c.push_back({"sp_column_linears", "one rank: x [2, 3, 4], weights [5, 4] and [3, 4] (both outputs)",
+               [] { return Inputs{randn_f32({2, 3, 4}, 55), randn_f32({5, 4}, 56), randn_f32({3, 4}, 57)}; },
+               [](const Inputs& x) {
+                 const std::vector<Tensor> y = sp_column_linears(single_process_group(), x[0], {x[1], x[2]});
+                 return cat({y[0], mul(y[1], 0.5)}, 2);
+               },
+               GradcheckOptions{}, std::nullopt});
   c.push_back({"vocab_parallel_cross_entropy", "one rank: h [2, 3, 4], w [7, 4], chunks of 2 rows, one target ignored",
                [] { return Inputs{randn_f32({2, 3, 4}, 53), randn_f32({7, 4}, 54), i64({2, -100, 6, 0, 1, 3}, {2, 3})}; },
                [](const Inputs& x) { return vocab_parallel_cross_entropy(single_process_group(), x[0], x[1], x[2], 0, 7, 2); },

@@ -44,6 +44,9 @@ const std::map<std::string, std::string> kNoCudaComparison = {
     {"tp_reduce", "CUDA collectives need NCCL and several ranks (tests/parallel)"},
     {"tp_gather", "CUDA collectives need NCCL and several ranks (tests/parallel)"},
     {"tp_scatter", "CUDA collectives need NCCL and several ranks (tests/parallel)"},
+    {"tp_gather_whole", "CUDA collectives need NCCL and several ranks (tests/parallel)"},
+    {"tp_split", "CUDA collectives need NCCL and several ranks (tests/parallel)"},
+    {"sp_column_linears", "CPU only: tensor parallelism runs under MPI (tests/parallel)"},
     {"vocab_parallel_cross_entropy", "CPU only: tensor parallelism runs under MPI (tests/parallel)"},
 };
 
@@ -57,6 +60,9 @@ const std::map<std::string, std::string> kNoBenchRow = {
     {"tp_reduce", "communication: times inside the step of train --tp"},
     {"tp_gather", "communication: times inside the step of train --tp"},
     {"tp_scatter", "communication: times inside the step of train --tp"},
+    {"tp_gather_whole", "communication: times inside the step of train --tp --sp"},
+    {"tp_split", "communication: times inside the step of train --tp --sp"},
+    {"sp_column_linears", "communication and GEMMs: times inside the step of train --tp --sp"},
 };
 
 // The op names listed in docs/REFERENCE.md's op table: rows "| `name` | ...".

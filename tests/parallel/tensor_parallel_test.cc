@@ -146,7 +146,6 @@ TEST_CASE("tensor and sequence parallel training equal one process after 10 step
     if (W == 4) tps.insert(tps.end(), {{2, 0}, {2, 2}});
     for (const auto& [tp, zero] : tps)
       for (const bool sp : {false, true}) {
-        if (sp && c.experts > 0) continue;  // (refused: below)
         const std::int64_t ep = c.experts > 0 && W / tp > 1 ? W / tp : 1;
         INFO(name << ": --tp " << tp << (sp ? " --sp" : "") << " --ep " << ep << " --zero " << zero << " on " << W
                   << " ranks");
@@ -232,6 +231,43 @@ TEST_CASE("every lossless plan under --tp --sp equals none bit for bit; replays 
   }
 }
 
+TEST_CASE("under --sp a MoE block runs whole on every rank: one process's routes, metrics counted once, lossless "
+          "plans equal none", "[parallel][tp]") {
+  auto world = world_group();
+  if (world->size() == 1) REMAT_SKIP("one process: mpi_test.sh runs it under mpirun");
+  ModelConfig c = small("tiny-moe");  // random routes
+  c.capacity_factor = 1.0;            // and tokens dropped: capacity needs every token of the batch
+  const std::int64_t T = world->size();
+  const Run one = train(c, single_process_group(), 1, false, 1, "none", 2);
+  const Run none = train(c, world, T, true, 1, "none", 2);
+  REQUIRE(none.last.routing.size() == one.last.routing.size());
+  std::int64_t dropped = 0;
+  for (std::size_t i = 0; i < one.last.routing.size(); ++i) {
+    CHECK(none.last.routing[i].tokens_per_expert == one.last.routing[i].tokens_per_expert);
+    CHECK(none.last.routing[i].dropped == one.last.routing[i].dropped);
+    dropped += one.last.routing[i].dropped;
+  }
+  CHECK(dropped > 0);
+  CHECK(std::fabs(none.last.aux_loss - one.last.aux_loss) <= 1e-6 * std::fabs(one.last.aux_loss));
+  const auto gathers = [](const Run& r, CommPhase p) { return r.last.comm.calls_of(CollectiveKind::all_gather, p); };
+  for (const std::string plan : {"per_block", "moe_expert", "selective:mlp", "selective:moe", "selective:moe_act"}) {
+    INFO("--tp " << T << " --sp, plan " << plan);
+    const Run got = train(c, world, T, true, 1, plan, 2);
+    CHECK(got.losses == none.losses);
+    CHECK(got.last.aux_loss == none.last.aux_loss);
+    for (std::size_t i = 0; i < none.last.routing.size(); ++i)
+      CHECK(got.last.routing[i].tokens_per_expert == none.last.routing[i].tokens_per_expert);
+    for (const auto& [name, g] : none.grads)
+      if (!same_bits(got.grads.at(name), g)) FAIL_CHECK("gradient " << name << " differs from none's");
+    // per_block replays each block's gathers: attention's, and the MLP's or
+    // the MoE block's whole sequence; the "mlp" region holds that gather,
+    // the "moe" region inside it starts from the whole sequence.
+    if (plan == "per_block") CHECK(gathers(got, CommPhase::replay) == 2 * c.n_layers);
+    if (plan == "selective:mlp") CHECK(gathers(got, CommPhase::replay) == c.n_layers);
+    if (plan == "selective:moe") CHECK(gathers(got, CommPhase::replay) == 0);
+  }
+}
+
 TEST_CASE("--tp and --sp refuse what they cannot split, before any work", "[parallel][tp]") {
   ModelConfig c = ModelConfig::named("tiny");
   CHECK_THROWS_WITH(check_tensor_parallel(c, 3, false),
@@ -243,8 +279,7 @@ TEST_CASE("--tp and --sp refuse what they cannot split, before any work", "[para
   c.kv_heads = 4;
   c.seq = 66;
   CHECK_THROWS_WITH(check_tensor_parallel(c, 4, true), Catch::Contains("sequence of 66 positions"));
-  CHECK_THROWS_WITH(check_tensor_parallel(ModelConfig::named("tiny-moe"), 2, true),
-                    Catch::Contains("--sp with config tiny-moe's MoE blocks"));
+  CHECK_NOTHROW(check_tensor_parallel(ModelConfig::named("tiny-moe"), 2, true));  // MoE blocks run whole
   TrainOptions o;
   o.config = ModelConfig::named("tiny");
   o.tp = 2;

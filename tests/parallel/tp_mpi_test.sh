@@ -171,7 +171,23 @@ check "--tp 3 names what does not divide" 'bad 3 "config tiny does not split int
 check "--sp without --tp is refused" 'bad 1 "give --tp T with T >= 2" --sp'
 check "a job that is not a multiple of --tp is refused" 'bad 3 "the job has 3 rank(s), not a multiple of 2" --tp 2'
 check "--tp with --zero 3 is refused for now" 'bad 4 "--tp 2 with --zero 3: not supported yet" --tp 2 --zero 3'
-check "--sp with MoE blocks is refused with the reason" 'bad 2 "--sp with config tiny-moe" --config tiny-moe --tp 2 --sp'
+# MoE blocks under --sp run whole on every rank: one process's losses and routing.
+moe=(--config tiny-moe --steps 3 --warmup 2 --eval-every 0 --seed 5 --progress off)
+env -u OMP_NUM_THREADS $remat train "${moe[@]}" --log "$tmp/moe_one.jsonl" > "$tmp/moe_one.txt" 2>&1
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${moe[@]}" --tp 2 --sp --recompute per_block \
+  --log "$tmp/moe_tp2sp.jsonl" > "$tmp/moe_tp2sp.txt" 2>&1
+check "tiny-moe under --tp 2 --sp (per_block) logs one process's losses, aux losses and routing" \
+  "/usr/bin/python3 - '$tmp' <<'PY'
+import json, sys
+d = sys.argv[1]
+def rows(n): return [json.loads(l) for l in open(f'{d}/{n}.jsonl')]
+one, got = rows('moe_one'), rows('moe_tp2sp')
+assert len(one) == 3 and len(got) == 3
+for a, b in zip(one, got):
+    assert abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (a['loss'], b['loss'])
+    assert abs(a['loss_aux'] - b['loss_aux']) <= 1e-5 * a['loss_aux'], (a['loss_aux'], b['loss_aux'])
+    assert [l['tokens_per_expert'] for l in a['moe']] == [l['tokens_per_expert'] for l in b['moe']], (a['moe'], b['moe'])
+PY" || tail -3 "$tmp"/moe_*.txt
 $remat bench --config tiny --tp 3 > "$tmp/bad_bench.txt" 2>&1
 check "bench --tp 3 names what does not divide" 'grep -q "config tiny does not split into 3" "$tmp/bad_bench.txt"'
 $remat bench --config tiny --tp 2x > "$tmp/bad_bench2.txt" 2>&1
