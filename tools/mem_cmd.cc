@@ -273,7 +273,6 @@ class MemTrainer {
     reducer_ = std::move(update.reducer);
     optimizer_ = std::move(update.adamw);
     zero_ = std::move(update.zero);
-    if (!zero_ || zero_->stage() < 2) give_gradient_buffers(owned_);  // (as the trainer does)
     if (!o.device.is_meta()) {
       corpus_ = generated_corpus(o.seed);
       sampler_ = std::make_unique<BatchSampler>(corpus_.train, c.batch, c.seq, o.seed + 1);

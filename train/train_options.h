@@ -87,8 +87,7 @@ struct TrainOptions {
   // matmuls, the embedding and the LM head; they are the innermost
   // (neighbouring) ranks of the job, which holds tp x dp (x pp) of them.
   // sp: sequence parallel, the tensors between the blocks' regions sharded
-  // along the sequence over the tp ranks. Not yet with zero 3 or a CUDA
-  // device.
+  // along the sequence over the tp ranks. Not yet on a CUDA device.
   std::int64_t tp = 1;
   bool sp = false;
   PipelineSchedule pp_schedule = PipelineSchedule::one_f_one_b;

@@ -55,10 +55,9 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scale
   RecomputePlan plan = RecomputePlan::parse(opts_.recompute, c.n_layers);
   plan.offload_dir = opts_.offload_dir;
   check_tensor_parallel(c, opts_.tp, opts_.sp);
-  REMAT_CHECK(opts_.tp == 1 || (opts_.zero < 3 && opts_.device.is_cpu()), Error, "--tp ", opts_.tp, " with ",
-              opts_.zero == 3 ? std::string("--zero 3") : "--device " + opts_.device.str(),
-              ": not supported yet (tensor parallelism runs on the CPU under MPI, with --dp, --ep, --pp and --zero 1 "
-              "or 2)");
+  REMAT_CHECK(opts_.tp == 1 || opts_.device.is_cpu(), Error, "--tp ", opts_.tp, " with --device ",
+              opts_.device.str(), ": not supported yet (tensor parallelism runs on the CPU under MPI, with --dp, --ep, "
+              "--pp and --zero)");
   REMAT_CHECK(opts_.zero != 3 || !c.tie_embeddings, Error, "--zero 3: config ", c.name, " ties its embeddings (the "
               "LM head uses the embedding's weight), which sharded parameters do not support yet; use --zero 2");
   job_ = opts_.group ? opts_.group : world_group();
@@ -161,11 +160,31 @@ void Trainer::build_shapes_only() {
       fill_init_range(recipes->at(name), begin, out);
     };
   }
+  if (tp_) slice_initial_values();
   NoGradGuard ng;
   for (auto& [name, p] : model_->named_parameters()) {
     p.alias_storage_(empty(p.sizes()));  // (a CPU tensor: one parameter's bytes, let go at once)
     p.release_storage();
   }
+}
+
+// --zero 3 under --tp: the model on meta keeps this rank's slices' shapes,
+// and a range of a slice's elements is read from the whole tensor's source
+// run by run (a dim-1 slice row by row), so ZeRO shards the slices.
+void Trainer::slice_initial_values() {
+  auto whole = std::make_shared<std::map<std::string, Shape>>();
+  for (const auto& [name, p] : model_->named_parameters()) (*whole)[name] = p.sizes();
+  apply_tensor_parallel(*model_, tp_);
+  initial_ = [source = std::move(initial_), whole, c = opts_.config, T = tp_->size(), t = tp_->rank()](
+                 const std::string& name, std::int64_t begin, Tensor& out) {
+    const TpSlice sl = tp_slice(c, name, T, t);
+    if (!sl.split()) return source(name, begin, out);
+    Tensor flat = out.view({-1});
+    for_each_slice_run(whole->at(name), sl, begin, out.numel(), [&](std::int64_t at, std::int64_t e, std::int64_t n) {
+      Tensor part = flat.narrow(0, e - begin, n);
+      source(name, at, part);
+    });
+  };
 }
 
 // --tp with --model DIR: the model on meta is checked against the folder's
@@ -218,13 +237,6 @@ void Trainer::build_optimizer() {
   zero_ = std::move(update.zero);
   sampler_ = std::make_unique<BatchSampler>(corpus_.train_source(), opts_.config.batch, opts_.config.seq,
                                             opts_.seed + 1);
-  // The gradients a step keeps (all but ZeRO 2/3's, which the reducer
-  // shards), allocated before any activation.
-  if (!zero_ || zero_->stage() < 2) {
-    std::vector<Tensor> params;
-    for (auto& [name, p] : owned_parameters()) params.push_back(p);
-    give_gradient_buffers(params);
-  }
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::owned_parameters() const {

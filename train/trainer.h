@@ -122,6 +122,7 @@ class Trainer {
   JobGroups split_job();  // --tp innermost, then --pp: stage-major pipelines and replicas (Error for a layout that cannot run)
   void build_model(const RecomputePlan& plan, const ProcessGroup& world);  // seeded or --model weights, on the device
   void build_shapes_only();  // --zero 3: on meta; initial_ says where the shards' values come from
+  void slice_initial_values();  // --zero 3 under --tp: this rank's slices, initial_ reading their ranges
   void build_tp_slices_from_model();  // --tp with --model DIR: this rank's slices read from the folder
   void build_pipeline(std::shared_ptr<ProcessGroup> pipeline_group);  // this rank's stage (split or balanced)
   void build_optimizer();  // gradient reducer, AdamW over this rank's parameters, the batch sampler

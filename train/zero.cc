@@ -341,6 +341,14 @@ std::int64_t ZeroOptimizer::persistent_bytes() const {
   return n;
 }
 
+namespace {
+std::vector<Tensor> tensors_of(const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<Tensor> v;
+  for (const auto& [name, t] : named) v.push_back(t);
+  return v;
+}
+}  // namespace
+
 DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
                                              const std::vector<std::pair<std::string, Tensor>>& params,
                                              std::int64_t bucket_bytes, std::int64_t zero, AdamWOptions opts,
@@ -352,6 +360,7 @@ DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
                 ": keep_gathered keeps blocks' gathered parameters, which only --zero 3 gathers");
     u.reducer = make_grad_reducer(layout, params, bucket_bytes);
     u.adamw = std::make_unique<AdamW>(params, opts);
+    give_gradient_buffers(tensors_of(params));
     return u;
   }
   const std::int64_t ep = layout.ep;
@@ -360,6 +369,7 @@ DataParallelUpdate make_data_parallel_update(const ParallelLayout& layout,
   for (const auto& [name, p] : params)
     if (zero == 1 || !sharded(name)) whole.emplace_back(name, p);
   if (!whole.empty()) u.reducer = make_grad_reducer(layout, whole, bucket_bytes);
+  give_gradient_buffers(tensors_of(whole));  // (the sharded ones' gradients are the reducer's)
   u.zero = std::make_unique<ZeroOptimizer>(int(zero), params, layout.grad_group ? layout.grad_group : layout.world,
                                            sharded, is_expert_parameter, opts, initial);
   if (u.zero->gatherer()) {

@@ -192,6 +192,8 @@ class ZeroOptimizer {
 // puts the gatherer on `model`'s block stack (BlockStack::set_unit_hooks),
 // gathering in gather_precision(model). Error for a
 // stage > 0 on one rank. `initial`: as ZeroOptimizer's (stage 3 only).
+// The gradients the update keeps whole are allocated here, before any
+// activation (give_gradient_buffers, train/optimizer.h).
 struct DataParallelUpdate {
   std::unique_ptr<GradReducer> reducer;  // null when nothing is reduced whole (or one rank)
   std::unique_ptr<AdamW> adamw;          // stage 0

@@ -141,9 +141,10 @@ TEST_CASE("tensor and sequence parallel training equal one process after 10 step
     const ModelConfig c = small(name);
     const Run ref = train(c, single_process_group(), 1, false, 1, "none", 10);
     // tp = every rank; on 4 ranks also tp 2 x dp 2 (MoE: experts split over the two replicas).
-    // On 4 ranks, tp 2 x dp 2 also under --zero 2 (sharding each slice over the replicas).
+    // On 4 ranks, tp 2 x dp 2 also under --zero 2 and 3 (sharding each slice over the replicas).
     std::vector<std::pair<std::int64_t, std::int64_t>> tps = {{W, 0}};
     if (W == 4) tps.insert(tps.end(), {{2, 0}, {2, 2}});
+    if (W == 4 && !c.tie_embeddings) tps.push_back({2, 3});  // (--zero 3 refuses tied embeddings)
     for (const auto& [tp, zero] : tps)
       for (const bool sp : {false, true}) {
         const std::int64_t ep = c.experts > 0 && W / tp > 1 ? W / tp : 1;

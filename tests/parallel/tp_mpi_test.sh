@@ -27,16 +27,17 @@ run_tp tp2dp2 4 --tp 2 --dp 2 --sp
 run_tp tp4 4 --tp 4 --recompute selective:mlp
 run_tp tp2pp2 4 --tp 2 --pp 2 --sp --grad-accum 2 --recompute per_block
 run_tp tp2z2 4 --tp 2 --dp 2 --zero 2 --sp
+run_tp tp2z3 4 --tp 2 --dp 2 --zero 3 --sp --recompute per_block
 check "only rank 0 prints, with the whole model's parameter count" \
   '[ "$(grep -c "^remat train:" "$tmp/tp2.txt")" -eq 1 ] && grep -q "857216 parameters" "$tmp/tp2.txt"' || tail -5 "$tmp/tp2.txt"
-check "--tp 2, --tp 2 --sp (per_block), --tp 2 --dp 2 --sp, --tp 4 (selective:mlp), --tp 2 --pp 2 --sp and --tp 2 --dp 2 --zero 2 --sp log one process's losses" \
+check "--tp 2, --tp 2 --sp (per_block), --tp 2 --dp 2 --sp, --tp 4 (selective:mlp), --tp 2 --pp 2 --sp, --tp 2 --dp 2 --zero 2 --sp and --zero 3 --sp (per_block) log one process's losses" \
   "/usr/bin/python3 - '$tmp' <<'PY'
 import json, sys
 d = sys.argv[1]
 def rows(n): return [json.loads(l) for l in open(f'{d}/{n}.jsonl')]
 one = rows('one')
 assert len(one) == 4
-for tag in ('tp2', 'tp2sp', 'tp2dp2', 'tp4', 'tp2pp2', 'tp2z2'):
+for tag in ('tp2', 'tp2sp', 'tp2dp2', 'tp4', 'tp2pp2', 'tp2z2', 'tp2z3'):
     got = rows(tag)
     assert len(got) == 4, tag
     for a, b in zip(one, got):
@@ -65,12 +66,14 @@ timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${common[@]}" --tp 4 --sp -
   --log "$tmp/resumed4.jsonl" > "$tmp/resumed4.txt" 2>&1
 timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${common[@]}" --tp 2 --dp 2 --zero 2 --resume "$tmp/state" \
   --log "$tmp/resumedz.jsonl" > "$tmp/resumedz.txt" 2>&1
-check "one process, --tp 4 --sp and --tp 2 --dp 2 --zero 2 resume it and continue as the uninterrupted run" \
+timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${common[@]}" --tp 2 --dp 2 --zero 3 --resume "$tmp/state" \
+  --log "$tmp/resumedz3.jsonl" > "$tmp/resumedz3.txt" 2>&1
+check "one process, --tp 4 --sp and --tp 2 --dp 2 --zero 2 or 3 resume it and continue as the uninterrupted run" \
   "/usr/bin/python3 - '$tmp' <<'PY'
 import json, sys
 d = sys.argv[1]
 one = [json.loads(l) for l in open(f'{d}/one.jsonl')]
-for tag in ('resumed1', 'resumed4', 'resumedz'):
+for tag in ('resumed1', 'resumed4', 'resumedz', 'resumedz3'):
     res = [json.loads(l) for l in open(f'{d}/{tag}.jsonl')]
     assert [r['step'] for r in res] == [3, 4], (tag, res)
     for a, b in zip(one[2:], res):
@@ -90,15 +93,20 @@ hfc=(--model "$tmp/export" --batch 8 --seq 64 --steps 4 --warmup 2 --eval-every 
 $remat train "${hfc[@]}" --log "$tmp/hf1.jsonl" > "$tmp/hf1.txt" 2>&1
 timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${hfc[@]}" --tp 2 --sp \
   --log "$tmp/hf2.jsonl" > "$tmp/hf2.txt" 2>&1
-check "--model DIR under --tp 2 --sp logs one process's losses" \
+timeout 300 mpirun "${flags[@]}" -np 4 $remat train "${hfc[@]}" --tp 2 --dp 2 --zero 3 \
+  --log "$tmp/hf3.jsonl" > "$tmp/hf3.txt" 2>&1
+check "--model DIR under --tp 2 --sp and --tp 2 --dp 2 --zero 3 logs one process's losses" \
   "/usr/bin/python3 - '$tmp' <<'PY'
 import json, sys
 d = sys.argv[1]
-a, b = ([json.loads(l) for l in open(f'{d}/{n}.jsonl')] for n in ('hf1', 'hf2'))
-assert len(a) == len(b) == 4
-for x, y in zip(a, b):
-    assert abs(x['loss'] - y['loss']) <= 1e-5 * x['loss'], (x['loss'], y['loss'])
-PY" || tail -5 "$tmp/hf2.txt"
+a = [json.loads(l) for l in open(f'{d}/hf1.jsonl')]
+assert len(a) == 4
+for n in ('hf2', 'hf3'):
+    b = [json.loads(l) for l in open(f'{d}/{n}.jsonl')]
+    assert len(b) == 4, n
+    for x, y in zip(a, b):
+        assert abs(x['loss'] - y['loss']) <= 1e-5 * x['loss'], (n, x['loss'], y['loss'])
+PY" || tail -5 "$tmp"/hf[23].txt
 
 # --recompute auto profiles on the job's ranks under the same --tp --sp.
 timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${common[@]}" --tp 2 --sp --recompute auto --memory-budget 50% \
@@ -170,7 +178,6 @@ bad() {  # NP PATTERN ARGS...
 check "--tp 3 names what does not divide" 'bad 3 "config tiny does not split into 3 tensor-parallel ranks: the 4 attention heads" --tp 3'
 check "--sp without --tp is refused" 'bad 1 "give --tp T with T >= 2" --sp'
 check "a job that is not a multiple of --tp is refused" 'bad 3 "the job has 3 rank(s), not a multiple of 2" --tp 2'
-check "--tp with --zero 3 is refused for now" 'bad 4 "--tp 2 with --zero 3: not supported yet" --tp 2 --zero 3'
 # MoE blocks under --sp run whole on every rank: one process's losses and routing.
 moe=(--config tiny-moe --steps 3 --warmup 2 --eval-every 0 --seed 5 --progress off)
 env -u OMP_NUM_THREADS $remat train "${moe[@]}" --log "$tmp/moe_one.jsonl" > "$tmp/moe_one.txt" 2>&1
