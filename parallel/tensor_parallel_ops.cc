@@ -2,9 +2,7 @@
 // run the group's all-reduce, all-gather or reduce-scatter along a dim.
 #include "parallel/tensor_parallel_ops.h"
 
-#include "ops/binary.h"
 #include "ops/cast.h"
-#include "ops/inplace.h"
 #include "ops/matmul.h"
 #include "ops/op.h"
 
@@ -128,16 +126,31 @@ void check_sp_linears(const OpDef& op, const std::vector<Tensor>& in, const SpLi
                 " on ", in[i].device());
 }
 
+// The gathered sequence stays sequence-first, [S, B, d], as the all-gather
+// lays it out: the products take its rows in that order and only their
+// [.., n]-wide results (and gradients) are turned between [B, S, n] and
+// [S, B, n], never a whole [B, S, d] (which the collectives along dim 1
+// would copy once more).
+Tensor gathered_rows(ProcessGroup& g, const Tensor& piece) {
+  const Tensor X = g.all_gather(front(piece, 1));  // [S, B, d]
+  return X.view({X.size(0) * X.size(1), X.size(2)});
+}
+
+// A projection's [B, S, n] gradient as [S * B, n] rows, in f32.
+Tensor sequence_first(const Tensor& g) {
+  const Tensor t = g.detach().transpose(0, 1).contiguous();
+  return (t.dtype() == DType::f32 ? t : cast(t, DType::f32)).view({-1, g.size(2)});
+}
+
 OpResults sp_linears_fwd(const std::vector<Tensor>& in, SpLinearsState& s) {
-  const Tensor X = gather_along(*s.group, in[0], 1);  // [B, S, d]
-  const std::int64_t B = X.size(0), S = X.size(1), d = X.size(2), m = B * S;
-  const Tensor X2 = X.reshape({m, d});
+  const Tensor X2 = gathered_rows(*s.group, in[0]);
+  const std::int64_t B = in[0].size(0), m = X2.size(0), S = m / B, d = X2.size(1);
   std::vector<Tensor> ys, weights;
   for (std::size_t i = 1; i < in.size(); ++i) {
     const Tensor w = in[i].detach();
     const std::int64_t n = w.size(0);
-    ys.push_back(matmul_kernels().run(X.device(), &MatmulKernels::product, X2, w.t(), Shape{m, n}, 1, m, n, d)
-                     .view({B, S, n}));
+    const Tensor y = matmul_kernels().run(X2.device(), &MatmulKernels::product, X2, w.t(), Shape{m, n}, 1, m, n, d);
+    ys.push_back(y.view({S, B, n}).transpose(0, 1).contiguous());
     weights.push_back(w);
   }
   weights.resize(kMaxSpWeights);  // (saves of absent weights stay empty)
@@ -145,24 +158,36 @@ OpResults sp_linears_fwd(const std::vector<Tensor>& in, SpLinearsState& s) {
 }
 
 std::vector<Tensor> sp_linears_bwd(const OpBackward<SpLinearsState>& b) {
+  ProcessGroup& group = *b.state().group;
   const std::size_t n = b.num_inputs() - 1;
+  const Device dev = b.grad(0).device();
   std::vector<Tensor> grads(n + 1);
   bool weights = false;
   for (std::size_t i = 1; i <= n; ++i) weights = weights || b.needs(i);
   if (weights) {  // the whole sequence again (backward communication), for the weights' gradients only
-    const Tensor X = gather_along(*b.state().group, b.saved("x"), 1);
-    const Tensor X2 = X.reshape({-1, X.size(2)});
-    for (std::size_t i = 0; i < n; ++i)
-      if (b.needs(i + 1)) grads[i + 1] = matmul(b.grad(i).reshape({-1, b.grad(i).size(-1)}).t(), X2);
+    const Tensor X2 = gathered_rows(group, b.saved("x"));
+    const std::int64_t m = X2.size(0), d = X2.size(1);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!b.needs(i + 1)) continue;
+      const Tensor g = sequence_first(b.grad(i));
+      const std::int64_t out = g.size(1);
+      grads[i + 1] = matmul_kernels().run(dev, &MatmulKernels::product, g.t(), X2, Shape{out, d}, 1, out, d, m);
+    }
   }
   if (!b.needs(0)) return grads;
-  Tensor dX;  // the projections' sum, in order, in one buffer; then this rank's piece of its sum over ranks
+  // x's gradient: the projections' sum, in order, in one f32 buffer of
+  // rows [S * B, d]; then this rank's piece of its sum over the ranks.
+  Tensor dX;
   for (std::size_t i = 0; i < n; ++i) {
-    Tensor part = matmul(b.grad(i), b.saved(kSpWeightNames[i]));
-    if (dX.defined()) add_(dX, part);
-    else dX = std::move(part);
+    const Tensor g = sequence_first(b.grad(i));
+    const Tensor& w = b.saved(kSpWeightNames[i]);
+    const std::int64_t m = g.size(0), k = g.size(1), d = w.size(1);
+    if (!dX.defined()) dX = matmul_kernels().run(dev, &MatmulKernels::product, g, w, Shape{m, d}, 1, m, d, k);
+    else matmul_kernels().run(dev, &MatmulKernels::accumulate, dX, g, w);
   }
-  grads[0] = scatter_along(*b.state().group, dX, 1);
+  const std::int64_t B = b.input(0).sizes[0], d = dX.size(1);  // (x: [B, S/T, d])
+  const Tensor piece = scatter_along(group, dX.view({dX.size(0) / B, B, d}), 0);  // [S/T, B, d]
+  grads[0] = piece.transpose(0, 1).contiguous();
   return grads;
 }
 
