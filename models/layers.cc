@@ -220,7 +220,8 @@ std::vector<Tensor> sp_projections(const TensorParallel& tp, const Tensor& x, co
     weights.push_back(weight_as(kv_shared[i] ? tp.kv_shared(projs[i]->weight) : projs[i]->weight, x));
   std::vector<Tensor> ys = sp_column_linears(tp.group, x, weights);
   for (std::size_t i = 0; i < projs.size(); ++i)
-    if (const Tensor& b = projs[i]->bias; b.defined()) ys[i] = add(ys[i], weight_as(kv_shared[i] ? tp.kv_shared(b) : b, x));
+    if (const Tensor& b = projs[i]->bias; b.defined())
+      ys[i] = add(ys[i], weight_as(kv_shared[i] ? tp.kv_shared(b) : b, x));
   return ys;
 }
 }  // namespace

@@ -96,8 +96,12 @@ const Op<TpState> kGatherWhole = define("tp_gather_whole", gather_whole_fwd, gat
 const Op<TpState> kSplit =
     define("tp_split", split_fwd, split_bwd, "this rank's piece along dim; backward gathers");
 
-void check_split(const char* op, const ProcessGroup& g, const Tensor& x, std::int64_t dim) {
+void check_dim(const char* op, const Tensor& x, std::int64_t dim) {
   REMAT_CHECK(dim >= 0 && dim < x.dim(), ShapeError, op, ": dim ", dim, " out of range for ", shape_str(x.sizes()));
+}
+
+void check_split(const char* op, const ProcessGroup& g, const Tensor& x, std::int64_t dim) {
+  check_dim(op, x, dim);
   REMAT_CHECK(x.size(dim) % g.size() == 0, ShapeError, op, ": dim ", dim, " of ", shape_str(x.sizes()),
               " does not divide into the ", g.size(), " ranks of the tensor-parallel group");
 }
@@ -176,7 +180,10 @@ std::vector<Tensor> sp_linears_bwd(const OpBackward<SpLinearsState>& b) {
   }
   if (!b.needs(0)) return grads;
   // x's gradient: the projections' sum, in order, in one f32 buffer of
-  // rows [S * B, d]; then this rank's piece of its sum over the ranks.
+  // rows [S * B, d]; then this rank's piece of its sum over the ranks. (Each
+  // gradient is turned sequence-first again rather than kept from the loop
+  // above: the gathered sequence is gone before this buffer exists, and only
+  // one [.., n]-wide copy lives at a time.)
   Tensor dX;
   for (std::size_t i = 0; i < n; ++i) {
     const Tensor g = sequence_first(b.grad(i));
@@ -230,7 +237,7 @@ Tensor tp_reduce(const std::shared_ptr<ProcessGroup>& group, const Tensor& x) {
 }
 
 Tensor tp_gather(const std::shared_ptr<ProcessGroup>& group, const Tensor& x, std::int64_t dim) {
-  REMAT_CHECK(dim >= 0 && dim < x.dim(), ShapeError, "tp_gather: dim ", dim, " out of range for ", shape_str(x.sizes()));
+  check_dim("tp_gather", x, dim);
   return kGather.call1({x}, {group, dim});
 }
 
@@ -240,8 +247,7 @@ Tensor tp_scatter(const std::shared_ptr<ProcessGroup>& group, const Tensor& x, s
 }
 
 Tensor tp_gather_whole(const std::shared_ptr<ProcessGroup>& group, const Tensor& x, std::int64_t dim) {
-  REMAT_CHECK(dim >= 0 && dim < x.dim(), ShapeError, "tp_gather_whole: dim ", dim, " out of range for ",
-              shape_str(x.sizes()));
+  check_dim("tp_gather_whole", x, dim);
   return kGatherWhole.call1({x}, {group, dim});
 }
 

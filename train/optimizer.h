@@ -85,8 +85,8 @@ std::int64_t persistent_bytes(const std::vector<std::pair<std::string, Tensor>>&
 // A zero gradient (category gradient) for each tensor without one. Before
 // the first step it places the gradient buffers ahead of any activation,
 // each in space of its own size: left to backward, a buffer would take a
-// larger cached block, which the allocator keeps whole when less than
-// 1 MiB would remain, for good.
+// larger cached block, which the allocator keeps whole when no more than
+// CachingAllocator::kMinLargeSplit would remain, for good.
 void give_gradient_buffers(const std::vector<Tensor>& params);
 
 // Scales every gradient in place so that their global L2 norm is at most

@@ -45,7 +45,6 @@ LossScaler loss_scaler_for(const TrainOptions& o) {
   so.min = o.loss_scale_min;
   return LossScaler(o.dtype == DType::f16, so);
 }
-
 }  // namespace
 
 Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scaler_for(opts_)) {
