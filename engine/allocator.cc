@@ -20,6 +20,8 @@ namespace remat {
 namespace {
 thread_local MemoryCategory tls_category = MemoryCategory::other;
 thread_local const char* tls_tag = "";
+thread_local MemoryPressureHandler* tls_pressure = nullptr;
+thread_local bool tls_relieving = false;  // a handler is running on this thread
 
 std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -84,6 +86,11 @@ CategoryScope::CategoryScope(MemoryCategory c) : previous_(tls_category) { tls_c
 CategoryScope::~CategoryScope() { tls_category = previous_; }
 
 const char* current_tag() { return tls_tag; }
+
+MemoryPressureScope::MemoryPressureScope(MemoryPressureHandler& handler) : previous_(tls_pressure) {
+  tls_pressure = &handler;
+}
+MemoryPressureScope::~MemoryPressureScope() { tls_pressure = previous_; }
 TagScope::TagScope(const char* tag) : previous_(tls_tag) { tls_tag = tag ? tag : ""; }
 TagScope::~TagScope() { tls_tag = previous_; }
 
@@ -252,8 +259,58 @@ bool CachingAllocator::release_cached_segments() {
   return released;
 }
 
+std::size_t CachingAllocator::charge_locked(std::size_t size, StreamId stream) const {
+  const bool small = size <= kSmallRequest;
+  const Pool& pool = small ? small_pool_ : large_pool_;
+  Block key;
+  key.stream = stream;
+  key.size = size;
+  auto it = pool.lower_bound(&key);
+  const std::size_t block = it != pool.end() && (*it)->stream == stream ? (*it)->size : segment_size_for(size);
+  const std::size_t remaining = block - size;
+  return (small && remaining >= kRoundBytes) || (!small && remaining > kMinLargeSplit) ? size : block;
+}
+
+void CachingAllocator::relieve_pressure(std::size_t size, StreamId stream) {
+  MemoryPressureHandler* h = tls_pressure;
+  if (!h || tls_relieving || h->budget() <= 0 || h->device() != device()) return;
+  for (;;) {
+    std::int64_t allocated = 0, charge = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      process_pending();
+      allocated = stats_.allocated_bytes;
+      charge = std::int64_t(charge_locked(size, stream));
+    }
+    if (allocated + charge <= h->budget()) return;
+    tls_relieving = true;
+    bool freed = false;
+    try {
+      freed = h->relieve(*this, allocated, charge);
+    } catch (...) {
+      tls_relieving = false;
+      throw;
+    }
+    tls_relieving = false;
+    if (!freed) return;
+  }
+}
+
+std::int64_t CachingAllocator::free_run_if_freed(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = allocated_.find(const_cast<void*>(ptr));
+  if (it == allocated_.end() || !it->second->stream_uses.empty()) return 0;
+  const Block* b = it->second;
+  const Pool& pool = b->small ? small_pool_ : large_pool_;
+  std::size_t run = b->size;
+  if (const Block* p = b->prev; p && !p->allocated && pool.count(const_cast<Block*>(p))) run += p->size;
+  if (const Block* n = b->next; n && !n->allocated && pool.count(const_cast<Block*>(n))) run += n->size;
+  return std::int64_t(run);
+}
+
 DataPtr CachingAllocator::allocate(std::size_t bytes, StreamId stream) {
   if (bytes == 0) return DataPtr();
+  if (tls_pressure) relieve_pressure(round_size(bytes), stream);
   std::lock_guard<std::mutex> lock(mu_);
   process_pending();
   const std::size_t size = round_size(bytes);

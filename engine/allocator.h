@@ -127,6 +127,40 @@ const char* event_kind_name(MemoryEvent::Kind k);
 
 class CachingAllocator;
 
+// A budget on a device's allocated bytes, enforced by freeing memory before
+// an allocation would exceed it (dynamic rematerialization evicts saved
+// tensors: checkpoint/dynamic_remat.h). Installed per thread by
+// MemoryPressureScope; allocations on other threads do not consult it.
+class MemoryPressureHandler {
+ public:
+  virtual ~MemoryPressureHandler() = default;
+  // The device whose allocations it watches.
+  virtual Device device() const = 0;
+  // The most bytes allocated on the device may be (0: no budget).
+  virtual std::int64_t budget() const = 0;
+  // An allocation would be charged `charge` bytes while `allocated` are
+  // allocated, which exceeds budget(): free at least `charge + allocated -
+  // budget()` bytes (a block of `charge` bytes would be best). Returns false
+  // when it freed nothing, and the allocation then proceeds over the budget
+  // (the handler throws OutOfMemoryError itself to refuse it). Runs outside
+  // the allocator's lock; the allocator does not consult it again until it
+  // returns.
+  virtual bool relieve(CachingAllocator& allocator, std::int64_t allocated, std::int64_t charge) = 0;
+};
+
+// RAII: this thread's allocations on handler.device() consult `handler`
+// while the scope lives (it must outlive the scope; scopes nest).
+class MemoryPressureScope {
+ public:
+  explicit MemoryPressureScope(MemoryPressureHandler& handler);
+  ~MemoryPressureScope();
+  MemoryPressureScope(const MemoryPressureScope&) = delete;
+  MemoryPressureScope& operator=(const MemoryPressureScope&) = delete;
+
+ private:
+  MemoryPressureHandler* previous_;
+};
+
 // Owning handle to one allocation; frees it on destruction. Move-only.
 class DataPtr {
  public:
@@ -207,6 +241,11 @@ class CachingAllocator {
   // Adds a marker event (e.g. "forward", "backward", "replay") to the history.
   void mark(const std::string& label);
 
+  // The bytes of the free block that freeing the allocation at `ptr` would
+  // leave (it merged with its free neighbours; 0 if `ptr` is not a live
+  // allocation of this allocator, or other streams still use it).
+  std::int64_t free_run_if_freed(const void* ptr) const;
+
   // One line describing the state: allocated, reserved, cached free bytes,
   // largest free block, limit, segment count.
   std::string describe() const;
@@ -226,6 +265,11 @@ class CachingAllocator {
   };
 
   Block* find_free_block(Pool& pool, std::size_t size, StreamId stream);
+  // The bytes a request of `size` (rounded) would be charged now: its own
+  // size, or the whole block it would take when the remainder is not split.
+  std::size_t charge_locked(std::size_t size, StreamId stream) const;
+  // Lets this thread's pressure handler free memory first (allocate()).
+  void relieve_pressure(std::size_t size, StreamId stream);
   Block* reserve_segment(std::size_t segment_size, StreamId stream, bool small);
   bool release_cached_segments();
   void free_block(Block* block);

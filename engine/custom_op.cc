@@ -5,8 +5,9 @@
 #include <mutex>
 #include <set>
 
-#include "engine/op_hooks.h"
 #include "engine/grad_mode.h"
+#include "engine/op_hooks.h"
+#include "engine/producer_observer.h"
 
 namespace remat {
 
@@ -100,6 +101,7 @@ std::vector<Tensor> CustomOp::operator()(const std::vector<Tensor>& inputs) cons
     for (std::size_t i = 0; i < inputs.size(); ++i) ctx->needs_grad_.push_back(node && node->needs_input_grad(i));
 
     std::vector<Tensor> outs;
+    ProducerCapture capture;  // dynamic rematerialization's record: the forward (engine/producer_observer.h)
     {
       NoGradGuard no_grad;
       ctx->in_forward_ = true;
@@ -109,6 +111,15 @@ std::vector<Tensor> CustomOp::operator()(const std::vector<Tensor>& inputs) cons
       } leave{*ctx};
       outs = (*forward_)(*ctx, inputs);
     }
+    if (capture.active())
+      capture.report(op, inputs, outs, false,
+                     [fwd = forward_, name = name_, needs = ctx->needs_grad_](const std::vector<Tensor>& in) {
+                       CustomOpContext again;  // saves nothing: it records no node
+                       again.name_ = name;
+                       again.needs_grad_ = needs;
+                       again.in_forward_ = true;
+                       return (*fwd)(again, in);
+                     });
     if (!node) return outs;
 
     // Which outputs carry history: floating ones not marked otherwise.

@@ -95,6 +95,10 @@ struct OpSpec {
   // A selective checkpoint policy may keep its outputs, and its replay then
   // skips the kernel (checkpoint/policy.h lists these ops from the table).
   bool replay_cacheable = false;
+  // Its forward runs a collective (its results depend on other ranks):
+  // dynamic rematerialization never computes it again, so its outputs stay
+  // resident (checkpoint/dynamic_remat.h).
+  bool collective = false;
   const char* summary = "";  // one line for the op table's listing
 };
 

@@ -1,6 +1,7 @@
 #include "engine/rng.h"
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/device_runtime.h"
@@ -23,11 +24,49 @@ void Generator::set_state(RngState s) {
 
 void Generator::manual_seed(std::uint64_t seed) { set_state(RngState{seed, 0}); }
 
+namespace {
+thread_local std::vector<RngState>* tls_draw_log = nullptr;
+thread_local RngDrawReplay::Frame tls_draw_replay;
+
+// The replayed state of this draw, if a replay is active.
+std::optional<RngState> replayed_draw() {
+  RngDrawReplay::Frame& f = tls_draw_replay;
+  if (!f.draws) return std::nullopt;
+  REMAT_CHECK(f.next < f.draws->size(), Error, "random draws replayed for ", f.what, ": it drew more than the ",
+              f.draws->size(), " draws its first run made (a call that is not deterministic cannot be computed again)");
+  return (*f.draws)[f.next++];
+}
+
+RngState logged(RngState s) {
+  if (tls_draw_log) tls_draw_log->push_back(s);
+  return s;
+}
+}  // namespace
+
 RngState Generator::reserve(std::uint64_t elements) {
+  if (auto r = replayed_draw()) return *r;
+  return logged(reserve_unlogged(elements));
+}
+
+RngState Generator::reserve_unlogged(std::uint64_t elements) {
   std::lock_guard<std::mutex> lock(mu_);
   RngState start = state_;
   state_.offset += philox_blocks(elements);
   return start;
+}
+
+RngDrawLog::RngDrawLog() : previous_(tls_draw_log) { tls_draw_log = &draws_; }
+RngDrawLog::~RngDrawLog() { tls_draw_log = previous_; }
+
+RngDrawReplay::RngDrawReplay(const std::vector<RngState>& draws, const char* what) : previous_(tls_draw_replay) {
+  tls_draw_replay = Frame{&draws, 0, what};
+}
+RngDrawReplay::~RngDrawReplay() { tls_draw_replay = previous_; }
+
+void RngDrawReplay::done() const {
+  const Frame& f = tls_draw_replay;
+  REMAT_CHECK(f.draws == nullptr || f.next == f.draws->size(), Error, "random draws replayed for ", f.what, ": it drew ",
+              f.next, " of the ", f.draws ? f.draws->size() : 0, " draws its first run made");
 }
 
 namespace {
@@ -45,16 +84,17 @@ RngShardScope::~RngShardScope() {
 }
 
 RngState reserve_batch_draw(Generator& gen, std::uint64_t elements) {
-  if (tls_shard_ranks <= 1) return gen.reserve(elements);
+  if (auto r = replayed_draw()) return *r;
+  if (tls_shard_ranks <= 1) return logged(gen.reserve_unlogged(elements));
   const auto ranks = std::uint64_t(tls_shard_ranks), rank = std::uint64_t(tls_shard_rank);
   if (elements % 4 == 0) {  // element i of the global draw is block i / 4, lane i % 4
-    RngState s = gen.reserve(elements * ranks);
+    RngState s = gen.reserve_unlogged(elements * ranks);
     s.offset += rank * (elements / 4);
-    return s;
+    return logged(s);
   }
-  RngState s = gen.reserve(philox_blocks(elements) * 4 * ranks);
+  RngState s = gen.reserve_unlogged(philox_blocks(elements) * 4 * ranks);
   s.offset += rank * philox_blocks(elements);
-  return s;
+  return logged(s);
 }
 
 namespace {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <vector>
 
 #include "engine/device.h"
 
@@ -29,8 +30,13 @@ class Generator {
   // Sets the seed and rewinds the offset to 0.
   void manual_seed(std::uint64_t seed);
   // Reserves the blocks for a draw of `elements` values and returns the state
-  // the draw starts at. Thread-safe; each call gets a disjoint range.
+  // the draw starts at. Thread-safe; each call gets a disjoint range. Inside
+  // an RngDrawReplay it returns the replayed state instead (and advances
+  // nothing); inside an RngDrawLog the state is logged.
   RngState reserve(std::uint64_t elements);
+  // The same without the log and the replay (reserve_batch_draw's own
+  // reservation, which logs what it returns).
+  RngState reserve_unlogged(std::uint64_t elements);
 
  private:
   mutable std::mutex mu_;
@@ -96,6 +102,50 @@ void enter_rng_stream(std::int64_t unit);
 // Where a generator continues after `micros` micro-batches of streams
 // started at `start` (the next step's start).
 RngState rng_streams_end(RngState start, std::int64_t micros, std::int64_t units);
+
+// A call's draws, logged and replayed (dynamic rematerialization computes a
+// call again with the numbers it drew the first time, without moving any
+// generator: checkpoint/dynamic_remat.h).
+//
+// RAII: logs the start state of every draw this thread reserves
+// (Generator::reserve, reserve_batch_draw) while it lives; a log opened
+// inside another takes the draws until it closes.
+class RngDrawLog {
+ public:
+  RngDrawLog();
+  ~RngDrawLog();
+  RngDrawLog(const RngDrawLog&) = delete;
+  RngDrawLog& operator=(const RngDrawLog&) = delete;
+  // The logged states, in draw order.
+  const std::vector<RngState>& draws() const { return draws_; }
+  std::vector<RngState> take() { return std::move(draws_); }
+
+ private:
+  std::vector<RngState> draws_;
+  std::vector<RngState>* previous_;
+};
+
+// RAII: this thread's draws return `draws` in order (and no generator moves)
+// while it lives. A draw past the end throws Error naming `what`; draws left
+// unused are checked by done().
+class RngDrawReplay {
+ public:
+  RngDrawReplay(const std::vector<RngState>& draws, const char* what);
+  ~RngDrawReplay();
+  RngDrawReplay(const RngDrawReplay&) = delete;
+  RngDrawReplay& operator=(const RngDrawReplay&) = delete;
+  // Throws Error naming `what` unless every draw was replayed.
+  void done() const;
+
+  struct Frame {
+    const std::vector<RngState>* draws = nullptr;
+    std::size_t next = 0;
+    const char* what = "";
+  };
+
+ private:
+  Frame previous_;
+};
 
 // Philox blocks a draw of `elements` values consumes.
 constexpr std::uint64_t philox_blocks(std::uint64_t elements) { return (elements + 3) / 4; }

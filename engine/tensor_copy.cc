@@ -8,6 +8,7 @@
 #include "engine/device_backend.h"
 #include "engine/device_layout.h"
 #include "engine/op_hooks.h"
+#include "engine/producer_observer.h"
 #include "engine/strided.h"
 #include "engine/tensor.h"
 #include "engine/tensor_internal.h"
@@ -71,15 +72,25 @@ Tensor Tensor::contiguous() const {
 // Fresh copies start at version 0: filling a new tensor is not an in-place
 // write anyone could have observed.
 Tensor Tensor::clone() const {
+  ProducerCapture capture;  // dynamic rematerialization's record (engine/producer_observer.h)
   Tensor out = empty(sizes(), TensorOptions(dtype(), device()));
   out.copy_from(*this);
+  if (capture.active())
+    capture.report("clone", {*this}, {out}, false, [](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{in[0].clone()};
+    });
   return detail::with_grad(*this, out, "clone", [](const Tensor& g) { return g; });
 }
 
 Tensor Tensor::to(DType t) const {
   if (t == dtype()) return *this;
+  ProducerCapture capture;
   Tensor out = empty(sizes(), TensorOptions(t, device()));
   out.copy_from(*this);
+  if (capture.active())
+    capture.report("cast", {*this}, {out}, false, [t](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{in[0].to(t)};
+    });
   const DType from = dtype();
   return detail::with_grad(*this, out, "cast", [from](const Tensor& g) { return g.to(from); });
 }

@@ -47,6 +47,7 @@
 #include "engine/grad_mode.h"
 #include "engine/op_def.h"
 #include "engine/op_hooks.h"
+#include "engine/producer_observer.h"
 #include "engine/tensor.h"
 #include "ops/kernel_table.h"
 
@@ -181,16 +182,22 @@ class Op final : public OpDef {
     OpResults r;
     std::optional<std::vector<Tensor>> cached;
     if (s.replay_cacheable) cached = take_cached_outputs();
+    // Dynamic rematerialization's record of the call (engine/producer_observer.h).
+    std::optional<ProducerCapture> capture;
+    std::optional<State> first;
     if (cached) {
       for (Tensor& t : *cached) r.outputs.push_back(t.defined() ? t.detach() : t);
     } else if (s.autograd == OpAutograd::inner) {
       r = fns_.forward(in, state);
     } else {
+      capture.emplace();
+      if (capture->active() && !s.collective) first = state;
       NoGradGuard ng;
       r = fns_.forward(in, state);
     }
     detail::check_results(*this, r);
     detail::convert_outputs(*this, in, r.outputs);
+    if (capture && capture->active()) report(*capture, in, r, std::move(first));
     if (node) {
       detail::make_saves(*this, *node, in, &r, false);
       node->backward_fn = [this, metas = detail::input_metas(in), st = state](
@@ -203,6 +210,26 @@ class Op final : public OpDef {
       detail::set_output_history(*this, r.outputs, node);
     }
     return std::move(r.outputs);
+  }
+
+  // Hands the call to dynamic rematerialization: its results, and a
+  // function computing them again from the state the call started with.
+  void report(ProducerCapture& capture, const std::vector<Tensor>& in, const OpResults& r,
+              std::optional<State> first) const {
+    std::vector<Tensor> results = r.outputs;
+    results.insert(results.end(), r.intermediates.begin(), r.intermediates.end());
+    RecomputeFn again;
+    if (first)
+      again = [this, st = std::move(*first)](const std::vector<Tensor>& inputs) {
+        State s2 = st;
+        OpResults r2 = fns_.forward(inputs, s2);
+        detail::check_results(*this, r2);
+        detail::convert_outputs(*this, inputs, r2.outputs);
+        std::vector<Tensor> out = std::move(r2.outputs);
+        out.insert(out.end(), r2.intermediates.begin(), r2.intermediates.end());
+        return out;
+      };
+    capture.report(name(), in, results, spec().collective, std::move(again));
   }
 
   OpFns<State> fns_;

@@ -22,7 +22,7 @@ OpCost comm_cost(const std::vector<Tensor>& in, const CommState&) {
 
 Op<CommState> define(const char* name, OpResults (*forward)(const std::vector<Tensor>&, CommState&),
                      std::vector<Tensor> (*backward)(const OpBackward<CommState>&), const char* summary) {
-  return Op<CommState>({.name = name, .inputs = {"x"}, .outputs = {{"y"}}, .summary = summary},
+  return Op<CommState>({.name = name, .inputs = {"x"}, .outputs = {{"y"}}, .collective = true, .summary = summary},
                        {.forward = forward, .backward = backward, .cost = comm_cost});
 }
 

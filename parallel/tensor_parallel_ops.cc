@@ -79,7 +79,7 @@ std::vector<Tensor> split_bwd(const OpBackward<TpState>& b) {
 
 Op<TpState> define(const char* name, OpResults (*forward)(const std::vector<Tensor>&, TpState&),
                    std::vector<Tensor> (*backward)(const OpBackward<TpState>&), const char* summary) {
-  return Op<TpState>({.name = name, .inputs = {"x"}, .outputs = {{"y"}}, .summary = summary},
+  return Op<TpState>({.name = name, .inputs = {"x"}, .outputs = {{"y"}}, .collective = true, .summary = summary},
                      {.forward = forward, .backward = backward, .cost = tp_cost});
 }
 
@@ -222,6 +222,7 @@ const Op<SpLinearsState> kSpLinears(
                {"w1", SaveFrom::intermediate, 1, inputs_mask({0})},
                {"w2", SaveFrom::intermediate, 2, inputs_mask({0})}},
      .saves_inputs_first = true,
+     .collective = true,
      .summary = "the ranks' sequence pieces gathered, times each weight transposed; saves the piece, gathers "
                 "again in backward"},
     {.check = check_sp_linears, .forward = sp_linears_fwd, .backward = sp_linears_bwd, .cost = sp_linears_cost});

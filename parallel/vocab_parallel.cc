@@ -177,6 +177,7 @@ const Op<VocabCEState> kVocabParallelCE(
      .inputs = {"h", "w", "targets"},
      .outputs = {{"loss", always(DType::f32)}},
      .saves = {{"dh", SaveFrom::intermediate, 0, inputs_mask({0})}, {"dw", SaveFrom::intermediate, 1, inputs_mask({1})}},
+     .collective = true,
      .summary = "cross_entropy(linear(h, w)) over a vocabulary split across a tensor-parallel group"},
     {.check = check, .forward = forward, .backward = backward, .cost = cost});
 

@@ -1,0 +1,495 @@
+// Dynamic rematerialization: the records of the forward's calls, the
+// handles saves are packed into, eviction under the budget and rebuilds.
+#include "checkpoint/dynamic_remat.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <unordered_map>
+
+#include "engine/grad_mode.h"
+#include "engine/recompute_context.h"
+
+namespace remat {
+
+namespace {
+
+// Where a tensor lies in its storage.
+struct View {
+  Shape sizes, strides;
+  std::int64_t offset = 0;
+  DType dtype = DType::f32;
+  static View of(const Tensor& t) { return {t.sizes(), t.strides(), t.storage_offset(), t.dtype()}; }
+  bool operator==(const View&) const = default;
+};
+
+struct Record;
+
+// One storage a recorded call produced.
+struct Entry {
+  std::uint64_t id = 0;
+  std::shared_ptr<Record> producer;
+  std::size_t result = 0;                // which of the producer's results
+  std::weak_ptr<Storage> weak;           // the storage while it lives
+  std::shared_ptr<Storage> strong;       // held while saves reference it and it is resident
+  View base;                             // the producer's result in it
+  std::shared_ptr<VersionCounter> version;
+  std::uint64_t version_at_record = 0;
+  std::int64_t bytes = 0;
+  MemoryCategory category = MemoryCategory::activation;
+  std::int64_t saves = 0;                // live handles
+  std::uint64_t last_access = 0;
+  std::vector<std::weak_ptr<Record>> consumers;
+  std::int64_t cls = -1;                 // evicted equivalence class (this generation)
+  std::uint64_t cls_generation = 0;
+  const char* holder = "";               // the op of its first save (the saved-bytes registry)
+  std::int64_t region = -1;
+
+  bool resident() const { return !weak.expired(); }
+};
+
+// One recorded call.
+struct Record {
+  const char* op = "";
+  RecomputeFn fn;  // null: not computed again (a collective)
+  struct Input {
+    std::shared_ptr<Entry> entry;  // a recorded storage, with the view the call read
+    View view;
+    std::uint64_t version = 0;
+    Tensor pinned;                 // else the tensor itself (detached), or undefined
+  };
+  std::vector<Input> inputs;
+  std::vector<std::weak_ptr<Entry>> results;
+  std::vector<RngState> draws;
+  std::int64_t ns = 0;
+  MemoryCategory category = MemoryCategory::activation;  // its results' (a rebuild allocates under it)
+};
+
+Tensor tensor_over(const std::shared_ptr<Storage>& st, const View& v, const std::shared_ptr<VersionCounter>& version) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = st;
+  impl->sizes = v.sizes;
+  impl->strides = v.strides;
+  impl->offset = v.offset;
+  impl->dtype = v.dtype;
+  impl->version = version;
+  return Tensor(std::move(impl));
+}
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
+                                  std::enable_shared_from_this<DynamicRemat::Core> {
+  explicit Core(DynamicRematOptions o) : opts(o) {}
+
+  DynamicRematOptions opts;
+  DynamicRematStats stats;
+  std::uint64_t next_id = 0, clock = 0, generation = 1;
+  std::unordered_map<const Storage*, std::shared_ptr<Entry>> by_storage;
+  std::size_t purge_at = 4096;
+  std::map<std::uint64_t, Entry*> candidates;  // resident entries with saves, by id (deterministic order)
+  struct Class {
+    std::int64_t parent;
+    std::int64_t cost;
+  };
+  std::vector<Class> classes;
+
+  // ---- lookup and recording
+
+  std::shared_ptr<Entry> entry_of(const Tensor& t) const {
+    if (!t.defined()) return nullptr;
+    const Storage* s = t.impl().storage.get();
+    auto it = by_storage.find(s);
+    if (it == by_storage.end()) return nullptr;
+    auto live = it->second->weak.lock();
+    return live.get() == s ? it->second : nullptr;
+  }
+
+  void purge() {
+    for (auto it = by_storage.begin(); it != by_storage.end();)
+      it = it->second->weak.expired() ? by_storage.erase(it) : std::next(it);
+    purge_at = std::max<std::size_t>(4096, by_storage.size() * 2);
+  }
+
+  void produced(const ProducedCall& call, RecomputeFn fn) override {
+    ++stats.recorded_calls;
+    if (by_storage.size() >= purge_at) purge();
+    auto rec = std::make_shared<Record>();
+    rec->op = call.op;
+    rec->fn = std::move(fn);
+    rec->draws = call.draws;
+    rec->ns = std::max<std::int64_t>(1, call.ns);
+    rec->category = current_category();
+    std::vector<const Storage*> input_storages;
+    for (const Tensor& t : *call.inputs) {
+      Record::Input in;
+      if (t.defined()) {
+        input_storages.push_back(t.impl().storage.get());
+        in.entry = entry_of(t);
+        if (in.entry) {
+          in.view = View::of(t);
+          in.version = t.version();
+          in.entry->consumers.push_back(rec);
+        } else {
+          in.pinned = t.detach();
+        }
+      }
+      rec->inputs.push_back(std::move(in));
+    }
+    rec->results.resize(call.results->size());
+    if (!rec->fn) return;  // a collective's results stay plain tensors (pinned where a record needs them)
+    for (std::size_t k = 0; k < call.results->size(); ++k) {
+      const Tensor& t = (*call.results)[k];
+      if (!t.defined() || !t.impl().storage) continue;
+      const Storage* s = t.impl().storage.get();
+      if (entry_of(t) || std::find(input_storages.begin(), input_storages.end(), s) != input_storages.end()) continue;
+      auto e = std::make_shared<Entry>();
+      e->id = ++next_id;
+      e->producer = rec;
+      e->result = k;
+      e->weak = t.impl().storage;
+      e->base = View::of(t);
+      e->version = t.impl().version;
+      e->version_at_record = t.version();
+      e->bytes = std::int64_t(s->nbytes());
+      e->category = s->category();
+      e->last_access = ++clock;
+      by_storage[s] = e;
+      rec->results[k] = e;
+    }
+  }
+
+  // ---- saves
+
+  void hold(Entry& e, const char* op, std::int64_t region) {
+    if (e.saves++ > 0) return;
+    e.holder = op;
+    e.region = region;
+    e.strong = e.weak.lock();
+    on_resident(e);
+  }
+
+  void drop(Entry& e) {
+    if (--e.saves > 0) return;
+    on_gone(e);
+    e.strong.reset();
+  }
+
+  // e became resident with saves: the registry and the candidates know it.
+  void on_resident(Entry& e) {
+    if (!e.strong) return;
+    saved_bytes_hold(tensor_over(e.strong, e.base, e.version), e.holder, e.region);
+    candidates[e.id] = &e;
+  }
+  void on_gone(Entry& e) {
+    if (!e.strong) return;
+    saved_bytes_release(tensor_over(e.strong, e.base, e.version), e.holder, e.region);
+    candidates.erase(e.id);
+  }
+
+  // ---- rebuilds
+
+  // e's storage as its producer's result, computed again if evicted.
+  Tensor materialize(Entry& e) {
+    e.last_access = ++clock;
+    if (auto st = e.weak.lock()) return tensor_over(st, e.base, e.version);
+    const std::vector<Tensor> out = rebuild(*e.producer);
+    return tensor_over(out[e.result].impl().storage, e.base, e.version);
+  }
+
+  std::vector<Tensor> rebuild_inputs(const Record& r) {
+    std::vector<Tensor> in;
+    in.reserve(r.inputs.size());
+    for (const Record::Input& i : r.inputs) {
+      if (!i.entry) {
+        in.push_back(i.pinned);
+        continue;
+      }
+      Entry& e = *i.entry;
+      const bool was_resident = e.resident();
+      Tensor base = materialize(e);
+      REMAT_CHECK(!was_resident || e.version->value.load() == i.version, AutogradError, "dynamic remat: op '", r.op,
+                  "' cannot be computed again: its input (shape ", shape_str(i.view.sizes), ", made by op '",
+                  e.producer->op, "') was modified in place after the call read it");
+      in.push_back(tensor_over(base.impl().storage, i.view, e.version));
+    }
+    return in;
+  }
+
+  // Computes r's results again; the evicted entries among them are resident again.
+  std::vector<Tensor> rebuild(Record& r) {
+    REMAT_CHECK(r.fn != nullptr, AutogradError, "dynamic remat: op '", r.op, "' cannot be computed again");
+    std::vector<Tensor> in = rebuild_inputs(r);
+    const std::int64_t t0 = now_ns();
+    std::vector<Tensor> out;
+    {
+      NoGradGuard ng;
+      const ProducerObserverScope hide(nullptr);
+      const RecomputeScope replaying;
+      const CategoryScope cat(r.category);
+      const TagScope tag(r.op);
+      const RngDrawReplay draws(r.draws, r.op);
+      out = r.fn(in);
+      draws.done();
+    }
+    stats.rebuild_ms += double(now_ns() - t0) * 1e-6;
+    ++stats.rebuilds;
+    REMAT_CHECK(out.size() == r.results.size(), AutogradError, "dynamic remat: op '", r.op, "' gave ", out.size(),
+                " results when computed again, ", r.results.size(), " the first time");
+    for (std::size_t k = 0; k < out.size(); ++k) {
+      auto e = r.results[k].lock();
+      if (!e || e->resident()) continue;
+      const Tensor& t = out[k];
+      REMAT_CHECK(t.defined() && View::of(t) == e->base, AutogradError, "dynamic remat: op '", r.op, "' result ", k,
+                  " came back with another layout when computed again");
+      e->weak = t.impl().storage;
+      by_storage[t.impl().storage.get()] = e;
+      if (e->saves > 0) {
+        e->strong = t.impl().storage;
+        on_resident(*e);
+      }
+      e->last_access = ++clock;
+    }
+    return out;
+  }
+
+  // ---- eviction
+
+  bool evictable(const Entry& e) const {
+    return e.strong && e.strong.use_count() == 1 && e.producer && e.producer->fn &&
+           e.version->value.load() == e.version_at_record;
+  }
+
+  std::int64_t find(std::int64_t c) {
+    while (classes[std::size_t(c)].parent != c) {
+      classes[std::size_t(c)].parent = classes[std::size_t(classes[std::size_t(c)].parent)].parent;
+      c = classes[std::size_t(c)].parent;
+    }
+    return c;
+  }
+
+  // The evicted class of a non-resident entry (made on first sight).
+  std::int64_t class_of(Entry& e) {
+    if (e.cls_generation != generation || e.cls < 0) {
+      e.cls = std::int64_t(classes.size());
+      e.cls_generation = generation;
+      classes.push_back({e.cls, e.producer ? e.producer->ns : 0});
+    }
+    return find(e.cls);
+  }
+
+  template <class Fn>
+  void for_each_neighbour(Entry& e, Fn&& fn) {
+    for (const Record::Input& i : e.producer->inputs)
+      if (i.entry) fn(*i.entry);
+    for (const auto& w : e.consumers)
+      if (auto r = w.lock())
+        for (const auto& o : r->results)
+          if (auto oe = o.lock()) fn(*oe);
+  }
+
+  // DTR's h with the equivalence-class neighbour cost.
+  double score(Entry& e) {
+    std::int64_t cost = e.producer->ns;
+    std::vector<std::int64_t> seen;
+    for_each_neighbour(e, [&](Entry& n) {
+      if (&n == &e || n.resident() || !n.producer) return;
+      const std::int64_t c = class_of(n);
+      if (std::find(seen.begin(), seen.end(), c) != seen.end()) return;
+      seen.push_back(c);
+      cost += classes[std::size_t(c)].cost;
+    });
+    const double staleness = double(clock - e.last_access + 1);
+    return double(cost) / (double(e.bytes) * staleness);
+  }
+
+  void evict(Entry& e) {
+    on_gone(e);
+    e.strong.reset();  // the storage is freed: nothing else held it
+    ++stats.evictions;
+    stats.evicted_bytes += e.bytes;
+    std::int64_t c = class_of(e);
+    for_each_neighbour(e, [&](Entry& n) {
+      if (&n == &e || n.resident() || !n.producer) return;
+      const std::int64_t a = find(c), b = class_of(n);
+      if (a == b) return;
+      classes[std::size_t(b)].parent = a;
+      classes[std::size_t(a)].cost += classes[std::size_t(b)].cost;
+    });
+  }
+
+  // Picks the entry to evict for a request charged `charge` bytes; null if none.
+  Entry* choose(CachingAllocator& allocator, std::int64_t charge) {
+    std::vector<Entry*> pool;
+    for (auto& [id, e] : candidates)
+      if (evictable(*e)) pool.push_back(e);
+    if (pool.empty()) return nullptr;
+    if (opts.sample && pool.size() > 16) {
+      const auto n = std::size_t(std::ceil(std::sqrt(double(pool.size()))));
+      const std::size_t stride = pool.size() / n, start = std::size_t(clock % stride);
+      std::vector<Entry*> picked;
+      for (std::size_t i = start; i < pool.size() && picked.size() < n; i += stride) picked.push_back(pool[i]);
+      pool = std::move(picked);
+    }
+    std::vector<std::pair<double, Entry*>> scored;
+    for (Entry* e : pool) scored.emplace_back(score(*e), e);
+    auto best = std::min_element(scored.begin(), scored.end(),
+                                 [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (!opts.fragmentation_aware) return best->second;
+    Entry* pick = nullptr;
+    double pick_score = 0;
+    for (const auto& [s, e] : scored)
+      if (s <= best->first * opts.near_equal && (!pick || s < pick_score) &&
+          allocator.free_run_if_freed(e->strong->data()) >= charge) {
+        pick = e;
+        pick_score = s;
+      }
+    if (pick && pick != best->second) ++stats.fragmentation_picks;
+    return pick ? pick : best->second;
+  }
+
+  Device device() const override { return opts.device; }
+  std::int64_t budget() const override { return opts.budget; }
+
+  bool relieve(CachingAllocator& allocator, std::int64_t allocated, std::int64_t charge) override {
+    std::int64_t need = allocated + charge - opts.budget;
+    bool freed = false;
+    while (need > 0) {
+      Entry* e = choose(allocator, charge);
+      if (!e) break;
+      const std::int64_t before = allocator.stats().allocated_bytes;
+      evict(*e);
+      need -= before - allocator.stats().allocated_bytes;
+      freed = true;
+    }
+    if (!freed) throw OutOfMemoryError(describe_oom(allocator, allocated, charge));
+    return true;
+  }
+
+  std::string describe_oom(CachingAllocator& allocator, std::int64_t allocated, std::int64_t charge) const {
+    std::ostringstream o;
+    const MemoryStats s = allocator.stats();
+    o << "dynamic remat: an allocation of " << format_bytes(charge) << (*current_tag() ? " by op '" : "")
+      << current_tag() << (*current_tag() ? "'" : "") << " would take allocated bytes on " << opts.device << " to "
+      << format_bytes(allocated + charge) << ", above the budget of " << format_bytes(opts.budget)
+      << ", and nothing is left to evict. Allocated by category:";
+    for (std::size_t c = 0; c < kNumMemoryCategories; ++c)
+      if (s.category_bytes[c] > 0) o << " " << category_name(MemoryCategory(c)) << " " << format_bytes(s.category_bytes[c]);
+    std::vector<const Entry*> held;
+    for (const auto& [id, e] : candidates) held.push_back(e);
+    std::sort(held.begin(), held.end(), [](const Entry* a, const Entry* b) { return a->bytes > b->bytes; });
+    o << ". Saved tensors resident: " << held.size();
+    for (std::size_t i = 0; i < held.size() && i < 4; ++i) {
+      const Entry& e = *held[i];
+      o << (i ? "; " : " (largest: ") << format_bytes(e.bytes) << " saved by '" << e.holder << "', "
+        << (e.strong.use_count() > 1 ? "in use" : !e.producer->fn ? "not recomputable" : "modified in place");
+    }
+    if (!held.empty()) o << ")";
+    o << ". Raise --memory-budget, or add a checkpoint plan (per_block+dynamic)";
+    return o.str();
+  }
+
+  std::int64_t evict_all() {
+    std::int64_t n = 0;
+    std::vector<Entry*> all;
+    for (auto& [id, e] : candidates) all.push_back(e);
+    for (Entry* e : all)
+      if (evictable(*e)) {
+        evict(*e);
+        ++n;
+      }
+    return n;
+  }
+};
+
+namespace {
+
+// What a save is packed into.
+struct Handle {
+  std::shared_ptr<DynamicRemat::Core> core;
+  std::shared_ptr<Entry> entry;
+  View view;
+  Handle(std::shared_ptr<DynamicRemat::Core> c, std::shared_ptr<Entry> e, View v, const SaveInfo& info)
+      : core(std::move(c)), entry(std::move(e)), view(std::move(v)) {
+    core->hold(*entry, info.op, info.region);
+  }
+  ~Handle() { core->drop(*entry); }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+};
+
+class DynamicSaveHooks final : public TypedSavedTensorHooks {
+ public:
+  explicit DynamicSaveHooks(std::shared_ptr<DynamicRemat::Core> core) : core_(std::move(core)) {}
+  std::string name() const override { return "dynamic remat"; }
+  bool wants(const Tensor& t, const SaveInfo&) const override {
+    auto e = core_->entry_of(t);
+    return e && e->producer->fn;
+  }
+  std::any pack_tensor(const Tensor& t, const SaveInfo& info) override {
+    return std::make_shared<Handle>(core_, core_->entry_of(t), View::of(t), info);
+  }
+  Tensor unpack_tensor(std::any packed, const SaveInfo&) override {
+    const auto& h = std::any_cast<const std::shared_ptr<Handle>&>(packed);
+    Tensor base = core_->materialize(*h->entry);
+    return tensor_over(base.impl().storage, h->view, h->entry->version);
+  }
+  std::size_t held_bytes(const std::any&) const override { return 0; }  // the registry hears from the core
+
+ private:
+  std::shared_ptr<DynamicRemat::Core> core_;
+};
+
+}  // namespace
+
+DynamicRemat::DynamicRemat(DynamicRematOptions options) : core_(std::make_shared<Core>(options)) {
+  REMAT_CHECK(options.budget >= 0, Error, "dynamic remat: the budget must be >= 0 bytes, got ", options.budget);
+  REMAT_CHECK(options.near_equal >= 1, Error, "dynamic remat: near_equal must be >= 1, got ", options.near_equal);
+}
+
+DynamicRemat::~DynamicRemat() {
+  // Entries the map keeps hold the core; saves still alive keep theirs.
+  core_->by_storage.clear();
+}
+
+const DynamicRematOptions& DynamicRemat::options() const { return core_->opts; }
+
+void DynamicRemat::set_budget(std::int64_t budget) {
+  REMAT_CHECK(budget >= 0, Error, "dynamic remat: the budget must be >= 0 bytes, got ", budget);
+  core_->opts.budget = budget;
+}
+
+DynamicRematStats DynamicRemat::stats() const {
+  DynamicRematStats s = core_->stats;
+  for (const auto& [id, e] : core_->candidates) {
+    s.resident_saved_bytes += e->bytes;
+    if (core_->evictable(*e)) s.evictable_bytes += e->bytes;
+  }
+  return s;
+}
+
+std::int64_t DynamicRemat::evict_all() { return core_->evict_all(); }
+
+DynamicRematScope::DynamicRematScope(std::shared_ptr<DynamicRemat> remat) : remat_(std::move(remat)) {
+  if (!remat_) return;
+  DynamicRemat::Core& core = *remat_->core_;
+  ++core.generation;  // evicted classes start afresh
+  core.classes.clear();
+  observe_.emplace(&core);
+  saves_.emplace(std::make_shared<DynamicSaveHooks>(remat_->core_));
+  pressure_.emplace(core);
+}
+
+DynamicRematScope::DynamicRematScope(std::int64_t budget, Device device)
+    : DynamicRematScope(std::make_shared<DynamicRemat>(DynamicRematOptions{.budget = budget, .device = device})) {}
+
+DynamicRematScope::~DynamicRematScope() = default;
+
+}  // namespace remat

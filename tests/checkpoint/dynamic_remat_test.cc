@@ -1,0 +1,220 @@
+// Dynamic rematerialization (checkpoint/dynamic_remat.h): records, eviction
+// under a budget, rebuilds (deep and recursive), exactness against no
+// eviction, the budget held, composition with checkpoint regions and
+// offload, custom ops, and the error when nothing is left to evict.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/dynamic_remat.h"
+#include "checkpoint/offload.h"
+#include "engine/allocator.h"
+#include "engine/autograd.h"
+#include "engine/custom_op.h"
+#include "engine/rng.h"
+#include "ops/ops.h"
+
+using namespace remat;
+
+namespace {
+
+Tensor param(const Shape& s, std::uint64_t seed, double scale) {
+  CategoryScope cat(MemoryCategory::parameter);
+  Generator g(seed);
+  Tensor t = mul(randn(s, DType::f32, &g), scale);
+  t.set_requires_grad(true);
+  return t;
+}
+
+// A chain of `depth` layers h = dropout(gelu(h W_i)) + h: every layer saves
+// its GEMM input, gelu's input and dropout's mask draw.
+struct Chain {
+  Tensor x;
+  std::vector<Tensor> w;
+  std::int64_t peak = 0;  // allocated peak at the end of the last backward
+  explicit Chain(int depth, std::int64_t rows = 32, std::int64_t width = 64) {
+    Generator g(7);
+    x = randn({rows, width}, DType::f32, &g);
+    for (int i = 0; i < depth; ++i) w.push_back(param({width, width}, std::uint64_t(10 + i), 0.2));
+  }
+  Tensor forward(std::int64_t region_every = 0) const {
+    Tensor h = x;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      auto layer = [this, i](const Tensor& t) { return add(dropout(gelu(matmul(t, w[i])), 0.1), t); };
+      h = region_every > 0 && i % std::size_t(region_every) == 0 ? checkpoint(layer, h) : layer(h);
+    }
+    return mean(mul(h, h));
+  }
+  // The gradients and the loss; `during` runs between forward and backward,
+  // `dtr` (if any) is active over both.
+  std::vector<Tensor> grads(const std::function<Tensor()>& fwd, const std::function<void()>& during = {},
+                            std::shared_ptr<DynamicRemat> dtr = nullptr) {
+    for (Tensor& p : w)  // kept allocated between runs: what a budget is measured above
+      if (p.grad().defined()) p.grad().zero_();
+    manual_seed(3);
+    Tensor loss;
+    {
+      DynamicRematScope scope(dtr);
+      {
+        CategoryScope cat(MemoryCategory::activation);
+        loss = fwd();
+      }
+      if (during) during();
+      loss.backward();
+      peak = allocator_for(kCPU).stats().allocated_peak;
+    }
+    std::vector<Tensor> out;
+    for (Tensor& p : w) out.push_back(p.grad().clone());
+    out.push_back(loss.detach());
+    return out;
+  }
+};
+
+bool same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto x = a[i].to_vector<float>(), y = b[i].to_vector<float>();
+    if (x.size() != y.size() || std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+// y = x^3 through the custom-op API, saving x.
+Tensor cube(const Tensor& x) {
+  static const CustomOp op(
+      "test_cube",
+      [](CustomOpContext& ctx, const std::vector<Tensor>& in) {
+        ctx.save_for_backward({in[0]});
+        return std::vector<Tensor>{mul(mul(in[0], in[0]), in[0])};
+      },
+      [](CustomOpContext& ctx, const std::vector<Tensor>& g) {
+        const Tensor x = ctx.saved_tensors()[0];
+        return std::vector<Tensor>{mul(mul(g[0], mul(x, x)), 3.0)};
+      });
+  return op({x})[0];
+}
+
+std::int64_t allocated() { return allocator_for(kCPU).stats().allocated_bytes; }
+
+}  // namespace
+
+TEST_CASE("dynamic remat: a scope without a budget records and packs, bit for bit") {
+  Chain net(6);
+  const auto ref = net.grads([&] { return net.forward(); });
+  auto dtr = std::make_shared<DynamicRemat>(DynamicRematOptions{});
+  const auto got = net.grads([&] {
+    DynamicRematScope scope(dtr);
+    return net.forward();
+  });
+  CHECK(same_bits(ref, got));
+  CHECK(dtr->stats().recorded_calls >= 6 * 4);  // matmul, gelu, dropout, add
+  CHECK(dtr->stats().evictions == 0);
+  CHECK(dtr->stats().resident_saved_bytes == 0);  // every save released by backward
+}
+
+TEST_CASE("dynamic remat: evicting everything forces deep recursive rebuilds, bit for bit") {
+  Chain net(40);
+  const auto ref = net.grads([&] { return net.forward(); });
+  auto dtr = std::make_shared<DynamicRemat>(DynamicRematOptions{});
+  std::int64_t evicted = 0;
+  const auto got = net.grads(
+      [&] {
+        DynamicRematScope scope(dtr);
+        return net.forward();
+      },
+      [&] { evicted = dtr->evict_all(); });
+  CHECK(same_bits(ref, got));
+  CHECK(evicted > 40);
+  // The last layer's saves need the whole chain again: rebuilt from x up.
+  CHECK(dtr->stats().rebuilds > 40);
+}
+
+TEST_CASE("dynamic remat: under a budget, allocated bytes stay within it and the gradients are exact") {
+  Chain net(24, 64, 128);
+  net.grads([&] { return net.forward(); });  // allocates the gradients
+  const std::int64_t before = allocated();
+  allocator_for(kCPU).reset_peak();
+  const auto ref = net.grads([&] { return net.forward(); });
+  const std::int64_t none_peak = net.peak - before;
+  for (double frac : {0.3, 0.5, 0.8}) {
+    const std::int64_t base = allocated();
+    auto dtr = std::make_shared<DynamicRemat>(
+        DynamicRematOptions{.budget = base + std::int64_t(frac * double(none_peak))});
+    allocator_for(kCPU).reset_peak();
+    // The backward too: evictions go on while it unpacks.
+    const std::vector<Tensor> got = net.grads([&] { return net.forward(); }, {}, dtr);
+    INFO("budget " << frac << " of none's " << none_peak << " bytes");
+    CHECK(same_bits(ref, got));
+    CHECK(net.peak <= dtr->options().budget);
+    CHECK(dtr->stats().evictions > 0);
+    CHECK(dtr->stats().rebuilds > 0);
+  }
+}
+
+TEST_CASE("dynamic remat: composes with checkpoint regions and offload (dynamic outermost)") {
+  Chain net(12);
+  const auto ref = net.grads([&] { return net.forward(); });
+  auto dtr = std::make_shared<DynamicRemat>(DynamicRematOptions{});
+  const auto with_regions = net.grads(
+      [&] {
+        DynamicRematScope scope(dtr);
+        return net.forward(3);
+      },
+      [&] { dtr->evict_all(); });
+  CHECK(same_bits(ref, with_regions));
+  OffloadOptions oo;
+  oo.synchronous = true;
+  oo.min_bytes = 1 << 12;
+  auto offload = std::make_shared<OffloadHooks>(oo);
+  const auto with_offload = net.grads(
+      [&] {
+        DynamicRematScope scope(dtr);
+        SavedTensorHooksScope inner(offload);
+        return net.forward();
+      },
+      [&] {
+        offload->flush();
+        dtr->evict_all();
+      });
+  CHECK(same_bits(ref, with_offload));
+}
+
+TEST_CASE("dynamic remat: nothing left to evict is an OutOfMemoryError naming the budget") {
+  Chain net(8);
+  const std::int64_t base = allocated();
+  DynamicRematScope scope(base + 1024, kCPU);
+  Tensor big;
+  try {
+    big = empty({1 << 16}, DType::f32);
+    FAIL("no error");
+  } catch (const OutOfMemoryError& e) {
+    const std::string m = e.what();
+    CHECK(m.find("above the budget") != std::string::npos);
+    CHECK(m.find("nothing is left to evict") != std::string::npos);
+    CHECK(m.find("parameter") != std::string::npos);
+  }
+  // The engine is intact: with the budget lifted, the next call works.
+  scope.remat()->set_budget(0);
+  CHECK(empty({1 << 16}, DType::f32).numel() == (1 << 16));
+}
+
+TEST_CASE("dynamic remat: a custom op's record is its forward") {
+  Tensor x = param({16, 16}, 5, 1.0);
+  auto run = [&](bool evict) {
+    x.set_grad(Tensor());
+    auto dtr = std::make_shared<DynamicRemat>(DynamicRematOptions{});
+    Tensor loss;
+    {
+      DynamicRematScope scope(dtr);
+      Tensor h = tanh(mul(x, 2.0));
+      loss = sum(cube(h));
+    }
+    if (evict) CHECK(dtr->evict_all() > 0);
+    loss.backward();
+    return x.grad().clone();
+  };
+  CHECK(same_bits({run(false)}, {run(true)}));
+}
