@@ -359,7 +359,10 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
   std::int64_t budget() const override { return opts.budget; }
 
   bool relieve(CachingAllocator& allocator, std::int64_t allocated, std::int64_t charge) override {
+    purge();  // records of dead storages let go of the tensors they kept
+    allocated = allocator.stats().allocated_bytes;
     std::int64_t need = allocated + charge - opts.budget;
+    if (need <= 0) return true;
     bool freed = false;
     while (need > 0) {
       Entry* e = choose(allocator, charge);
@@ -490,6 +493,8 @@ DynamicRematScope::DynamicRematScope(std::shared_ptr<DynamicRemat> remat) : rema
 DynamicRematScope::DynamicRematScope(std::int64_t budget, Device device)
     : DynamicRematScope(std::make_shared<DynamicRemat>(DynamicRematOptions{.budget = budget, .device = device})) {}
 
-DynamicRematScope::~DynamicRematScope() = default;
+DynamicRematScope::~DynamicRematScope() {
+  if (remat_) remat_->core_->purge();  // what dead storages' records kept goes now, not at the next purge
+}
 
 }  // namespace remat

@@ -21,6 +21,7 @@ std::string valid_forms(const std::vector<std::string>& sub_regions) {
   return "valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, " + own +
          "keep_last (with block regions), offload, offload:NAMES, compress:bf16|fp8, compress:bf16|fp8:NAMES|all, "
          "chunked_loss, chunked_loss:N (tokens per chunk), keep_gathered (with --zero 3), "
+         "dynamic, dynamic:BYTES (with --memory-budget, or the budget in bytes), "
          "selective:NAMES (" + selective + "save_matmul, "
          "save_attention, save_ops=OP/OP/... with OP one of " +
          replay_cacheable_list() + "), combined with '+' where they do not overlap";
@@ -144,6 +145,7 @@ std::string RecomputePlan::str() const {
                     range_of(compress_range));
   if (chunked_loss) parts.push_back("chunked_loss" + (loss_chunk > 0 ? ":" + std::to_string(loss_chunk) : ""));
   if (keep_gathered) parts.push_back("keep_gathered" + range_of(keep_gathered_range));
+  if (dynamic) parts.push_back("dynamic" + (dynamic_budget > 0 ? ":" + std::to_string(dynamic_budget) : ""));
   if (parts.empty()) return "none";
   std::string out;
   for (const auto& p : parts) out += (out.empty() ? "" : "+") + p;
@@ -162,7 +164,7 @@ bool RecomputePlan::operator==(const RecomputePlan& o) const {
          compress == o.compress && (!compress || compress_format == o.compress_format) &&
          compress_modules == o.compress_modules && compress_all == o.compress_all && compress_range == o.compress_range &&
          chunked_loss == o.chunked_loss && loss_chunk == o.loss_chunk && keep_gathered == o.keep_gathered &&
-         keep_gathered_range == o.keep_gathered_range;
+         keep_gathered_range == o.keep_gathered_range && dynamic == o.dynamic && dynamic_budget == o.dynamic_budget;
 }
 
 const std::vector<std::string>& RecomputePlan::builtin_sub_regions() {
@@ -230,6 +232,7 @@ class PlanParser {
     if (t.text == "offload" || t.text.rfind("offload:", 0) == 0) return offload_term(t);
     if (t.text.rfind("compress:", 0) == 0) return compress_term(t);
     if (t.text == "chunked_loss" || t.text.rfind("chunked_loss:", 0) == 0) return chunked_loss_term(t);
+    if (t.text == "dynamic" || t.text.rfind("dynamic:", 0) == 0) return dynamic_term(t);
     region_term(t);
   }
 
@@ -265,6 +268,17 @@ class PlanParser {
     const std::int64_t n = parse_int(bad_, "'" + t.text + "': N", t.text.substr(13));
     if (n < 1) bad_("'" + t.text + "': a chunk must be at least 1 token, got " + std::to_string(n));
     plan_.loss_chunk = n;
+  }
+
+  // dynamic[:BYTES]
+  void dynamic_term(const Term& t) {
+    if (t.ranged) bad_("'" + t.full(*this) + "': dynamic takes no @range (its budget covers the whole step)");
+    if (plan_.dynamic) bad_("'" + t.full(*this) + "': dynamic given twice");
+    plan_.dynamic = true;
+    if (t.text == "dynamic") return;
+    const std::int64_t n = parse_int(bad_, "'" + t.text + "': BYTES", t.text.substr(8));
+    if (n < 1) bad_("'" + t.text + "': the budget must be at least 1 byte, got " + std::to_string(n));
+    plan_.dynamic_budget = n;
   }
 
   // offload[:NAMES]

@@ -34,6 +34,14 @@
 //                        forward; N omitted: the model's default from its
 //                        vocabulary (models/decoder.h). Needs a model with an
 //                        LM head.
+//   dynamic[:BYTES]      dynamic rematerialization (checkpoint/dynamic_remat.h):
+//                        saves are evicted when an allocation would take
+//                        the device's allocated bytes above BYTES and
+//                        computed again when backward needs them. The
+//                        commands resolve `dynamic` with --memory-budget B
+//                        to dynamic:BYTES. Combines with every other
+//                        component (per_block+dynamic: dynamic manages
+//                        what the regions keep).
 //   keep_last            (with block-level regions) the last block leaves its
 //                        region and keeps its saves: its backward starts right
 //                        after the forward, so its replay is redone work. Costs
@@ -108,8 +116,14 @@ struct RecomputePlan {
   std::optional<std::pair<std::int64_t, std::int64_t>> keep_gathered_range;
   bool keeps_gathered(std::int64_t block) const { return keep_gathered && in_range(keep_gathered_range, block); }
 
+  // dynamic[:BYTES]: dynamic rematerialization under a budget of
+  // dynamic_budget allocated bytes (0: not resolved yet, the commands take
+  // it from --memory-budget).
+  bool dynamic = false;
+  std::int64_t dynamic_budget = 0;
   bool is_none() const {
-    return block_regions.empty() && modules.empty() && !offload && !compress && !chunked_loss && !keep_gathered;
+    return block_regions.empty() && modules.empty() && !offload && !compress && !chunked_loss && !keep_gathered &&
+           !dynamic;
   }
   // True if block `i` is inside a block-level region.
   bool block_in_region(std::int64_t i) const;

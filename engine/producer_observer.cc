@@ -1,5 +1,6 @@
 #include "engine/producer_observer.h"
 
+#include "engine/autograd.h"
 #include "engine/grad_mode.h"
 
 namespace remat {
@@ -16,7 +17,9 @@ ProducerObserverScope::ProducerObserverScope(ProducerObserver* observer) : previ
 ProducerObserverScope::~ProducerObserverScope() { tls_observer = previous_; }
 
 ProducerCapture::ProducerCapture() {
-  if (!tls_observer || !grad_enabled()) return;
+  // The forward only: what backward computes (a checkpoint replay's tensors
+  // included) is used once, right away.
+  if (!tls_observer || !grad_enabled() || backward_mode() != BackwardMode::none) return;
   observer_ = tls_observer;
   hide_.emplace(nullptr);
   draws_.emplace();

@@ -127,6 +127,15 @@ void BlockStack::set_plan(const RecomputePlan& plan) {
     b.set_part_hooks(std::move(part_hooks));
     b.set_regions(std::size_t(i) < plan.block_modules.size() ? plan.block_modules[std::size_t(i)] : plan.modules);
   }
+  if (!plan.dynamic) {
+    dynamic_.reset();
+  } else if (!dynamic_ || dynamic_->options().budget != plan.dynamic_budget) {
+    DynamicRematOptions o;
+    o.budget = plan.dynamic_budget;
+    const std::vector<Tensor> params = parameters();
+    if (!params.empty()) o.device = params.front().device();
+    dynamic_ = std::make_shared<DynamicRemat>(o);
+  }
   plan_ = plan;
   offload_ = offload;
   compress_ = compress;

@@ -28,6 +28,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/compress.h"
+#include "checkpoint/dynamic_remat.h"
 #include "checkpoint/offload.h"
 #include "checkpoint/plan.h"
 #include "models/layers.h"
@@ -188,6 +189,12 @@ class BlockStack : public Module {
   // (their statistics add up).
   const std::shared_ptr<OffloadHooks>& offload_hooks() const { return offload_; }
   const std::shared_ptr<CompressHooks>& compress_hooks() const { return compress_; }
+  // The plan's dynamic rematerialization (null without `dynamic`): the
+  // runtime a step activates with a DynamicRematScope around its forward
+  // and backward (checkpoint/dynamic_remat.h), on the device of the stack's
+  // parameters. A later plan with the same budget keeps it (its counters
+  // run on).
+  const std::shared_ptr<DynamicRemat>& dynamic_remat() const { return dynamic_; }
 
   // RAII: the plan's whole-model save hooks active on this thread, so saves
   // outside the blocks (an embedding, a head, a loss) get them too. forward()
@@ -212,6 +219,7 @@ class BlockStack : public Module {
   std::shared_ptr<OffloadHooks> offload_;     // one spill file and I/O thread per stack
   std::shared_ptr<OffloadHooks> spare_offload_;  // the last one made, kept for later plans
   std::shared_ptr<CompressHooks> compress_;
+  std::shared_ptr<DynamicRemat> dynamic_;
   bool offload_whole_ = false, compress_whole_ = false;  // around the whole forward (else per part)
   bool has_lm_head_ = false;
   std::vector<std::int64_t> region_of_;  // block -> index into plan_.block_regions, or -1

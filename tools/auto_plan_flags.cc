@@ -94,11 +94,39 @@ CheckedPlan checked_choice(const Flags& f, const PlanProfile& prof, const Profil
   return r;
 }
 
+std::int64_t dynamic_budget_bytes(const Flags& f, const ModelConfig& c, const std::string& dtype, Device device,
+                                  std::uint64_t seed, const ProfileJob& job) {
+  REMAT_CHECK(f.has("memory-budget"), Error,
+              "--recompute dynamic needs --memory-budget B (bytes with a unit, e.g. 1.5GiB, or N% of plan none's "
+              "activation bytes), or the budget in the plan (dynamic:BYTES)");
+  const std::string text = f.get("memory-budget");
+  if (text.empty() || text.back() != '%') return parse_memory_budget(text, PlanProfile{});
+  // N%: of plan none's activations above the persistent bytes, from a profile of none alone.
+  ProfileOptions opts = profile_options_for_flags(f, c, dtype, device, seed, false, job);
+  opts.candidates = {"none"};
+  opts.rounds = 1;
+  return parse_memory_budget(text, profile_plans(opts));
+}
+
+std::string resolve_dynamic(const Flags& f, RecomputePlan plan, const ModelConfig& c, const std::string& dtype,
+                            Device device, std::uint64_t seed, const ProfileJob& job) {
+  plan.dynamic_budget = dynamic_budget_bytes(f, c, dtype, device, seed, job);
+  REMAT_CHECK(plan.dynamic_budget > 0, Error, "--memory-budget ", f.get("memory-budget"), ": the budget is 0 bytes");
+  const std::string resolved = plan.str();
+  if (world_group()->rank() == 0)
+    std::printf("recompute dynamic: a budget of %s for --memory-budget %s: --recompute %s\n",
+                format_mib(plan.dynamic_budget).c_str(), f.get("memory-budget").c_str(), resolved.c_str());
+  std::fflush(stdout);
+  return resolved;
+}
+
 std::string resolve_recompute(const Flags& f, const std::string& recompute, const ModelConfig& c,
                               const std::string& dtype, Device device, std::uint64_t seed, const ProfileJob& job) {
   if (recompute != "auto") {
+    const RecomputePlan plan = RecomputePlan::parse(recompute, c.n_layers);
+    if (plan.dynamic && plan.dynamic_budget == 0) return resolve_dynamic(f, plan, c, dtype, device, seed, job);
     REMAT_CHECK(!f.has("memory-budget"), Error, "--memory-budget ", f.get("memory-budget"),
-                " needs --recompute auto (got --recompute ", recompute, ")");
+                " needs --recompute auto or a plan with dynamic (got --recompute ", recompute, ")");
     return recompute;
   }
   REMAT_CHECK(f.has("memory-budget"), Error,

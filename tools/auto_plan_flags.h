@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/device.h"
+#include "checkpoint/plan.h"
 #include "models/config.h"
 #include "tools/args.h"
 #include "train/auto_plan.h"
@@ -66,6 +67,17 @@ CheckedPlan checked_choice(const Flags& f, const PlanProfile& prof, const Profil
 std::string resolve_recompute(const Flags& f, const std::string& recompute, const ModelConfig& c,
                               const std::string& dtype, Device device, std::uint64_t seed,
                               const ProfileJob& job = {});
+
+// A plan with `dynamic` and no budget (checkpoint/plan.h): its budget from
+// --memory-budget (bytes with a unit, or N% of plan none's activation bytes
+// above the persistent bytes, from a profile of none alone); returns the
+// plan with dynamic:BYTES, and says so on rank 0's stdout. Error without
+// --memory-budget.
+std::string resolve_dynamic(const Flags& f, RecomputePlan plan, const ModelConfig& c, const std::string& dtype,
+                            Device device, std::uint64_t seed, const ProfileJob& job = {});
+// The bytes --memory-budget means for dynamic (as above).
+std::int64_t dynamic_budget_bytes(const Flags& f, const ModelConfig& c, const std::string& dtype, Device device,
+                                  std::uint64_t seed, const ProfileJob& job = {});
 
 // train --recompute auto --tune-microbatch: the plan and the micro-batches per
 // step together. For every micro-batch count M that divides the batch (1, 2,

@@ -305,6 +305,7 @@ class MemTrainer {
     const double seed = 1.0 / double(layout_.world->size() * M);
     {
       CategoryScope cat(MemoryCategory::activation);
+      const DynamicRematScope dynamic(model_->block_stack().dynamic_remat());  // --recompute dynamic
       phase("forward");
       if (pipeline_) {
         std::function<void()> arm;

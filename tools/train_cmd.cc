@@ -343,6 +343,7 @@ class StepReporter {
     keys_.pipeline = trainer.pipeline() != nullptr;
     keys_.comm = trainer.world_size() > 1 || keys_.pipeline || trainer.tensor_parallel();
     keys_.moe = keys_.pipeline && cli.options.config.experts > 0;
+    keys_.dynamic = trainer.model().block_stack().dynamic_remat() != nullptr;
     if (cli.log.empty()) return;
     log_ = std::make_unique<std::ofstream>(cli.log);
     REMAT_CHECK(log_->good(), IOError, "--log: cannot write ", cli.log);

@@ -100,6 +100,12 @@ std::string StepStats::to_json(const StepLogKeys& keys) const {
   j.set("offloaded_bytes", offloaded_bytes).set("offload_ms", offload_wait_ms);
   j.set("compressed_saved_bytes", compressed_saved_bytes);
   j.set("boundary_bytes", boundary_bytes);
+  if (keys.dynamic) {
+    j.set("memory_budget_bytes", memory_budget_bytes)
+        .set("budget_headroom_bytes", memory_budget_bytes - peak_allocated_bytes);
+    j.set("evictions", evictions).set("evicted_bytes", evicted_bytes);
+    j.set("rebuilds", rebuilds).set("rebuild_ms", rebuild_ms);
+  }
   if (keys.pipeline) {
     j.set("pipeline_in_flight", pipeline_in_flight);
     j.set_raw("pipeline_stages", stages_json(pipeline_stages));

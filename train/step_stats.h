@@ -18,6 +18,7 @@ struct StepLogKeys {
   bool pipeline = false;  // pipeline_in_flight, pipeline_stages (a --pp run)
   bool comm = false;      // comm, grad_buckets, grad_buckets_overlapped, routing_metadata_saved_bytes
   bool moe = false;       // loss_aux even without routing metrics (a pipeline's stages keep those)
+  bool dynamic = false;   // memory_budget_bytes, budget_headroom_bytes, evictions, rebuilds, ... (--recompute dynamic)
 };
 
 struct StepStats {
@@ -48,6 +49,12 @@ struct StepStats {
   std::int64_t offload_stored_peak = 0;
   double offload_wait_ms = 0;
   std::int64_t compressed_saved_bytes = 0;
+  // Dynamic rematerialization (--recompute dynamic): its budget, the budget
+  // less this step's peak allocated, saves evicted (and their bytes), op
+  // calls computed again and the time they took.
+  std::int64_t memory_budget_bytes = 0;
+  std::int64_t evictions = 0, evicted_bytes = 0, rebuilds = 0;
+  double rebuild_ms = 0;
   // Several processes: this rank's collectives this step (bytes sent).
   CommCounters comm;
   std::int64_t pipeline_in_flight = 0;    // --pp: micro-batches this stage held activations for at once

@@ -298,6 +298,7 @@ struct Trainer::StepStart {
   Tensor batch;              // this rank's share of the global batch
   // The running counters this step's figures are differences of.
   std::int64_t recomputed_ops = 0;
+  DynamicRematStats dynamic;
   OffloadStats offload;
   CompressHooks::Stats compress;
   DispatchCounters moved;
@@ -341,6 +342,7 @@ Trainer::StepStart Trainer::begin_step() {
   reset_saved_bytes_peak();
   const BlockStack& blocks = model_->block_stack();
   start.recomputed_ops = checkpoint_counters().ops_recomputed;
+  if (blocks.dynamic_remat()) start.dynamic = blocks.dynamic_remat()->stats();
   start.offload = blocks.offload_hooks() ? blocks.offload_hooks()->stats() : OffloadStats{};
   start.compress = blocks.compress_hooks() ? blocks.compress_hooks()->stats() : CompressHooks::Stats{};
   start.moved = dispatch_counters();
@@ -356,6 +358,8 @@ Trainer::StepStart Trainer::begin_step() {
 Trainer::StepLoss Trainer::micro_steps(const Tensor& batch, std::int64_t attempt, StepStats& s) {
   CategoryScope cat(MemoryCategory::activation);
   RngShardScope shard(layout_.world->rank(), world_size());  // dropout masks and random routes: this rank's share
+  // --recompute dynamic: evictions under the budget through every forward and backward.
+  const DynamicRematScope dynamic(model_->block_stack().dynamic_remat());
   StepLoss r;
   s.aux_loss = 0;
   r.loss = pipeline_ ? pipeline_micro_steps(batch, attempt, s, r.pipeline) : local_micro_steps(batch, attempt, s);
@@ -558,6 +562,14 @@ void Trainer::collect_counters(const StepStart& start, StepStats& s) const {
   if (const auto& comp = blocks.compress_hooks())
     s.compressed_saved_bytes = comp->stats().compressed_bytes - start.compress.compressed_bytes;
   s.recomputed_ops = checkpoint_counters().ops_recomputed - start.recomputed_ops;
+  if (const auto& dyn = blocks.dynamic_remat()) {
+    const DynamicRematStats d = dyn->stats();
+    s.memory_budget_bytes = dyn->options().budget;
+    s.evictions = d.evictions - start.dynamic.evictions;
+    s.evicted_bytes = d.evicted_bytes - start.dynamic.evicted_bytes;
+    s.rebuilds = d.rebuilds - start.dynamic.rebuilds;
+    s.rebuild_ms = d.rebuild_ms - start.dynamic.rebuild_ms;
+  }
   const DispatchCounters moved = dispatch_counters();
   s.moved_bytes = moved.bytes_moved - start.moved.bytes_moved;
   s.replayed_comm_bytes = moved.replay_bytes_moved - start.moved.replay_bytes_moved;

@@ -107,6 +107,7 @@ class Trainer {
   std::int64_t model_parameters() const;
   const Corpus& corpus() const { return corpus_; }
   DecoderModel& model() { return *model_; }
+  const DecoderModel& model() const { return *model_; }
   const TrainOptions& options() const { return opts_; }
   double initial_loss_estimate() const;
 
