@@ -127,6 +127,12 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
     rec->draws = call.draws;
     rec->ns = std::max<std::int64_t>(1, call.ns);
     rec->category = current_category();
+    if (!opts.device)
+      for (const Tensor& t : *call.results)
+        if (t.defined()) {
+          opts.device = t.device();
+          break;
+        }
     std::vector<const Storage*> input_storages;
     for (const Tensor& t : *call.inputs) {
       Record::Input in;
@@ -355,7 +361,7 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
     return pick ? pick : best->second;
   }
 
-  Device device() const override { return opts.device; }
+  Device device() const override { return opts.device.value_or(kCPU); }
   std::int64_t budget() const override { return opts.budget; }
 
   bool relieve(CachingAllocator& allocator, std::int64_t allocated, std::int64_t charge) override {
@@ -380,7 +386,7 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
     std::ostringstream o;
     const MemoryStats s = allocator.stats();
     o << "dynamic remat: an allocation of " << format_bytes(charge) << (*current_tag() ? " by op '" : "")
-      << current_tag() << (*current_tag() ? "'" : "") << " would take allocated bytes on " << opts.device << " to "
+      << current_tag() << (*current_tag() ? "'" : "") << " would take allocated bytes on " << device() << " to "
       << format_bytes(allocated + charge) << ", above the budget of " << format_bytes(opts.budget)
       << ", and nothing is left to evict. Allocated by category:";
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c)

@@ -52,7 +52,9 @@ struct DynamicRematOptions {
   // The most bytes allocated on `device` may reach (0: record and pack
   // only, never evict).
   std::int64_t budget = 0;
-  Device device = kCPU;
+  // The device whose allocations it watches (unset: the device of the first
+  // call it records).
+  std::optional<Device> device;
   // Score a deterministic sample of about sqrt(n) of the n candidates (the
   // paper's sampling) instead of all of them.
   bool sample = false;

@@ -2,6 +2,7 @@
 
 #include "engine/autograd.h"
 #include "engine/grad_mode.h"
+#include "engine/recompute_context.h"
 
 namespace remat {
 
@@ -17,9 +18,9 @@ ProducerObserverScope::ProducerObserverScope(ProducerObserver* observer) : previ
 ProducerObserverScope::~ProducerObserverScope() { tls_observer = previous_; }
 
 ProducerCapture::ProducerCapture() {
-  // The forward only: what backward computes (a checkpoint replay's tensors
-  // included) is used once, right away.
-  if (!tls_observer || !grad_enabled() || backward_mode() != BackwardMode::none) return;
+  // The forward (a checkpoint region's replay in backward included): what
+  // backward itself computes is used once, right away.
+  if (!tls_observer || !grad_enabled() || (backward_mode() != BackwardMode::none && !in_recompute())) return;
   observer_ = tls_observer;
   hide_.emplace(nullptr);
   draws_.emplace();

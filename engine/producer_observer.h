@@ -2,7 +2,7 @@
 // dynamic rematerialization (checkpoint/dynamic_remat.h) builds on. While an
 // observer is installed on a thread, the op runner (ops/op.h) and the
 // engine's own copies (clone, casts) report every call they run with grad
-// mode on outside backward (the forward): its inputs, its results, the random draws it made, its time, and
+// mode on in the forward (and in checkpoint replays during backward): its inputs, its results, the random draws it made, its time, and
 // a function that computes the results again. Calls a reported call runs
 // inside its forward are not reported (its report covers them).
 #pragma once

@@ -131,9 +131,7 @@ void BlockStack::set_plan(const RecomputePlan& plan) {
     dynamic_.reset();
   } else if (!dynamic_ || dynamic_->options().budget != plan.dynamic_budget) {
     DynamicRematOptions o;
-    o.budget = plan.dynamic_budget;
-    const std::vector<Tensor> params = parameters();
-    if (!params.empty()) o.device = params.front().device();
+    o.budget = plan.dynamic_budget;  // (its device: the first op call's it records)
     dynamic_ = std::make_shared<DynamicRemat>(o);
   }
   plan_ = plan;

@@ -191,9 +191,9 @@ class BlockStack : public Module {
   const std::shared_ptr<CompressHooks>& compress_hooks() const { return compress_; }
   // The plan's dynamic rematerialization (null without `dynamic`): the
   // runtime a step activates with a DynamicRematScope around its forward
-  // and backward (checkpoint/dynamic_remat.h), on the device of the stack's
-  // parameters. A later plan with the same budget keeps it (its counters
-  // run on).
+  // and backward (checkpoint/dynamic_remat.h), on the device its first
+  // recorded op call runs on. A later plan with the same budget keeps it
+  // (its counters run on).
   const std::shared_ptr<DynamicRemat>& dynamic_remat() const { return dynamic_; }
 
   // RAII: the plan's whole-model save hooks active on this thread, so saves

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "engine/allocator.h"
 #include "engine/autograd.h"
@@ -160,9 +161,12 @@ Tensor payload_buffer(const Shape& sizes, DType dtype, Device device, bool needs
 
 
 // The attributes of a dispatch or combine call. `routing` is read by the
-// forward only (it is cleared there: the node keeps the scalars).
+// forward only (it is cleared there: the node keeps the scalars); it is a
+// copy the call owns, so that dynamic rematerialization, which keeps the
+// state a call started with, can run the forward again after the layer's
+// own routing is gone.
 struct RowsState {
-  const Routing* routing = nullptr;
+  std::shared_ptr<const Routing> routing;
   std::int64_t tokens = 0, top_k = 0;
   bool keep = false;  // dispatch: the payload outlives the forward (a backward reads it)
 };
@@ -175,8 +179,8 @@ OpCost rows_cost(const std::vector<Tensor>& in, const RowsState&) {
 
 OpResults dispatch_fwd(const std::vector<Tensor>& in, RowsState& s) {
   const Tensor& x = in[0];
-  const Routing& routing = *s.routing;
-  s.routing = nullptr;
+  const std::shared_ptr<const Routing> held = std::move(s.routing);
+  const Routing& routing = *held;
   const KernelTable<MoeRowsKernels>& k = moe_rows_kernels();
   Tensor idx = routing.token_of_row.to(x.device()).contiguous();
   Tensor o = payload_buffer({routing.rows(), x.size(1)}, k.compute_dtype(x.device(), x.dtype()), x.device(), s.keep);
@@ -216,8 +220,8 @@ void check_combine(const OpDef& op, const std::vector<Tensor>& in, const RowsSta
 
 OpResults combine_fwd(const std::vector<Tensor>& in, RowsState& s) {
   const Tensor &y = in[0], &w = in[1];
-  const Routing& routing = *s.routing;
-  s.routing = nullptr;
+  const std::shared_ptr<const Routing> held = std::move(s.routing);
+  const Routing& routing = *held;
   const KernelTable<MoeRowsKernels>& k = moe_rows_kernels();
   Tensor idx = routing.token_of_row.to(y.device()).contiguous();
   const Tensor index = k.run(y.device(), &MoeRowsKernels::routing_index, routing.token_of_row, routing.slot_of_row,
@@ -256,7 +260,7 @@ Tensor LocalDispatcher::combine(const Tensor& y, const Tensor& row_weights, cons
 Tensor moe_dispatch_rows(const Tensor& x, const Routing& routing, bool lease) {
   tls_counters.dispatch_calls++;
   const bool keep = lease && grad_enabled() && x.requires_grad();
-  Tensor out = kDispatch.call1({x}, {&routing, routing.tokens, routing.top_k, keep});
+  Tensor out = kDispatch.call1({x}, {std::make_shared<const Routing>(routing), routing.tokens, routing.top_k, keep});
   count_move(routing.rows(), std::int64_t(out.nbytes()));
   return out;
 }
@@ -264,7 +268,8 @@ Tensor moe_dispatch_rows(const Tensor& x, const Routing& routing, bool lease) {
 Tensor moe_combine_rows(const Tensor& y, const Tensor& row_weights, const Routing& routing) {
   tls_counters.combine_calls++;
   count_move(routing.rows(), std::int64_t(y.nbytes()));
-  return kCombine.call1({y, row_weights}, {&routing, routing.tokens, routing.top_k, false});
+  return kCombine.call1({y, row_weights},
+                        {std::make_shared<const Routing>(routing), routing.tokens, routing.top_k, false});
 }
 
 }  // namespace remat

@@ -8,6 +8,7 @@
 
 #include "engine/autograd.h"
 #include "engine/parallel_for.h"
+#include "checkpoint/dynamic_remat.h"
 #include "checkpoint/checkpoint.h"
 #include "moe/dispatch.h"
 #include "ops/linear_cross_entropy.h"
@@ -125,6 +126,40 @@ struct PlanEffects {
   }
 };
 
+DynamicRematStats dynamic_stats(const DecoderModel& model) {
+  const auto& dyn = model.block_stack().dynamic_remat();
+  return dyn ? dyn->stats() : DynamicRematStats{};
+}
+
+// dynamic with --memory-budget N%: one forward and backward of `tokens` under
+// plan none first (the generator put back after it) measures the bytes this
+// dump holds besides activations (the model, its gradients) and none's peak;
+// the budget is those bytes plus N% of the peak above them. (train's N% is
+// of a profiled training step's, whose persistent bytes hold the optimizer
+// state too: docs/RECOMPUTE.md#dynamic.)
+std::int64_t measure_dynamic_budget(DecoderModel& model, const Tensor& tokens, const std::string& text) {
+  const RecomputePlan keep = model.block_stack().plan();
+  apply_recompute_plan(model, RecomputePlan::parse("none", model.config().n_layers));
+  Generator& gen = default_generator(tokens.device());
+  const RngState rng = gen.state();
+  CachingAllocator& alloc = allocator_for(tokens.device());
+  alloc.reset_peak();
+  {
+    auto out = model.forward_loss(tokens);
+    out.loss.backward();
+  }
+  const std::int64_t peak = alloc.stats().allocated_peak, base = alloc.stats().allocated_bytes;
+  for (Tensor p : model.parameters()) p.set_grad(Tensor());  // the dumped pass makes its own
+  gen.set_state(rng);
+  apply_recompute_plan(model, keep);
+  const double share = std::stod(text.substr(0, text.size() - 1));
+  REMAT_CHECK(share > 0, Error, "--memory-budget ", text, ": expected a share above 0%");
+  const auto budget = std::int64_t(double(base) + share / 100.0 * double(peak - base));
+  std::printf("dump: dynamic budget %s: %.1f MiB (%.1f MiB besides activations, none's peak %.1f MiB)\n", text.c_str(),
+              double(budget) / 1048576.0, double(base) / 1048576.0, double(peak) / 1048576.0);
+  return budget;
+}
+
 // The dump's metadata: what ran (config, seed, the plan asked for and the
 // plan the model ran, canonical), what the plan did, and the routers' drops
 // and z-loss (docs/REFERENCE.md).
@@ -232,7 +267,12 @@ int run_dump(const std::vector<std::string>& args) {
   const ModelConfig c = dump_config(f, hf_dir);
   const auto seed = std::uint64_t(f.get_int("seed"));
   const Device device = device_flag(f, true);
-  const std::string plan = resolve_recompute(f, f.get("recompute"), c, f.get("dtype"), device, seed);
+  // dynamic with an N% budget: N% of this dump's own none pass (measure_dynamic_budget).
+  const RecomputePlan asked = RecomputePlan::parse(f.get("recompute"), c.n_layers);
+  const bool dynamic_share = asked.dynamic && asked.dynamic_budget == 0 && f.has("memory-budget") &&
+                             !f.get("memory-budget").empty() && f.get("memory-budget").back() == '%';
+  const std::string plan =
+      dynamic_share ? f.get("recompute") : resolve_recompute(f, f.get("recompute"), c, f.get("dtype"), device, seed);
   RecomputePlan parsed = RecomputePlan::parse(plan, c.n_layers);
   if (f.has("offload-dir")) parsed.offload_dir = f.get("offload-dir");
   if (device.is_meta()) return dump_meta(f, c, seed, plan, parsed, hf_dir);
@@ -250,13 +290,34 @@ int run_dump(const std::vector<std::string>& args) {
   // On a GPU: the same weights (drawn on the CPU) and batch, moved over.
   model.to(device);
 
+  if (dynamic_share) {
+    parsed.dynamic_budget = measure_dynamic_budget(model, tokens.to(device), f.get("memory-budget"));
+    apply_recompute_plan(model, parsed);
+  }
+
+  CachingAllocator& alloc = allocator_for(device);
+  alloc.reset_peak();
   const PlanEffects before = PlanEffects::now(model.block_stack());
-  auto out = model.forward_loss(tokens.to(device));
-  out.loss.backward();
+  const DynamicRematStats dyn_before = dynamic_stats(model);
+  DecoderModel::Output out;
+  {
+    const DynamicRematScope dynamic(model.block_stack().dynamic_remat());
+    out = model.forward_loss(tokens.to(device));
+    out.loss.backward();
+  }
   const PlanEffects did = PlanEffects::now(model.block_stack()) - before;
+  const std::int64_t peak = alloc.stats().allocated_peak;
 
   const auto tensors = dump_tensors(model, tokens, out);
   std::map<std::string, std::string> meta = dump_metadata(c, seed, plan, model, did, out, device);
+  if (const auto& dyn = model.block_stack().dynamic_remat()) {
+    const DynamicRematStats d = dynamic_stats(model);
+    meta["recompute_plan"] = model.block_stack().plan().str();
+    meta["memory_budget_bytes"] = std::to_string(dyn->options().budget);
+    meta["peak_allocated_bytes"] = std::to_string(peak);
+    meta["evictions"] = std::to_string(d.evictions - dyn_before.evictions);
+    meta["rebuilds"] = std::to_string(d.rebuilds - dyn_before.rebuilds);
+  }
   if (!hf_dir.empty()) meta["model"] = hf_dir;
   save_safetensors(f.get("out"), tensors, meta);
   std::printf("dump: %s  loss.ce %.6f  loss.aux %.6f  (%zu tensors)\n", f.get("out").c_str(),

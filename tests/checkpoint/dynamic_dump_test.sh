@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# --recompute dynamic (checkpoint/dynamic_remat.h) gives `none`'s dump bit for
+# bit at budgets of 20%, 40%, 60% and 80% of none's activations above the
+# bytes the dump holds besides them (the model and its gradients): on `tiny`
+# with dropout, `tiny-moe` with dropout and random routes, and bench-dense;
+# and under a checkpoint plan (per_block+dynamic, selective:save_matmul+
+# dynamic). Each dump's metadata must show the budget bound (evictions > 0,
+# computed again > 0) and held (peak allocated <= the budget).
+set -u
+cd "$(dirname "$(readlink -f "$0")")/../.."
+passed=0
+failed=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+check() {
+  local config=$1 plans=$2
+  ./bazel-bin/tools/remat dump --config "$config" --seed 1 --out "$tmp/none.safetensors" > /dev/null || exit 1
+  for item in $plans; do
+    local plan=${item%%@*} budget=${item#*@}
+    if ./bazel-bin/tools/remat dump --config "$config" --seed 1 --recompute "$plan" --memory-budget "$budget" \
+         --out "$tmp/plan.safetensors" > "$tmp/out.txt" 2>&1 &&
+       /usr/bin/python3 tools/reference/compare_dumps.py "$tmp/none.safetensors" "$tmp/plan.safetensors" \
+         > "$tmp/cmp.txt" &&
+       /usr/bin/python3 - "$tmp/plan.safetensors" > "$tmp/meta.txt" 2>&1 <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+m = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])["__metadata__"]
+budget, peak = int(m["memory_budget_bytes"]), int(m["peak_allocated_bytes"])
+assert "dynamic:" in m["recompute_plan"], m["recompute_plan"]
+assert int(m["evictions"]) > 0 and int(m["rebuilds"]) > 0, (m["evictions"], m["rebuilds"])
+assert peak <= budget, (peak, budget)
+print(f"{m['recompute_plan']}: peak {peak} <= {budget}, {m['evictions']} evictions, {m['rebuilds']} rebuilds")
+PY
+    then
+      passed=$((passed + 1))
+    else
+      failed=$((failed + 1))
+      echo "FAILED: --recompute $plan --memory-budget $budget ($config) differs from none or did not hold its budget:"
+      sed 's/^/    /' "$tmp/out.txt" "$tmp/cmp.txt" "$tmp/meta.txt" 2>/dev/null
+    fi
+  done
+}
+budgets="dynamic@20% dynamic@40% dynamic@60% dynamic@80%"
+check tests/checkpoint/data/tiny_dropout.json "$budgets per_block+dynamic@45% selective:save_matmul+dynamic@80% attention+dynamic@40%"
+check tests/checkpoint/data/tiny_moe_random.json "$budgets per_block+dynamic@30% moe_expert+dynamic@50%"
+check bench-dense "$budgets"
+echo "remat-tests: $passed passed, $failed failed, 0 skipped"
+[ "$failed" -eq 0 ]
