@@ -179,10 +179,13 @@ void run_variants(const BenchOptions& o, const BenchRows& rows, TorchBaseline* t
   const std::int64_t V = std::int64_t(m.variants.size());
   const auto order = bench_order(V, o.repeats);
   std::printf("remat bench: config %s on %s, %d threads, %lld repeats x (%lld warm-up + %lld timed steps), peak %.1f "
-              "GFLOP/s%s; %zu processes in a balanced interleaved order\n",
+              "GFLOP/s%s; %zu processes in a balanced interleaved order%s\n",
               o.model.name.c_str(), o.device.str().c_str(), o.threads, static_cast<long long>(o.repeats),
               static_cast<long long>(o.warmup), static_cast<long long>(o.steps), m.peak_flops / 1e9,
-              o.peak_flops ? "" : o.device.is_cuda() ? " (device dense peak)" : " (measured GEMM)", order.size());
+              o.peak_flops ? "" : o.device.is_cuda() ? " (device dense peak)" : " (measured GEMM)", order.size(),
+              o.seq_range ? ("; sequence lengths drawn from " + o.seq_range_text() + ", the same in every process")
+                                .c_str()
+                          : "");
   std::fflush(stdout);
   m.samples.assign(std::size_t(V), {});
   for (const BenchSlot& s : order) {
@@ -192,8 +195,7 @@ void run_variants(const BenchOptions& o, const BenchRows& rows, TorchBaseline* t
     const auto r = is_torch ? torch->run(o.threads, dtype_name(o.dtype), o.device.str(), o.warmup, o.steps)
                             : run_worker(o.config, rows.run_plans[std::size_t(s.variant)], o.warmup, o.steps,
                                          o.threads, std::to_string(o.seed), WorkerRanks{o.ep, o.dp, o.zero, layout.t, layout.sp},
-                                         dtype_name(o.dtype),
-                                         o.device.str(), o.offload_dir);
+                                         dtype_name(o.dtype), o.device.str(), o.offload_dir, o.seq_range_text());
     for (const auto& [k, val] : r) m.samples[std::size_t(s.variant)][k].push_back(val);
     JsonObject run;
     run.set("variant", name).set("repeat", s.repeat).set("position", s.position).set("slot", s.slot);

@@ -30,10 +30,11 @@ double active_params(const DecoderModel& m, std::int64_t ep) {
 
 }  // namespace
 
-double model_flops(const DecoderModel& m, std::int64_t ep) {
+double model_flops(const DecoderModel& m, std::int64_t ep, std::int64_t seq) {
   const ModelConfig& c = m.config();
-  const double tokens = double(c.batch * c.seq);
-  return tokens * (6.0 * active_params(m, ep) + 12.0 * double(c.n_layers) * double(c.d_model) * double(c.seq));
+  const std::int64_t S = seq > 0 ? seq : c.seq;
+  const double tokens = double(c.batch * S);
+  return tokens * (6.0 * active_params(m, ep) + 12.0 * double(c.n_layers) * double(c.d_model) * double(S));
 }
 
 double measure_peak_flops(int tries) { return cpu_gemm_peak_flops(tries); }

@@ -15,8 +15,9 @@ namespace remat::tools {
 // al. 2022, appendix B): 6 N per token for the matmuls, N the parameters that
 // do matmul work (all but the embedding table, routed experts counted at
 // top_k / experts), plus 12 L d S per token for attention. `ep`: `m` holds
-// 1/ep of the experts (expert parallel).
-double model_flops(const DecoderModel& m, std::int64_t ep = 1);
+// 1/ep of the experts (expert parallel). `seq`: the batch's tokens per
+// sequence S (0: the config's).
+double model_flops(const DecoderModel& m, std::int64_t ep = 1, std::int64_t seq = 0);
 
 // The best of `tries` 1024^3 f32 GEMMs, in FLOP/s: the machine's practical
 // peak. bench measures it (10 tries) before and after its runs, and each CPU

@@ -48,6 +48,8 @@ std::vector<FlagSpec> bench_flag_specs() {
                  "another variant of the same interleaved run"),
        text_flag("json", "write the results to FILE"),
        text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
+       text_flag("seq-range", "MIN:MAX: each step's batch draws its sequence length uniformly from [MIN, MAX], the "
+                 "same lengths for every plan (from --seed); the model is built for MAX"),
        bool_flag("estimate", "predict activation bytes per plan from what the ops save, next to a measured step"),
        text_flag("html", "write a page plotting memory against step time per plan to FILE"),
        bool_flag("pareto", "the hand plans (none, per_block, chunk, uniform:2, uniform:4, block:N for every N, "
@@ -164,11 +166,27 @@ std::vector<BenchOptions::TpLayout> tp_layouts(const std::string& text, const Mo
   return out;
 }
 
+// --seq-range with what cannot take a length per batch: --estimate and
+// --baseline torch (one fixed batch), a +sp layout (each length would have to
+// divide by T), auto on several processes (their profile runs `plan`, which
+// sees the config's length).
+void check_seq_range(const Flags& f, const BenchOptions& o) {
+  if (!o.seq_range) return;
+  const std::string r = "bench --seq-range " + f.get("seq-range");
+  REMAT_CHECK(!o.estimate && !o.torch(), Error, r, ": --estimate and --baseline torch measure one fixed batch; drop "
+              "them or --seq-range");
+  for (const BenchOptions::TpLayout& l : o.tp_layouts)
+    REMAT_CHECK(!l.sp, Error, r, " with --tp ", f.get("tp"), ": sequence parallelism (+sp) splits every sequence over "
+                "the T ranks, so each batch's length would have to divide by T; drop +sp or --seq-range");
+  REMAT_CHECK(!o.has_auto || (o.ep == 1 && o.dp == 1), Error, r, ": --recompute auto on several processes (--dp, "
+              "--ep) profiles through `plan`, which takes no range; name the plans, or bench one process");
+}
+
 }  // namespace
 
 PipelineBenchSpec pipeline_bench_spec(const Flags& f, const std::string& config, const ModelConfig& c) {
   for (const char* other : {"ep", "dp", "zero", "tp", "baseline", "estimate", "pareto", "html", "memory-budget",
-                            "offload-dir"})
+                            "offload-dir", "seq-range"})
     REMAT_CHECK(!f.has(other), Error, "bench --pp: --", other, " is not measured with a pipeline");
   REMAT_CHECK(f.get("device") == "cpu", Error, "bench --pp: pipelines run on the CPU under MPI for now");
   apply_threads_flag(f);
@@ -190,12 +208,17 @@ PipelineBenchSpec pipeline_bench_spec(const Flags& f, const std::string& config,
   return spec;
 }
 
-BenchOptions bench_options(const Flags& f, const std::string& config, const ModelConfig& c) {
+BenchOptions bench_options(const Flags& f, const std::string& config, const ModelConfig& loaded) {
   for (const char* pp_only : {"pp-schedule", "grad-accum", "micro-batch"})
     REMAT_CHECK(!f.has(pp_only), Error, "bench: --", pp_only, " needs --pp P (P >= 2)");
   BenchOptions o;
   o.config = config;
-  o.model = c;
+  o.model = loaded;
+  if (f.has("seq-range")) {  // (the model is built for the longest: every check below sees MAX)
+    o.seq_range = parse_seq_range(f.get("seq-range"));
+    o.model.seq = o.seq_range->max;
+  }
+  const ModelConfig& c = o.model;
   plans_and_budgets(f, c, o);
   o.repeats = f.get_int("repeats");
   o.warmup = f.get_int("warmup");
@@ -238,6 +261,7 @@ BenchOptions bench_options(const Flags& f, const std::string& config, const Mode
   REMAT_CHECK(!tensor_parallel || !o.has_auto, Error, "bench --tp ", f.get("tp"),
               ": --recompute auto does not profile under tensor parallelism yet; name the plans");
   o.baseline = baseline_flag(f, o);
+  check_seq_range(f, o);
   if (f.has("peak-flops")) o.peak_flops = f.get_double("peak-flops");
   if (f.has("json")) o.json_path = f.get("json");
   if (f.has("html")) o.html_path = f.get("html");

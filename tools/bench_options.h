@@ -13,6 +13,7 @@
 #include "models/config.h"
 #include "tools/args.h"
 #include "tools/bench_pipeline.h"
+#include "train/data.h"
 
 namespace remat::tools {
 
@@ -60,6 +61,13 @@ struct BenchOptions {
   std::optional<double> peak_flops; // --peak-flops
   std::optional<std::string> json_path, html_path;  // --json, --html
   std::string offload_dir;                          // "" when not given
+  // --seq-range MIN:MAX: every step's batch draws its length from the range
+  // (model.seq is MAX); every worker draws the same lengths from --seed, so
+  // the plans are compared on identical batches.
+  std::optional<SeqRange> seq_range;
+  std::string seq_range_text() const {
+    return seq_range ? std::to_string(seq_range->min) + ":" + std::to_string(seq_range->max) : "";
+  }
 
   // The baseline's column ("torch") is in the tables.
   bool torch() const { return baseline == BenchBaseline::torch; }
@@ -70,7 +78,9 @@ struct BenchOptions {
 // auto), --pp-only flags, a device that is not there, --ep that does not
 // divide the experts and batch, --estimate off the CPU and meta or in another
 // dtype, meta without --estimate,
-// and --baseline other than torch or on a model it cannot reproduce.
+// and --baseline other than torch or on a model it cannot reproduce;
+// --seq-range (model.seq becomes MAX) with --estimate, --baseline torch, a
+// +sp layout, or auto on several processes.
 BenchOptions bench_options(const Flags& f, const std::string& config, const ModelConfig& c);
 
 }  // namespace remat::tools

@@ -116,6 +116,7 @@ class BenchReport {
     j.set("plan", m_.plans[i]).set("config", o_.model.name).set("repeats", o_.repeats).set("threads", o_.threads);
     j.set("dtype", dtype_name(o_.dtype));
     j.set("device", o_.device.str());
+    if (o_.seq_range) j.set("seq_min", o_.seq_range->min).set("seq_max", o_.seq_range->max);  // (tokens: their mean)
     j.set("peak_allocated_bytes", med("peak_allocated_bytes")).set("peak_reserved_bytes", med("peak_reserved_bytes"));
     j.set("persistent_bytes", med("persistent_bytes")).set("activation_bytes", med("activation_bytes"));
     j.set("loss_bytes", med("loss_bytes"));
@@ -309,6 +310,7 @@ class BenchReport {
     JsonObject doc;
     doc.set("config", o_.model.name).set("device", o_.device.str()).set("dtype", dtype_name(o_.dtype));
     doc.set("threads", o_.threads);
+    if (o_.seq_range) doc.set("seq_min", o_.seq_range->min).set("seq_max", o_.seq_range->max);
     doc.set("repeats", o_.repeats).set("warmup", o_.warmup).set("steps", o_.steps).set("order", "williams");
     doc.set("baseline_plan", base_plan()).set("peak_flops", peak_);
     doc.set_raw("rows", json_array(rows));

@@ -53,7 +53,8 @@ std::string run_capture(const std::string& cmd, const char* what, int* rc) {
 std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
                                          std::int64_t steps, int threads, const std::string& seed,
                                          WorkerRanks ranks, const std::string& dtype,
-                                         const std::string& device, const std::string& offload_dir) {
+                                         const std::string& device, const std::string& offload_dir,
+                                         const std::string& seq_range) {
   std::string launcher;
   const std::int64_t np = ranks.processes();
   if (np > 1) {
@@ -68,7 +69,8 @@ std::map<std::string, double> run_worker(const std::string& config, const std::s
                     " --ep " + std::to_string(ep) + " --zero " + std::to_string(ranks.zero) + " --tp " +
                     std::to_string(ranks.tp) + (ranks.sp ? " --sp" : "") + " --dtype " + dtype +
                     " --device " + device +
-                    (offload_dir.empty() ? "" : " --offload-dir '" + offload_dir + "'") + " 2>&1";
+                    (offload_dir.empty() ? "" : " --offload-dir '" + offload_dir + "'") +
+                    (seq_range.empty() ? "" : " --seq-range " + seq_range) + " 2>&1";
   return run_bench_result(cmd, "bench: worker for plan " + plan);
 }
 
@@ -120,6 +122,7 @@ struct WorkerOptions {
   DType dtype = DType::f32;
   Device device;
   std::optional<std::string> offload_dir;
+  std::optional<SeqRange> seq_range;          // a length per batch (config.seq is its max)
   std::optional<std::string> kernel_profile;  // CUDA: each kernel table's GPU time per timed step, to this file
 };
 
@@ -138,6 +141,8 @@ WorkerOptions worker_options(const std::vector<std::string>& args) {
            text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
            text_flag("device", "cpu, cuda or cuda:N", "cpu"),
            text_flag("offload-dir", "directory for the offload plans' spill file"),
+           text_flag("seq-range", "MIN:MAX: each step's batch draws its sequence length from the range (the model "
+                     "built for MAX)"),
            text_flag("kernel-profile", "on CUDA: write each kernel table's GPU time per timed step, forward and "
                      "backward apart, to FILE (cuda/kernel_profiler.h)")});
   apply_threads_flag(f);
@@ -154,6 +159,10 @@ WorkerOptions worker_options(const std::vector<std::string>& args) {
   o.sp = f.get_bool("sp");
   o.dtype = compute_dtype_from_name(f.get("dtype"));
   if (f.has("offload-dir")) o.offload_dir = f.get("offload-dir");
+  if (f.has("seq-range")) {
+    o.seq_range = parse_seq_range(f.get("seq-range"));
+    o.config.seq = o.seq_range->max;
+  }
   if (f.has("kernel-profile")) {
     REMAT_CHECK(cuda::kHaveCuda && o.device.is_cuda(), Error, "bench-worker: --kernel-profile times CUDA kernels "
                 "(got --device ", o.device.str(), cuda::kHaveCuda ? ")" : " in a build without the CUDA back end)");
@@ -180,6 +189,7 @@ struct WorkerSeries {
   std::vector<double> rss_peak;      // the process's peak resident bytes in each timed step
   std::vector<double> page_cache;    // the spill file's bytes in the page cache after each timed step
   std::vector<double> zero_wait;     // --zero: ms blocked in reduce-scatters and unfinished gathers
+  std::vector<double> tokens, model_flops;  // --seq-range: each timed step's global batch tokens and model FLOPs
   std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
   std::int64_t peak_alloc_rank0 = 0;  // several ranks: rank 0's own peak (peak_alloc is the fullest rank's)
   std::int64_t loss = 0;   // the loss category's most (the head's logits and the loss's)
@@ -223,7 +233,9 @@ class WorkerSteps {
         device_(o.device),
         offload_(model.block_stack().offload_hooks()), compress_(model.block_stack().compress_hooks()),
         corpus_(generated_corpus(o.seed, std::int64_t(1) << 20, o.config.seq + 2)),
-        sampler_(corpus_.train, o.config.batch, o.config.seq, o.seed + 1),
+        sampler_(o.seq_range ? BatchSampler(corpus_.train, o.config.batch, *o.seq_range, o.seed + 1)
+                             : BatchSampler(corpus_.train, o.config.batch, o.config.seq, o.seed + 1)),
+        ranged_(o.seq_range.has_value()), ep_(o.ep),
         flops_hook_(std::make_shared<ReplayFlops>()), hook_(flops_hook_),
         estimator_(o.device.is_cpu() ? std::make_shared<StepTimeEstimator>(device_model("cpu-measured")) : nullptr),
         estimator_hook_(estimator_ ? std::shared_ptr<OpHook>(estimator_) : std::make_shared<OpHook>()),  // none off the CPU
@@ -232,6 +244,7 @@ class WorkerSteps {
   // One step; its figures go to the series when `timed`.
   void step(bool timed) {
     Tensor batch = sampler_.next();
+    seq_ = batch.size(1) - 1;  // (this batch's length: the config's, or drawn from --seq-range)
     batch = batch_shard(batch, world_).to(device_);
     model_.zero_grad();
     update_.zero_shards();
@@ -332,6 +345,10 @@ class WorkerSteps {
     s.zero_wait.push_back(double(zero_wait_ns() - m.zero_wait_ns) * 1e-6);
     s.page_cache.push_back(offload_ ? double(offload_->page_cache_bytes()) : 0.0);
     s.step_ms.push_back(t.step_ms);
+    if (ranged_) {
+      s.tokens.push_back(double(model_.config().batch * seq_));
+      s.model_flops.push_back(model_flops(model_, ep_, seq_));
+    }
     s.fwd_ms.push_back(t.forward_ms);
     s.bwd_ms.push_back(t.backward_ms);
     s.replay_flops.push_back(flops_hook_->flops);
@@ -365,6 +382,9 @@ class WorkerSteps {
   const std::shared_ptr<CompressHooks>& compress_;
   Corpus corpus_;
   BatchSampler sampler_;
+  bool ranged_;            // --seq-range: record each timed step's tokens and model FLOPs
+  std::int64_t ep_;
+  std::int64_t seq_ = 0;   // the current batch's length
   std::shared_ptr<ReplayFlops> flops_hook_;
   OpHookScope hook_;
   std::shared_ptr<StepTimeEstimator> estimator_;  // observes every op (checkpoint/time_estimate.h)
@@ -395,8 +415,16 @@ JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const
   j.set("persistent_bytes", s.persistent).set("activation_bytes", s.activations).set("loss_bytes", s.loss);
   j.set("recomputed_ops", s.ops).set("replayed_comm_bytes", s.replayed);
   // Rank 0's replayed FLOPs stand for each rank's: times W for the job's.
-  j.set("model_flops", model_flops(model, layout.ep)).set("replay_flops", median(s.replay_flops) * double(W));
-  j.set("tokens", double(c.batch * c.seq));
+  // (--seq-range: the means over the timed steps, the same lengths in every worker)
+  auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return sum / double(v.size());
+  };
+  const bool ranged = !s.tokens.empty();
+  j.set("model_flops", ranged ? mean(s.model_flops) : model_flops(model, layout.ep));
+  j.set("replay_flops", median(s.replay_flops) * double(W));
+  j.set("tokens", ranged ? mean(s.tokens) : double(c.batch * c.seq));
   if (W > 1) {
     const CommCounters& comm = s.comm_step;
     j.set("ranks", double(W));

@@ -37,10 +37,15 @@ struct WorkerRanks {
 // (step_ms, forward_ms, backward_ms, peak_allocated_bytes, persistent_bytes,
 // activation_bytes, ...: docs/REFERENCE.md#file-formats). With several
 // ranks, ranks.processes() processes under mpirun (threads split between
-// them); rank 0 reports. Throws Error, with the worker's output, if it fails.
+// them); rank 0 reports. `seq_range` ("MIN:MAX", or empty): every step's
+// batch draws its length from it (the model built for MAX), the same lengths
+// in every worker of the same seed; tokens and model_flops are then the
+// means over the timed steps. Throws Error, with the worker's output, if it
+// fails.
 std::map<std::string, double> run_worker(const std::string& config, const std::string& plan, std::int64_t warmup,
                                          std::int64_t steps, int threads, const std::string& seed,
                                          WorkerRanks ranks = {}, const std::string& dtype = "f32",
-                                         const std::string& device = "cpu", const std::string& offload_dir = "");
+                                         const std::string& device = "cpu", const std::string& offload_dir = "",
+                                         const std::string& seq_range = "");
 
 }  // namespace remat::tools

@@ -90,6 +90,9 @@ std::vector<FlagSpec> model_and_schedule_flags() {
     number_flag("clip", "global gradient-norm clip (0: none)", 1.0, {.min = 0}),
     int_flag("batch", "sequences per optimizer step (default: the config's)", std::nullopt, {.min = 1}),
     int_flag("seq", "tokens per sequence (default: the config's)", std::nullopt, {.min = 1}),
+    text_flag("seq-range", "MIN:MAX: each step's batch draws its sequence length uniformly from [MIN, MAX] (seeded: "
+              "the same lengths on every run); the model is built for MAX (--seq, if given, must be MAX); "
+              "evaluation stays at MAX; --log adds each step's `seq`"),
     int_flag("grad-accum", "micro-batches per step (gradients summed; the batch divides by ranks x N)", 1,
              {.min = 1}),
     int_flag("eval-batches", "held-out batches per evaluation", 8, {.min = 1})};
@@ -205,6 +208,17 @@ void set_data_and_tokenizer(const Flags& f, TrainCli& cli) {
               tok->hash(), "); give --tokenizer to name the one it was made with");
 }
 
+// --seq-range MIN:MAX: config.seq becomes MAX; --seq, if given, must be MAX.
+void set_seq_range(const Flags& f, TrainOptions& o) {
+  if (!f.has("seq-range")) return;
+  const SeqRange r = parse_seq_range(f.get("seq-range"));
+  REMAT_CHECK(!f.has("seq") || f.get_int("seq") == r.max, Error, "--seq ", f.has("seq") ? f.get_int("seq") : 0,
+              " and --seq-range ", f.get("seq-range"), " disagree: the model is built for the longest sequence, MAX (",
+              r.max, "); drop --seq or make it ", r.max);
+  o.config.seq = r.max;
+  o.seq_range = r;
+}
+
 // The schedule, run length, saving, precision and parallel layout flags;
 // names become enums here (an Error naming a bad one).
 void set_schedule_and_layout(const Flags& f, TrainOptions& o) {
@@ -220,6 +234,7 @@ void set_schedule_and_layout(const Flags& f, TrainOptions& o) {
   o.eval_batches = f.get_int("eval-batches");
   if (f.has("batch")) o.config.batch = f.get_int("batch");
   if (f.has("seq")) o.config.seq = f.get_int("seq");
+  set_seq_range(f, o);
   o.warmup = f.get_int("warmup");
   o.recompute = f.get("recompute");
   if (f.has("offload-dir")) o.offload_dir = f.get("offload-dir");
@@ -322,8 +337,11 @@ void print_header(Trainer& trainer, const TrainCli& cli) {
   std::printf("  data: %s", trainer.corpus().name.c_str());
   if (trainer.corpus().entropy_floor >= 0)
     std::printf(", entropy floor %.3f nats/byte", trainer.corpus().entropy_floor);
-  std::printf("\n  %lld steps of %lld x %lld tokens%s, lr %.2g (warm-up %lld, %s to %.2g), start loss ~ ln %lld = %.3f\n",
-              static_cast<long long>(o.steps), static_cast<long long>(c.batch), static_cast<long long>(c.seq),
+  const std::string seq = o.seq_range ? fmt("[%lld, %lld] tokens (a length per batch, --seq-range)",
+                                            static_cast<long long>(o.seq_range->min), static_cast<long long>(c.seq))
+                                      : std::to_string(c.seq) + " tokens";
+  std::printf("\n  %lld steps of %lld x %s%s, lr %.2g (warm-up %lld, %s to %.2g), start loss ~ ln %lld = %.3f\n",
+              static_cast<long long>(o.steps), static_cast<long long>(c.batch), seq.c_str(),
               o.grad_accum > 1 ? fmt(" (%lld micro-batches of %lld)", static_cast<long long>(o.grad_accum),
                                      static_cast<long long>(c.batch / o.grad_accum / trainer.world_size())).c_str()
                                : "",
@@ -344,6 +362,7 @@ class StepReporter {
     keys_.comm = trainer.world_size() > 1 || keys_.pipeline || trainer.tensor_parallel();
     keys_.moe = keys_.pipeline && cli.options.config.experts > 0;
     keys_.dynamic = trainer.model().block_stack().dynamic_remat() != nullptr;
+    keys_.seq = cli.options.seq_range.has_value();
     if (cli.log.empty()) return;
     log_ = std::make_unique<std::ofstream>(cli.log);
     REMAT_CHECK(log_->good(), IOError, "--log: cannot write ", cli.log);
@@ -399,6 +418,7 @@ class StepReporter {
       for (const auto& r : s.routing) worst = std::max(worst, r.imbalance);
       out += fmt("  aux %.3f  imbalance %.2f", s.aux_loss, worst);
     }
+    if (keys_.seq) out += fmt("  seq %lld", static_cast<long long>(s.seq));
     if (f16_) out += fmt("  scale %g", s.loss_scale);
     if (s.val_loss) {
       out += fmt("  val %.4f", *s.val_loss);

@@ -133,30 +133,81 @@ Corpus shard_corpus(const std::string& path, std::int64_t window, double val_fra
   return c;
 }
 
+namespace {
+// Cumulative counts of the windows of `window` tokens per span (starts 0 ..
+// count - window of each span), with the total last.
+std::vector<std::int64_t> window_starts(const TokenSource& source, std::int64_t window) {
+  std::vector<std::int64_t> out;
+  std::int64_t total = 0;
+  for (const auto& t : source) {
+    out.push_back(total);
+    total += std::max<std::int64_t>(0, t.count - window + 1);
+  }
+  out.push_back(total);
+  return out;
+}
+}  // namespace
+
+SeqRange parse_seq_range(const std::string& text, const std::string& flag) {
+  const auto colon = text.find(':');
+  auto number = [&](const std::string& part) -> std::int64_t {
+    const bool digits = !part.empty() && part.size() <= 12 && part.find_first_not_of("0123456789") == std::string::npos;
+    return digits ? std::stoll(part) : -1;
+  };
+  SeqRange r;
+  if (colon != std::string::npos) r = {number(text.substr(0, colon)), number(text.substr(colon + 1))};
+  REMAT_CHECK(colon != std::string::npos && r.min >= 1 && r.max >= 1, Error, flag, " '", text,
+              "': expected MIN:MAX, two integers >= 1 (e.g. 64:512)");
+  REMAT_CHECK(r.min <= r.max, Error, flag, " ", text, ": MIN (", r.min, ") must be <= MAX (", r.max, ")");
+  return r;
+}
+
 BatchSampler::BatchSampler(const std::vector<std::uint8_t>& data, std::int64_t batch, std::int64_t seq,
                            std::uint64_t seed)
     : BatchSampler(TokenSource{TokenSpan{data.data(), std::int64_t(data.size()), 1}}, batch, seq, seed) {}
 
 BatchSampler::BatchSampler(TokenSource source, std::int64_t batch, std::int64_t seq, std::uint64_t seed)
     : source_(std::move(source)), batch_(batch), seq_(seq), gen_(seed) {
-  std::int64_t total = 0;
-  for (const auto& t : source_) {
-    windows_.push_back(total);
-    total += std::max<std::int64_t>(0, t.count - seq - 1 + 1);  // starts 0 .. count - seq - 1
-  }
-  windows_.push_back(total);
+  windows_ = window_starts(source_, seq + 1);
   std::int64_t all = 0;
   for (const auto& t : source_) all += t.count;
-  REMAT_CHECK(total > 0 && (source_.size() > 1 || source_[0].count > seq + 1), Error, "BatchSampler: ", all,
+  REMAT_CHECK(windows_.back() > 0 && (source_.size() > 1 || source_[0].count > seq + 1), Error, "BatchSampler: ", all,
               " tokens of data are too few for windows of ", seq + 1);
 }
 
+BatchSampler::BatchSampler(const std::vector<std::uint8_t>& data, std::int64_t batch, SeqRange range,
+                           std::uint64_t seed)
+    : BatchSampler(TokenSource{TokenSpan{data.data(), std::int64_t(data.size()), 1}}, batch, range, seed) {}
+
+BatchSampler::BatchSampler(TokenSource source, std::int64_t batch, SeqRange range, std::uint64_t seed)
+    : source_(std::move(source)), batch_(batch), seq_(range.max), range_(range), gen_(seed) {
+  REMAT_CHECK(range.min >= 1 && range.min <= range.max, Error, "BatchSampler: the range of sequence lengths [",
+              range.min, ", ", range.max, "] must have 1 <= min <= max");
+  windows_ = window_starts(source_, seq_ + 1);
+  std::int64_t all = 0;
+  for (const auto& t : source_) all += t.count;
+  REMAT_CHECK(windows_.back() > 0 && (source_.size() > 1 || source_[0].count > seq_ + 1), Error, "BatchSampler: ",
+              all, " tokens of data are too few for windows of ", seq_ + 1, " (the longest of the range ", range.min,
+              ":", range.max, ")");
+}
+
+std::int64_t BatchSampler::draw_seq() {
+  std::uint32_t w[2];
+  philox_fill_words(w, 2, gen_.reserve(2));
+  const std::uint64_t r = std::uint64_t(w[0]) << 32 | w[1];
+  return range_->min + std::int64_t(r % std::uint64_t(range_->max - range_->min + 1));
+}
+
 Tensor BatchSampler::next() {
-  std::vector<std::int64_t> tokens(std::size_t(batch_ * (seq_ + 1)));
+  // A length per batch (drawn before its windows), else seq_.
+  const std::int64_t S = range_ ? draw_seq() : seq_;
+  const std::vector<std::int64_t> shorter = S == seq_ ? std::vector<std::int64_t>() : window_starts(source_, S + 1);
+  const std::vector<std::int64_t>& windows = S == seq_ ? windows_ : shorter;
+  std::vector<std::int64_t> tokens(std::size_t(batch_ * (S + 1)));
   // One span whose starts fit 32 bits: one word per window (the original
   // sampler, whose batches existing runs and states depend on); else two
   // words (a 64-bit draw) over every span's starts.
-  const bool narrow = source_.size() == 1 && std::uint64_t(source_[0].count) - std::uint64_t(seq_ + 1) < (1ull << 32);
+  const bool narrow = source_.size() == 1 && std::uint64_t(source_[0].count) - std::uint64_t(S + 1) < (1ull << 32);
   const std::int64_t words = narrow ? batch_ : 2 * batch_;
   const RngState s = gen_.reserve(std::uint64_t(words));
   std::vector<std::uint32_t> w(static_cast<std::size_t>(words));
@@ -165,19 +216,19 @@ Tensor BatchSampler::next() {
     std::size_t span = 0;
     std::uint64_t start = 0;
     if (narrow) {
-      const auto range = std::uint64_t(source_[0].count) - std::uint64_t(seq_ + 1);
+      const auto range = std::uint64_t(source_[0].count) - std::uint64_t(S + 1);
       start = std::uint64_t(w[std::size_t(b)]) % (range + 1);
     } else {
       const std::uint64_t r = std::uint64_t(w[std::size_t(2 * b)]) << 32 | w[std::size_t(2 * b + 1)];
-      const std::uint64_t pick = r % std::uint64_t(windows_.back());
-      span = std::size_t(std::upper_bound(windows_.begin(), windows_.end(), std::int64_t(pick)) - windows_.begin() - 1);
-      start = pick - std::uint64_t(windows_[span]);
+      const std::uint64_t pick = r % std::uint64_t(windows.back());
+      span = std::size_t(std::upper_bound(windows.begin(), windows.end(), std::int64_t(pick)) - windows.begin() - 1);
+      start = pick - std::uint64_t(windows[span]);
     }
     const TokenSpan& t = source_[span];
-    for (std::int64_t i = 0; i <= seq_; ++i)
-      tokens[std::size_t(b * (seq_ + 1) + i)] = t.at(std::int64_t(start) + i);
+    for (std::int64_t i = 0; i <= S; ++i)
+      tokens[std::size_t(b * (S + 1) + i)] = t.at(std::int64_t(start) + i);
   }
-  return from_vector<std::int64_t>(tokens, {batch_, seq_ + 1});
+  return from_vector<std::int64_t>(tokens, {batch_, S + 1});
 }
 
 }  // namespace remat

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,23 +59,44 @@ bool is_shard_data(const std::string& path);
 // or a split with no room for one window of `window` tokens.
 Corpus shard_corpus(const std::string& path, std::int64_t window, double val_fraction = 0.1);
 
+// A range of sequence lengths [min, max] (--seq-range MIN:MAX).
+struct SeqRange {
+  std::int64_t min = 0, max = 0;
+};
+
+// "MIN:MAX" (e.g. "64:512") as a SeqRange; Error naming `flag` and the text
+// unless both are integers with 1 <= MIN <= MAX.
+SeqRange parse_seq_range(const std::string& text, const std::string& flag = "--seq-range");
+
 // Draws batches of `batch` windows of `seq + 1` tokens at Philox-random
 // offsets; a window never crosses from one span (shard) into the next.
+// With a SeqRange, every batch first draws its own length S uniformly from
+// the integers [min, max] (one 64-bit Philox draw from the same generator,
+// so a seed gives the same lengths and windows everywhere and state() /
+// set_state() resume exactly), then its windows of S + 1 tokens.
 class BatchSampler {
  public:
   BatchSampler(const std::vector<std::uint8_t>& data, std::int64_t batch, std::int64_t seq,
                std::uint64_t seed);
   // The spans must outlive the sampler. Throws Error if no span holds a window.
   BatchSampler(TokenSource source, std::int64_t batch, std::int64_t seq, std::uint64_t seed);
-  // The next batch as an i64 tensor [batch, seq + 1].
+  // A length per batch from `range`. Throws Error for a range that is not
+  // 1 <= min <= max, or if no span holds a window of range.max + 1 tokens.
+  BatchSampler(const std::vector<std::uint8_t>& data, std::int64_t batch, SeqRange range, std::uint64_t seed);
+  BatchSampler(TokenSource source, std::int64_t batch, SeqRange range, std::uint64_t seed);
+  // The next batch as an i64 tensor [batch, S + 1]: S is seq, or the length
+  // drawn for this batch from the range.
   Tensor next();
   RngState state() const { return gen_.state(); }
   void set_state(RngState s) { gen_.set_state(s); }
 
  private:
+  std::int64_t draw_seq();  // a length from range_ (one reservation of two words)
+
   TokenSource source_;
-  std::vector<std::int64_t> windows_;  // cumulative window starts per span
-  std::int64_t batch_, seq_;
+  std::vector<std::int64_t> windows_;  // cumulative window starts per span (windows of seq_ + 1)
+  std::int64_t batch_, seq_;           // seq_: the fixed length, or the range's max
+  std::optional<SeqRange> range_;
   Generator gen_;
 };
 

@@ -94,6 +94,7 @@ std::string StepStats::to_json(const StepLogKeys& keys) const {
   OrderedJson j;
   j.set("step", step).set("loss", loss).set("lr", lr).set("grad_norm", grad_norm);
   j.set("tokens_per_s", tokens_per_s).set("step_ms", step_ms);
+  if (keys.seq) j.set("seq", seq);
   j.set("peak_allocated_bytes", peak_allocated_bytes).set("peak_reserved_bytes", peak_reserved_bytes);
   j.set("persistent_bytes", persistent_bytes).set("activation_bytes", activation_bytes);
   j.set("recomputed_ops", recomputed_ops).set("saved_bytes_peak", saved_bytes_peak);

@@ -19,6 +19,7 @@ struct StepLogKeys {
   bool comm = false;      // comm, grad_buckets, grad_buckets_overlapped, routing_metadata_saved_bytes
   bool moe = false;       // loss_aux even without routing metrics (a pipeline's stages keep those)
   bool dynamic = false;   // memory_budget_bytes, budget_headroom_bytes, evictions, rebuilds, ... (--recompute dynamic)
+  bool seq = false;       // seq: the batch's sequence length (a --seq-range run)
 };
 
 struct StepStats {
@@ -28,7 +29,8 @@ struct StepStats {
   double lr = 0;
   double grad_norm = 0;
   double step_ms = 0;
-  double tokens_per_s = 0;
+  double tokens_per_s = 0;      // the batch's real tokens (batch x seq) per second
+  std::int64_t seq = 0;         // this step's tokens per sequence (config.seq, or drawn from --seq-range)
   std::int64_t grad_accum = 1;  // micro-batches in this step
   double elapsed_s = 0;
   double eta_s = 0;

@@ -1,6 +1,7 @@
 #include "train/train_options.h"
 
 #include <cmath>
+#include <string>
 
 #include "engine/error.h"
 #include "train/zero.h"
@@ -38,6 +39,16 @@ void validate_train_options(const TrainOptions& o) {
   REMAT_CHECK(o.loss_scale_init >= o.loss_scale_min, Error, "TrainOptions.loss_scale_init must be >= loss_scale_min (",
               o.loss_scale_min, "), got ", o.loss_scale_init);
   integer("loss_scale_growth_interval", o.loss_scale_growth_interval, 1);
+  if (const auto& r = o.seq_range) {
+    const std::string text = std::to_string(r->min) + ":" + std::to_string(r->max);
+    REMAT_CHECK(r->min >= 1 && r->min <= r->max, Error, "TrainOptions.seq_range (--seq-range) ", text,
+                ": expected 1 <= MIN <= MAX");
+    REMAT_CHECK(r->max == o.config.seq, Error, "TrainOptions.seq_range (--seq-range) ", text,
+                ": MAX must equal config.seq (", o.config.seq, "): the model is built for the longest sequence");
+    REMAT_CHECK(!o.sp, Error, "--seq-range ", text, " with --sp: sequence parallelism splits every sequence over the ",
+                o.tp, " --tp ranks, so each batch's length would have to divide by ", o.tp,
+                "; drop --sp (plain --tp takes any length) or --seq-range");
+  }
 }
 
 }  // namespace remat

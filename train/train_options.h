@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/device.h"
 #include "engine/dtype.h"
 #include "models/config.h"
 #include "parallel/process_group.h"
+#include "train/data.h"
 #include "train/nonfinite.h"
 #include "train/optimizer.h"
 #include "train/pipeline.h"
@@ -44,6 +46,13 @@ struct TrainOptions {
   // whole batch's up to summation order). config.batch must divide by ranks x
   // grad_accum.
   std::int64_t grad_accum = 1;
+  // Variable-length batches (--seq-range MIN:MAX): every step's batch draws
+  // its own sequence length S uniformly from [min, max] (train/data.h), and
+  // its tokens, its micro-batches and its figures are of that S. config.seq
+  // must be max (the model is built for the longest); evaluation stays at
+  // config.seq. Not with sp (each length would have to divide by tp).
+  // Unset: every batch has config.seq tokens per sequence.
+  std::optional<SeqRange> seq_range;
   double clip = 1.0;            // global gradient-norm clip (0: off)
   double weight_decay = 0.1;
   std::int64_t eval_every = 100; // 0: only at the end

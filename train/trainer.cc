@@ -45,6 +45,17 @@ LossScaler loss_scaler_for(const TrainOptions& o) {
   so.min = o.loss_scale_min;
   return LossScaler(o.dtype == DType::f16, so);
 }
+
+// --seq-range with chunked_loss:N: the shortest batch's micro-batch (`rows`
+// sequences of MIN tokens) must still hold one chunk (Error naming both).
+void check_chunks_fit_range(const TrainOptions& o, const RecomputePlan& plan, std::int64_t rows) {
+  if (!o.seq_range || !plan.chunked_loss || plan.loss_chunk <= 0) return;
+  const std::int64_t shortest = rows * o.seq_range->min;
+  REMAT_CHECK(plan.loss_chunk <= shortest, Error, "--recompute ", plan.spec, " with --seq-range ", o.seq_range->min,
+              ":", o.seq_range->max, ": chunks of ", plan.loss_chunk, " tokens, but a micro-batch of the shortest "
+              "length holds ", shortest, " (", rows, " sequences x ", o.seq_range->min, "); use chunks of at most ",
+              shortest, " or a larger MIN");
+}
 }  // namespace
 
 Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scaler_for(opts_)) {
@@ -67,6 +78,7 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scale
   REMAT_CHECK(c.batch % (world.size() * opts_.grad_accum) == 0, Error, "--grad-accum ", opts_.grad_accum,
               ": the batch of ", c.batch, " sequences must divide into ", world.size(), " rank(s) x ",
               opts_.grad_accum, " micro-batches");
+  check_chunks_fit_range(opts_, plan, c.batch / (world.size() * opts_.grad_accum));
   REMAT_CHECK(opts_.zero == 0 || world.size() > 1, Error, "--zero ", opts_.zero,
               " shards over the data-parallel ranks, but this run has one", opts_.pp > 1 ? " per stage" : "",
               "; start it under `mpirun -np N` with N >= 2", opts_.pp > 1 ? " x --pp" : "", " ranks (--dp N)");
@@ -234,8 +246,12 @@ void Trainer::build_optimizer() {
   reducer_ = std::move(update.reducer);
   optimizer_ = std::move(update.adamw);
   zero_ = std::move(update.zero);
-  sampler_ = std::make_unique<BatchSampler>(corpus_.train_source(), opts_.config.batch, opts_.config.seq,
-                                            opts_.seed + 1);
+  if (opts_.seq_range)  // (a length per batch, drawn from the same generator)
+    sampler_ = std::make_unique<BatchSampler>(corpus_.train_source(), opts_.config.batch, *opts_.seq_range,
+                                              opts_.seed + 1);
+  else
+    sampler_ = std::make_unique<BatchSampler>(corpus_.train_source(), opts_.config.batch, opts_.config.seq,
+                                              opts_.seed + 1);
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::owned_parameters() const {
@@ -295,7 +311,7 @@ struct Trainer::RunState {
 struct Trainer::StepStart {
   Clock::time_point t0;
   std::int64_t attempt = 0;  // the 1-based step this iteration tries
-  Tensor batch;              // this rank's share of the global batch
+  Tensor batch;              // this rank's share of the global batch: [rows, S + 1]
   // The running counters this step's figures are differences of.
   std::int64_t recomputed_ops = 0;
   DynamicRematStats dynamic;
@@ -593,7 +609,8 @@ void Trainer::collect_stats(const StepStart& start, const RunState& run, double 
   s.skipped_steps = run.nonfinite.skipped();
   s.overflow_steps = run.overflows;
   s.step_ms = std::chrono::duration<double, std::milli>(t1 - start.t0).count();
-  s.tokens_per_s = double(opts_.config.batch * opts_.config.seq) / (s.step_ms * 1e-3);
+  s.seq = start.batch.size(1) - 1;  // (this batch's length: config.seq, or drawn from --seq-range)
+  s.tokens_per_s = double(opts_.config.batch * s.seq) / (s.step_ms * 1e-3);
   s.grad_accum = opts_.grad_accum;
   s.elapsed_s = std::chrono::duration<double>(t1 - run.start).count();
   s.eta_s = step_ > run.first ? s.elapsed_s / double(step_ - run.first) * double(opts_.steps - step_) : 0.0;
