@@ -172,6 +172,47 @@ BenchRows auto_rows(const Flags& f, const BenchOptions& o) {
   return rows;
 }
 
+// Plans with `dynamic` and no budget: one row per --memory-budget ("P" for
+// one budget, "P B" for several), each running P with dynamic:BYTES. N% is
+// of plan none's activations above the persistent bytes, from one profile
+// of none (in this process, before any worker; one process only).
+void expand_dynamic_rows(const Flags& f, const BenchOptions& o, BenchRows& rows) {
+  std::optional<PlanProfile> none;
+  auto bytes_of = [&](const std::string& b) {
+    if (b.empty() || b.back() != '%') return parse_memory_budget(b, PlanProfile{});
+    if (!none) {
+      const WorkerRanks ranks{o.ep, o.dp, o.zero};
+      REMAT_CHECK(ranks.processes() == 1, Error, "bench: --recompute dynamic with --memory-budget ", b,
+                  " on several processes: give the budget in bytes (e.g. 1.5GiB)");
+      ProfileOptions popts = profile_options_for_flags(f, o.model, dtype_name(o.dtype), o.device, o.seed, false);
+      popts.candidates = {"none"};
+      popts.rounds = 1;
+      none = profile_plans(popts);
+    }
+    return parse_memory_budget(b, *none);
+  };
+  BenchRows out;
+  for (std::size_t i = 0; i < rows.names.size(); ++i) {
+    RecomputePlan p = RecomputePlan::parse(rows.run_plans[i], o.model.n_layers);
+    const bool expand = p.dynamic && p.dynamic_budget == 0;
+    for (std::size_t k = 0; k < (expand ? o.budgets.size() : 1); ++k) {
+      if (auto a = rows.autos.find(i); a != rows.autos.end()) out.autos[out.names.size()] = a->second;
+      if (!rows.layouts.empty()) out.layouts.push_back(rows.layouts[i]);
+      if (!expand) {
+        out.names.push_back(rows.names[i]);
+        out.run_plans.push_back(rows.run_plans[i]);
+        continue;
+      }
+      p.dynamic_budget = bytes_of(o.budgets[k]);
+      out.names.push_back(o.budgets.size() == 1 ? rows.names[i] : rows.names[i] + " " + o.budgets[k]);
+      out.run_plans.push_back(p.str());
+      std::printf("  %s: budget %s = %s\n", out.names.back().c_str(), o.budgets[k].c_str(),
+                  format_mib(p.dynamic_budget).c_str());
+    }
+  }
+  rows = std::move(out);
+}
+
 // Runs every variant (the rows, then the PyTorch baseline if any) `repeats`
 // times in a balanced interleaved order, one fresh process each, printing a
 // line per process.
@@ -248,6 +289,7 @@ int run_bench(const std::vector<std::string>& args) {
   BenchMeasurements m;
   m.peak_flops = initial_peak_flops(o);
   BenchRows rows = o.has_auto ? auto_rows(f, o) : hand_rows(o);
+  if (o.has_dynamic) expand_dynamic_rows(f, o, rows);
   m.plans = rows.names;
   m.autos = rows.autos;
   m.variants = m.plans;

@@ -63,7 +63,7 @@ std::vector<std::string> split_plans(const std::string& s) {
   // list: selective:mlp,layernorm, offload:mlp,core_attn.)
   static const char* heads[] = {"none",       "per_block",  "chunk",     "selected:", "uniform:", "block:",
                                 "attention",  "moe_expert", "selective:", "keep_last", "offload",  "compress:",
-                                "chunked_loss", "keep_gathered", "auto"};
+                                "chunked_loss", "keep_gathered", "dynamic",  "auto"};
   std::vector<std::string> out;
   std::stringstream in(s);
   std::string piece;
@@ -125,13 +125,16 @@ void plans_and_budgets(const Flags& f, const ModelConfig& c, BenchOptions& o) {
   o.pareto = f.get_bool("pareto");
   o.plans = o.pareto && !f.has("recompute") ? pareto_plans(c, f.get_int("zero")) : split_plans(f.get("recompute"));
   for (const auto& p : o.plans)
-    if (p != "auto") RecomputePlan::parse(p, c.n_layers);  // reject bad plans before any run
+    if (p != "auto") {
+      const RecomputePlan plan = RecomputePlan::parse(p, c.n_layers);  // reject bad plans before any run
+      o.has_dynamic = o.has_dynamic || (plan.dynamic && plan.dynamic_budget == 0);
+    }
   o.budgets = comma_items(f.has("memory-budget") ? f.get("memory-budget") : o.pareto ? "25%,50%,75%" : "", true);
   o.has_auto = std::find(o.plans.begin(), o.plans.end(), "auto") != o.plans.end();
-  REMAT_CHECK(!o.has_auto || !o.budgets.empty(), Error,
-              "bench: plan auto needs --memory-budget B (one or a comma list)");
-  REMAT_CHECK(o.has_auto || !f.has("memory-budget"), Error, "bench: --memory-budget ", f.get("memory-budget"),
-              " needs auto among the --recompute plans");
+  REMAT_CHECK(!(o.has_auto || o.has_dynamic) || !o.budgets.empty(), Error,
+              "bench: plans auto and dynamic need --memory-budget B (one or a comma list)");
+  REMAT_CHECK(o.has_auto || o.has_dynamic || !f.has("memory-budget"), Error, "bench: --memory-budget ",
+              f.get("memory-budget"), " needs auto or dynamic among the --recompute plans");
 }
 
 // --baseline: "" or "torch", the latter only on a model bench_torch.py reproduces.

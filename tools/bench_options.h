@@ -42,6 +42,7 @@ struct BenchOptions {
   std::vector<std::string> plans;   // --recompute (or --pareto's hand plans), "auto" among them for planner rows
   std::vector<std::string> budgets; // --memory-budget's items: one auto row each
   bool pareto = false, has_auto = false, estimate = false;
+  bool has_dynamic = false;  // a plan with dynamic and no budget: one row per budget
   std::int64_t repeats = 1, warmup = 0, steps = 1, ep = 1;
   std::int64_t dp = 1, zero = 0;    // --dp D (the processes of a worker) and --zero S over them
   // --tp T[+sp],...: the tensor-parallel layouts, each a worker of T times

@@ -133,6 +133,9 @@ class BenchReport {
       j.set("peak_allocated_bytes_rank0", med("peak_allocated_bytes_rank0"));
     for (const char* k : {"rss_peak_bytes", "spill_page_cache_bytes"})  // (a baseline's rows have none)
       j.set(k, m_.samples[i].count(k) ? med(k) : 0.0);
+    for (const char* k : {"memory_budget_bytes", "budget_headroom_bytes", "evictions", "evicted_bytes", "rebuilds",
+                          "rebuild_ms"})  // (dynamic rows only)
+      if (m_.samples[i].count(k)) j.set(k, med(k));
     j.set("compressed_saved_bytes", med("compressed_saved_bytes"));
     j.set("model_flops", med("model_flops")).set("recomputed_flops", med("replay_flops")).set("peak_flops", peak_);
     j.set("time_ratio", p.time_ratio).set("memory_ratio", p.mem_ratio);

@@ -11,8 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <string>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/plan.h"
@@ -190,6 +191,7 @@ struct WorkerSeries {
   std::vector<double> page_cache;    // the spill file's bytes in the page cache after each timed step
   std::vector<double> zero_wait;     // --zero: ms blocked in reduce-scatters and unfinished gathers
   std::vector<double> tokens, model_flops;  // --seq-range: each timed step's global batch tokens and model FLOPs
+  std::vector<double> evictions, evicted_bytes, rebuilds, rebuild_ms;  // --recompute dynamic
   std::int64_t peak_alloc = 0, peak_res = 0, persistent = 0, activations = 0, ops = 0, replayed = 0;
   std::int64_t peak_alloc_rank0 = 0;  // several ranks: rank 0's own peak (peak_alloc is the fullest rank's)
   std::int64_t loss = 0;   // the loss category's most (the head's logits and the loss's)
@@ -213,6 +215,7 @@ struct CounterMarks {
   std::int64_t ops_recomputed = 0, replay_ns = 0, replay_bytes_moved = 0, zero_wait_ns = 0;
   OffloadStats offload;
   CompressHooks::Stats compress;
+  DynamicRematStats dynamic;
 };
 
 struct StepTimes {
@@ -289,6 +292,7 @@ class WorkerSteps {
     if (estimator_) estimator_->reset();
     m.offload = offload_ ? offload_->stats() : OffloadStats{};
     m.compress = compress_ ? compress_->stats() : CompressHooks::Stats{};
+    m.dynamic = dynamic_stats();
     m.zero_wait_ns = zero_wait_ns();
     reset_rss_peak();
     return m;
@@ -304,6 +308,11 @@ class WorkerSteps {
     return ns;
   }
 
+  DynamicRematStats dynamic_stats() const {
+    const auto& d = model_.block_stack().dynamic_remat();
+    return d ? d->stats() : DynamicRematStats{};
+  }
+
   // Forward, backward and the update, timed (the device synchronised).
   StepTimes train(const Tensor& batch) {
     const int W = world_.size();
@@ -311,6 +320,8 @@ class WorkerSteps {
     const auto t0 = Clock::now();
     Tensor loss;
     RngShardScope shard(world_.rank(), W);
+    std::optional<DynamicRematScope> dynamic;  // --recompute dynamic: forward and backward under its budget
+    dynamic.emplace(model_.block_stack().dynamic_remat());
     {
       CategoryScope cat(MemoryCategory::activation);
       loss = model_.forward_loss(batch).loss;
@@ -325,6 +336,7 @@ class WorkerSteps {
     }
     t.backward_ms = ms_since(t1);
     loss = Tensor();
+    dynamic.reset();
     update_.step(model_.parameters(), 1.0, 1e-3);  // (under --zero this rank's norm: the figures are times and bytes)
     synchronize(device_);
     t.step_ms = ms_since(t0);
@@ -345,6 +357,11 @@ class WorkerSteps {
     s.zero_wait.push_back(double(zero_wait_ns() - m.zero_wait_ns) * 1e-6);
     s.page_cache.push_back(offload_ ? double(offload_->page_cache_bytes()) : 0.0);
     s.step_ms.push_back(t.step_ms);
+    const DynamicRematStats d = dynamic_stats();
+    s.evictions.push_back(double(d.evictions - m.dynamic.evictions));
+    s.evicted_bytes.push_back(double(d.evicted_bytes - m.dynamic.evicted_bytes));
+    s.rebuilds.push_back(double(d.rebuilds - m.dynamic.rebuilds));
+    s.rebuild_ms.push_back(d.rebuild_ms - m.dynamic.rebuild_ms);
     if (ranged_) {
       s.tokens.push_back(double(model_.config().batch * seq_));
       s.model_flops.push_back(model_flops(model_, ep_, seq_));
@@ -410,6 +427,11 @@ JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const
   j.set("rss_peak_bytes", median(s.rss_peak)).set("spill_page_cache_bytes", median(s.page_cache));
   j.set("zero_comm_wait_ms", median(s.zero_wait));
   j.set("compressed_saved_bytes", median(s.compressed));
+  if (const auto& d = model.block_stack().dynamic_remat()) {
+    j.set("memory_budget_bytes", d->options().budget).set("budget_headroom_bytes", d->options().budget - s.peak_alloc);
+    j.set("evictions", median(s.evictions)).set("evicted_bytes", median(s.evicted_bytes));
+    j.set("rebuilds", median(s.rebuilds)).set("rebuild_ms", median(s.rebuild_ms));
+  }
   j.set("peak_allocated_bytes", s.peak_alloc).set("peak_reserved_bytes", s.peak_res);
   if (W > 1) j.set("peak_allocated_bytes_rank0", s.peak_alloc_rank0);
   j.set("persistent_bytes", s.persistent).set("activation_bytes", s.activations).set("loss_bytes", s.loss);
