@@ -233,6 +233,7 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
   std::vector<Tensor> rebuild(Record& r) {
     REMAT_CHECK(r.fn != nullptr, AutogradError, "dynamic remat: op '", r.op, "' cannot be computed again");
     std::vector<Tensor> in = rebuild_inputs(r);
+    allocator_for(device()).mark(kRebuildMarker + std::string(r.op));
     const std::int64_t t0 = now_ns();
     std::vector<Tensor> out;
     {
@@ -321,6 +322,7 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
     e.strong.reset();  // the storage is freed: nothing else held it
     ++stats.evictions;
     stats.evicted_bytes += e.bytes;
+    allocator_for(device()).mark(kEvictMarker + std::string(e.producer->op));
     std::int64_t c = class_of(e);
     for_each_neighbour(e, [&](Entry& n) {
       if (&n == &e || n.resident() || !n.producer) return;

@@ -48,6 +48,11 @@
 
 namespace remat {
 
+// The allocator history's markers for an eviction and a rebuild (label:
+// the marker and the op that made the tensor), which `mem` draws.
+inline constexpr const char* kEvictMarker = "evict:";
+inline constexpr const char* kRebuildMarker = "rebuild:";
+
 struct DynamicRematOptions {
   // The most bytes allocated on `device` may reach (0: record and pack
   // only, never evict).

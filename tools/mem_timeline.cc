@@ -2,9 +2,12 @@
 // (tools/mem_timeline_html.cc draws the page).
 #include "tools/mem_timeline.h"
 
+#include "checkpoint/dynamic_remat.h"
+
 #include <algorithm>
 #include <cstdio>
 
+#include "checkpoint/dynamic_remat.h"
 #include "engine/error.h"
 #include "tools/html.h"
 #include "tools/json.h"
@@ -55,6 +58,12 @@ Timeline build_timeline(const MemRecording& r) {
     REMAT_CHECK(c < kNumMemoryCategories, Error, "memory timeline: event ", e.seq, " has an invalid category ", c);
     switch (e.kind) {
       case MemoryEvent::Kind::marker:
+        if (e.tag.rfind(kEvictMarker, 0) == 0 || e.tag.rfind(kRebuildMarker, 0) == 0) {
+          const bool evict = e.tag.rfind(kEvictMarker, 0) == 0;
+          t.remat_marks.push_back({e.time_ns, cur.allocated, evict,
+                                   e.tag.substr(std::string(evict ? kEvictMarker : kRebuildMarker).size())});
+          continue;
+        }
         if (open >= 0) t.phases[std::size_t(open)].end_ns = e.time_ns;
         open = -1;
         if (e.tag != "end") {

@@ -61,11 +61,20 @@ struct TimelinePhase {
   std::int64_t peak_allocated = 0;  // highest allocated bytes while the phase ran
 };
 
+// A dynamic rematerialization event (checkpoint/dynamic_remat.h markers).
+struct RematMark {
+  std::int64_t t_ns = 0;
+  std::int64_t allocated = 0;  // allocated bytes then
+  bool evict = true;           // an eviction (else a rebuild)
+  std::string op;              // the op that made the tensor
+};
+
 struct Timeline {
   // The initial state, then the state after every alloc, free and segment
   // event (markers add no point).
   std::vector<TimelinePoint> points;
   std::vector<TimelinePhase> phases;
+  std::vector<RematMark> remat_marks;  // evictions and rebuilds (--recompute dynamic), in time order
   std::size_t peak_point = 0;  // first point with the highest allocated bytes
   std::string peak_tag;        // the op whose allocation reached the peak ("" if none)
   std::string peak_phase;      // the phase running at the peak ("" if none)

@@ -133,6 +133,7 @@ class SvgChart {
     // Plot frame.
     s_ += fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#888\"/>\n", p_.x0,
               p_.y0, p_.w, p_.h);
+    remat_marks();
     peak_marker();
     legend();
     s_ += "</svg>\n";
@@ -235,6 +236,21 @@ class SvgChart {
     }
   }
 
+  // Dynamic rematerialization: a tick on the total per eviction (red, down)
+  // and per rebuild (blue, up), with a tooltip naming the op.
+  void remat_marks() {
+    if (t_.remat_marks.empty()) return;
+    s_ += "<g class=\"remat\">\n";
+    for (const RematMark& m : t_.remat_marks) {
+      const double x = p_.x(m.t_ns), y = p_.y(m.allocated);
+      s_ += fmt("<path class=\"%s\" d=\"M%.1f %.1f l-3 %d l6 0 z\" fill=\"%s\"><title>", m.evict ? "evict" : "rebuild",
+                x, y, m.evict ? -6 : 6, m.evict ? "#c0392b" : "#2471a3") +
+            html_escape((m.evict ? "evicted a tensor made by " : "computed again: ") + m.op + " at " + ms(m.t_ns)) +
+            "</title></path>\n";
+    }
+    s_ += "</g>\n";
+  }
+
   // The peak: a marker and a label with its bytes, time, phase and op.
   void peak_marker() {
     const double x = p_.x(peak_.t_ns), y = p_.y(peak_.allocated);
@@ -294,6 +310,17 @@ class SvgChart {
     ly += 20;
     s_ += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#222\"/>", lx, ly + 7, lx + 14, ly + 7);
     s_ += fmt("<text x=\"%.1f\" y=\"%.1f\">total allocated</text>\n", lx + 20, ly + 11);
+    if (!t_.remat_marks.empty()) {
+      const auto evictions = std::count_if(t_.remat_marks.begin(), t_.remat_marks.end(),
+                                           [](const RematMark& m) { return m.evict; });
+      const auto rebuilds = std::int64_t(t_.remat_marks.size()) - evictions;
+      ly += 20;
+      s_ += fmt("<path d=\"M%.1f %.1f l-3 -6 l6 0 z\" fill=\"#c0392b\"/>", lx + 7, ly + 10);
+      s_ += fmt("<text x=\"%.1f\" y=\"%.1f\">%lld evictions</text>\n", lx + 20, ly + 11, static_cast<long long>(evictions));
+      ly += 20;
+      s_ += fmt("<path d=\"M%.1f %.1f l-3 6 l6 0 z\" fill=\"#2471a3\"/>", lx + 7, ly + 4);
+      s_ += fmt("<text x=\"%.1f\" y=\"%.1f\">%lld rebuilds</text>\n", lx + 20, ly + 11, static_cast<long long>(rebuilds));
+    }
     s_ += "</g>\n";
   }
 
