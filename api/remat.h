@@ -16,7 +16,9 @@
 //   random numbers ............ engine/rng.h
 //   op hooks ......... engine/op_hooks.h
 //   checkpointing ............. checkpoint/checkpoint.h, checkpoint/policy.h,
-//                               checkpoint/output_discard.h, checkpoint/plan.h
+//                               checkpoint/output_discard.h, checkpoint/plan.h,
+//                               checkpoint/dynamic_remat.h (DynamicRematScope: evict
+//                               and recompute saved tensors under a byte budget)
 //   modules and models ........ models/module.h, models/layers.h, models/block_stack.h
 //                               (blocks run under any recompute plan), models/decoder.h,
 //                               models/moe_layer.h, models/config.h, models/recompute.h
@@ -29,6 +31,7 @@
 #pragma once
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/dynamic_remat.h"
 #include "checkpoint/output_discard.h"
 #include "checkpoint/plan.h"
 #include "checkpoint/policy.h"
@@ -40,6 +43,7 @@
 #include "engine/device.h"
 #include "engine/device_runtime.h"
 #include "engine/op_hooks.h"
+#include "engine/producer_observer.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/grad_mode.h"

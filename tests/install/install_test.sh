@@ -54,6 +54,9 @@ for build in cmake make; do
     "'$tmp/$build/typed_hook' | tee '$tmp/hook.txt' &&
      awk '/^hook packed/ { p = \$3; a = \$8; b = \$10 } /^max \\|grad difference\\|/ { e = \$NF }
           END { exit !(p > 0 && b > 0 && b < a && e != \"\" && e < 0.05) }' '$tmp/hook.txt'"
+  check "dynamic remat ($build build): under a quarter of the budget, bit-identical gradients" \
+    "'$tmp/$build/dynamic_remat' | tee '$tmp/dyn.txt' && grep -q 'gradients bit-identical' '$tmp/dyn.txt' &&
+     ! grep -q '^0 evictions' '$tmp/dyn.txt'"
   check "load and forward ($build build) matches the in-tree model" \
     "'$tmp/$build/load_forward' '$tmp/model.safetensors' | grep -qx 'loss.ce $want'"
 done
