@@ -282,14 +282,28 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
     return c;
   }
 
-  // The evicted class of a non-resident entry (made on first sight).
+  // The evicted class of a non-resident entry (made on first sight). A
+  // tensor that died without an eviction (an intermediate nothing saved)
+  // joins the classes of its non-resident inputs: computing it again means
+  // computing them (a rotary embedding's input is a copy of a projection
+  // that nothing keeps, so evicting its output costs the projection too).
   std::int64_t class_of(Entry& e) {
-    if (e.cls_generation != generation || e.cls < 0) {
-      e.cls = std::int64_t(classes.size());
-      e.cls_generation = generation;
-      classes.push_back({e.cls, e.producer ? e.producer->ns : 0});
-    }
+    if (e.cls_generation == generation && e.cls >= 0) return find(e.cls);
+    e.cls = std::int64_t(classes.size());
+    e.cls_generation = generation;
+    classes.push_back({e.cls, e.producer ? e.producer->ns : 0});
+    if (e.producer)
+      for (const Record::Input& i : e.producer->inputs)
+        if (i.entry && !i.entry->resident() && i.entry->producer) unite(e.cls, class_of(*i.entry));
     return find(e.cls);
+  }
+
+  void unite(std::int64_t a, std::int64_t b) {
+    a = find(a);
+    b = find(b);
+    if (a == b) return;
+    classes[std::size_t(b)].parent = a;
+    classes[std::size_t(a)].cost += classes[std::size_t(b)].cost;
   }
 
   template <class Fn>
@@ -323,13 +337,9 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
     ++stats.evictions;
     stats.evicted_bytes += e.bytes;
     allocator_for(device()).mark(kEvictMarker + std::string(e.producer->op));
-    std::int64_t c = class_of(e);
+    const std::int64_t c = class_of(e);
     for_each_neighbour(e, [&](Entry& n) {
-      if (&n == &e || n.resident() || !n.producer) return;
-      const std::int64_t a = find(c), b = class_of(n);
-      if (a == b) return;
-      classes[std::size_t(b)].parent = a;
-      classes[std::size_t(a)].cost += classes[std::size_t(b)].cost;
+      if (&n != &e && !n.resident() && n.producer) unite(c, class_of(n));
     });
   }
 

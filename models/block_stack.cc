@@ -132,6 +132,8 @@ void BlockStack::set_plan(const RecomputePlan& plan) {
   } else if (!dynamic_ || dynamic_->options().budget != plan.dynamic_budget) {
     DynamicRematOptions o;
     o.budget = plan.dynamic_budget;  // (its device: the first op call's it records)
+    const char* frag = std::getenv("REMAT_DYNAMIC_FRAGMENTATION");  // 0: score alone picks (docs/REFERENCE.md)
+    o.fragmentation_aware = !(frag && std::string(frag) == "0");
     dynamic_ = std::make_shared<DynamicRemat>(o);
   }
   plan_ = plan;

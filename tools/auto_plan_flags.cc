@@ -125,6 +125,8 @@ std::string resolve_recompute(const Flags& f, const std::string& recompute, cons
   if (recompute != "auto") {
     const RecomputePlan plan = RecomputePlan::parse(recompute, c.n_layers);
     if (plan.dynamic && plan.dynamic_budget == 0) return resolve_dynamic(f, plan, c, dtype, device, seed, job);
+    REMAT_CHECK(!f.has("memory-budget") || !plan.dynamic, Error, "--memory-budget ", f.get("memory-budget"),
+                " and --recompute ", recompute, " both give dynamic's budget: give one of them");
     REMAT_CHECK(!f.has("memory-budget"), Error, "--memory-budget ", f.get("memory-budget"),
                 " needs --recompute auto or a plan with dynamic (got --recompute ", recompute, ")");
     return recompute;

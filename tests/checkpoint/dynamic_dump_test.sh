@@ -44,5 +44,27 @@ budgets="dynamic@20% dynamic@40% dynamic@60% dynamic@80%"
 check tests/checkpoint/data/tiny_dropout.json "$budgets selective:save_matmul+dynamic@80% attention+dynamic@40%"
 check tests/checkpoint/data/tiny_moe_random.json "$budgets per_block+dynamic@30% moe_expert+dynamic@50%"
 check bench-dense "$budgets"
+# Bad input: clear errors before any work, and a budget nothing can meet is
+# an out-of-memory error naming the budget and what holds the memory.
+refused() {  # WHAT EXPECTED ARGS...
+  local what=$1 expected=$2
+  shift 2
+  if ! ./bazel-bin/tools/remat "$@" > "$tmp/bad.txt" 2>&1 && grep -qF -- "$expected" "$tmp/bad.txt"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAILED: $what: expected an error saying '$expected':"
+    sed 's/^/    /' "$tmp/bad.txt"
+  fi
+}
+refused "dynamic without a budget" "--recompute dynamic needs --memory-budget B" \
+  dump --config tiny --recompute dynamic --out "$tmp/x.safetensors"
+refused "two budgets" "both give dynamic's budget" \
+  dump --config tiny --recompute dynamic:1000000 --memory-budget 1GiB --out "$tmp/x.safetensors"
+refused "a bad budget" "--memory-budget 'lots'" \
+  dump --config tiny --recompute dynamic --memory-budget lots --out "$tmp/x.safetensors"
+refused "a budget below the model" "above the budget of" \
+  train --config tiny --steps 2 --recompute dynamic:1000000 --save "$tmp/run"
+[ -e "$tmp/run/state.safetensors" ] && { failed=$((failed + 1)); echo "FAILED: a refused run saved a state"; }
 echo "remat-tests: $passed passed, $failed failed, 0 skipped"
 [ "$failed" -eq 0 ]

@@ -75,7 +75,8 @@ TEST_CASE("plans parse against the sub-region names a model's blocks offer", "[c
                     Catch::Contains("valid plans: none, per_block, chunk, selected:I,J,..., uniform:N, block:N, "
                                     "attention, moe_expert, keep_last (with block regions), offload, offload:NAMES, "
                                     "compress:bf16|fp8, compress:bf16|fp8:NAMES|all, chunked_loss, "
-                                    "chunked_loss:N (tokens per chunk), keep_gathered (with --zero 3), selective:NAMES "
+                                    "chunked_loss:N (tokens per chunk), keep_gathered (with --zero 3), dynamic, dynamic:BYTES (with "
+                                    "--memory-budget, or the budget in bytes), selective:NAMES "
                                     "(core_attn, layernorm, mlp, moe_act, moe, shared_experts, save_matmul, "
                                     "save_attention, save_ops=OP/OP/... with OP one of "));
   CHECK_THROWS_WITH(RecomputePlan::parse("selective:attention", 4),
@@ -349,4 +350,23 @@ TEST_CASE("keep_gathered: a ranged component of its own that round-trips", "[pla
   CHECK_FALSE(RecomputePlan::parse("keep_gathered", 4).is_none());
   CHECK_THROWS_WITH(RecomputePlan::parse("keep_gathered+keep_gathered@1", 4), Catch::Contains("given twice"));
   CHECK_THROWS_WITH(RecomputePlan::parse("keep_gathered@4", 4), Catch::Contains("needs A <= B < 4"));
+}
+
+TEST_CASE("dynamic[:BYTES] parses, combines with other components and prints back", "[checkpoint][plan]") {
+  const RecomputePlan d = RecomputePlan::parse("dynamic", 4);
+  CHECK(d.dynamic);
+  CHECK(d.dynamic_budget == 0);
+  CHECK_FALSE(d.is_none());
+  CHECK(d.str() == "dynamic");
+  const RecomputePlan b = RecomputePlan::parse("per_block+dynamic:123456", 4);
+  CHECK(b.dynamic);
+  CHECK(b.dynamic_budget == 123456);
+  CHECK(b.block_regions.size() == 4);
+  CHECK(b.str() == "per_block+dynamic:123456");
+  CHECK(RecomputePlan::parse(b.str(), 4) == b);
+  CHECK_FALSE(RecomputePlan::parse("dynamic:1", 4) == RecomputePlan::parse("dynamic:2", 4));
+  CHECK_THROWS_WITH(RecomputePlan::parse("dynamic+dynamic", 4), Catch::Contains("dynamic given twice"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("dynamic@0-1", 4), Catch::Contains("dynamic takes no @range"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("dynamic:0", 4), Catch::Contains("at least 1 byte"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("dynamic:lots", 4), Catch::Contains("dynamic:lots"));
 }

@@ -290,3 +290,64 @@ TEST_CASE("concurrent allocation from two threads keeps the stats consistent", "
   CHECK(s.num_frees == 4000);
   CHECK(s.active_bytes == 0);
 }
+
+namespace {
+// Frees the newest of its blocks whenever asked (dynamic remat's role).
+struct FreeNewest final : MemoryPressureHandler {
+  std::int64_t limit = 0;
+  std::vector<DataPtr> held;
+  std::vector<std::pair<std::int64_t, std::int64_t>> asked;  // (allocated, charge)
+  Device device() const override { return kCPU; }
+  std::int64_t budget() const override { return limit; }
+  bool relieve(CachingAllocator&, std::int64_t allocated, std::int64_t charge) override {
+    asked.emplace_back(allocated, charge);
+    if (held.empty()) return false;
+    held.pop_back();
+    return true;
+  }
+};
+}  // namespace
+
+TEST_CASE("a pressure handler frees memory before an allocation would pass its budget", "[allocator]") {
+  CachingAllocator a(make_cpu_memory_backend());
+  FreeNewest h;
+  h.limit = 3 * 4096;
+  MemoryPressureScope scope(h);
+  for (int i = 0; i < 3; ++i) h.held.push_back(a.allocate(4096));
+  CHECK(h.asked.empty());  // 12 KiB: at the budget, not over it
+  DataPtr more = a.allocate(4096);
+  REQUIRE(h.asked.size() == 1);
+  CHECK(h.asked[0] == std::make_pair(std::int64_t(3 * 4096), std::int64_t(4096)));
+  CHECK(a.stats().allocated_bytes == 3 * 4096);
+  CHECK(a.stats().allocated_peak <= h.limit);
+  // Nothing left to free: the allocation goes ahead over the budget.
+  h.held.clear();
+  h.limit = 4096;
+  DataPtr over = a.allocate(8192);
+  CHECK(over);
+  CHECK(a.stats().allocated_bytes == 4096 + 8192);
+}
+
+TEST_CASE("a large request is charged the whole cached block it would take unsplit", "[allocator]") {
+  CachingAllocator a(make_cpu_memory_backend());
+  const std::size_t big = 3 << 20;
+  { DataPtr p = a.allocate(big); }  // a cached 3 MiB block (in a 20 MiB segment: split from its tail)
+  DataPtr keep_tail = a.allocate((20 << 20) - big);  // the rest of the segment is taken
+  FreeNewest h;
+  h.limit = std::int64_t(a.stats().allocated_bytes + big - 1);  // one byte short of the whole block
+  MemoryPressureScope scope(h);
+  DataPtr p = a.allocate(big - (256 << 10));  // a 256 KiB tail would stay with the block: charged 3 MiB
+  REQUIRE(h.asked.size() == 1);
+  CHECK(h.asked[0].second == std::int64_t(big));
+}
+
+TEST_CASE("free_run_if_freed: a block and its free neighbours", "[allocator]") {
+  CachingAllocator a(make_cpu_memory_backend());
+  DataPtr x = a.allocate(4096), y = a.allocate(4096), z = a.allocate(4096), w = a.allocate(4096);
+  CHECK(a.free_run_if_freed(y.get()) == 4096);
+  x.reset();
+  z.reset();
+  CHECK(a.free_run_if_freed(y.get()) == 3 * 4096);  // x, y and z merge
+  CHECK(a.free_run_if_freed(w.get()) >= 2 * 4096);  // z, w and the segment's free tail
+  CHECK(a.free_run_if_freed(nullptr) == 0);
+}
