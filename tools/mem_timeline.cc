@@ -30,6 +30,18 @@ std::string by_category_json(const std::array<std::int64_t, kNumMemoryCategories
 
 }  // namespace
 
+namespace {
+// A dynamic rematerialization marker (an eviction or a rebuild) goes to
+// t.remat_marks, not to the phases; returns whether `e` was one.
+bool take_remat_mark(const MemoryEvent& e, std::int64_t allocated, Timeline& t) {
+  const bool evict = e.tag.rfind(kEvictMarker, 0) == 0;
+  if (!evict && e.tag.rfind(kRebuildMarker, 0) != 0) return false;
+  t.remat_marks.push_back(
+      {e.time_ns, allocated, evict, e.tag.substr(std::string(evict ? kEvictMarker : kRebuildMarker).size())});
+  return true;
+}
+}  // namespace
+
 Timeline build_timeline(const MemRecording& r) {
   Timeline t;
   TimelinePoint cur;
@@ -58,12 +70,7 @@ Timeline build_timeline(const MemRecording& r) {
     REMAT_CHECK(c < kNumMemoryCategories, Error, "memory timeline: event ", e.seq, " has an invalid category ", c);
     switch (e.kind) {
       case MemoryEvent::Kind::marker:
-        if (e.tag.rfind(kEvictMarker, 0) == 0 || e.tag.rfind(kRebuildMarker, 0) == 0) {
-          const bool evict = e.tag.rfind(kEvictMarker, 0) == 0;
-          t.remat_marks.push_back({e.time_ns, cur.allocated, evict,
-                                   e.tag.substr(std::string(evict ? kEvictMarker : kRebuildMarker).size())});
-          continue;
-        }
+        if (take_remat_mark(e, cur.allocated, t)) continue;
         if (open >= 0) t.phases[std::size_t(open)].end_ns = e.time_ns;
         open = -1;
         if (e.tag != "end") {
