@@ -218,3 +218,24 @@ TEST_CASE("dynamic remat: a custom op's record is its forward") {
   };
   CHECK(same_bits({run(false)}, {run(true)}));
 }
+
+TEST_CASE("dynamic remat: sqrt sampling and the score-only pick hold the budget, bit for bit") {
+  Chain net(24, 64, 128);
+  net.grads([&] { return net.forward(); });
+  const std::int64_t before = allocated();
+  const auto ref = net.grads([&] { return net.forward(); });
+  const std::int64_t none_peak = net.peak - before;
+  for (const bool sample : {true, false}) {
+    DynamicRematOptions o;
+    o.budget = allocated() + none_peak / 3;
+    o.sample = sample;
+    o.fragmentation_aware = !sample;
+    auto dtr = std::make_shared<DynamicRemat>(o);
+    allocator_for(kCPU).reset_peak();
+    const auto got = net.grads([&] { return net.forward(); }, {}, dtr);
+    INFO("sample " << sample);
+    CHECK(same_bits(ref, got));
+    CHECK(net.peak <= o.budget);
+    CHECK(dtr->stats().evictions > 0);
+  }
+}
