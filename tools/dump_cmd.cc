@@ -268,7 +268,8 @@ int run_dump(const std::vector<std::string>& args) {
   const auto seed = std::uint64_t(f.get_int("seed"));
   const Device device = device_flag(f, true);
   // dynamic with an N% budget: N% of this dump's own none pass (measure_dynamic_budget).
-  const RecomputePlan asked = RecomputePlan::parse(f.get("recompute"), c.n_layers);
+  const RecomputePlan asked =
+      f.get("recompute") == "auto" ? RecomputePlan{} : RecomputePlan::parse(f.get("recompute"), c.n_layers);
   const bool dynamic_share = asked.dynamic && asked.dynamic_budget == 0 && f.has("memory-budget") &&
                              !f.get("memory-budget").empty() && f.get("memory-budget").back() == '%';
   const std::string plan =
