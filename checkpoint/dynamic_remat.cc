@@ -508,8 +508,17 @@ DynamicRematScope::DynamicRematScope(std::shared_ptr<DynamicRemat> remat) : rema
   pressure_.emplace(core);
 }
 
+namespace {
+DynamicRematOptions budget_on(std::int64_t budget, Device device) {
+  DynamicRematOptions o;
+  o.budget = budget;
+  o.device = device;
+  return o;
+}
+}  // namespace
+
 DynamicRematScope::DynamicRematScope(std::int64_t budget, Device device)
-    : DynamicRematScope(std::make_shared<DynamicRemat>(DynamicRematOptions{.budget = budget, .device = device})) {}
+    : DynamicRematScope(std::make_shared<DynamicRemat>(budget_on(budget, device))) {}
 
 DynamicRematScope::~DynamicRematScope() {
   if (remat_) remat_->core_->purge();  // what dead storages' records kept goes now, not at the next purge

@@ -24,6 +24,34 @@ const std::string* intern_name(const std::string& name) {
 
 const void* identity(const Tensor& t) { return &t.impl(); }
 
+// Shape, dtype and device of each tensor (an empty meta where undefined).
+std::vector<TensorMeta> metas_of(const std::vector<Tensor>& ts) {
+  std::vector<TensorMeta> m;
+  for (const auto& t : ts) m.push_back(t.defined() ? TensorMeta{t.sizes(), t.dtype(), t.device()} : TensorMeta{});
+  return m;
+}
+
+// An output that is an input, or that has history of its own (a captured
+// parameter), gets a fresh alias so its original keeps its history; marked or
+// integer outputs get no history and are never an input's handle. Returns
+// the outputs that take the node's history.
+std::vector<Tensor*> detach_outputs(std::vector<Tensor>& outs, const std::vector<std::size_t>& diff,
+                    const std::vector<const void*>& out_ids, const std::vector<Tensor>& inputs) {
+  std::vector<Tensor*> with_history;
+  for (std::size_t i : diff) {
+    Tensor& o = outs[i];
+    const bool is_input = std::any_of(inputs.begin(), inputs.end(),
+                                      [&](const Tensor& in) { return in.defined() && identity(in) == out_ids[i]; });
+    if (is_input || o.impl().autograd) o = o.detach();
+    with_history.push_back(&o);
+  }
+  for (auto& o : outs)
+    if (o.defined() && std::find(with_history.begin(), with_history.end(), &o) == with_history.end() &&
+        o.impl().autograd)
+      o = o.detach();
+  return with_history;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -87,6 +115,30 @@ Tensor CustomOp::apply1(const std::vector<Tensor>& inputs) const {
   return out[0];
 }
 
+std::vector<Tensor> CustomOp::run_forward(CustomOpContext& ctx, const std::vector<Tensor>& inputs) const {
+  std::vector<Tensor> outs;
+  ProducerCapture capture;  // dynamic rematerialization's record: the forward (engine/producer_observer.h)
+  {
+    NoGradGuard no_grad;
+    ctx.in_forward_ = true;
+    struct Leave {
+      CustomOpContext& c;
+      ~Leave() { c.in_forward_ = false; }
+    } leave{ctx};
+    outs = (*forward_)(ctx, inputs);
+  }
+  if (capture.active())
+    capture.report(name_->c_str(), inputs, outs, false,
+                   [fwd = forward_, name = name_, needs = ctx.needs_grad_](const std::vector<Tensor>& in) {
+                     CustomOpContext again;  // saves nothing: it records no node
+                     again.name_ = name;
+                     again.needs_grad_ = needs;
+                     again.in_forward_ = true;
+                     return (*fwd)(again, in);
+                   });
+  return outs;
+}
+
 std::vector<Tensor> CustomOp::operator()(const std::vector<Tensor>& inputs) const {
   const char* op = name_->c_str();
   return run_op_call(OpCall{op, inputs}, [&]() -> std::vector<Tensor> {
@@ -100,26 +152,7 @@ std::vector<Tensor> CustomOp::operator()(const std::vector<Tensor>& inputs) cons
     ctx->recording_ = node != nullptr;
     for (std::size_t i = 0; i < inputs.size(); ++i) ctx->needs_grad_.push_back(node && node->needs_input_grad(i));
 
-    std::vector<Tensor> outs;
-    ProducerCapture capture;  // dynamic rematerialization's record: the forward (engine/producer_observer.h)
-    {
-      NoGradGuard no_grad;
-      ctx->in_forward_ = true;
-      struct Leave {
-        CustomOpContext& c;
-        ~Leave() { c.in_forward_ = false; }
-      } leave{*ctx};
-      outs = (*forward_)(*ctx, inputs);
-    }
-    if (capture.active())
-      capture.report(op, inputs, outs, false,
-                     [fwd = forward_, name = name_, needs = ctx->needs_grad_](const std::vector<Tensor>& in) {
-                       CustomOpContext again;  // saves nothing: it records no node
-                       again.name_ = name;
-                       again.needs_grad_ = needs;
-                       again.in_forward_ = true;
-                       return (*fwd)(again, in);
-                     });
+    std::vector<Tensor> outs = run_forward(*ctx, inputs);
     if (!node) return outs;
 
     // Which outputs carry history: floating ones not marked otherwise.
@@ -149,25 +182,9 @@ std::vector<Tensor> CustomOp::operator()(const std::vector<Tensor>& inputs) cons
     ctx->pending_saves_.clear();
     ctx->non_differentiable_.clear();
 
-    // An output that is an input, or that has history of its own (a captured
-    // parameter), gets a fresh alias so its original keeps its history.
-    std::vector<Tensor*> with_history;
-    for (std::size_t i : diff) {
-      Tensor& o = outs[i];
-      const bool is_input = std::any_of(inputs.begin(), inputs.end(),
-                                        [&](const Tensor& in) { return in.defined() && identity(in) == out_ids[i]; });
-      if (is_input || o.impl().autograd) o = o.detach();
-      with_history.push_back(&o);
-    }
-    for (auto& o : outs)  // marked or integer outputs: no history, never an input's handle
-      if (o.defined() && std::find(with_history.begin(), with_history.end(), &o) == with_history.end() &&
-          o.impl().autograd)
-        o = o.detach();
+    const std::vector<Tensor*> with_history = detach_outputs(outs, diff, out_ids, inputs);
 
-    std::vector<TensorMeta> in_metas;
-    for (const auto& t : inputs)
-      in_metas.push_back(t.defined() ? TensorMeta{t.sizes(), t.dtype(), t.device()} : TensorMeta{});
-    node->backward_fn = [ctx, backward = backward_, diff, metas, defined, in_metas](Node& self, std::vector<Tensor>& grads) {
+    node->backward_fn = [ctx, backward = backward_, diff, metas, defined, in_metas = metas_of(inputs)](Node& self, std::vector<Tensor>& grads) {
       const std::string& name = ctx->op();
       std::vector<Tensor> full(metas.size());
       for (std::size_t k = 0; k < diff.size(); ++k) full[diff[k]] = grads[k];

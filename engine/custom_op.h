@@ -112,6 +112,10 @@ class CustomOp {
   const std::string& name() const { return *name_; }
 
  private:
+  // Runs the user's forward with grad off (reported to dynamic
+  // rematerialization, engine/producer_observer.h).
+  std::vector<Tensor> run_forward(CustomOpContext& ctx, const std::vector<Tensor>& inputs) const;
+
   const std::string* name_;  // interned: nodes and saves keep its c_str()
   std::shared_ptr<const ForwardFn> forward_;
   std::shared_ptr<const BackwardFn> backward_;

@@ -29,7 +29,9 @@ int main() {
   const std::int64_t plain_peak = alloc.stats().allocated_peak - base;
 
   const std::int64_t budget = alloc.stats().allocated_bytes + plain_peak / 4;
-  auto dtr = std::make_shared<DynamicRemat>(DynamicRematOptions{.budget = budget});
+  DynamicRematOptions options;
+  options.budget = budget;
+  auto dtr = std::make_shared<DynamicRemat>(options);
   alloc.reset_peak();
   Tensor dynamic;
   {

@@ -4,11 +4,23 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "engine/tensor.h"
 
 namespace remat::test {
+
+// True if the tensors have the same shapes and the same f32 bits, pairwise.
+inline bool same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].sizes() != b[i].sizes()) return false;
+    const std::vector<float> x = a[i].to_vector<float>(), y = b[i].to_vector<float>();
+    if (std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) != 0) return false;
+  }
+  return true;
+}
 
 // Both take a tensor of another shape as infinitely far (any bound fails).
 // max |a - b| / max |b| over the elements (max |a - b| when b is all zeros).

@@ -313,7 +313,6 @@ int run_dump(const std::vector<std::string>& args) {
   std::map<std::string, std::string> meta = dump_metadata(c, seed, plan, model, did, out, device);
   if (const auto& dyn = model.block_stack().dynamic_remat()) {
     const DynamicRematStats d = dynamic_stats(model);
-    meta["recompute_plan"] = model.block_stack().plan().str();
     meta["memory_budget_bytes"] = std::to_string(dyn->options().budget);
     meta["peak_allocated_bytes"] = std::to_string(peak);
     meta["evictions"] = std::to_string(d.evictions - dyn_before.evictions);

@@ -16,8 +16,10 @@
 #include "engine/custom_op.h"
 #include "engine/rng.h"
 #include "ops/ops.h"
+#include "tests/tensor_compare.h"
 
 using namespace remat;
+using remat::test::same_bits;
 
 namespace {
 
@@ -72,15 +74,6 @@ struct Chain {
     return out;
   }
 };
-
-bool same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto x = a[i].to_vector<float>(), y = b[i].to_vector<float>();
-    if (x.size() != y.size() || std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) != 0) return false;
-  }
-  return true;
-}
 
 // y = x^3 through the custom-op API, saving x.
 Tensor cube(const Tensor& x) {
@@ -141,8 +134,9 @@ TEST_CASE("dynamic remat: under a budget, allocated bytes stay within it and the
   const std::int64_t none_peak = net.peak - before;
   for (double frac : {0.3, 0.5, 0.8}) {
     const std::int64_t base = allocated();
-    auto dtr = std::make_shared<DynamicRemat>(
-        DynamicRematOptions{.budget = base + std::int64_t(frac * double(none_peak))});
+    DynamicRematOptions o;
+    o.budget = base + std::int64_t(frac * double(none_peak));
+    auto dtr = std::make_shared<DynamicRemat>(o);
     allocator_for(kCPU).reset_peak();
     // The backward too: evictions go on while it unpacks.
     const std::vector<Tensor> got = net.grads([&] { return net.forward(); }, {}, dtr);

@@ -14,8 +14,10 @@
 #include "engine/autograd.h"
 #include "engine/rng.h"
 #include "ops/ops.h"
+#include "tests/tensor_compare.h"
 
 using namespace remat;
+using remat::test::same_bits;
 
 namespace {
 
@@ -60,15 +62,6 @@ struct Net {
     return {w1.grad().clone(), w2.grad().clone(), w3.grad().clone(), loss.detach()};
   }
 };
-
-bool same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto x = a[i].to_vector<float>(), y = b[i].to_vector<float>();
-    if (x.size() != y.size() || std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) != 0) return false;
-  }
-  return true;
-}
 
 // max |a - b| / max |a| over the three gradients.
 double rel_error(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {

@@ -21,7 +21,11 @@ an MoE config replayed_dispatch_bytes with a region around the router
 block region) on a block range that holds an MoE block. chunked_loss is
 no region (its op makes the head's gradients with its logits).
 
-    compare_dumps.py A.safetensors B.safetensors [--rtol R] [--plan SPEC [--ran CANONICAL]]
+With --dynamic, B's plan holds `dynamic` (checkpoint/dynamic_remat.h): its
+metadata must show the budget bound (evictions and rebuilds > 0) and held
+(peak_allocated_bytes <= memory_budget_bytes). `dynamic` is no region.
+
+    compare_dumps.py A.safetensors B.safetensors [--rtol R] [--plan SPEC [--ran CANONICAL]] [--dynamic]
 """
 
 import json
@@ -77,7 +81,7 @@ def expected_effects(canonical, config):
     # plan does). chunked_loss is no region either: its op makes the head's
     # gradients with its logits.
     regions = [c for c, n, k in zip(comps, names, kinds)
-               if k not in ("offload", "compress", "chunked_loss") and n != "selective:moe_act"]
+               if k not in ("offload", "compress", "chunked_loss", "dynamic") and n != "selective:moe_act"]
     moe = moe_layers(config)
 
     def replays_dispatch(c):
@@ -110,6 +114,22 @@ def check_plan(meta, label, spec, canonical):
     return problems
 
 
+def check_dynamic(meta):
+    """Problems with B's dynamic metadata: the budget must have bound and held."""
+    keys = ("recompute_plan", "memory_budget_bytes", "peak_allocated_bytes", "evictions", "rebuilds")
+    missing = [k for k in keys if k not in meta]
+    if missing:
+        return [f"B: metadata has no {', '.join(missing)}"]
+    problems = []
+    if "dynamic" not in meta["recompute_plan"]:
+        problems.append(f"B: ran plan '{meta['recompute_plan']}', which has no dynamic")
+    if int(meta["evictions"]) <= 0 or int(meta["rebuilds"]) <= 0:
+        problems.append(f"B: {meta['evictions']} evictions, {meta['rebuilds']} rebuilds: the budget did not bind")
+    if int(meta["peak_allocated_bytes"]) > int(meta["memory_budget_bytes"]):
+        problems.append(f"B: peak {meta['peak_allocated_bytes']} above the budget {meta['memory_budget_bytes']}")
+    return problems
+
+
 def take(args, flag):
     if flag not in args:
         return None
@@ -125,13 +145,18 @@ def main():
     rtol = float(rtol) if rtol is not None else None
     spec = take(args, "--plan")
     canonical = take(args, "--ran") or spec
+    dynamic = "--dynamic" in args
+    if dynamic:
+        args.remove("--dynamic")
     (a, meta_a), (b, meta_b) = read(args[0]), read(args[1])
     bad = 0
     problems = []
     if spec is not None:
         problems = check_plan(meta_a, "A", "none", "none") + check_plan(meta_b, "B", spec, canonical)
-        for p in problems:
-            print(f"plan: {p}")
+    if dynamic:
+        problems += check_dynamic(meta_b)
+    for p in problems:
+        print(f"plan: {p}")
     worst = 0.0
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
@@ -156,8 +181,13 @@ def main():
             print(msg)
     tol = f" (rtol {rtol:g}; worst relative difference {worst:.2e})" if rtol is not None else ""
     ran = ""
-    if spec is not None:
-        ran = f"; {len(problems)} plan problems" if problems else f"; B ran '{canonical}', its effects as the plan implies"
+    if problems:
+        ran = f"; {len(problems)} plan problems"
+    elif spec is not None:
+        ran = f"; B ran '{canonical}', its effects as the plan implies"
+    if dynamic and not problems:
+        ran += (f"; {meta_b['recompute_plan']}: peak {meta_b['peak_allocated_bytes']} <= budget, "
+                f"{meta_b['evictions']} evictions, {meta_b['rebuilds']} rebuilds")
     print(f"{len(a)} tensors compared, {bad} differ{tol}{ran}")
     return 1 if bad or problems else 0
 
