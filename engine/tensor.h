@@ -168,6 +168,11 @@ class Tensor {
   // contiguous; its gradient, if any, moves too. For leaves such as
   // parameters, before they are used; views of the old storage keep the old.
   void move_to_(Device device);
+  // Converts this leaf's elements to `dtype` in place (rounded as to(dtype)
+  // rounds), every handle seeing the new storage: for a frozen parameter
+  // kept in its checkpoint's dtype. Error if it requires grad, has a
+  // gradient or is not floating (nor `dtype`).
+  void convert_(DType dtype);
 
   // ---- In-place writes (bump the version counter) ----
   // Copies `src` (broadcast to this shape, converted to this dtype) into this.

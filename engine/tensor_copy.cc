@@ -120,6 +120,29 @@ void Tensor::move_to_(Device d) {
   bump_version();
 }
 
+void Tensor::convert_(DType t) {
+  if (t == dtype()) return;
+  REMAT_CHECK(is_floating(t) && is_floating(dtype()), DTypeError, "convert_: a ", dtype(), " ", shape_str(sizes()),
+              " tensor cannot become ", t, " (floating dtypes only)");
+  REMAT_CHECK(is_leaf() && !requires_grad() && !grad().defined(), AutogradError, "convert_: the ", dtype(), " ",
+              shape_str(sizes()), " tensor must be a leaf without requires_grad or a gradient (a frozen parameter)");
+  if (released()) {  // (no elements here: only the dtype they will have)
+    impl().dtype = t;
+    return;
+  }
+  Tensor converted;
+  {
+    NoGradGuard ng;
+    converted = detach().to(t);
+  }
+  TensorImpl& self = impl();
+  self.storage = converted.impl().storage;
+  self.strides = converted.impl().strides;
+  self.offset = converted.impl().offset;
+  self.dtype = t;
+  bump_version();
+}
+
 Tensor& Tensor::copy_(const Tensor& src) {
   detail::check_inplace(*this, "copy_");
   REMAT_CHECK(!(grad_enabled() && src.defined() && src.requires_grad()), AutogradError,

@@ -107,7 +107,9 @@ const char* kKeys[] = {"name",   "vocab",   "d_model",  "n_layers",    "n_heads"
                        "z_coef", "capacity_factor", "random_routing", "balanced_routing",
                        // Hugging Face architectures (left out of to_json at their defaults)
                        "arch", "kv_heads", "head_size", "tie_embeddings", "qkv_bias", "o_bias", "shared_ffn",
-                       "shared_gate", "norm_topk", "sparse_step", "dense_layers", "hf_extra"};
+                       "shared_gate", "norm_topk", "sparse_step", "dense_layers", "hf_extra",
+                       // fine-tuning (left out when unset)
+                       "lora", "freeze"};
 
 const char* kArchs[] = {"", "llama", "qwen2", "qwen2_moe", "mixtral"};
 }  // namespace
@@ -230,8 +232,24 @@ Json ModelConfig::to_json() const {
   }
   if (hf_extra != d.hf_extra) j.set("hf_extra", Json::string(hf_extra));
   if (balanced_routing) j.set("balanced_routing", Json::boolean(true));
+  if (lora.enabled()) j.set("lora", Json::string(lora.str()));
+  if (!freeze.empty()) {
+    Json a = Json::array();
+    for (const std::string& p : freeze) a.push(Json::string(p));
+    j.set("freeze", a);
+  }
   return j;
 }
+
+namespace {
+void read_fine_tuning(const Json& j, ModelConfig& c) {
+  if (j.has("lora")) c.lora = LoraConfig::parse(j.at("lora").as_string());
+  if (j.has("freeze")) {
+    c.freeze.clear();
+    for (const Json& p : j.at("freeze").items()) c.freeze.push_back(p.as_string());
+  }
+}
+}  // namespace
 
 ModelConfig ModelConfig::from_json(const Json& j) {
   REMAT_CHECK(j.is_object(), Error, "config: expected a JSON object");
@@ -296,6 +314,7 @@ ModelConfig ModelConfig::from_json(const Json& j) {
     for (const Json& l : j.at("dense_layers").items()) c.dense_layers.push_back(l.as_int());
   }
   if (j.has("hf_extra")) c.hf_extra = j.at("hf_extra").as_string();
+  read_fine_tuning(j, c);
   c.validate();
   return c;
 }

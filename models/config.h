@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/json.h"
+#include "models/lora.h"
 
 namespace remat {
 
@@ -53,6 +54,13 @@ struct ModelConfig {
   std::int64_t sparse_step = 1;   // MoE blocks where (i + 1) % sparse_step == 0
   std::vector<std::int64_t> dense_layers;  // blocks that keep the dense MLP (HF mlp_only_layers)
   std::string hf_extra;           // a JSON object: a loaded config.json's other keys, written back on export
+
+  // Fine-tuning (docs/REFERENCE.md#fine-tuning): LoRA adapters (models/lora.h;
+  // every other parameter frozen) and the parameters to freeze, as globs
+  // over parameter names (models/module.h name_matches). JSON keys "lora"
+  // (its --lora spec) and "freeze" (an array), left out when unset.
+  LoraConfig lora;
+  std::vector<std::string> freeze;
 
   std::int64_t head_dim() const { return head_size > 0 ? head_size : d_model / n_heads; }
   std::int64_t num_kv_heads() const { return kv_heads > 0 ? kv_heads : n_heads; }

@@ -99,8 +99,12 @@ DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, ExpertPlace
   Generator gen(seed);
   model = register_module("model", std::make_shared<DecoderStack>(c, gen, placement));
   model->blocks->set_has_lm_head(true);
-  if (!c.tie_embeddings)
+  if (!c.tie_embeddings) {
     lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab, c.init_std, gen));
+    lm_head->adaptable = false;  // (the chunked loss and tensor parallelism read its weight)
+  }
+  if (c.lora.enabled()) apply_lora(*this, c.lora, seed);
+  if (!c.freeze.empty()) freeze_parameters(*this, c.freeze);
 }
 
 DType compute_dtype_from_name(const std::string& name) {

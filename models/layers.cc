@@ -169,7 +169,33 @@ Tensor weight_as(const Tensor& weight, const Tensor& input) {
 }
 
 Tensor Linear::forward(const Tensor& x) const {
-  return bias.defined() ? linear(x, weight_as(weight, x), weight_as(bias, x)) : linear(x, weight_as(weight, x));
+  Tensor y = bias.defined() ? linear(x, weight_as(weight, x), weight_as(bias, x)) : linear(x, weight_as(weight, x));
+  if (!has_lora()) return y;
+  // PEFT's order: result + lora_B(lora_A(dropout(x))) * scaling.
+  const Tensor a = linear(remat::dropout(x, lora_dropout, training()), weight_as(lora_A, x));
+  return add(y, mul(linear(a, weight_as(lora_B, x)), lora_scaling));
+}
+
+void Linear::add_lora(std::int64_t r, double alpha, double dropout, RngState draw) {
+  REMAT_CHECK(!has_lora(), Error, "Linear::add_lora: this Linear already has an adapter");
+  REMAT_CHECK(r >= 1 && alpha > 0 && dropout >= 0 && dropout < 1, Error, "Linear::add_lora: expected r >= 1, alpha > 0 "
+              "and dropout in [0, 1), got r=", r, ", alpha=", alpha, ", dropout=", dropout);
+  const std::int64_t in = weight.size(1), out = weight.size(0);
+  const Device device = weight.device();
+  CategoryScope cat(MemoryCategory::parameter);
+  NoGradGuard ng;
+  Tensor a = empty({r, in}, TensorOptions(DType::f32, device.is_meta() ? device : kCPU));
+  if (!device.is_meta()) {
+    philox_fill_uniform(a.data<float>(), a.numel(), draw);
+    const double bound = 1.0 / std::sqrt(double(in));  // kaiming_uniform_(a=sqrt(5)): gain sqrt(1/3) * sqrt(3 / in)
+    float* p = a.data<float>();
+    for (std::int64_t i = 0; i < a.numel(); ++i) p[i] = float((2.0 * double(p[i]) - 1.0) * bound);
+    if (!device.is_cpu()) a = a.to(device);
+  }
+  lora_A = register_parameter("lora_A.weight", a);
+  lora_B = register_parameter("lora_B.weight", zeros({out, r}, TensorOptions(DType::f32, device)));
+  lora_scaling = alpha / double(r);
+  lora_dropout = dropout;
 }
 
 Embedding::Embedding(std::int64_t vocab, std::int64_t dim, double init_std, Generator& gen) {

@@ -103,10 +103,20 @@ class Linear : public Module {
  public:
   // With `bias`, a parameter "bias" [out] (zeros; draws nothing from `gen`).
   Linear(std::int64_t in, std::int64_t out, double init_std, Generator& gen, bool bias = false);
-  // x [..., in] -> [..., out] (x W^T + b).
+  // x [..., in] -> [..., out] (x W^T + b, plus the LoRA term with an adapter).
   Tensor forward(const Tensor& x) const;
+  // Adds a LoRA adapter (models/lora.h): parameters "lora_A.weight" [r, in]
+  // (U(-1/sqrt(in), 1/sqrt(in)) from Philox stream `draw`; no values on the
+  // meta device) and "lora_B.weight" [out, r] (zeros). Error if it has one.
+  void add_lora(std::int64_t r, double alpha, double dropout, RngState draw);
+  bool has_lora() const { return lora_A.defined(); }
   Tensor weight;
   Tensor bias;  // undefined without a bias
+  Tensor lora_A, lora_B;  // undefined without an adapter
+  double lora_scaling = 0, lora_dropout = 0;
+  // False where the model reads the weight other than through forward()
+  // (the MoE router, the LM head), so an adapter there would be ignored.
+  bool adaptable = true;
 };
 
 class Embedding : public Module {

@@ -31,6 +31,11 @@ class Module {
   void to(Device device);
   // Zeroes every parameter's .grad in place (buffers stay allocated).
   void zero_grad();
+  // Every module of the tree with its full name ("" for this one), depth
+  // first in registration order, this one first.
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules(const std::string& prefix = "") const;
+  // The parameters that require grad (the ones an optimizer updates).
+  std::vector<std::pair<std::string, Tensor>> trainable_parameters() const;
   // Training mode (dropout on) or evaluation mode, for this module and its children.
   void train(bool on = true);
   bool training() const { return training_; }
@@ -49,5 +54,20 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
 };
+
+// The tensors of m.trainable_parameters().
+std::vector<Tensor> trainable_tensors(const Module& m);
+
+// Whether parameter name `name` matches glob `pattern`: '*' any run of
+// characters (dots included), '?' any one character, '[A-B]' a decimal
+// number from A to B inclusive (a layer range: "model.layers.[0-11].*"),
+// anything else itself.
+bool name_matches(const std::string& pattern, const std::string& name);
+
+// Freezes (requires_grad false) every parameter of `m` matching one of
+// `patterns`; returns the names frozen. Throws Error naming a pattern that
+// matches nothing or is malformed (an unclosed or reversed range), before
+// freezing anything.
+std::vector<std::string> freeze_parameters(const Module& m, const std::vector<std::string>& patterns);
 
 }  // namespace remat

@@ -45,6 +45,7 @@ MoELayer::MoELayer(const ModelConfig& c, std::int64_t layer, Generator& gen, Exp
   const std::int64_t per_rank = c.experts / placement.ranks;
   first_expert_ = placement.rank * per_rank;
   gate = register_module("gate", std::make_shared<Linear>(c.d_model, c.experts, c.init_std, gen));
+  gate->adaptable = false;  // (route() reads its weight)
   const MLPNames names = c.arch == "mixtral" ? MLPNames::mixtral() : MLPNames{};
   for (std::int64_t e = 0; e < c.experts; ++e) {
     if (e >= first_expert_ && e < first_expert_ + per_rank) {

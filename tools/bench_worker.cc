@@ -337,7 +337,7 @@ class WorkerSteps {
     t.backward_ms = ms_since(t1);
     loss = Tensor();
     dynamic.reset();
-    update_.step(model_.parameters(), 1.0, 1e-3);  // (under --zero this rank's norm: the figures are times and bytes)
+    update_.step(trainable_tensors(model_), 1.0, 1e-3);  // (under --zero this rank's norm: the figures are times and bytes)
     synchronize(device_);
     t.step_ms = ms_since(t0);
     return t;
@@ -515,7 +515,7 @@ int run_bench_worker(const std::vector<std::string>& args) {
   if (tp) apply_tensor_parallel(model, tp);
   prepare_model(model, layout, o);
   DataParallelUpdate update =
-      make_data_parallel_update(layout, model.named_parameters(), 25ll << 20, o.zero, {}, model);
+      make_data_parallel_update(layout, model.trainable_parameters(), 25ll << 20, o.zero, {}, model);
   WorkerSteps steps(model, update, layout, *world, tp, job->size(), o);
   for (std::int64_t i = 0; i < o.warmup; ++i) steps.step(/*timed=*/false);
   if (o.kernel_profile) {

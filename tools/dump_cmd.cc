@@ -13,6 +13,7 @@
 #include "moe/dispatch.h"
 #include "ops/linear_cross_entropy.h"
 #include "tools/args.h"
+#include "tools/fine_tune_flags.h"
 #include "tools/auto_plan_flags.h"
 #include "tools/commands.h"
 #include "tools/json.h"
@@ -42,7 +43,7 @@ std::vector<FlagSpec> dump_flag_specs() {
        text_flag("device", "cpu, cuda, cuda:N, or meta (shapes and saved bytes only, to FILE.json)", "cpu"),
        meta_kernels_flag_spec(),
        text_flag("out", "output FILE.safetensors, or FILE.json on meta (required)"),
-       threads_flag_spec()});
+       threads_flag_spec(), fine_tune_flag_specs()[0], fine_tune_flag_specs()[1]});
 }
 
 // The config: --config's, or the Hugging Face folder's (batch 1 x 64 tokens),
@@ -52,6 +53,7 @@ ModelConfig dump_config(const Flags& f, const std::string& hf_dir) {
   if (!hf_dir.empty()) c.batch = 1, c.seq = 64;
   if (f.has("batch")) c.batch = f.get_int("batch");
   if (f.has("seq")) c.seq = f.get_int("seq");
+  apply_fine_tune_flags(f, c);
   c.validate();
   return c;
 }
@@ -85,17 +87,19 @@ Tensor dump_batch(const ModelConfig& c, std::uint64_t seed, bool hf) {
 }
 
 // What the file holds: the parameters, the batch, the loss terms and the
-// gradients (zero for a parameter the batch did not reach, e.g. an expert no
-// token was routed to), where they are (`to_host`: all on the CPU).
+// gradients of those that train (zero for a parameter the batch did not
+// reach, e.g. an expert no token was routed to), where they are (`to_host`:
+// all on the CPU).
 std::vector<std::pair<std::string, Tensor>> dump_tensors(const DecoderModel& model, const Tensor& tokens,
                                                          const DecoderModel::Output& out, bool to_host = true) {
   auto host = [&](const Tensor& t) { return to_host ? t.to(kCPU) : t; };
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [name, p] : model.named_parameters()) tensors.emplace_back(name, host(p.detach()));
+  // (a frozen bf16 / f16 parameter as f32: its exact values)
+  for (const auto& [name, p] : model.named_parameters()) tensors.emplace_back(name, host(p.detach().to(DType::f32)));
   tensors.emplace_back("batch.tokens", tokens);
   tensors.emplace_back("loss.ce", host(out.ce.detach()));
   tensors.emplace_back("loss.aux", host(out.aux.detach()));
-  for (const auto& [name, p] : model.named_parameters())
+  for (const auto& [name, p] : model.trainable_parameters())  // (a frozen parameter has none)
     tensors.emplace_back("grad." + name, p.grad().defined() ? host(p.grad())
                                                             : zeros(p.sizes(), TensorOptions(DType::f32, p.device())));
   return tensors;

@@ -12,6 +12,7 @@
 
 #include "engine/parallel_for.h"
 #include "tools/args.h"
+#include "tools/fine_tune_flags.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/auto_plan_flags.h"
 #include "tools/html.h"
@@ -166,6 +167,7 @@ void set_model(const Flags& f, TrainCli& cli) {
     o.config = load_hf_config(cli.hf_dir).config;
     o.init_model = cli.hf_dir;
   }
+  apply_fine_tune_flags(f, o.config);
   cli.hf_dtype = hf_dtype_from_name(f.has("hf-dtype") ? f.get("hf-dtype")
                                     : cli.hf_dir.empty() ? "f32" : hf_weights_dtype(cli.hf_dir));
 }
@@ -468,6 +470,7 @@ void print_summary(const Trainer& trainer, const TrainCli& cli, const StepReport
 
 int run_train(const std::vector<std::string>& args) {
   std::vector<FlagSpec> specs = model_and_schedule_flags();
+  for (FlagSpec& spec : fine_tune_flag_specs()) specs.push_back(std::move(spec));
   for (FlagSpec& spec : run_flags()) specs.push_back(std::move(spec));
   Flags f("train", "train a model, showing progress", args, with_auto_plan_flags(std::move(specs)));
   apply_threads_flag(f);

@@ -260,7 +260,7 @@ class StepRig {
       tracing.reset();
       update.backward(loss, 1.0 / double(W));
     }
-    update.step(model.parameters(), 1.0, 1e-3);
+    update.step(trainable_tensors(model), 1.0, 1e-3);
     synchronize(device);
     if (const auto& off = model.block_stack().offload_hooks()) off->check();
   }
@@ -322,7 +322,7 @@ class StepRig {
     if (split_.tp) apply_tensor_parallel(model, split_.tp);
     model.set_compute_dtype(compute_dtype_from_name(o.dtype));
     model.to(o.device);
-    return make_data_parallel_update(layout_, model.named_parameters(), TrainOptions{}.bucket_bytes,
+    return make_data_parallel_update(layout_, model.trainable_parameters(), TrainOptions{}.bucket_bytes,
                                      o.zero_stage(), {}, model);
   }
 };

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/error.h"
 #include "engine/grad_mode.h"
@@ -78,6 +79,7 @@ void load_hf_weights(DecoderModel& model, const std::string& dir) {
   std::vector<std::string> missing, misshapen, unexpected, bad_dtype;
   for (const auto& [name, p] : params) {
     mine.insert(name);
+    if (is_lora_parameter(name) && !files.has(name)) continue;  // (an adapter: its own initial values)
     if (!files.has(name)) {
       missing.push_back(name + " " + shape_str(p.sizes()));
       continue;
@@ -115,9 +117,17 @@ void load_hf_weights(DecoderModel& model, const std::string& dir) {
   // headers, checked above, are all it reads (docs/META.md).
   if (!params.empty() && params.front().second.device().is_meta()) return;
   NoGradGuard ng;
+  CategoryScope cat(MemoryCategory::parameter);
   for (const auto& [name, p] : params) {
+    if (!files.has(name)) continue;  // (an adapter)
     Tensor dst = p;
-    if (dst.device().is_cpu() && dst.is_contiguous() && dst.dtype() == DType::f32)
+    // A frozen parameter keeps the folder's bf16 / f16: no f32 master (the
+    // layers cast it to the compute dtype as they cast any weight).
+    if (!dst.requires_grad() && (files.dtype(name) == DType::bf16 || files.dtype(name) == DType::f16))
+      dst.convert_(files.dtype(name));
+    if (dst.dtype() != DType::f32)
+      dst.copy_(files.read(name, dst.dtype()));
+    else if (dst.device().is_cpu() && dst.is_contiguous())
       files.read_into(name, dst);  // straight into the parameter: no temporary
     else
       dst.copy_(files.read(name, DType::f32));  // one tensor held at a time

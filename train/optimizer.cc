@@ -286,7 +286,8 @@ void AdamW::fill_state(const StateFill& fill, std::int64_t step) {
 
 std::int64_t persistent_bytes(const std::vector<std::pair<std::string, Tensor>>& params, const AdamW& opt) {
   std::int64_t n = 0;
-  for (const auto& [name, p] : params) n += 2 * std::int64_t(p.nbytes());  // weight + gradient
+  for (const auto& [name, p] : params)  // weight + gradient (a frozen one: its weight, in its own dtype)
+    n += (p.requires_grad() ? 2 : 1) * std::int64_t(p.nbytes());
   for (const auto& [name, t] : opt.state()) n += std::int64_t(t.nbytes());
   return n;
 }

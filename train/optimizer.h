@@ -78,8 +78,8 @@ class AdamW {
   std::int64_t step_ = 0;
 };
 
-// The persistent footprint of training: the parameters, one gradient
-// buffer per parameter, and the optimizer's state.
+// The persistent footprint of training: the parameters, a gradient buffer
+// per parameter that requires grad, and the optimizer's state.
 std::int64_t persistent_bytes(const std::vector<std::pair<std::string, Tensor>>& params, const AdamW& opt);
 
 // A zero gradient (category gradient) for each tensor without one. Before

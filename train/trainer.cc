@@ -70,6 +70,11 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)), scaler_(loss_scale
               "--pp and --zero)");
   REMAT_CHECK(opts_.zero != 3 || !c.tie_embeddings, Error, "--zero 3: config ", c.name, " ties its embeddings (the "
               "LM head uses the embedding's weight), which sharded parameters do not support yet; use --zero 2");
+  const bool fine_tuning = c.lora.enabled() || !c.freeze.empty();
+  REMAT_CHECK(!fine_tuning || (opts_.zero == 0 && opts_.tp == 1), Error, "--lora / --freeze with ",
+              opts_.zero ? "--zero " + std::to_string(opts_.zero) : "--tp " + std::to_string(opts_.tp),
+              ": not supported yet (frozen parameters and adapters train with --dp, --ep and --pp; ZeRO's shards and "
+              "tensor-parallel slices assume every parameter trains)");
   job_ = opts_.group ? opts_.group : world_group();
   const JobGroups groups = split_job();
   const ProcessGroup& world = *groups.world;
@@ -240,7 +245,7 @@ void Trainer::build_optimizer() {
   AdamWOptions ao;
   ao.weight_decay = opts_.weight_decay;
   // A stage reduces only its own parameters' gradients over its replicas.
-  DataParallelUpdate update = make_data_parallel_update(layout_, owned_parameters(), opts_.bucket_bytes, opts_.zero, ao,
+  DataParallelUpdate update = make_data_parallel_update(layout_, trainable_parameters(), opts_.bucket_bytes, opts_.zero, ao,
                                                         *model_, initial_);
   initial_ = nullptr;  // (the recipes or the folder's files, no longer needed)
   reducer_ = std::move(update.reducer);
@@ -256,6 +261,13 @@ void Trainer::build_optimizer() {
 
 std::vector<std::pair<std::string, Tensor>> Trainer::owned_parameters() const {
   return pipeline_ ? pipeline_->parameters() : model_->named_parameters();
+}
+
+std::vector<std::pair<std::string, Tensor>> Trainer::trainable_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, p] : owned_parameters())
+    if (p.requires_grad()) out.emplace_back(name, p);
+  return out;
 }
 
 void Trainer::set_loss_scale(double scale, std::int64_t good_steps) {
@@ -505,7 +517,7 @@ std::vector<Tensor> Trainer::update_tensors() {
   if (zero_ && zero_->stage() >= 2) {
     whole = zero_->unsharded();
   } else {
-    for (auto& [name, p] : owned_parameters()) whole.push_back(p);
+    for (auto& [name, p] : trainable_parameters()) whole.push_back(p);
   }
   give_gradient_buffers(whole);
   return zero_ ? zero_->bind_grads() : whole;
@@ -527,7 +539,7 @@ double Trainer::grad_norm() const {
   // same gradient on every one of them.
   const bool sharded = zero_ && zero_->stage() >= 2;
   std::vector<Tensor> dense, experts, slices;
-  for (auto& [name, p] : owned_parameters()) {
+  for (auto& [name, p] : trainable_parameters()) {
     const TpSlice sl = tp_ ? tp_slice(opts_.config, name, tp_->size(), tp_->rank()) : TpSlice{};
     if (sl.split()) {
       if (!sharded && sl.first_holder(tp_->rank(), tp_->size())) slices.push_back(p);

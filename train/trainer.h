@@ -160,6 +160,9 @@ class Trainer {
   ShardedGradReducer* sharded_reducer() const { return zero_ ? zero_->grad_reducer() : nullptr; }
   // This rank's parameters (a pipeline stage's own), in the model's order.
   std::vector<std::pair<std::string, Tensor>> owned_parameters() const;
+  // owned_parameters() that require grad: what the optimizer, the gradient
+  // reduction and the gradient norm see (frozen ones have no gradient).
+  std::vector<std::pair<std::string, Tensor>> trainable_parameters() const;
   double global_mean(double local) const;
   // `tensors` with every rank's routed experts gathered (one process's layout).
   std::vector<std::pair<std::string, Tensor>> gather_experts(std::vector<std::pair<std::string, Tensor>> tensors) const;

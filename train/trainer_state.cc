@@ -171,6 +171,18 @@ void read_slice(const StateReader& reader, const std::string& name, const TpSlic
   dst.copy_(tp_take_slice(reader.read(name), s));
 }
 
+// A frozen parameter that a state holds in bf16 / f16 (it was loaded from
+// such a folder) takes that dtype before the state is checked and read.
+void adopt_frozen_dtypes(const StateReader& reader, const DecoderModel& model) {
+  for (auto& [name, p] : model.named_parameters()) {
+    if (p.requires_grad() || !reader.has(name) || reader.dtype(name) == p.dtype()) continue;
+    const DType t = reader.dtype(name);
+    if (t != DType::bf16 && t != DType::f16) continue;
+    Tensor frozen = p;
+    frozen.convert_(t);
+  }
+}
+
 // On a failure to resume from DIR: what the previous state offers (read
 // only then; nothing when it is the state that failed).
 std::string previous_state_hint(const std::string& dir, bool failed_is_prev) {
@@ -353,6 +365,7 @@ void Trainer::resume(const std::string& dir) {
   const SliceOf slice_of = [this](const std::string& name) {
     return tp_ ? tp_slice(opts_.config, name, tp_->size(), tp_->rank()) : TpSlice{};
   };
+  adopt_frozen_dtypes(st.reader, *model_);
   st.check_tensors(*model_, owned_parameters(), slice_of);  // every name and shape before changing anything
   const RngState data{st.meta_u64("data_rng_seed"), st.meta_u64("data_rng_offset")};
   const RngState rng{st.meta_u64("rng_seed"), st.meta_u64("rng_offset")};
@@ -392,6 +405,7 @@ std::unique_ptr<DecoderModel> load_trained_model(const std::string& dir, std::ma
     model = std::make_unique<DecoderModel>(c, 0);
   }
   NoGradGuard ng;
+  adopt_frozen_dtypes(f, *model);
   for (auto& [name, p] : model->named_parameters()) {
     REMAT_CHECK(f.has(name), IOError, choice.path, " is missing parameter '", name, "'");
     REMAT_CHECK(f.shape(name) == p.sizes() && f.dtype(name) == p.dtype(), IOError, "parameter '", name, "' in ",
