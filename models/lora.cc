@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <memory>
 #include <sstream>
@@ -88,9 +89,13 @@ LoraConfig LoraConfig::parse(const std::string& spec) {
 
 std::string LoraConfig::str() const {
   if (!enabled()) return "";
+  auto shortest = [](double v) {  // (the shortest text that reads back as v)
+    char buf[32];
+    const auto res = std::to_chars(buf, buf + sizeof buf, v);
+    return std::string(buf, res.ptr);
+  };
   std::ostringstream o;
-  o.precision(17);
-  o << "r=" << r << ",alpha=" << alpha << ",dropout=" << dropout << ",targets=";
+  o << "r=" << r << ",alpha=" << shortest(alpha) << ",dropout=" << shortest(dropout) << ",targets=";
   for (std::size_t i = 0; i < targets.size(); ++i) o << (i ? "," : "") << targets[i];
   return o.str();
 }

@@ -19,11 +19,13 @@
 #include "models/tensor_parallel.h"
 #include "parallel/simulated_group.h"
 #include "tools/args.h"
+#include "tools/fine_tune_flags.h"
 #include "tools/auto_plan_flags.h"
 #include "tools/commands.h"
 #include "tools/mem_timeline.h"
 #include "train/comm_estimate.h"
 #include "train/data.h"
+#include "train/hf_model.h"
 #include "train/optimizer.h"
 #include "train/parallel_layout.h"
 #include "train/pipeline.h"
@@ -123,6 +125,9 @@ struct MemOptions {
 std::vector<FlagSpec> mem_flag_specs() {
   auto specs = with_auto_plan_flags(
       {text_flag("config", "model config: tiny, tiny-moe, bench-dense, bench-moe or FILE.json", "tiny"),
+       text_flag("model", "a Hugging Face model folder instead of --config: its architecture, and its weights "
+                 "(on meta: their shapes and dtypes; a frozen parameter keeps the folder's bf16 / f16)"),
+       fine_tune_flag_specs()[0], fine_tune_flag_specs()[1],
        text_flag("recompute", "recompute plan, as for train", "none"),
        text_flag("device", "cpu, cuda, or meta: the step on shapes alone, its allocations exactly the CPU's (or a "
                  "GPU's, with --meta-kernels cuda)", "cpu"),
@@ -173,7 +178,10 @@ MemOptions mem_options(const Flags& f) {
 // profiled and chosen here).
 TrainOptions mem_train_options(const Flags& f, const MemOptions& m) {
   TrainOptions o;
-  o.config = ModelConfig::load(f.get("config"));
+  REMAT_CHECK(!f.has("model") || !f.has("config"), Error, "mem: --model DIR brings its own config; drop --config");
+  o.config = f.has("model") ? load_hf_config(f.get("model")).config : ModelConfig::load(f.get("config"));
+  o.init_model = f.get("model");
+  apply_fine_tune_flags(f, o.config);
   const WorldSpec w = m.sim ? m.sim->world : WorldSpec{};
   o.pp = w.pp;
   o.ep = w.ep;
@@ -253,8 +261,11 @@ class MemTrainer {
       // On meta the model is built there: its parameters take no memory. On
       // a GPU it is built on the CPU and moved, as the trainer does.
       DefaultDeviceScope on(o.device.is_meta() ? kMeta : kCPU);
+      std::optional<SkipWeightInit> loaded_next;  // (--model: every weight is read below)
+      if (!o.init_model.empty()) loaded_next.emplace();
       model_ = std::make_unique<DecoderModel>(c, o.seed, layout_.placement());
     }
+    if (!o.init_model.empty()) load_hf_weights(*model_, o.init_model);
     if (o.device.is_cuda()) model_->to(o.device);
     apply_parallel_layout(*model_, layout_, o.reuse_routing_metadata);
     if (tp_) apply_tensor_parallel(*model_, tp_);
@@ -264,7 +275,13 @@ class MemTrainer {
     if (groups.pipeline)
       pipeline_ = std::make_unique<PipelineStage>(*model_, groups.pipeline, balanced_stages(*model_, o.pp),
                                                   o.pp_schedule);
-    const auto params = pipeline_ ? pipeline_->parameters() : model_->named_parameters();
+    std::vector<std::pair<std::string, Tensor>> params;  // (the ones that train)
+    for (const auto& [name, p] : pipeline_ ? pipeline_->parameters() : model_->named_parameters()) {
+      if (p.requires_grad())
+        params.emplace_back(name, p);
+      else
+        frozen_bytes_ += std::int64_t(p.nbytes()), frozen_ += p.numel();
+    }
     for (const auto& [name, p] : params) owned_.push_back(p);
     AdamWOptions ao;
     ao.weight_decay = o.weight_decay;
@@ -356,7 +373,7 @@ class MemTrainer {
     if (zero_) return zero_->persistent_bytes();
     std::vector<std::pair<std::string, Tensor>> named;
     for (const Tensor& p : owned_) named.emplace_back("", p);
-    return remat::persistent_bytes(named, *optimizer_);
+    return remat::persistent_bytes(named, *optimizer_) + frozen_bytes_;
   }
   // ZeRO's working set at a block's backward (ZeroOptimizer::working_bytes).
   std::int64_t working_bytes() const { return zero_ ? zero_->working_bytes() : 0; }
@@ -374,6 +391,8 @@ class MemTrainer {
   }
   // The parameters this rank holds and updates (a stage's own; under
   // --zero 3 its shards of them).
+  // The frozen parameters this rank holds (--lora, --freeze).
+  std::int64_t frozen_parameters() const { return frozen_; }
   std::int64_t owned_parameters() const {
     if (zero_) return zero_->held_parameters();
     std::int64_t n = 0;
@@ -390,7 +409,8 @@ class MemTrainer {
   std::unique_ptr<PipelineStage> pipeline_;
   std::shared_ptr<TensorParallel> tp_;  // --simulate-world tp=T (null without)
   std::shared_ptr<ProcessGroup> pipeline_group_;
-  std::vector<Tensor> owned_;
+  std::vector<Tensor> owned_;  // the parameters this rank updates
+  std::int64_t frozen_bytes_ = 0, frozen_ = 0;  // and the frozen ones it holds (--lora, --freeze)
   // The trainer's update under --zero (Trainer::update_tensors): the whole
   // gradients a backward did not reach become zeros, the shard pieces bound,
   // clipped, stepped. (The norm is this rank's: the values are not compared.)
@@ -593,6 +613,8 @@ MemRecording record_step(MemTrainer& run, const TrainOptions& o, const MemOption
               {"recomputed ops", std::to_string(cc.ops_recomputed)},
               {"saved-bytes peak", format_bytes(saved_bytes_report().peak_bytes)},
               {"threads", std::to_string(num_threads())}};
+  if (run.frozen_parameters() > 0)
+    rec.info.emplace_back("frozen parameters (this rank; not in the held ones)", std::to_string(run.frozen_parameters()));
   if (m.sim) {
     rec.info.emplace_back("simulated rank", std::to_string(m.sim->rank) + " of " + m.sim->world.str() + ": " +
                                                 rank_role(run));

@@ -315,6 +315,17 @@ void export_hf(const Trainer& trainer, const TrainCli& cli) {
   std::printf("Hugging Face model written to %s (%s weights)\n", cli.save_hf.c_str(), dtype_name(cli.hf_dtype));
 }
 
+// --lora / --freeze: what trains.
+void print_fine_tuning(const Trainer& trainer, const ModelConfig& c) {
+  if (!c.lora.enabled() && c.freeze.empty()) return;
+  std::int64_t trainable = 0;
+  for (const auto& [name, p] : trainer.model().trainable_parameters()) trainable += p.numel();
+  std::printf("  fine-tuning: %s%s%s; %lld parameters train (this rank's), the rest frozen\n",
+              c.lora.enabled() ? ("LoRA " + c.lora.str()).c_str() : "", c.lora.enabled() && !c.freeze.empty() ? ", " : "",
+              c.freeze.empty() ? "" : ("--freeze " + std::to_string(c.freeze.size()) + " pattern(s)").c_str(),
+              static_cast<long long>(trainable));
+}
+
 // The run's opening lines: the model, the layout, the data and the schedule.
 void print_header(Trainer& trainer, const TrainCli& cli) {
   const TrainOptions& o = cli.options;
@@ -323,6 +334,7 @@ void print_header(Trainer& trainer, const TrainCli& cli) {
   std::printf("remat train: config %s (%lld parameters, %lld layers, d %lld), %d threads\n", c.name.c_str(),
               static_cast<long long>(trainer.model_parameters()), static_cast<long long>(c.n_layers),
               static_cast<long long>(c.d_model), num_threads());
+  print_fine_tuning(trainer, c);
   if (const PipelineStage* pp = trainer.pipeline()) {
     std::string stages;
     for (std::int64_t st = 0; st < pp->stages(); ++st)

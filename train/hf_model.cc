@@ -113,18 +113,21 @@ void load_hf_weights(DecoderModel& model, const std::string& dir) {
     if (!bad_dtype.empty()) msg += "\n  not floating point: " + some(bad_dtype);
     throw IOError(msg);
   }
+  NoGradGuard ng;
+  CategoryScope cat(MemoryCategory::parameter);
+  // A frozen parameter keeps the folder's bf16 / f16: no f32 master (the
+  // layers cast it to the compute dtype as they cast any weight).
+  for (const auto& [name, p] : params)
+    if (files.has(name) && !p.requires_grad() && (files.dtype(name) == DType::bf16 || files.dtype(name) == DType::f16)) {
+      Tensor frozen = p;
+      frozen.convert_(files.dtype(name));
+    }
   // A model on meta has no values to fill: the folder's config.json and
   // headers, checked above, are all it reads (docs/META.md).
   if (!params.empty() && params.front().second.device().is_meta()) return;
-  NoGradGuard ng;
-  CategoryScope cat(MemoryCategory::parameter);
   for (const auto& [name, p] : params) {
     if (!files.has(name)) continue;  // (an adapter)
     Tensor dst = p;
-    // A frozen parameter keeps the folder's bf16 / f16: no f32 master (the
-    // layers cast it to the compute dtype as they cast any weight).
-    if (!dst.requires_grad() && (files.dtype(name) == DType::bf16 || files.dtype(name) == DType::f16))
-      dst.convert_(files.dtype(name));
     if (dst.dtype() != DType::f32)
       dst.copy_(files.read(name, dst.dtype()));
     else if (dst.device().is_cpu() && dst.is_contiguous())

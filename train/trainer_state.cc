@@ -236,7 +236,8 @@ struct ResumedState {
                 shape_str(shape), " ", dtype);
   }
   // Every parameter of `model` is in the state with its shape and dtype, and
-  // the AdamW moments of every parameter this rank updates (`owned`).
+  // the AdamW moments of every parameter this rank updates (`owned`: the
+  // ones that train).
   // Under --tp the state holds the whole tensors this rank has slices of.
   void check_tensors(const DecoderModel& model, const std::vector<std::pair<std::string, Tensor>>& owned,
                      const SliceOf& slice_of) const {
@@ -366,7 +367,7 @@ void Trainer::resume(const std::string& dir) {
     return tp_ ? tp_slice(opts_.config, name, tp_->size(), tp_->rank()) : TpSlice{};
   };
   adopt_frozen_dtypes(st.reader, *model_);
-  st.check_tensors(*model_, owned_parameters(), slice_of);  // every name and shape before changing anything
+  st.check_tensors(*model_, trainable_parameters(), slice_of);  // every name and shape before changing anything
   const RngState data{st.meta_u64("data_rng_seed"), st.meta_u64("data_rng_offset")};
   const RngState rng{st.meta_u64("rng_seed"), st.meta_u64("rng_offset")};
   std::pair<double, std::int64_t> scale{1.0, 0};
