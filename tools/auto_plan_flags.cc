@@ -51,6 +51,7 @@ std::vector<FlagSpec> with_auto_plan_flags(std::vector<FlagSpec> specs) {
 ProfileOptions profile_options_for_flags(const Flags& f, const ModelConfig& c, const std::string& dtype, Device device,
                                          std::uint64_t seed, bool verbose, const ProfileJob& job) {
   ProfileOptions o;
+  if (f.has("model") && (c.lora.enabled() || !c.freeze.empty())) o.weights_dir = f.get("model");
   if (const auto world = world_group(); world->size() > 1) {
     REMAT_CHECK(job.pp == 1, Error, f.command(), " --recompute auto under --pp ", job.pp, ": the planner profiles "
                 "the blocks of data- and expert-parallel ranks, not a pipeline's stages; choose each stage's plan "

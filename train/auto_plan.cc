@@ -20,6 +20,7 @@
 #include "models/decoder.h"
 #include "models/recompute.h"
 #include "models/tensor_parallel.h"
+#include "train/hf_model.h"
 #include "moe/dispatch.h"
 #include "parallel/simulated_group.h"
 #include "train/data.h"
@@ -318,6 +319,7 @@ class StepRig {
  private:
   DataParallelUpdate init_model(const ProfileOptions& o) {
     real_job_ = o.job && o.job->size() > 1;
+    if (!o.weights_dir.empty()) keep_frozen_in_folder_dtypes(model, o.weights_dir);
     if (o.world || real_job_) apply_parallel_layout(model, layout_, true);  // (as train runs it)
     if (split_.tp) apply_tensor_parallel(model, split_.tp);
     model.set_compute_dtype(compute_dtype_from_name(o.dtype));

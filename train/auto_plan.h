@@ -120,6 +120,10 @@ struct ProfileOptions {
   std::int64_t rounds = 3;        // measured rounds (after one warm-up round)
   bool allow_lossy = false;       // also measure compression candidates
   std::string offload_dir;        // offload's spill file (empty: the temp folder)
+  // The Hugging Face folder the run fine-tunes (empty: none): its frozen
+  // parameters keep the folder's bf16 / f16 in the profile, as in the run
+  // (train/hf_model.h keep_frozen_in_folder_dtypes; no weights are read).
+  std::string weights_dir;
   // Components to measure (empty: default_candidates(config, allow_lossy)).
   std::vector<std::string> candidates;
   // Called before each step with a line saying what runs (null: silent).

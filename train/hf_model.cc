@@ -113,15 +113,11 @@ void load_hf_weights(DecoderModel& model, const std::string& dir) {
     if (!bad_dtype.empty()) msg += "\n  not floating point: " + some(bad_dtype);
     throw IOError(msg);
   }
-  NoGradGuard ng;
-  CategoryScope cat(MemoryCategory::parameter);
   // A frozen parameter keeps the folder's bf16 / f16: no f32 master (the
   // layers cast it to the compute dtype as they cast any weight).
-  for (const auto& [name, p] : params)
-    if (files.has(name) && !p.requires_grad() && (files.dtype(name) == DType::bf16 || files.dtype(name) == DType::f16)) {
-      Tensor frozen = p;
-      frozen.convert_(files.dtype(name));
-    }
+  keep_frozen_in_folder_dtypes(model, dir);
+  NoGradGuard ng;
+  CategoryScope cat(MemoryCategory::parameter);
   // A model on meta has no values to fill: the folder's config.json and
   // headers, checked above, are all it reads (docs/META.md).
   if (!params.empty() && params.front().second.device().is_meta()) return;
@@ -135,6 +131,24 @@ void load_hf_weights(DecoderModel& model, const std::string& dir) {
     else
       dst.copy_(files.read(name, DType::f32));  // one tensor held at a time
   }
+}
+
+void keep_frozen_in_folder_dtypes(const DecoderModel& model, const std::string& dir) {
+  const CheckpointFiles files(dir);
+  NoGradGuard ng;
+  CategoryScope cat(MemoryCategory::parameter);
+  bool converted = false;
+  Device device = kCPU;
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (!files.has(name) || p.requires_grad()) continue;
+    const DType t = files.dtype(name);
+    if ((t != DType::bf16 && t != DType::f16) || p.dtype() == t) continue;
+    Tensor frozen = p;
+    frozen.convert_(t);
+    converted = true;
+    device = p.device();
+  }
+  if (converted) allocator_for(device).empty_cache();  // (the f32 blocks they left)
 }
 
 std::unique_ptr<DecoderModel> load_hf_model(const std::string& dir, std::int64_t batch, std::int64_t seq,

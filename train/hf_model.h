@@ -39,7 +39,14 @@ std::string hf_weights_dtype(const std::string& dir);
 // lists the missing, unexpected and mis-shaped tensors (the first few of
 // each, with counts) before any parameter is changed. A model on meta reads
 // the headers only (the same checks; no tensor data).
+// LoRA adapters (models/lora.h) are not read: they keep their initial values.
+// Frozen parameters take the folder's bf16 / f16 (keep_frozen_in_folder_dtypes).
 void load_hf_weights(DecoderModel& model, const std::string& dir);
+
+// Converts every frozen parameter (requires_grad false) that the folder at
+// `dir` holds in bf16 or f16 to that dtype, reading headers only (the values
+// are converted, not read): no f32 master for a weight that never updates.
+void keep_frozen_in_folder_dtypes(const DecoderModel& model, const std::string& dir);
 
 // The model of folder `dir` with its weights, seq and batch set on its
 // config, built on `device` (meta: config.json and the headers only).
