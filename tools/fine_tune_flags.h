@@ -1,4 +1,4 @@
-// The fine-tuning flags train, dump, mem and bench share (docs/REFERENCE.md#fine-tuning):
+// The fine-tuning flags train, dump and mem share (docs/REFERENCE.md#fine-tuning):
 // --lora SPEC (models/lora.h) and --freeze PATTERN[,PATTERN].
 #pragma once
 
