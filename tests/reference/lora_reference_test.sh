@@ -10,13 +10,16 @@
 #   - tiny Qwen2-MoE, GQA, a dense layer and a sparse one (4 experts, top 2,
 #     shared expert with its gate), adapters on every expert's and the shared
 #     expert's projections, f32 and bf16 (3 shards; the frozen base stays bf16):
-#     within 2e-6, not 1e-6 -- PyTorch's own float32 run of the same model is
-#     1.0-1.5e-6 from float64 by this measure here (the reference's
-#     --f32-floor line), so 1e-6 is below what float32 arithmetic gives
+#     within 2e-6, not 1e-6: PyTorch's own float32 run of the same model is
+#     0.7-1.5e-6 from float64 by this measure (seeds 0-5; the reference's
+#     --f32-floor line, printed below), remat 0.8-1.9e-6, so 1e-6 is at
+#     what float32 arithmetic gives, not a margin above it
 #   - fresh adapters (PEFT's initialisation: B zero, A within 1/sqrt(in))
 #   - --freeze model.embed_tokens.* without LoRA (tied: lm_head frozen too)
-# and that the check has teeth: another alpha, or the reference without the
-# dump's --lora / --freeze, fails. Loss to the reference's 1e-5.
+# and that the check has teeth: the reference with another alpha fails (the
+# reference's own self-check, run by hf_cross_check_test.sh, covers the rest:
+# perturbed adapter gradients, a frozen parameter's gradient, other r or
+# targets, a missing --lora or --freeze). Loss to the reference's 1e-5.
 source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"
 py=/usr/bin/python3
 remat=./bazel-bin/tools/remat
@@ -24,10 +27,18 @@ targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 lora="r=4,alpha=8,targets=$targets"
 common="--hidden 64 --heads 4 --kv-heads 2 --vocab 320 --layers 2"
 moe="--arch qwen2_moe --experts 4 --top-k 2 --moe-intermediate 32 --shared-intermediate 48 --mlp-only-layers 0 --seed 3"
-make_model() {  # NAME ARGS...: a random HF folder in $tmp/NAME
-  local name=$1
-  shift
-  $py tools/reference/make_hf_model.py --out "$tmp/$name" $common "$@" > /dev/null
+# make_models 'NAME ARGS...' ...: random HF folders $tmp/NAME, made in one
+# process (each start of python imports torch).
+make_models() {
+  $py - "$tmp" "$common" "$@" > /dev/null <<'PY'
+import sys
+sys.path.insert(0, "tools/reference")
+import make_hf_model
+tmp, common = sys.argv[1], sys.argv[2].split()
+for spec in sys.argv[3:]:
+    name, *args = spec.split()
+    make_hf_model.main(["--out", f"{tmp}/{name}"] + common + args)
+PY
 }
 # NAME SEED RTOL FLAG VALUE: dump the folder with FLAG VALUE (--lora or
 # --freeze, the same spelling for both), check it with the reference and show
@@ -43,11 +54,11 @@ ref_check() {
   [ $rc -eq 0 ] || { grep -v '^ok' "$tmp/ref.txt" | sed 's/^/    /'; return 1; }
 }
 
-make_model llama --arch llama --tied --lora-init "r=4,targets=$targets"
-make_model llama-base --arch llama --tied
-make_model moe $moe --lora-init "r=4,targets=$targets"
-make_model moe-bf16 $moe --dtype bf16 --shards 3 --lora-init "r=4,targets=$targets"
-make_model moe-base $moe
+make_models "llama --arch llama --tied --lora-init r=4,targets=$targets" \
+  "llama-base --arch llama --tied" \
+  "moe $moe --lora-init r=4,targets=$targets" \
+  "moe-bf16 $moe --dtype bf16 --shards 3 --lora-init r=4,targets=$targets" \
+  "moe-base $moe"
 
 for seed in 0 1; do
   check "LoRA, Llama GQA tied f32, seed $seed: adapter gradients within 1e-6 of float64 PEFT" \
@@ -68,10 +79,4 @@ check "--freeze model.embed_tokens.*, Qwen2-MoE: gradients within 2e-6" \
 check "the reference with alpha=16 for the dump's 8 fails" \
   "! $py tools/reference/hf_reference.py --model $tmp/llama $tmp/llama-0-lora.st --lora r=4,alpha=16 > $tmp/ref.txt &&
    grep -q '^FAIL grad.*lora_' $tmp/ref.txt"
-check "the reference without --lora refuses the LoRA dump (exit 2)" \
-  "$py tools/reference/hf_reference.py --model $tmp/llama-base $tmp/llama-base-0-lora.st > $tmp/ref.txt;
-   [ \$? -eq 2 ] && grep -q 'give --lora alpha=A' $tmp/ref.txt"
-check "the reference without --freeze fails the frozen-embedding dump (no grad of the embedding)" \
-  "! $py tools/reference/hf_reference.py --model $tmp/moe-base $tmp/moe-base-0-freeze.st > $tmp/ref.txt &&
-   grep -q 'lacks grad.model.embed_tokens.weight' $tmp/ref.txt"
 finish
