@@ -4,25 +4,35 @@
 
     hf_reference.py --model DIR DUMP [--loss-rtol 1e-5] [--aux-rtol 1e-5]
                     [--aux-atol 1e-7] [--grad-rtol 1e-4]
+                    [--lora r=R,alpha=A[,dropout=0][,targets=NAME,...]]
+                    [--freeze GLOB[,GLOB...]] [--f32-floor]
 
 DIR is a Hugging Face model folder (config.json; model.safetensors or
 model.safetensors.index.json and its shards; F32, BF16 or F16) of a
 LlamaForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM or MixtralForCausalLM.
 It is read here, not through remat. DUMP is a safetensors file holding every
 parameter under its HF name (f32), batch.tokens [B, S+1] (integers), loss.ce,
-loss.aux (0-dim or [1]) and grad.<name> for every parameter.
+loss.aux (0-dim or [1]) and grad.<name> for every parameter that trains
+(every parameter, unless --lora or --freeze says otherwise: see below).
 
 Checks, one line each:
   parameters  the dump's parameters are the folder's tensors, each equal to the
               folder's value converted to f32 bit for bit (the first mismatch
               is named); every grad.X is there with X's shape; no grad of
-              anything else and no keys outside batch./loss./grad.
+              anything else and no keys outside batch./loss./grad. (With
+              --lora / --freeze: a grad.X for every trainable X, none for a
+              frozen one.)
+  lora        (--lora only) the adapters, see below
   loss.ce     |remat - torch| / |torch|
   loss.aux    relative difference (absolute when torch's aux is 0: dense)
   gradients   max |remat - torch| / max |torch| per parameter (a parameter
               torch gives no gradient, e.g. an expert no token chose: zeros;
               absolute when torch's gradient is all zero)
-plus an `info` line with the smallest routing margin of the MoE layers.
+plus an `info` line with the smallest routing margin of the MoE layers, and
+with --f32-floor one with how far the same model run by PyTorch in float32
+(the folder's values) is from float64 by the gradients' measure: the size of
+float32 rounding alone, to read the gradients' figure against (about 1e-6 on
+the tiny test models).
 
 The model (float64, the folder's values; inputs = tokens[:, :-1], targets =
 tokens[:, 1:]; h = hidden_size, Dh = head_dim or h / num_attention_heads):
@@ -54,16 +64,42 @@ tokens[:, 1:]; h = hidden_size, Dh = head_dim or h / num_attention_heads):
     MoE layers. Gradients are those of ce + router_aux_loss_coef * aux (HF's
     default 0.001 when the config has no router_aux_loss_coef).
 
+LoRA (--lora), with the semantics of Hugging Face PEFT's LoraLayer for
+nn.Linear (bias "none", no rsLoRA, no DoRA, one rank for every module):
+  the dump holds, for each adapted Linear M of the model (M.weight [out, in]),
+  M.lora_A.weight [r, in] and M.lora_B.weight [out, r]; M computes
+    y = x @ W.T (+ b) + ((dropout(x) @ A.T) @ B.T) * (alpha / r)
+  with dropout 0 (the reference refuses another: it is random). r is read
+  from the adapters' shapes (all must agree, and agree with r= when given);
+  alpha must be given. The Linears are those of the HF model: the attention
+  and MLP projections, every expert's, the shared expert's, the routers
+  (mlp.gate / block_sparse_moe.gate), shared_expert_gate and lm_head (tied:
+  the embedding's values, its own adapter). With targets=, the adapted
+  Linears are exactly those whose name's last part is a target (PEFT's
+  target_modules list). The adapters train and nothing else does (PEFT's
+  default); a dump with adapters needs --lora (exit 2 without it).
+  Adapter values: those of the folder where it holds M.lora_A.weight /
+  M.lora_B.weight (make_hf_model.py --lora-init writes them; the dump's must
+  equal them bit for bit), else the dump's, which must be PEFT's fresh
+  initialisation: B zero, A nonzero within Kaiming-uniform's +-1/sqrt(in).
+Frozen parameters (--freeze GLOB,...: '*' any run of characters, '?' one, [A-B]
+  a decimal number from A to B, matched against the whole HF name; each glob
+  must match some parameter): the dump holds their values but no gradient.
+Only the gradients of trainable parameters are compared; the model and the
+loss are the same whatever trains.
+
 Exit status 0 when every check passes, 1 when one fails, 2 when the folder is
 one the reference refuses (rope scaling, sliding windows, dropout, router
-jitter, other activations, a folder that does not match its config): the
-reason is printed. Uses Debian's python3-torch and numpy; no network.
+jitter, other activations, a folder that does not match its config, LoRA
+adapters without --lora or with dropout, a --freeze glob matching nothing):
+the reason is printed. Uses Debian's python3-torch and numpy; no network.
 """
 
 import argparse
 import json
 import math
 import os
+import re
 import struct
 import sys
 
@@ -96,6 +132,7 @@ DEFAULTS = {
                 "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
                 "sliding_window": None},
 }
+LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size")
 
 
@@ -218,6 +255,76 @@ def model_config(raw):
     return c
 
 
+def parse_lora(spec):
+    """{r (None: from the shapes), alpha, targets (None: any)} of a --lora
+    spec 'r=R,alpha=A,dropout=P,targets=N1,N2' (targets last: its names run to
+    the end); raises Refused for dropout != 0 or no alpha, ValueError for a
+    malformed spec."""
+    out = {"r": None, "alpha": None, "targets": None}
+    dropout = 0.0
+    parts = spec.split(",")
+    for j, part in enumerate(parts):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"--lora {spec!r}: {part!r} is not KEY=VALUE (keys r, alpha, dropout, targets)")
+        if key == "targets":
+            out["targets"] = [value] + parts[j + 1 :]
+            if not all(out["targets"]) or any("=" in t or "." in t for t in out["targets"]):
+                raise ValueError(f"--lora {spec!r}: targets= takes module names (the last part of a Linear's "
+                                 "name) and must come last")
+            break
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"--lora {spec!r}: {key}={value!r} is not a number") from None
+        if not math.isfinite(number):
+            raise ValueError(f"--lora {spec!r}: {key}={value!r} is not a finite number")
+        if key == "r":
+            if number != int(number) or number < 1:
+                raise ValueError(f"--lora {spec!r}: r must be an integer >= 1")
+            out["r"] = int(number)
+        elif key == "alpha":
+            if not number > 0:
+                raise ValueError(f"--lora {spec!r}: alpha must be > 0")
+            out["alpha"] = number
+        elif key == "dropout":
+            dropout = number
+        else:
+            raise ValueError(f"--lora {spec!r}: unknown key {key!r} (keys r, alpha, dropout, targets)")
+    if dropout != 0.0:
+        raise Refused(f"--lora dropout={dropout:g}: dropout is random, the reference checks dropout 0 only")
+    if out["alpha"] is None:
+        raise Refused(f"--lora {spec!r}: give alpha= (the scaling is alpha / r)")
+    return out
+
+
+def glob_regex(pattern):
+    """A compiled regex for a --freeze glob: '*' any run, '?' one character,
+    [A-B] a decimal number from A to B; the whole name must match."""
+    out, j = "", 0
+    while j < len(pattern):
+        ch = pattern[j]
+        if ch == "*":
+            out += ".*"
+        elif ch == "?":
+            out += "."
+        elif ch == "[":
+            end = pattern.find("]", j)
+            lo, sep, hi = pattern[j + 1 : end].partition("-") if end > 0 else ("", "", "")
+            if not (sep and lo.isdigit() and hi.isdigit() and int(lo) <= int(hi)):
+                raise Refused(f"--freeze {pattern!r}: a bracket must be a number range [A-B] with A <= B")
+            out += "(?:" + "|".join(str(n) for n in range(int(hi), int(lo) - 1, -1)) + ")"
+            j = end
+        else:
+            out += re.escape(ch)
+        j += 1
+    return re.compile(out + r"\Z")
+
+
+def is_adapter(name):
+    return name.endswith(LORA_SUFFIXES)
+
+
 def is_moe_layer(c, i):
     if c["kind"] == "mixtral":
         return True
@@ -240,13 +347,26 @@ def moe_names(c, i):
 
 def expected_parameters(c):
     """{name: shape} of every tensor the config's HF model has."""
+    return model_layout(c)[0]
+
+
+def linear_modules(c):
+    """{module name: [out, in]} of every nn.Linear of the config's HF model
+    (lm_head too when tied: a Linear whose weight is the embedding's)."""
+    return model_layout(c)[1]
+
+
+def model_layout(c):
+    """({parameter name: shape}, {Linear module name: [out, in]})."""
     h, V, dh = c["hidden_size"], c["vocab_size"], c["head_dim"]
     qd, kvd = c["num_attention_heads"] * dh, c["num_key_value_heads"] * dh
     shapes = {"model.embed_tokens.weight": [V, h], "model.norm.weight": [h]}
+    linears = {"lm_head": [V, h]}
     if not c["tie_word_embeddings"]:
         shapes["lm_head.weight"] = [V, h]
 
     def linear(name, out, inp, bias=False):
+        linears[name] = [out, inp]
         shapes[name + ".weight"] = [out, inp]
         if bias:
             shapes[name + ".bias"] = [out]
@@ -279,15 +399,25 @@ def expected_parameters(c):
         if shared:
             swiglu(shared, c["shared_expert_intermediate_size"])
             linear(shared_gate, 1, h)
-    return shapes
+    return shapes, linears
 
 
 # ---------------------------------------------------------------- the model
 
-def linear(x, p, name):
+def linear(x, p, name, c):
     y = x @ p[name + ".weight"].T
     bias = p.get(name + ".bias")
-    return y if bias is None else y + bias
+    if bias is not None:
+        y = y + bias
+    return lora(y, x, p, name, c)
+
+
+def lora(y, x, p, name, c):
+    """y plus the module's LoRA term, PEFT's order: y + lora_B(lora_A(x)) * scaling."""
+    a = p.get(name + ".lora_A.weight")
+    if a is None:
+        return y
+    return y + ((x @ a.T) @ p[name + ".lora_B.weight"].T) * c["lora_scaling"]
 
 
 def rms_norm(x, w, eps):
@@ -315,22 +445,22 @@ def repeat_kv(x, n_rep):
 def attention(x, p, pre, c):
     b, s, _ = x.shape
     nh, nkv, dh = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-    q = linear(x, p, pre + "q_proj").view(b, s, nh, dh).transpose(1, 2)
-    k = linear(x, p, pre + "k_proj").view(b, s, nkv, dh).transpose(1, 2)
-    v = linear(x, p, pre + "v_proj").view(b, s, nkv, dh).transpose(1, 2)
-    cos, sin = rope_cos_sin(s, dh, float(c["rope_theta"]))
+    q = linear(x, p, pre + "q_proj", c).view(b, s, nh, dh).transpose(1, 2)
+    k = linear(x, p, pre + "k_proj", c).view(b, s, nkv, dh).transpose(1, 2)
+    v = linear(x, p, pre + "v_proj", c).view(b, s, nkv, dh).transpose(1, 2)
+    cos, sin = (t.to(x.dtype) for t in rope_cos_sin(s, dh, float(c["rope_theta"])))
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin
     k, v = repeat_kv(k, nh // nkv), repeat_kv(v, nh // nkv)
     scores = q @ k.transpose(-1, -2) / math.sqrt(dh)
     future = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
     o = torch.softmax(scores.masked_fill(future, float("-inf")), -1) @ v
-    return linear(o.transpose(1, 2).reshape(b, s, nh * dh), p, pre + "o_proj")
+    return linear(o.transpose(1, 2).reshape(b, s, nh * dh), p, pre + "o_proj", c)
 
 
-def swiglu(x, p, names):
+def swiglu(x, p, names, c):
     gate, up, down = names
-    return linear(torch.nn.functional.silu(linear(x, p, gate)) * linear(x, p, up), p, down)
+    return linear(torch.nn.functional.silu(linear(x, p, gate, c)) * linear(x, p, up, c), p, down, c)
 
 
 def moe(x, p, c, i):
@@ -344,7 +474,7 @@ def moe(x, p, c, i):
     router, experts, shared, shared_gate = moe_names(c, i)
     n_exp, top_k = c["experts"], c["num_experts_per_tok"]
     t = x.reshape(b * s, h)
-    probs = torch.softmax(t @ p[router + ".weight"].T, -1)  # [T, E]
+    probs = torch.softmax(linear(t, p, router, c), -1)  # [T, E]
     weights, idx = torch.topk(probs, top_k, dim=-1, largest=True, sorted=True)
     if c["kind"] == "mixtral" or c["norm_topk_prob"]:
         weights = weights / weights.sum(-1, keepdim=True)
@@ -352,9 +482,9 @@ def moe(x, p, c, i):
     for e in range(n_exp):
         tok, slot = (idx == e).nonzero(as_tuple=True)
         if tok.numel():  # an expert no token chose gets no gradient
-            y = y.index_add(0, tok, swiglu(t[tok], p, experts[e]) * weights[tok, slot, None])
+            y = y.index_add(0, tok, swiglu(t[tok], p, experts[e], c) * weights[tok, slot, None])
     if shared:
-        y = y + torch.sigmoid(t @ p[shared_gate + ".weight"].T) * swiglu(t, p, shared)
+        y = y + torch.sigmoid(linear(t, p, shared_gate, c)) * swiglu(t, p, shared, c)
     counts = torch.bincount(idx.reshape(-1), minlength=n_exp).to(t.dtype)
     aux = n_exp * ((counts / idx.numel()) * probs.mean(0)).sum()
     margin = math.inf
@@ -370,7 +500,7 @@ def forward(p, tokens, c):
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     eps = float(c["rms_norm_eps"])
     x = p["model.embed_tokens.weight"][inputs]
-    aux = torch.zeros((), dtype=torch.float64)
+    aux = torch.zeros((), dtype=x.dtype)
     margins = {}
     for i in range(c["num_hidden_layers"]):
         pre = f"model.layers.{i}."
@@ -380,11 +510,13 @@ def forward(p, tokens, c):
             y, layer_aux, margins[i] = moe(hn, p, c, i)
             aux = aux + layer_aux
         else:
-            y = swiglu(hn, p, tuple(f"{pre}mlp.{w}_proj" for w in ("gate", "up", "down")))
+            y = swiglu(hn, p, tuple(f"{pre}mlp.{w}_proj" for w in ("gate", "up", "down")), c)
         x = x + y
     x = rms_norm(x, p["model.norm.weight"], eps)
-    head = p["model.embed_tokens.weight"] if c["tie_word_embeddings"] else p["lm_head.weight"]
-    logits = x @ head.T
+    if c["tie_word_embeddings"]:  # HF's lm_head Linear holds the embedding's weight
+        logits = lora(x @ p["model.embed_tokens.weight"].T, x, p, "lm_head", c)
+    else:
+        logits = linear(x, p, "lm_head", c)
     ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     return ce, aux, margins
 
@@ -405,25 +537,86 @@ def first_difference(a, b):
             f"({diff.numel()} of {a.numel()} values differ)")
 
 
-def check_structure(dump, folder):
-    """Lines describing what is wrong with the dump's key set and parameters ([] when nothing)."""
+def check_structure(dump, shapes, trainable):
+    """Lines describing what is wrong with the dump's key set and parameters ([] when nothing).
+
+    shapes: {name: shape} of the model's parameters (the folder's tensors and
+    the LoRA adapters); trainable: the names that must have a grad.X (the
+    others must not)."""
     bad = []
     params = [k for k in dump if not k.startswith(("grad.", "batch.", "loss."))]
-    bad += [f"the dump lacks parameter {k}" for k in sorted(folder) if k not in dump]
-    bad += [f"the dump has {k}, which the folder does not hold" for k in sorted(params) if k not in folder]
-    for k in sorted(folder):
-        if "grad." + k not in dump:
+    bad += [f"the dump lacks parameter {k}" for k in sorted(shapes) if k not in dump]
+    bad += [f"the dump has {k}, which the folder does not hold" for k in sorted(params) if k not in shapes]
+    for k in sorted(shapes):
+        if k not in trainable:
+            if "grad." + k in dump:
+                bad.append(f"the dump has grad.{k}, but {k} is frozen")
+        elif "grad." + k not in dump:
             bad.append(f"the dump lacks grad.{k}")
-        elif list(dump["grad." + k].shape) != list(folder[k].shape):
-            bad.append(f"grad.{k} is {list(dump['grad.' + k].shape)}, the parameter {list(folder[k].shape)}")
+        elif list(dump["grad." + k].shape) != list(shapes[k]):
+            bad.append(f"grad.{k} is {list(dump['grad.' + k].shape)}, the parameter {list(shapes[k])}")
     bad += [f"the dump has {k}, a gradient of no parameter" for k in sorted(dump)
-            if k.startswith("grad.") and k[5:] not in folder]
+            if k.startswith("grad.") and k[5:] not in shapes]
     for k in ("batch.tokens", "loss.ce", "loss.aux"):
         if k not in dump:
             bad.append(f"the dump lacks {k}")
     for k in ("loss.ce", "loss.aux"):
         if k in dump and dump[k].numel() != 1:
             bad.append(f"{k} has shape {list(dump[k].shape)}, expected [] or [1]")
+    return bad
+
+
+def check_adapters(c, lora, adapters):
+    """(lines describing what is wrong, r) of the adapters {name: tensor}
+    (the folder's and the dump's) against the model's Linears and --lora."""
+    linears = linear_modules(c)
+    bad, ranks = [], set()
+    modules = sorted({k[: -len(suffix)] for k in adapters for suffix in LORA_SUFFIXES if k.endswith(suffix)})
+    for m in modules:
+        a, b = adapters.get(m + ".lora_A.weight"), adapters.get(m + ".lora_B.weight")
+        if m not in linears:
+            bad.append(f"{m} has an adapter but is not a Linear of the model")
+            continue
+        if a is None or b is None:
+            bad.append(f"{m} has lora_{'B' if a is None else 'A'} without lora_{'A' if a is None else 'B'}")
+            continue
+        out, inp = linears[m]
+        r = a.shape[0] if a.dim() == 2 else -1
+        if list(a.shape) != [r, inp] or list(b.shape) != [out, r] or r < 1:
+            bad.append(f"{m}: lora_A {list(a.shape)} and lora_B {list(b.shape)}, expected [r, {inp}] and [{out}, r]")
+            continue
+        ranks.add(r)
+    if len(ranks) > 1:
+        bad.append(f"the adapters have ranks {sorted(ranks)}: one r for every module")
+    r = min(ranks) if ranks else None
+    if lora["r"] is not None and r is not None and r != lora["r"]:
+        bad.append(f"the adapters have rank {r}, --lora says r={lora['r']}")
+    if lora["targets"] is not None:
+        want = {m for m in linears if m.rsplit(".", 1)[-1] in lora["targets"]}
+        unmatched = [t for t in lora["targets"] if not any(m.rsplit(".", 1)[-1] == t for m in linears)]
+        bad += [f"target {t} names no Linear of the model" for t in unmatched]
+        lacking = sorted(want - set(modules))
+        extra = sorted(set(modules) - want)
+        if lacking:
+            bad.append(f"{len(lacking)} targeted Linears have no adapter, e.g. {lacking[0]}")
+        if extra:
+            bad.append(f"{len(extra)} Linears not targeted have one, e.g. {extra[0]}")
+    return bad, r
+
+
+def check_fresh_adapters(fresh):
+    """Lines describing how the dump's own adapters {name: tensor} differ from
+    PEFT's initialisation: B zero, A nonzero within +-1/sqrt(in)."""
+    bad = []
+    for k in sorted(fresh):
+        t = fresh[k].to(torch.float64)
+        if k.endswith(".lora_B.weight") and t.abs().max().item() != 0:
+            bad.append(f"{k} is not zero (a fresh lora_B is)")
+        if k.endswith(".lora_A.weight"):
+            bound = 1.0 / math.sqrt(t.shape[1])
+            top = t.abs().max().item()
+            if not 0 < top <= bound * (1 + 2.0 ** -23):
+                bad.append(f"{k}: max |value| {top:.6g}, a fresh lora_A is nonzero within +-1/sqrt(in) = {bound:.6g}")
     return bad
 
 
@@ -435,26 +628,71 @@ def main(argv=None):
     ap.add_argument("--aux-rtol", type=float, default=1e-5)
     ap.add_argument("--aux-atol", type=float, default=1e-7, help="used when the reference aux loss is 0")
     ap.add_argument("--grad-rtol", type=float, default=1e-4)
+    ap.add_argument("--lora", metavar="r=R,alpha=A[,dropout=0][,targets=NAME,...]",
+                    help="the dump's LoRA adapters: alpha (required), r and targets (checked when given)")
+    ap.add_argument("--freeze", metavar="GLOB[,GLOB...]", help="parameters without a gradient")
+    ap.add_argument("--f32-floor", action="store_true",
+                    help="also print (info) how far the same model run by PyTorch in float32 is from float64")
     args = ap.parse_args(argv)
 
+    try:
+        lora = parse_lora(args.lora) if args.lora else None
+    except (ValueError, Refused) as e:
+        print(f"refused: {e}")
+        return 2
     try:
         raw, folder = read_folder(args.model)
         c = model_config(raw)
         shapes = expected_parameters(c)
-        wrong = [f"lacks {k} {v}" for k, v in shapes.items() if k not in folder]
-        wrong += [f"has {k}, which the config's model does not" for k in sorted(folder) if k not in shapes]
-        wrong += [f"has {k} {list(folder[k].shape)}, the config says {shapes[k]}"
-                  for k in sorted(folder) if k in shapes and list(folder[k].shape) != shapes[k]]
+        base = {k: t for k, t in folder.items() if not is_adapter(k)}
+        wrong = [f"lacks {k} {v}" for k, v in shapes.items() if k not in base]
+        wrong += [f"has {k}, which the config's model does not" for k in sorted(base) if k not in shapes]
+        wrong += [f"has {k} {list(base[k].shape)}, the config says {shapes[k]}"
+                  for k in sorted(base) if k in shapes and list(base[k].shape) != shapes[k]]
         if wrong:
             raise Refused(f"the folder does not match its config.json: it {wrong[0]}"
                           + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""))
+        held = sorted(k for k in folder if is_adapter(k))
+        if held and lora is None:
+            raise Refused(f"the folder holds LoRA adapters ({held[0]}, ...): give --lora alpha=A")
     except Refused as e:
         print(f"refused {args.model}: {e}")
         return 2
     dump = read_safetensors(args.dump)
+    dumped = sorted(k for k in dump if is_adapter(k) and not k.startswith(("grad.", "batch.", "loss.")))
+    if dumped and lora is None:
+        print(f"refused {args.dump}: it holds LoRA adapters ({dumped[0]}, ...): give --lora alpha=A")
+        return 2
+
+    # The model's parameters: the folder's tensors and the adapters (the
+    # folder's initial values where it holds them, else the dump's).
+    values = dict(folder)
+    fresh = {k: dump[k] for k in dumped if k not in folder}
+    values.update(fresh)
+    names = sorted(values)
+    trainable = set(names)
+    if lora is not None:
+        trainable = {k for k in names if is_adapter(k)}
+    try:
+        for pattern in (args.freeze.split(",") if args.freeze else []):
+            if not pattern:
+                raise Refused(f"--freeze {args.freeze!r}: an empty glob")
+            matched = {k for k in names if glob_regex(pattern).match(k)}
+            if not matched:
+                raise Refused(f"--freeze glob {pattern!r} matches no parameter")
+            trainable -= matched
+    except Refused as e:
+        print(f"refused: {e}")
+        return 2
 
     ok = True
-    bad = check_structure(dump, folder)
+    bad = check_structure(dump, {k: list(t.shape) for k, t in values.items()}, trainable)
+    r = None
+    if lora is not None:
+        more, r = check_adapters(c, lora, values)
+        bad += more
+        if not any(is_adapter(k) for k in names):
+            bad.append("--lora is given, the dump holds no adapters")
     for line in bad:
         print(f"FAIL {line}")
     if bad:
@@ -465,8 +703,23 @@ def main(argv=None):
         ok = False
         k, why = mismatched[0]
         print(f"FAIL parameters: {len(mismatched)} of {len(folder)} differ from the folder's; first {k} {why}")
-    else:
+    elif lora is None and args.freeze is None:
         print(f"ok   parameters: the dump's {len(folder)} equal the folder's converted to f32, each with its grad")
+    else:
+        print(f"ok   parameters: the dump's {len(folder)} from the folder equal its values converted to f32; "
+              f"{len(trainable)} trainable, each with its grad; {len(names) - len(trainable)} frozen, none with one")
+    if lora is not None:
+        c["lora_scaling"] = lora["alpha"] / r
+        modules = sorted({k.rsplit(".", 2)[0] for k in names if is_adapter(k)})
+        leaves = sorted({m.rsplit(".", 1)[-1] for m in modules})
+        init = check_fresh_adapters(fresh)
+        for line in init:
+            print(f"FAIL lora: {line}")
+        ok &= not init
+        where = (f"{len(modules) - len(fresh) // 2} with the folder's initial values"
+                 + (f", {len(fresh) // 2} fresh (B zero, A within +-1/sqrt(in))" if fresh else ""))
+        print(f"{'FAIL' if init else 'ok  '} lora: {len(modules)} adapted Linears ({','.join(leaves)}), r={r}, "
+              f"alpha={lora['alpha']:g} (scaling {c['lora_scaling']:g}), dropout 0; {where}")
 
     tokens = dump["batch.tokens"]
     if tokens.is_floating_point() or tokens.dim() != 2 or tokens.shape[1] < 2:
@@ -477,11 +730,14 @@ def main(argv=None):
         print(f"FAIL batch.tokens hold ids outside [0, {c['vocab_size']})")
         return 1
 
-    # The reference runs on the folder's values (f32-exact), not the dump's.
-    params = {k: t.to(torch.float64).requires_grad_(True) for k, t in folder.items()}
+    # The reference runs on the folder's values (f32-exact), not the dump's
+    # (the dump's own for fresh adapters, the only source of remat's draws).
+    params = {k: t.to(torch.float64).requires_grad_(k in trainable) for k, t in values.items()}
     ce_t, aux_t, margins = forward(params, tokens, c)
     coef = float(c.get("router_aux_loss_coef", 0.001)) if c["experts"] else 0.0
-    (ce_t + coef * aux_t).backward()
+    total = ce_t + coef * aux_t
+    if total.requires_grad:
+        total.backward()
 
     ok &= reference.check_losses(dump, ce_t, aux_t, args)
 
@@ -491,8 +747,27 @@ def main(argv=None):
                    if math.isfinite(margins[layer]) else "every expert selected")
         print(f"info {len(margins)} MoE layers of {c['experts']} experts, aux coef {coef:g}; {routing}")
 
-    ok &= reference.check_gradients(dump, params, sorted(folder), args)
+    ok &= reference.check_gradients(dump, params, sorted(trainable), args)
+    if args.f32_floor and trainable:
+        print(f32_floor(values, tokens, c, coef, params, sorted(trainable), ce_t.item()))
     return 0 if ok else 1
+
+
+def f32_floor(values, tokens, c, coef, params, names, ce64):
+    """An info line: the same model and loss in float32 (PyTorch's kernels),
+    its gradients against the float64 ones by the gradient check's measure --
+    how close float32 arithmetic itself comes."""
+    p32 = {k: t.to(torch.float32).clone().requires_grad_(k in names) for k, t in values.items()}
+    ce, aux, _ = forward(p32, tokens, c)
+    (ce + coef * aux).backward()
+    worst = (0.0, names[0])
+    for k in names:
+        g64 = params[k].grad if params[k].grad is not None else torch.zeros_like(params[k])
+        g32 = p32[k].grad.to(torch.float64) if p32[k].grad is not None else torch.zeros_like(g64)
+        scale = g64.abs().max().item()
+        worst = max(worst, ((g32 - g64).abs().max().item() / (scale if scale > 0 else 1.0), k))
+    return (f"info torch float32 of the same model: worst grad.{worst[1]}: {worst[0]:.2e} from float64 "
+            f"(loss.ce rel diff {abs(ce.item() - ce64) / abs(ce64):.2e})")
 
 
 if __name__ == "__main__":

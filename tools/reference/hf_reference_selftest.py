@@ -19,7 +19,18 @@ the reference's:
 The reference must accept each such dump (exit 0), reject it (exit 1) once one
 gradient is perturbed by 1e-3 of its largest value, and reject dumps with a
 changed parameter bit, a missing or extra key, a misshapen gradient or a
-perturbed loss; folders it cannot model must exit 2. Also checks the folder
+perturbed loss; folders it cannot model must exit 2.
+
+LoRA and frozen parameters (--lora / --freeze): fake dumps whose adapted
+Linears use the merged weight W + (alpha/r) B @ A (the reference adds the
+low-rank term to x W^T instead), of folders with make_hf_model.py
+--lora-init adapters (every projection, the routers, shared_expert_gate and a
+tied lm_head included) and of fresh PEFT-initialised adapters, with gradients
+of the adapters only; and dumps with a frozen embedding. The reference must
+accept them, and reject a perturbed adapter gradient, a gradient of a frozen
+parameter, a missing adapter gradient, another alpha, r or target list, a
+fresh B that is not zero; --lora without alpha, with dropout, or missing
+where the dump has adapters, and a --freeze glob matching nothing exit 2. Also checks the folder
 layout (names, shapes, config keys, shard names, index totals, header
 alignment, determinism in the seed).
 
@@ -90,17 +101,18 @@ def make(tmp, name, argv):
     return out
 
 
-def reference(folder, dump):
+def reference(folder, dump, *flags):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = hf_reference.main(["--model", folder, dump])
+        rc = hf_reference.main(["--model", folder, dump, *flags])
     return rc, buf.getvalue()
 
 
 # ---------------------------------------------------------------- the fake dump (float32)
 
-def fake_forward(c, p, tokens):
-    """(ce, aux) in float32, along other code paths than hf_reference's."""
+def fake_forward(c, p, tokens, lora_scaling=None):
+    """(ce, aux) in float32, along other code paths than hf_reference's (a
+    LoRA-adapted Linear through its merged weight W + scaling * B @ A)."""
     kind = c["model_type"]
     h, V, nh = c["hidden_size"], c["vocab_size"], c["num_attention_heads"]
     nkv = c.get("num_key_value_heads") or nh
@@ -112,8 +124,13 @@ def fake_forward(c, p, tokens):
     def norm(x, w):
         return x / torch.sqrt((x * x).sum(-1, keepdim=True) / h + eps) * w
 
+    def merged(w, name):
+        if name + ".lora_A.weight" not in p:
+            return w
+        return w + lora_scaling * (p[name + ".lora_B.weight"] @ p[name + ".lora_A.weight"])
+
     def lin(x, name):
-        return F.linear(x, p[name + ".weight"], p.get(name + ".bias"))
+        return F.linear(x, merged(p[name + ".weight"], name), p.get(name + ".bias"))
 
     pos = torch.arange(S, dtype=torch.float32)
     freq = torch.tensor([theta ** (-2.0 * j / dh) for j in range(dh // 2)], dtype=torch.float32)
@@ -183,25 +200,30 @@ def fake_forward(c, p, tokens):
         x = x + y
     x = norm(x, p["model.norm.weight"])
     head = p["model.embed_tokens.weight"] if c.get("tie_word_embeddings") else p["lm_head.weight"]
-    logp = torch.log_softmax(x @ head.T, -1)
+    logp = torch.log_softmax(x @ merged(head, "lm_head").T, -1)
     ce = -logp.gather(-1, targets[..., None]).mean()
     return ce, aux
 
 
-def fake_dump(folder, path, batch=2, seq=12, seed=1):
-    """Writes a dump of the folder's model as remat would (float32); returns its tensors."""
+def fake_dump(folder, path, batch=2, seq=12, seed=1, lora_scaling=None, fresh=None, frozen=lambda name: False):
+    """Writes a dump of the folder's model as remat would (float32); returns its tensors.
+
+    lora_scaling: the folder's adapters (and `fresh`, {name: tensor}, adapters
+    the folder does not hold) train, nothing else; frozen(name): no gradient."""
     c, params = read_model(folder)
+    params.update(fresh or {})
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, c["vocab_size"], (batch, seq + 1), generator=g)
-    p = {k: v.clone().requires_grad_(True) for k, v in params.items()}
-    ce, aux = fake_forward(c, p, tokens)
+    trains = [k for k in sorted(params) if (lora_scaling is None or ".lora_" in k) and not frozen(k)]
+    p = {k: v.clone().requires_grad_(k in trains) for k, v in params.items()}
+    ce, aux = fake_forward(c, p, tokens, lora_scaling)
     moe = c["model_type"] in ("qwen2_moe", "mixtral")
     (ce + (c["router_aux_loss_coef"] if moe else 0.0) * aux).backward()
     out = {k: params[k] for k in sorted(params)}
     out["batch.tokens"] = tokens
     out["loss.ce"] = ce.detach()
     out["loss.aux"] = aux.detach().reshape(1)  # [1] here, 0-dim for ce: both spellings
-    for k in sorted(params):
+    for k in trains:
         out["grad." + k] = p[k].grad if p[k].grad is not None else torch.zeros_like(params[k])
     write_dump(path, out)
     return out
@@ -406,12 +428,122 @@ def test_layout(tmp):
               c["eos_token_id"])
 
 
+ALL7 = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+def test_lora(tmp):
+    # Adapters the folder holds (nonzero B), on every kind of Linear the models have.
+    cases = [
+        ("llama-tied-gqa", ["--arch", "llama", "--tied", "--seed", "21"], ALL7 + ",lm_head",
+         "model.layers.1.self_attn.k_proj.lora_A.weight"),
+        ("qwen2_moe-routers", ["--arch", "qwen2_moe", "--layers", "3", "--mlp-only-layers", "0", "--seed", "22",
+                               "--dtype", "bf16", "--shards", "2"],
+         ALL7 + ",gate,shared_expert_gate,lm_head", "model.layers.2.mlp.experts.1.down_proj.lora_A.weight"),
+        ("mixtral-w123", ["--arch", "mixtral", "--seed", "23"], "q_proj,w1,w2,w3,gate",
+         "model.layers.0.block_sparse_moe.gate.lora_A.weight"),
+    ]
+    for name, argv, targets, perturb in cases:
+        folder = make(tmp, "lora-" + name, argv + ["--lora-init", "r=3,targets=" + targets])
+        path = os.path.join(tmp, f"lora-{name}.safetensors")
+        t = fake_dump(folder, path, lora_scaling=7.0 / 3)
+        spec = f"r=3,alpha=7,targets={targets}"
+        rc, text = reference(folder, path, "--lora", spec)
+        check(rc == 0 and "ok   lora: " in text, f"{name}: reference accepts the float32 LoRA dump ({targets})", text)
+        if name.startswith("llama"):
+            print("     " + text.strip().replace("\n", "\n     "))
+        g = t["grad." + perturb].clone()
+        flat = g.reshape(-1)
+        flat[int(flat.abs().argmin())] += 1e-3 * g.abs().max()
+        write_dump(path, perturbed(t, **{"grad." + perturb: g}))
+        rc, text = reference(folder, path, "--lora", spec)
+        check(rc == 1 and f"FAIL grad.{perturb} " in text, f"{name}: an adapter gradient off by 1e-3 fails", text)
+        if not name.startswith("llama"):
+            continue
+        base = "model.layers.0.self_attn.q_proj.weight"
+        a = "model.layers.0.mlp.up_proj.lora_A.weight"
+        wrong = [
+            ("a gradient of a frozen base weight", t, ["--lora", spec],
+             {"grad." + base: torch.zeros(64, 64)}, f"grad.{base}, but {base} is frozen"),
+            ("a missing adapter gradient", t, ["--lora", spec], {"grad." + a: None}, f"lacks grad.{a}"),
+            ("alpha 8 for 7", t, ["--lora", "alpha=8"], {}, "FAIL grad."),
+            ("r=4 for adapters of rank 3", t, ["--lora", "r=4,alpha=7"], {}, "rank 3, --lora says r=4"),
+            ("targets without lm_head", t, ["--lora", "alpha=7,targets=" + ALL7], {},
+             "Linears not targeted have one, e.g. lm_head"),
+            ("a target with no adapters", t, ["--lora", f"alpha=7,targets={targets},w1"], {},
+             "target w1 names no Linear"),
+            ("an adapter without its B", t, ["--lora", "alpha=7"],
+             {"model.layers.0.mlp.up_proj.lora_B.weight": None, "grad.model.layers.0.mlp.up_proj.lora_B.weight": None},
+             "the dump lacks parameter model.layers.0.mlp.up_proj.lora_B.weight"),
+        ]
+        for what, tensors, flags, change, needle in wrong:
+            write_dump(path, perturbed(tensors, **change))
+            rc, text = reference(folder, path, *flags)
+            check(rc == 1 and needle in text, f"{name}: {what} fails", text)
+        write_dump(path, t)
+        for what, flags, needle in [("no --lora", [], "give --lora alpha=A"),
+                                    ("--lora without alpha", ["--lora", "r=3"], "give alpha="),
+                                    ("--lora dropout=0.1", ["--lora", "alpha=7,dropout=0.1"], "dropout"),
+                                    ("a malformed --lora", ["--lora", "alpha=7,rank=3"], "unknown key 'rank'")]:
+            rc, text = reference(folder, path, *flags)
+            check(rc == 2 and needle in text, f"{name}: {what} is refused (exit 2)", text)
+
+    # Fresh adapters (the folder holds none): PEFT's initialisation, taken
+    # from the dump. The same seed without --lora-init: the same base weights.
+    folder = make(tmp, "fresh", ["--arch", "llama", "--tied", "--seed", "21"])
+    g = torch.Generator().manual_seed(5)
+    fresh = {}
+    for i in range(2):
+        for proj, out in (("q_proj", 64), ("v_proj", 32)):
+            m = f"model.layers.{i}.self_attn.{proj}"
+            fresh[m + ".lora_A.weight"] = (torch.rand(2, 64, generator=g) * 2 - 1) / 8
+            fresh[m + ".lora_B.weight"] = torch.zeros(out, 2)
+    path = os.path.join(tmp, "fresh.safetensors")
+    t = fake_dump(folder, path, lora_scaling=2.0, fresh=fresh)
+    rc, text = reference(folder, path, "--lora", "r=2,alpha=4,targets=q_proj,v_proj")
+    check(rc == 0 and "4 fresh (B zero, A within +-1/sqrt(in))" in text,
+          "fresh adapters: accepted (B zero, A within PEFT's bound; A's gradient zero)", text)
+    b = "model.layers.1.self_attn.v_proj.lora_B.weight"
+    for what, change, needle in [
+        ("a fresh B that is not zero", {b: torch.full((32, 2), 1e-3)}, f"{b} is not zero"),
+        ("a fresh A past 1/sqrt(in)", {b.replace("v_proj.lora_B", "q_proj.lora_A"): torch.full((2, 64), 0.2)},
+         "within +-1/sqrt(in)")]:
+        write_dump(path, perturbed(t, **change))
+        rc, text = reference(folder, path, "--lora", "alpha=4")
+        check(rc == 1 and needle in text, f"fresh adapters: {what} fails", text)
+
+    # Frozen parameters, no adapters.
+    for name, argv, glob, frozen in [
+        ("llama-tied", ["--arch", "llama", "--tied", "--seed", "24"], "model.embed_tokens.*",
+         lambda k: k.startswith("model.embed_tokens.")),
+        ("qwen2_moe", ["--arch", "qwen2_moe", "--layers", "3", "--seed", "25"], "model.layers.[0-1].*,lm_head.weight",
+         lambda k: k.startswith(("model.layers.0.", "model.layers.1.", "lm_head."))),
+    ]:
+        folder = make(tmp, "freeze-" + name, argv)
+        path = os.path.join(tmp, f"freeze-{name}.safetensors")
+        t = fake_dump(folder, path, frozen=frozen)
+        rc, text = reference(folder, path, "--freeze", glob)
+        check(rc == 0 and " frozen, none with one" in text, f"{name}: --freeze {glob}: accepted", text)
+        rc, text = reference(folder, path)
+        check(rc == 1 and "FAIL the dump lacks grad." in text, f"{name}: the same dump without --freeze fails", text)
+    rc, text = reference(folder, path, "--freeze", "model.layers.[0-1].*,model.layers.[3-9].*")
+    check(rc == 2 and "'model.layers.[3-9].*' matches no parameter" in text, "a --freeze glob matching nothing: exit 2",
+          text)
+    names = ["model.layers.5.mlp.up_proj.weight", "model.layers.11.x", "model.layers.12.x", "model.layers.1x.y",
+             "model.layers.0.self_attn.q_proj.weight", "xmodel.layers.3.a"]
+    rx = hf_reference.glob_regex("model.layers.[0-11].*")
+    got = [bool(rx.match(n)) for n in names]
+    check(got == [True, True, False, False, True, False], "glob [0-11] is a number range over the whole name", got)
+    rx = hf_reference.glob_regex("model.layers.?.self_attn.*")
+    check(bool(rx.match(names[4])) and not rx.match(names[1]), "glob ? is one character")
+
+
 def main():
     torch.set_num_threads(min(4, torch.get_num_threads()))
     with tempfile.TemporaryDirectory() as tmp:
         test_layout(tmp)
         test_reference(tmp)
         test_refusals(tmp)
+        test_lora(tmp)
     print(f"{RESULTS[0]} passed, {RESULTS[1]} failed")
     return 0 if RESULTS[1] == 0 else 1
 

@@ -47,6 +47,17 @@ length, a compact JSON header ({"__metadata__": {"format": "pt"}, name:
 {"dtype", "shape", "data_offsets"}}) padded with spaces to a multiple of 8,
 then the tensors' little-endian bytes in header order.
 
+--lora-init r=R,targets=NAME,... adds initial LoRA adapter values for every
+Linear whose last name part is a target (q_proj, k_proj, v_proj, o_proj,
+gate_proj, up_proj, down_proj, Mixtral's w1/w2/w3, the routers' gate,
+shared_expert_gate, lm_head): <linear>.lora_A.weight [R, in] uniform in
++-1/sqrt(in) (PEFT's Kaiming-uniform range) and <linear>.lora_B.weight
+[out, R] normal(0, 0.05) -- nonzero, unlike PEFT's fresh B, so that A's
+gradient is not zero. They are drawn after every base tensor (the base
+weights are the same with or without them), stored in f32 whatever --dtype,
+in the same files as the base weights (`./remat dump --model DIR --lora ...`
+reads an adapter the folder holds instead of drawing a fresh one).
+
 --extra KEY=JSON changes config.json only (the weights follow the other
 flags), for tests of configs or mismatches a loader must refuse, e.g.
 --extra 'rope_scaling={"type":"linear","factor":2.0}'.
@@ -183,15 +194,31 @@ def is_sparse_qwen2_moe_layer(a, i):
 
 
 def random_parameters(a):
-    """{name: tensor in the requested dtype}, drawn in layout order from --seed."""
+    """{name: tensor in the requested dtype}, drawn in layout order from --seed
+    (then the --lora-init adapters, f32, in layout order)."""
     g = torch.Generator().manual_seed(a.seed)
     std = {"w": 0.02, "qk": 0.08, "router": 0.08, "b": 0.05, "norm": 0.1}
     params = {}
-    for name, shape, kind in parameter_layout(a):
+    layout = parameter_layout(a)
+    for name, shape, kind in layout:
         t = torch.randn(shape, generator=g, dtype=torch.float32) * std[kind]
         if kind == "norm":
             t = t + 1.0
         params[name] = t.to(DTYPES[a.dtype][0])
+    if a.lora_init:
+        r, targets = a.lora_init
+        linears = [(n[: -len(".weight")], shape) for n, shape, _ in layout
+                   if n.endswith(".weight") and len(shape) == 2 and n != "model.embed_tokens.weight"]
+        if a.tied and "lm_head" in targets:  # (untied: lm_head.weight is in the layout)
+            linears.append(("lm_head", [a.vocab, a.hidden]))  # tied: the embedding's values, a Linear in HF
+        adapted = [(m, shape) for m, shape in linears if m.rsplit(".", 1)[-1] in targets]
+        unmatched = sorted(set(targets) - {m.rsplit(".", 1)[-1] for m, _ in adapted})
+        if unmatched:
+            raise SystemExit(f"make_hf_model: --lora-init: no Linear is named {unmatched[0]}")
+        for m, (out, inp) in adapted:
+            bound = 1.0 / inp ** 0.5
+            params[m + ".lora_A.weight"] = (torch.rand([r, inp], generator=g, dtype=torch.float32) * 2 - 1) * bound
+            params[m + ".lora_B.weight"] = torch.randn([out, r], generator=g, dtype=torch.float32) * 0.05
     return params
 
 
@@ -298,6 +325,21 @@ def int_list(s):
     return [int(x) for x in s.split(",") if x.strip()] if s else []
 
 
+def lora_init(spec):
+    """'r=R,targets=A,B,...' -> (R, [A, B, ...])."""
+    head, sep, rest = spec.partition(",targets=")
+    if not head.startswith("r=") or not sep or not rest:
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected r=R,targets=NAME[,NAME...]")
+    try:
+        r = int(head[2:])
+    except ValueError:
+        r = 0
+    targets = rest.split(",")
+    if r < 1 or not all(targets):
+        raise argparse.ArgumentTypeError(f"{spec!r}: r must be an integer >= 1 and targets non-empty names")
+    return r, targets
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", required=True, choices=sorted(ARCHS))
@@ -326,6 +368,8 @@ def parse_args(argv):
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     ap.add_argument("--eps", type=float, default=1e-6, help="rms_norm_eps")
     ap.add_argument("--tokenizer-from", help="folder holding tokenizer.json (and tokenizer_config.json)")
+    ap.add_argument("--lora-init", type=lora_init, metavar="r=R,targets=NAME,...",
+                    help="also write nonzero initial LoRA adapters for these Linears (see above)")
     ap.add_argument("--extra", action="append", default=[], metavar="KEY=JSON",
                     help="set config.json's KEY to the JSON value (config only; repeatable)")
     a = ap.parse_args(argv)
