@@ -23,7 +23,8 @@
 //                               (blocks run under any recompute plan), models/decoder.h,
 //                               models/moe_layer.h, models/config.h, models/recompute.h
 //   training .................. train/optimizer.h (AdamW, clipping, schedule),
-//                               train/safetensors.h, train/data.h
+//                               train/safetensors.h, train/data.h,
+//                               train/adapter_files.h (LoRA adapters as PEFT folders)
 //   errors .................... engine/error.h (remat::Error and its subclasses)
 //
 // Everything reachable from here is installed by `./remat install`; headers
@@ -63,6 +64,7 @@
 #include "parallel/comm_ops.h"
 #include "parallel/grad_reducer.h"
 #include "parallel/process_group.h"
+#include "train/adapter_files.h"
 #include "train/data.h"
 #include "train/optimizer.h"
 #include "train/parallel_layout.h"

@@ -18,6 +18,7 @@
 #include "tools/commands.h"
 #include "tools/json.h"
 #include "train/data.h"
+#include "train/adapter_files.h"
 #include "train/hf_model.h"
 #include "train/safetensors.h"
 #include "models/block_stack.h"
@@ -36,14 +37,15 @@ std::vector<FlagSpec> dump_flag_specs() {
        int_flag("batch", "sequences in the batch (default: the config's; 1 with --model)", std::nullopt, {.min = 1}),
        int_flag("seq", "tokens per sequence (default: the config's; 64 with --model)", std::nullopt, {.min = 1}),
        int_flag("seed", "seed for weights and the batch", 0, {.min = 0}),
-       text_flag("load", "take weights from this safetensors file (Hugging Face names)"),
+       text_flag("load", "take weights from this safetensors file (Hugging Face names; with --model: over the "
+                 "folder's, e.g. a training state's state.safetensors)"),
        text_flag("recompute", "recompute plan", "none"),
        text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
        text_flag("dtype", "compute dtype: f32 or bf16 (parameters, gradients and the loss stay f32)", "f32"),
        text_flag("device", "cpu, cuda, cuda:N, or meta (shapes and saved bytes only, to FILE.json)", "cpu"),
        meta_kernels_flag_spec(),
        text_flag("out", "output FILE.safetensors, or FILE.json on meta (required)"),
-       threads_flag_spec(), fine_tune_flag_specs()[0], fine_tune_flag_specs()[1]});
+       threads_flag_spec(), fine_tune_flag_specs()[0], fine_tune_flag_specs()[1], adapter_flag_spec()});
 }
 
 // The config: --config's, or the Hugging Face folder's (batch 1 x 64 tokens),
@@ -54,6 +56,7 @@ ModelConfig dump_config(const Flags& f, const std::string& hf_dir) {
   if (f.has("batch")) c.batch = f.get_int("batch");
   if (f.has("seq")) c.seq = f.get_int("seq");
   apply_fine_tune_flags(f, c);
+  apply_adapter_flag(f, c);  // (its tensors are loaded after the folder's weights)
   c.validate();
   return c;
 }
@@ -213,6 +216,7 @@ int dump_meta(const Flags& f, const ModelConfig& c, std::uint64_t seed, const st
   model->set_compute_dtype(compute_dtype_from_name(f.get("dtype")));
   apply_recompute_plan(*model, parsed);
   if (!hf_dir.empty()) load_hf_weights(*model, hf_dir);
+  if (f.has("adapter")) load_adapter(*model, f.get("adapter"));  // (on meta: names and shapes checked)
   CachingAllocator& alloc = allocator_for(kMeta);
   alloc.reset_peak();
   const Tensor tokens = empty({c.batch, c.seq + 1}, TensorOptions(DType::i64, kMeta));
@@ -266,8 +270,7 @@ int run_dump(const std::vector<std::string>& args) {
   apply_threads_flag(f);
   REMAT_CHECK(f.has("out"), Error, "dump: --out FILE.safetensors is required");
   const std::string hf_dir = f.get("model");
-  REMAT_CHECK(hf_dir.empty() || (!f.has("config") && !f.has("load")), Error,
-              "dump: --model DIR brings its own config and weights; drop --config / --load");
+  REMAT_CHECK(hf_dir.empty() || !f.has("config"), Error, "dump: --model DIR brings its own config; drop --config");
   const ModelConfig c = dump_config(f, hf_dir);
   const auto seed = std::uint64_t(f.get_int("seed"));
   const Device device = device_flag(f, true);
@@ -290,6 +293,7 @@ int run_dump(const std::vector<std::string>& args) {
   model.set_compute_dtype(compute_dtype_from_name(f.get("dtype")));
   apply_recompute_plan(model, parsed);
   if (!hf_dir.empty()) load_hf_weights(model, hf_dir);
+  if (f.has("adapter")) load_adapter(model, f.get("adapter"));
   if (f.has("load")) load_weights(model, f.get("load"));
   const Tensor tokens = dump_batch(c, seed, !hf_dir.empty());
   // On a GPU: the same weights (drawn on the CPU) and batch, moved over.

@@ -10,6 +10,7 @@
 #include "engine/parallel_for.h"
 #include "tools/args.h"
 #include "tools/commands.h"
+#include "tools/fine_tune_flags.h"
 #include "tools/json.h"
 #include "train/hf_model.h"
 #include "train/trainer.h"
@@ -20,6 +21,7 @@ int run_eval(const std::vector<std::string>& args) {
   Flags f("eval", "validation loss and perplexity of a training state", args,
           {text_flag("resume", "the training state folder (this or --model)"),
            text_flag("model", "a Hugging Face model folder (config.json, safetensors weights); needs --data"),
+           adapter_flag_spec(),
            text_flag("data", "held-out data: token shards or a text file (default: the state's own data)"),
            int_flag("batch", "with --model: sequences per batch", 8, {.min = 1}),
            int_flag("seq", "with --model: tokens per sequence", 128, {.min = 1}),
@@ -39,7 +41,9 @@ int run_eval(const std::vector<std::string>& args) {
     o.config.batch = f.get_int("batch");
     o.config.seq = f.get_int("seq");
     o.init_model = f.get("model");
+    o.adapter = apply_adapter_flag(f, o.config);
   } else {
+    REMAT_CHECK(!f.has("adapter"), Error, "eval: --adapter goes with --model BASE (a state holds its own adapters)");
     load_trained_model(f.get("resume"), &meta);  // checks the state (checksums, parameters) and reads its metadata
     o.config = ModelConfig::from_json(Json::parse(meta.at("config"), "the state's config"));
     o.resume_dir = f.get("resume");

@@ -8,6 +8,8 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/args.h"
 #include "tools/commands.h"
+#include "tools/fine_tune_flags.h"
+#include "train/adapter_files.h"
 #include "train/hf_model.h"
 #include "train/trainer.h"
 
@@ -17,6 +19,7 @@ int run_generate(const std::vector<std::string>& args) {
   Flags f("generate", "sample text from a training state with a KV cache", args,
           {text_flag("resume", "the training state folder (this or --model)"),
            text_flag("model", "a Hugging Face model folder (config.json, safetensors weights; its tokenizer by default)"),
+           adapter_flag_spec(),
            text_flag("tokenizer", "tokenizer.json, tokenizer.model or a folder with one (default: the one the state "
                      "was trained with)"),
            text_flag("prompt", "the text to continue (required)"),
@@ -35,8 +38,13 @@ int run_generate(const std::vector<std::string>& args) {
   REMAT_CHECK(f.has("prompt"), Error, "generate: --prompt TEXT is required");
   std::map<std::string, std::string> meta;
   std::unique_ptr<DecoderModel> model;
+  REMAT_CHECK(!f.has("adapter") || f.has("model"), Error,
+              "generate: --adapter goes with --model BASE (a state holds its own adapters)");
   if (f.has("model")) {
-    model = load_hf_model(f.get("model"), 1, 1);
+    ModelConfig adapted;  // (its lora: the adapter's, if any)
+    const std::string adapter = apply_adapter_flag(f, adapted);
+    model = load_hf_model(f.get("model"), 1, 1, kCPU, adapted.lora);
+    if (!adapter.empty()) load_adapter(*model, adapter);
     model->train(false);
     if (has_tokenizer_files(f.get("model"))) meta["tokenizer"] = f.get("model");
   } else {

@@ -18,6 +18,7 @@
 #include "tools/html.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
+#include "train/adapter_files.h"
 #include "train/hf_model.h"
 #include "train/state_files.h"
 #include "train/trainer.h"
@@ -71,6 +72,10 @@ std::vector<FlagSpec> model_and_schedule_flags() {
     text_flag("save-hf", "at the end, also write the model as a Hugging Face folder OUT (config.json, "
               "safetensors, the tokenizer's files)"),
     text_flag("hf-dtype", "weights dtype for --save-hf: f32, bf16 or f16 (default: the --model folder's, else f32)"),
+    text_flag("save-adapter", "at the end, also write the LoRA adapters as a PEFT adapter folder OUT "
+              "(adapter_config.json, adapter_model.safetensors; needs --model and --lora or --adapter)"),
+    text_flag("adapter-dtype", "weights dtype for --save-adapter: f32, bf16 or f16", "f32"),
+    adapter_flag_spec(),
     number_flag("max-shard-mb", "--save-hf: shard the weights into files of at most this many MB (10^6 bytes)",
                 5000, {.min = 0, .min_open = true}),
     text_flag("data", "train on token shards (a folder or *.tok file from ./remat tokenize; the model's vocabulary "
@@ -151,7 +156,9 @@ struct TrainCli {
   TrainOptions options;
   std::string hf_dir;   // --model: the Hugging Face folder fine-tuned (empty: --config)
   DType hf_dtype = DType::f32;  // --hf-dtype
-  std::string save_hf;  // --save-hf OUT (empty: none)
+  std::string save_hf;  // --save-hf OUT (empty: none; a LoRA model's adapters merged)
+  std::string save_adapter;  // --save-adapter OUT (empty: none)
+  DType adapter_dtype = DType::f32;  // --adapter-dtype
   std::int64_t max_shard_bytes = 0;
   std::string log;      // --log FILE.jsonl (empty: none)
 };
@@ -168,6 +175,7 @@ void set_model(const Flags& f, TrainCli& cli) {
     o.init_model = cli.hf_dir;
   }
   apply_fine_tune_flags(f, o.config);
+  o.adapter = apply_adapter_flag(f, o.config);
   cli.hf_dtype = hf_dtype_from_name(f.has("hf-dtype") ? f.get("hf-dtype")
                                     : cli.hf_dir.empty() ? "f32" : hf_weights_dtype(cli.hf_dir));
 }
@@ -282,6 +290,11 @@ TrainCli options_from_flags(const Flags& f) {
   if (f.has("comm-timeout")) set_comm_timeout(f.get_double("comm-timeout"));
   resolve_plan(f, cli.options);
   cli.save_hf = f.get("save-hf");
+  cli.save_adapter = f.get("save-adapter");
+  cli.adapter_dtype = hf_dtype_from_name(f.get("adapter-dtype"));
+  REMAT_CHECK(cli.save_adapter.empty() || (cli.options.config.lora.enabled() && !cli.hf_dir.empty()), Error,
+              "--save-adapter writes LoRA adapters for a Hugging Face base: it needs --model DIR and --lora SPEC "
+              "(or --adapter DIR)", cli.options.config.lora.enabled() ? "" : "; this run has no adapters");
   cli.max_shard_bytes = std::int64_t(f.get_double("max-shard-mb") * 1e6);
   cli.log = f.get("log");
   return cli;
@@ -298,6 +311,8 @@ void export_hf(const Trainer& trainer, const TrainCli& cli) {
   eo.dtype = cli.hf_dtype;
   eo.max_shard_bytes = cli.max_shard_bytes;
   eo.tokenizer = cli.options.tokenizer;
+  const ModelConfig& c = cli.options.config;
+  eo.merge_adapter = c.lora.enabled();
   if (cli.options.zero > 0 && trainer.world_size() > 1) {
     const bool own = cli.options.save_dir.empty();  // (--save's state is the final one: run() saved it last)
     const std::string from = own ? (std::filesystem::path(cli.save_hf) / ".remat-state").string() : cli.options.save_dir;
@@ -311,8 +326,22 @@ void export_hf(const Trainer& trainer, const TrainCli& cli) {
   }
   const auto params = trainer.one_process_parameters();
   if (trainer.rank() != 0) return;
-  save_hf_model(cli.save_hf, cli.options.config, params, eo);
-  std::printf("Hugging Face model written to %s (%s weights)\n", cli.save_hf.c_str(), dtype_name(cli.hf_dtype));
+  // A LoRA model: W + (alpha / r) B A in f32, then the folder's dtype (train/adapter_files.h).
+  save_hf_model(cli.save_hf, without_adapters(c), c.lora.enabled() ? merge_lora(hf_sources(params), c.lora)
+                                                                     : hf_sources(params), eo);
+  std::printf("Hugging Face model written to %s (%s weights%s)\n", cli.save_hf.c_str(), dtype_name(cli.hf_dtype),
+              c.lora.enabled() ? ", the LoRA adapters merged" : "");
+}
+
+// --save-adapter: every rank gathers its experts (a collective), rank 0
+// writes the PEFT folder (train/adapter_files.h).
+void export_adapter(const Trainer& trainer, const TrainCli& cli) {
+  if (cli.save_adapter.empty()) return;
+  const auto params = trainer.one_process_parameters();
+  if (trainer.rank() != 0) return;
+  save_adapter(cli.save_adapter, cli.options.config.lora, params, cli.hf_dir, cli.adapter_dtype);
+  std::printf("adapter written to %s (LoRA %s, %s weights)\n", cli.save_adapter.c_str(),
+              cli.options.config.lora.str().c_str(), dtype_name(cli.adapter_dtype));
 }
 
 // --lora / --freeze: what trains.
@@ -331,6 +360,8 @@ void print_header(Trainer& trainer, const TrainCli& cli) {
   const TrainOptions& o = cli.options;
   const auto& c = o.config;
   if (!cli.hf_dir.empty()) std::printf("remat train: fine-tuning %s (%s)\n", cli.hf_dir.c_str(), c.arch.c_str());
+  if (!o.adapter.empty() && o.resume_dir.empty())
+    std::printf("  adapter: %s (LoRA %s) loaded over it\n", o.adapter.c_str(), c.lora.str().c_str());
   std::printf("remat train: config %s (%lld parameters, %lld layers, d %lld), %d threads\n", c.name.c_str(),
               static_cast<long long>(trainer.model_parameters()), static_cast<long long>(c.n_layers),
               static_cast<long long>(c.d_model), num_threads());
@@ -497,6 +528,7 @@ int run_train(const std::vector<std::string>& args) {
   if (!reporter) {
     trainer.run(nullptr);
     export_hf(trainer, cli);
+    export_adapter(trainer, cli);
     return 0;
   }
   print_header(trainer, cli);
@@ -510,6 +542,7 @@ int run_train(const std::vector<std::string>& args) {
   std::fputs(progress.end_line().c_str(), stdout);
   print_summary(trainer, cli, *reporter);
   export_hf(trainer, cli);
+  export_adapter(trainer, cli);
   return 0;
 }
 

@@ -90,19 +90,8 @@ void load_hf_weights(DecoderModel& model, const std::string& dir) {
       bad_dtype.push_back(name + " (" + dtype_name(files.dtype(name)) + ")");
   }
   // Routed experts another expert-parallel rank holds are expected, not unexpected.
-  std::map<std::int64_t, std::pair<std::int64_t, std::int64_t>> held;  // layer -> [first, end)
-  for (std::size_t i = 0; i < model.model->layers.size(); ++i)
-    if (const auto& moe = model.model->layers[i]->moe)
-      held[std::int64_t(i)] = {moe->first_expert(), moe->first_expert() + std::int64_t(moe->experts.size())};
-  for (const std::string& name : files.names()) {
-    if (mine.count(name)) continue;
-    const RoutedExpertName r = routed_expert_name(name);
-    const std::int64_t layer = r.layer, e = r.expert;
-    const auto it = held.find(layer);
-    const bool elsewhere = it != held.end() && e >= 0 && e < model.config().experts &&
-                           (e < it->second.first || e >= it->second.second);
-    if (!elsewhere) unexpected.push_back(name);
-  }
+  for (const std::string& name : files.names())
+    if (!mine.count(name) && !held_by_another_rank(model, name)) unexpected.push_back(name);
   if (!missing.empty() || !misshapen.empty() || !unexpected.empty() || !bad_dtype.empty()) {
     std::string msg = "--model " + dir + ": the weights do not match config.json's " +
                       (model.config().arch.empty() ? std::string("model") : model.config().arch) + " model:";
@@ -151,11 +140,20 @@ void keep_frozen_in_folder_dtypes(const DecoderModel& model, const std::string& 
   if (converted) allocator_for(device).empty_cache();  // (the f32 blocks they left)
 }
 
+bool held_by_another_rank(const DecoderModel& model, const std::string& name) {
+  const RoutedExpertName r = routed_expert_name(name);
+  const auto& layers = model.model->layers;
+  if (r.layer < 0 || r.layer >= std::int64_t(layers.size()) || r.expert >= model.config().experts) return false;
+  const auto& moe = layers[std::size_t(r.layer)]->moe;
+  return moe && (r.expert < moe->first_expert() || r.expert >= moe->first_expert() + std::int64_t(moe->experts.size()));
+}
+
 std::unique_ptr<DecoderModel> load_hf_model(const std::string& dir, std::int64_t batch, std::int64_t seq,
-                                            Device device) {
+                                            Device device, const LoraConfig& lora) {
   ModelConfig c = load_hf_config(dir).config;
   c.batch = batch;
   c.seq = seq;
+  c.lora = lora;
   c.validate();
   std::unique_ptr<DecoderModel> model;
   {
@@ -181,6 +179,9 @@ void save_hf_model(const std::string& dir, const ModelConfig& c,
 
 void save_hf_model(const std::string& dir, const ModelConfig& c, const std::vector<HfTensorSource>& parameters,
                    const HfExportOptions& options) {
+  REMAT_CHECK(!c.lora.enabled(), Error, "export: the model has LoRA adapters (", c.lora.str(), "), which a Hugging "
+              "Face model folder cannot hold: merge them into the weights (export --merge-adapter) or write them as "
+              "an adapter folder (train --save-adapter)");
   const Json config = config_to_hf(c, hf_dtype_name(options.dtype));  // refuses what HF cannot express
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -48,15 +48,26 @@ void load_hf_weights(DecoderModel& model, const std::string& dir);
 // are converted, not read): no f32 master for a weight that never updates.
 void keep_frozen_in_folder_dtypes(const DecoderModel& model, const std::string& dir);
 
+// True when `name` is a routed expert's parameter ("model.layers.L.mlp.
+// experts.E..." and Mixtral's) that another expert-parallel rank holds: an
+// expert of the model's config that `model` (one rank's placement) lacks.
+bool held_by_another_rank(const DecoderModel& model, const std::string& name);
+
 // The model of folder `dir` with its weights, seq and batch set on its
-// config, built on `device` (meta: config.json and the headers only).
+// config, built on `device` (meta: config.json and the headers only). With
+// `lora` enabled the model gets those adapters (models/lora.h; their initial
+// values: load_adapter, train/adapter_files.h, fills them).
 std::unique_ptr<DecoderModel> load_hf_model(const std::string& dir, std::int64_t batch, std::int64_t seq,
-                                            Device device = kCPU);
+                                            Device device = kCPU, const LoraConfig& lora = {});
 
 struct HfExportOptions {
   DType dtype = DType::f32;                         // weights' dtype in the files
   std::int64_t max_shard_bytes = 5'000'000'000;     // above this the weights are sharded (HF's 5 GB)
   std::string tokenizer;                            // a tokenizer.json / .model, or a folder: its files are copied
+  // export_trained_state of a LoRA state: merge the adapters into the
+  // weights (train/adapter_files.h merge_lora); without it such a state is
+  // refused (a Hugging Face folder has no place for adapters).
+  bool merge_adapter = false;
 };
 
 // Writes a Hugging Face folder to `dir` (created if missing): config.json
@@ -64,7 +75,8 @@ struct HfExportOptions {
 // process's layout: every expert) as safetensors (sharded with an index above
 // max_shard_bytes), and the tokenizer's files when given (tokenizer.json,
 // tokenizer_config.json, special_tokens_map.json, tokenizer.model,
-// generation_config.json, whichever exist). An old config.json is removed
+// generation_config.json, whichever exist). A config with LoRA adapters is
+// refused (Error: merge them first, merge_lora). An old config.json is removed
 // first and the new one written last: an interrupted export leaves the old
 // model or a folder without config.json that refuses to load, never new
 // weights under an old config (steps: ExportStep, train/hf_files.h). Throws

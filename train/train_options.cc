@@ -39,6 +39,9 @@ void validate_train_options(const TrainOptions& o) {
   REMAT_CHECK(o.loss_scale_init >= o.loss_scale_min, Error, "TrainOptions.loss_scale_init must be >= loss_scale_min (",
               o.loss_scale_min, "), got ", o.loss_scale_init);
   integer("loss_scale_growth_interval", o.loss_scale_growth_interval, 1);
+  REMAT_CHECK(o.adapter.empty() || (!o.init_model.empty() && o.config.lora.enabled()), Error,
+              "TrainOptions.adapter (--adapter ", o.adapter, ") needs its base model (init_model, --model DIR) and "
+              "config.lora set to the adapter's");
   if (const auto& r = o.seq_range) {
     const std::string text = std::to_string(r->min) + ":" + std::to_string(r->max);
     REMAT_CHECK(r->min >= 1 && r->min <= r->max, Error, "TrainOptions.seq_range (--seq-range) ", text,

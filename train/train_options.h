@@ -30,6 +30,10 @@ struct TrainOptions {
   // seeded initialisation; `config` must be its config (load_hf_config). The
   // optimizer starts fresh. Ignored when resuming (the state has the weights).
   std::string init_model;
+  // A PEFT adapter folder (train/adapter_files.h) loaded over init_model's
+  // weights: config.lora must be its config (read_adapter_config). Needs
+  // init_model; ignored when resuming, as init_model is.
+  std::string adapter;
   std::int64_t steps = 600;     // total steps of the run (the schedule spans them)
   std::int64_t stop_after = 0;  // stop this invocation after N steps (0: run to `steps`)
   std::uint64_t seed = 0;

@@ -12,6 +12,7 @@
 #include "engine/rng.h"
 #include "models/recompute.h"
 #include "moe/dispatch.h"
+#include "train/adapter_files.h"
 #include "train/hf_model.h"
 
 namespace remat {
@@ -131,6 +132,7 @@ void Trainer::build_model(const RecomputePlan& plan, const ProcessGroup& world) 
       model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
     }
     load_hf_weights(*model_, opts_.init_model);
+    if (!opts_.adapter.empty()) load_adapter(*model_, opts_.adapter);  // (LoRA: neither --zero nor --tp)
   } else {
     model_ = std::make_unique<DecoderModel>(c, opts_.seed, layout_.placement());
   }

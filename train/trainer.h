@@ -42,10 +42,22 @@ std::unique_ptr<DecoderModel> load_trained_model(const std::string& dir,
 // time from the state's files (a sharded set's rank files included): memory
 // holds one tensor, never the model, and only what is read is verified.
 // An empty options.tokenizer copies the tokenizer the state was trained
-// with, if any. Returns the state's metadata and sets *parameters to the
-// model's count. IOError as load_trained_model.
+// with, if any. A LoRA state (config.lora) needs options.merge_adapter: its
+// adapters are merged into the weights (merge_lora, train/adapter_files.h)
+// and the folder is the model without them (Error otherwise, and for
+// merge_adapter on a state without adapters). Returns the state's metadata
+// and sets *parameters to the exported model's count. IOError as
+// load_trained_model.
 std::map<std::string, std::string> export_trained_state(const std::string& dir, const std::string& out,
                                                         const HfExportOptions& options, std::int64_t* parameters);
+
+// Writes the LoRA adapters of the training state in DIR (chosen as above)
+// as a PEFT adapter folder `out` (train/adapter_files.h save_adapter, in
+// `dtype`, base_model_name_or_path `base_model`), reading the adapter
+// tensors only. Error when the state has none; IOError as
+// load_trained_model. Returns the state's metadata.
+std::map<std::string, std::string> export_trained_adapter(const std::string& dir, const std::string& out,
+                                                          const std::string& base_model, DType dtype);
 
 class Trainer {
  public:

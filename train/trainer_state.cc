@@ -13,6 +13,7 @@
 #include "engine/grad_mode.h"
 #include "engine/rng.h"
 #include "models/layers.h"
+#include "train/adapter_files.h"
 #include "train/safetensors.h"
 #include "train/sharded_state.h"
 #include "train/state_reader.h"
@@ -390,16 +391,57 @@ void Trainer::resume(const std::string& dir) {
   resume_notes_ = std::move(choice.notes);
 }
 
+namespace {
+// The model config a training state was saved with (IOError for a file that
+// is not a remat state or has no config).
+ModelConfig state_config(const StateReader& f) {
+  const auto& meta = f.metadata();
+  auto it = meta.find("format");
+  REMAT_CHECK(it != meta.end() && it->second == kFormat, IOError, f.path(),
+              " is not a remat training state (metadata format '", it == meta.end() ? "" : it->second,
+              "', expected ", kFormat, ")");
+  auto cfg = meta.find("config");
+  REMAT_CHECK(cfg != meta.end(), IOError, f.path(), " has no metadata 'config'");
+  return ModelConfig::from_json(Json::parse(cfg->second, f.path() + " config"));
+}
+
+// A training state's parameters, each read when asked (export_trained_state
+// and export_trained_adapter read one at a time), in the model's order; the
+// names, shapes and dtypes checked against the model of its config (built
+// on meta: no memory).
+struct StateParameters {
+  std::shared_ptr<const StateReader> state;  // (a sharded set: its rank files' headers)
+  ModelConfig config;
+  std::vector<HfTensorSource> sources;
+  std::int64_t count = 0;  // parameters, adapters left out
+};
+StateParameters state_parameters(const std::string& dir) {
+  StateParameters out;
+  out.state = std::make_shared<const StateReader>(dir, choose_state_file(dir).path);
+  const std::shared_ptr<const StateReader>& state = out.state;
+  out.config = state_config(*state);
+  DefaultDeviceScope shapes_only(kMeta);
+  SkipWeightInit no_values;
+  const DecoderModel model(out.config, 0);
+  for (const auto& [name, p] : model.named_parameters()) {
+    REMAT_CHECK(state->has(name), IOError, state->path(), " is missing parameter '", name, "'");
+    // (a frozen parameter loaded from a bf16 / f16 folder is kept, and saved, in that dtype)
+    const DType stored = state->dtype(name);
+    const bool kept = !p.requires_grad() && (stored == DType::bf16 || stored == DType::f16);
+    REMAT_CHECK(state->shape(name) == p.sizes() && (stored == p.dtype() || kept), IOError, "parameter '", name,
+                "' in ", state->path(), " is ", shape_str(state->shape(name)), " ", stored, ", expected ",
+                shape_str(p.sizes()), " ", p.dtype());
+    out.sources.push_back({name, p.sizes(), stored, [state, name = name] { return state->read(name); }});
+    if (!is_lora_parameter(name)) out.count += p.numel();
+  }
+  return out;
+}
+}  // namespace
+
 std::unique_ptr<DecoderModel> load_trained_model(const std::string& dir, std::map<std::string, std::string>* metadata) {
   const StateChoice choice = choose_state_file(dir);
   const StateReader f(dir, choice.path);  // (a sharded set: its rank files too)
-  auto it = f.metadata().find("format");
-  REMAT_CHECK(it != f.metadata().end() && it->second == kFormat, IOError, choice.path,
-              " is not a remat training state (metadata format '", it == f.metadata().end() ? "" : it->second,
-              "', expected ", kFormat, ")");
-  auto cfg = f.metadata().find("config");
-  REMAT_CHECK(cfg != f.metadata().end(), IOError, choice.path, " has no metadata 'config'");
-  const ModelConfig c = ModelConfig::from_json(Json::parse(cfg->second, choice.path + " config"));
+  const ModelConfig c = state_config(f);
   std::unique_ptr<DecoderModel> model;
   {
     SkipWeightInit loaded_next;  // every parameter is read below (or this throws)
@@ -422,35 +464,32 @@ std::unique_ptr<DecoderModel> load_trained_model(const std::string& dir, std::ma
 
 std::map<std::string, std::string> export_trained_state(const std::string& dir, const std::string& out,
                                                         const HfExportOptions& options, std::int64_t* parameters) {
-  const StateChoice choice = choose_state_file(dir);
-  auto state = std::make_shared<const StateReader>(dir, choice.path);  // (a sharded set: its rank files' headers)
-  const std::map<std::string, std::string>& meta = state->metadata();
-  auto it = meta.find("format");
-  REMAT_CHECK(it != meta.end() && it->second == kFormat, IOError, choice.path,
-              " is not a remat training state (metadata format '", it == meta.end() ? "" : it->second,
-              "', expected ", kFormat, ")");
-  auto cfg = meta.find("config");
-  REMAT_CHECK(cfg != meta.end(), IOError, choice.path, " has no metadata 'config'");
-  const ModelConfig c = ModelConfig::from_json(Json::parse(cfg->second, choice.path + " config"));
-  // The parameters' names and shapes from the model built on meta (no memory).
-  std::vector<HfTensorSource> sources;
-  {
-    DefaultDeviceScope shapes_only(kMeta);
-    SkipWeightInit no_values;
-    const DecoderModel model(c, 0);
-    for (const auto& [name, p] : model.named_parameters()) {
-      REMAT_CHECK(state->has(name), IOError, choice.path, " is missing parameter '", name, "'");
-      REMAT_CHECK(state->shape(name) == p.sizes() && state->dtype(name) == p.dtype(), IOError, "parameter '", name,
-                  "' in ", choice.path, " is ", shape_str(state->shape(name)), ", expected ", shape_str(p.sizes()),
-                  " ", p.dtype());
-      sources.push_back({name, p.sizes(), p.dtype(), [state, name = name] { return state->read(name); }});
-    }
-    if (parameters) *parameters = model.num_parameters();
-  }
+  StateParameters st = state_parameters(dir);
+  const ModelConfig& c = st.config;
+  REMAT_CHECK(!c.lora.enabled() || options.merge_adapter, Error, "export: ", st.state->path(), " is a LoRA fine-tune (",
+              c.lora.str(), "): give --merge-adapter for a Hugging Face folder with the adapters merged into the "
+              "weights, or --adapter-only for a PEFT adapter folder");
+  REMAT_CHECK(c.lora.enabled() || !options.merge_adapter, Error, "export --merge-adapter: ", st.state->path(),
+              " has no LoRA adapters to merge");
+  if (parameters) *parameters = st.count;
+  if (c.lora.enabled()) st.sources = merge_lora(st.sources, c.lora);  // (W + scaling B A, one weight at a time)
+  const std::map<std::string, std::string>& meta = st.state->metadata();
   HfExportOptions o = options;
   if (auto t = meta.find("tokenizer"); o.tokenizer.empty() && t != meta.end()) o.tokenizer = t->second;
-  save_hf_model(out, c, sources, o);
+  save_hf_model(out, without_adapters(c), st.sources, o);
   return meta;
+}
+
+std::map<std::string, std::string> export_trained_adapter(const std::string& dir, const std::string& out,
+                                                          const std::string& base_model, DType dtype) {
+  const StateParameters st = state_parameters(dir);
+  REMAT_CHECK(st.config.lora.enabled(), Error, "export --adapter-only: ", st.state->path(),
+              " has no LoRA adapters (trained without --lora)");
+  std::vector<std::pair<std::string, Tensor>> adapters;  // (small: read whole)
+  for (const HfTensorSource& s : st.sources)
+    if (is_lora_parameter(s.name)) adapters.emplace_back(s.name, s.read());
+  save_adapter(out, st.config.lora, adapters, base_model, dtype);
+  return st.state->metadata();
 }
 
 }  // namespace remat
