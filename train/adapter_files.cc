@@ -49,6 +49,13 @@ constexpr Unsupported kUnsupported[] = {
     {"trainable_token_indices", null_or_empty, "trainable_token_indices is not supported"},
     {"lora_bias", null_or_false, "lora_bias (a bias on lora_B) is not supported"},
     {"use_qalora", null_or_false, "QALoRA is not supported"},
+    {"use_bdlora", null_or_false, "block-diagonal LoRA is not supported"},
+    {"alora_invocation_tokens", null_or_empty, "activated LoRA (adapters from an invocation on) is not supported"},
+    {"arrow_config", null_or_empty, "Arrow routing between adapters is not supported"},
+    {"lora_ga_config", null_or_empty, "LoRA-GA (which changes the base weights) is not supported"},
+    {"kasa_config", null_or_empty, "KaSA is not supported"},
+    {"monteclora_config", null_or_empty, "MonteCLoRA is not supported"},
+    {"velora_config", null_or_empty, "VeLoRA is not supported"},
 };
 
 // Error "PATH: "KEY" WHY".

@@ -10,7 +10,9 @@
 # --merge-adapter write the same merged weights (W + alpha/r B A in f32),
 # whose dump is within 1e-5 of the adapter's (merged weights round
 # differently) and which train / eval load back; train --adapter trains on;
-# bad adapter folders and flags fail before any work, naming the key or tensor.
+# a Qwen2-MoE bf16 folder with every expert adapted under mpirun --ep 2 does
+# the same; bad adapter folders and flags fail before any work, naming the
+# key or tensor.
 set -u
 # shellcheck source=tests/script_checks.sh
 source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"
@@ -106,6 +108,14 @@ bad = [k for k in a if a[k][1].tobytes() != b[k][1].tobytes()]
 assert not bad, f'{len(bad)} tensors differ: {bad[:4]}'
 PY
 }
+close_loss() {  # A B TOL: loss.ce of dump A within TOL (relative) of dump B's
+  $py - "$@" <<'PY'
+import sys, st
+a, b = (float(st.read(p)[0]['loss.ce'][1].reshape(-1)[0]) for p in sys.argv[1:3])
+assert abs(a - b) <= float(sys.argv[3]) * abs(b), (a, b)
+print(f'    {sys.argv[1].split("/")[-1]}: loss {a!r}, adapter {b!r}, relative difference {abs(a - b) / abs(b):.2e}')
+PY
+}
 dump_args="--batch 2 --seq 24"
 $remat dump --model "$tmp/base" --lora "$lora" --load "$tmp/st/state.safetensors" $dump_args --out "$tmp/mem.st" > /dev/null
 $remat dump --model "$tmp/base" --adapter "$tmp/ad" $dump_args --out "$tmp/ad.st" > "$tmp/dump.txt" 2>&1
@@ -120,6 +130,57 @@ $remat dump --model "$tmp/base" --lora "r=4,alpha=8,dropout=0.25,targets=$target
 $remat dump --model "$tmp/base" --adapter "$tmp/ad_drop" $dump_args --out "$tmp/ad_drop.st" > /dev/null
 check "an adapter with lora_dropout 0.25 dumps as --lora dropout=0.25 does, bit for bit (and unlike dropout 0)" \
   "same_dumps $tmp/mem_drop.st $tmp/ad_drop.st && ! same_dumps $tmp/ad.st $tmp/ad_drop.st > /dev/null 2>&1"
+# adapter_config.json as a recent PEFT (0.19) writes it, every key, indented: the same model.
+mkdir -p "$tmp/ad_peft" && cp "$tmp/ad/adapter_model.safetensors" "$tmp/ad_peft/"
+cat > "$tmp/ad_peft/adapter_config.json" <<'JSON'
+{
+  "alora_invocation_tokens": null,
+  "alpha_pattern": {},
+  "arrow_config": null,
+  "auto_mapping": null,
+  "base_model_name_or_path": "someone/tiny-llama",
+  "bias": "none",
+  "corda_config": null,
+  "ensure_weight_tying": false,
+  "eva_config": null,
+  "exclude_modules": null,
+  "fan_in_fan_out": false,
+  "inference_mode": true,
+  "init_lora_weights": true,
+  "layer_replication": null,
+  "layers_pattern": null,
+  "layers_to_transform": null,
+  "loftq_config": {},
+  "lora_alpha": 8,
+  "lora_bias": false,
+  "lora_dropout": 0.0,
+  "lora_ga_config": null,
+  "megatron_config": null,
+  "megatron_core": "megatron.core",
+  "modules_to_save": null,
+  "peft_type": "LORA",
+  "peft_version": "0.19.1",
+  "qalora_group_size": 16,
+  "r": 4,
+  "rank_pattern": {},
+  "revision": null,
+  "target_modules": [
+    "v_proj",
+    "down_proj",
+    "q_proj"
+  ],
+  "target_parameters": null,
+  "task_type": "CAUSAL_LM",
+  "trainable_token_indices": null,
+  "use_bdlora": null,
+  "use_dora": false,
+  "use_qalora": false,
+  "use_rslora": false
+}
+JSON
+$remat dump --model "$tmp/base" --adapter "$tmp/ad_peft" $dump_args --out "$tmp/ad_peft.st" > /dev/null
+check "adapter_config.json as PEFT 0.19 writes it (every key, targets in another order) loads the same model" \
+  "same_dumps $tmp/ad.st $tmp/ad_peft.st"
 $remat export --resume "$tmp/st" --adapter-only --model "$tmp/base" --out "$tmp/ad_x" > /dev/null
 $remat export --resume "$tmp/st" --adapter-only --dtype bf16 --out "$tmp/ad_bf16" > /dev/null
 $remat dump --model "$tmp/base" --adapter "$tmp/ad_bf16" $dump_args --out "$tmp/ad_bf16.st" > /dev/null
@@ -159,13 +220,7 @@ check "train --save-hf and export --model BASE --adapter DIR --merge-adapter wri
   "cmp -s $tmp/mg/model.safetensors $tmp/hf/model.safetensors && cmp -s $tmp/mg/model.safetensors $tmp/mg2/model.safetensors"
 $remat dump --model "$tmp/mg" $dump_args --out "$tmp/mg.st" > /dev/null
 check "dump of the merged folder: loss within 1e-5 (relative) of the adapter's (merged weights are rounded)" \
-  "$py - $tmp/mg.st $tmp/ad.st <<'PY'
-import sys, st
-a = float(st.read(sys.argv[1])[0]['loss.ce'][1].reshape(-1)[0])
-b = float(st.read(sys.argv[2])[0]['loss.ce'][1].reshape(-1)[0])
-assert abs(a - b) <= 1e-5 * abs(b), (a, b)
-print(f'    merged loss {a!r}, adapter loss {b!r}, relative difference {abs(a - b) / abs(b):.2e}')
-PY"
+  "close_loss $tmp/mg.st $tmp/ad.st 1e-5"
 head -c 20000 README.md > "$tmp/text.txt"
 check "the merged folder trains and evaluates with --model" \
   "$remat train --model $tmp/mg --steps 1 $train_args > $tmp/t1.txt 2>&1 &&
@@ -181,7 +236,37 @@ check "train --model BASE --adapter DIR trains the adapter on and saves it again
    grep -q 'adapter: $tmp/ad (LoRA r=4' $tmp/t2.txt && ! cmp -s $tmp/ad/adapter_model.safetensors \
      $tmp/ad2/adapter_model.safetensors || { tail -3 $tmp/t2.txt; false; }"
 
-# 4. Bad folders and flags: errors before any work, naming the key or tensor.
+# 4. Qwen2-MoE from a bf16 folder (frozen weights kept bf16), every expert's
+# linears adapted, trained under --ep 2: the adapter holds every expert.
+$py tools/reference/make_hf_model.py --out "$tmp/qmoe" --arch qwen2_moe --dtype bf16 --heads 4 --kv-heads 2 --vocab 320 \
+  --layers 2 --hidden 64 --experts 4 --top-k 2 --moe-intermediate 32 --shared-intermediate 48 --seed 3 > /dev/null
+flags=(--oversubscribe)
+[ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
+moe_lora="r=4,targets=q_proj,gate_proj,up_proj,down_proj"
+timeout 300 mpirun "${flags[@]}" -np 2 $remat train --model "$tmp/qmoe" --lora "$moe_lora" --ep 2 --steps 2 $train_args \
+  --save "$tmp/stm" --save-adapter "$tmp/adm" > "$tmp/moe.txt" 2>&1
+check "mpirun -np 2 train --ep 2 --save-adapter (Qwen2-MoE): every expert's and the shared expert's adapters" \
+  "$py - $tmp/adm <<'PY' || { tail -3 $tmp/moe.txt; false; }
+import sys, st
+ad, _ = st.read(sys.argv[1] + '/adapter_model.safetensors')
+mods = ['self_attn.q_proj'] + [f'mlp.{e}.{p}' for e in ['experts.0', 'experts.1', 'experts.2', 'experts.3',
+                                                         'shared_expert'] for p in ['gate_proj', 'up_proj', 'down_proj']]
+names = {f'base_model.model.model.layers.{i}.{m}.lora_{x}.weight' for i in range(2) for m in mods for x in 'AB'}
+assert set(ad) == names, sorted(set(ad) ^ names)[:6]
+PY"
+$remat dump --model "$tmp/qmoe" --lora "$moe_lora" --load "$tmp/stm/state.safetensors" $dump_args --out "$tmp/mm.st" > /dev/null
+$remat dump --model "$tmp/qmoe" --adapter "$tmp/adm" $dump_args --out "$tmp/ma.st" > /dev/null
+check "Qwen2-MoE: dump --adapter equals the state's dump bit for bit; mpirun --ep 2 trains on from the adapter" \
+  "same_dumps $tmp/mm.st $tmp/ma.st && timeout 300 mpirun ${flags[*]} -np 2 $remat train --model $tmp/qmoe \
+     --adapter $tmp/adm --ep 2 --steps 1 $train_args > $tmp/moe2.txt 2>&1 || { tail -3 $tmp/moe2.txt; false; }"
+$remat export --resume "$tmp/stm" --merge-adapter --out "$tmp/mgm" > /dev/null
+$remat export --resume "$tmp/stm" --merge-adapter --dtype bf16 --out "$tmp/mgmb" > /dev/null
+$remat dump --model "$tmp/mgm" $dump_args --out "$tmp/mgm.st" > /dev/null
+$remat dump --model "$tmp/mgmb" $dump_args --out "$tmp/mgmb.st" > /dev/null
+check "Qwen2-MoE merged from its bf16 base: f32 export within 1e-5 of the adapter's loss, bf16 within 1e-3" \
+  "close_loss $tmp/mgm.st $tmp/ma.st 1e-5 && close_loss $tmp/mgmb.st $tmp/ma.st 1e-3"
+
+# 5. Bad folders and flags: errors before any work, naming the key or tensor.
 $remat train --model "$tmp/other" --lora "$lora" --steps 1 $train_args --save-adapter "$tmp/ad_other" > /dev/null 2>&1
 check "another base's adapter: the tensor, both shapes, 'another base model'; train stops before it saves" \
   "fails_with 'probably an adapter for another base model' $remat train --model $tmp/base --adapter $tmp/ad_other \
