@@ -452,65 +452,81 @@ void Region::replay() {
 // ---------------------------------------------------------------------------
 // Reentrant regions
 
-std::vector<Tensor> checkpoint_reentrant(const RegionFn& fn, const std::vector<Tensor>& inputs,
-                                         const CheckpointOptions& opts) {
-  // Forward with grad on (so we learn which outputs depend on parameters)
-  // but keeping no saved tensor.
-  struct DropAll final : TypedSavedTensorHooks {
-    std::string name() const override { return "reentrant checkpoint forward"; }
-    std::any pack_tensor(const Tensor&, const SaveInfo&) override { return std::any(); }
-    Tensor unpack_tensor(std::any, const SaveInfo& info) override {
-      throw AutogradError(std::string("reentrant checkpoint: a save of op '") + info.op +
-                          "' from the no-save forward was unpacked");
-    }
-    std::size_t held_bytes(const std::any&) const override { return 0; }
-  };
-  const RngStash rng = RngStash::capture();
-  auto memos = std::make_shared<MemoLog>();
-  std::vector<Tensor> outs;
-  {
-    SavedTensorHooksScope drop(std::make_shared<DropAll>());
-    MemoRecordScope record(*memos);
-    outs = fn(inputs);
+// The forward of a reentrant region: grad on (so its outputs learn whether
+// they depend on parameters) but keeping no saved tensor. Only a tensor that
+// left the region some other way than its outputs can reach these saves.
+class DropAll final : public TypedSavedTensorHooks {
+ public:
+  explicit DropAll(std::string region) : region_(std::move(region)) {}
+  std::string name() const override { return "forward of reentrant checkpoint region '" + region_ + "'"; }
+  std::any pack_tensor(const Tensor&, const SaveInfo&) override { return std::any(); }
+  Tensor unpack_tensor(std::any, const SaveInfo& info) override {
+    throw AutogradError("reentrant checkpoint region '" + region_ + "': backward reached a save of op '" + info.op +
+                        "' from its forward, which keeps none: a tensor made inside the region left it other "
+                        "than as an output (a side output such as an auxiliary loss), and a reentrant region "
+                        "differentiates only its outputs; return it as an output or use the non-reentrant default");
   }
-  auto node = std::make_shared<Node>("checkpoint_reentrant");
-  for (const Tensor& t : inputs) node->next_edges.push_back(t.defined() ? autograd::gradient_edge(t) : Edge{});
-  for (const Tensor& t : inputs) node->save(t);  // the boundary inputs, as saved tensors
-  std::vector<std::size_t> grad_outputs;         // which outputs carry history
-  std::vector<Tensor> result;
-  std::vector<Tensor*> with_history;
-  result.reserve(outs.size());
-  for (std::size_t i = 0; i < outs.size(); ++i) {
-    result.push_back(outs[i].defined() ? outs[i].detach() : outs[i]);
-    if (outs[i].defined() && outs[i].requires_grad()) grad_outputs.push_back(i);
+  std::size_t held_bytes(const std::any&) const override { return 0; }
+
+ private:
+  std::string region_;
+};
+
+// The node a reentrant region records. Its saves are the boundary inputs,
+// made before the region's forward as a non-reentrant region's are (op
+// "checkpoint_boundary": hooks around the region, offload or compression,
+// pack them; enclosing regions let them by).
+class ReentrantNode final : public Node {
+ public:
+  ReentrantNode() : Node("checkpoint_reentrant") {}
+  void adopt_saves(std::vector<std::unique_ptr<SavedTensor>> saves) {
+    for (auto& s : saves) saved_.push_back(std::move(s));
   }
-  for (std::size_t i : grad_outputs) with_history.push_back(&result[i]);
-  const std::size_t n_in = inputs.size();
-  const std::string name = opts.name;
-  const std::vector<bool> in_rg = requires_grad_of(inputs);
-  node->backward_fn = [fn, rng, memos, grad_outputs, n_in, name, in_rg](Node& self, std::vector<Tensor>& grads) {
+};
+
+// What a reentrant region's backward needs besides its node.
+struct ReentrantReplay {
+  RegionFn fn;
+  RngStash rng;
+  std::shared_ptr<MemoLog> memos;
+  std::vector<std::size_t> grad_outputs;  // the outputs that carry history, in the node's output order
+  std::vector<bool> input_requires_grad;
+  std::string name;
+
+  // Replays the region from the node's saved boundary inputs with grad on
+  // and differentiates the replayed outputs that carry history, seeded with
+  // the node's output gradients. That accumulates into the .grad of every
+  // leaf inside the region (its parameters), whether or not any boundary
+  // input requires grad; returns the boundary inputs' gradients.
+  std::vector<Tensor> operator()(Node& self, std::vector<Tensor>& grads) const {
     REMAT_CHECK(backward_mode() != BackwardMode::grad, AutogradError, "reentrant checkpoint region '", name,
                 "' cannot run under grad(): its replay accumulates into .grad; use the non-reentrant default");
+    const std::size_t n_in = input_requires_grad.size();
     std::vector<Tensor> saved;
-    for (std::size_t i = 0; i < n_in; ++i) saved.push_back(self.saved(i));
+    for (std::size_t i = 0; i < n_in; ++i) saved.push_back(self.saved(i));  // version-checked
     std::optional<ReplayTimer> timer(std::in_place);  // the replayed forward only
-    RecomputeScope replaying;
     tls_counters.replays++;
     const std::int64_t ops0 = ops_called();
-    std::vector<Tensor> in, outs2;
+    std::vector<Tensor> in, outs;
     {
+      // The replay is a recompute; the backward after it is the region's
+      // own (gradient hooks, collectives and once() see a backward).
+      RecomputeScope replaying;
       CategoryScope cat(MemoryCategory::recompute);
       RngSwap rng_swap(rng);
       MemoReplayScope memo(*memos);
       EnableGradGuard grad_on;
-      in = replay_inputs(saved, in_rg);
-      outs2 = fn(in);
+      in = replay_inputs(saved, input_requires_grad);
+      outs = fn(in);
     }
     tls_counters.ops_recomputed += ops_called() - ops0;
     timer.reset();
+    REMAT_CHECK(outs.size() > (grad_outputs.empty() ? 0 : grad_outputs.back()), CheckpointMismatchError,
+                "reentrant checkpoint region '", name, "': the replay returned ", outs.size(),
+                " outputs, fewer than the original forward's");
     std::vector<Tensor> roots, seeds;
     for (std::size_t j = 0; j < grad_outputs.size(); ++j) {
-      const Tensor& o = outs2.at(grad_outputs[j]);
+      const Tensor& o = outs[grad_outputs[j]];
       if (o.defined() && o.requires_grad()) {
         roots.push_back(o);
         seeds.push_back(grads[j]);
@@ -520,14 +536,46 @@ std::vector<Tensor> checkpoint_reentrant(const RegionFn& fn, const std::vector<T
     std::vector<Tensor> gi;
     for (std::size_t i = 0; i < n_in; ++i) gi.push_back(self.needs_input_grad(i) ? in[i].grad() : Tensor());
     return gi;
-  };
-  if (!with_history.empty()) autograd::set_history(with_history, node);
+  }
+};
+
+std::vector<Tensor> checkpoint_reentrant(const RegionFn& fn, const std::vector<Tensor>& inputs,
+                                         const CheckpointOptions& opts) {
+  ReentrantReplay replay{fn, RngStash::capture(), std::make_shared<MemoLog>(), {}, requires_grad_of(inputs),
+                         opts.name};
+  std::vector<std::unique_ptr<SavedTensor>> boundary;
+  for (const Tensor& t : inputs) boundary.push_back(std::make_unique<SavedTensor>(t, kBoundaryOp, false));
+  std::vector<Tensor> outs;
+  {
+    SavedTensorHooksScope drop(std::make_shared<DropAll>(opts.name));
+    MemoRecordScope record(*replay.memos);
+    outs = fn(inputs);
+  }
+  // The outputs as new tensors; those that depend on something requiring
+  // grad (an input or a parameter inside) get the node as their history.
+  std::vector<Tensor> result;
+  result.reserve(outs.size());
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    result.push_back(outs[i].defined() ? outs[i].detach() : outs[i]);
+    if (outs[i].defined() && outs[i].requires_grad()) replay.grad_outputs.push_back(i);
+  }
+  if (replay.grad_outputs.empty()) return result;  // nothing to differentiate: no node
+  auto node = std::make_shared<ReentrantNode>();
+  for (const Tensor& t : inputs) node->next_edges.push_back(t.defined() ? autograd::gradient_edge(t) : Edge{});
+  node->adopt_saves(std::move(boundary));
+  std::vector<Tensor*> with_history;
+  for (std::size_t i : replay.grad_outputs) with_history.push_back(&result[i]);
+  node->backward_fn = std::move(replay);
+  autograd::set_history(with_history, node);
   return result;
 }
 
 }  // namespace
 
 std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& inputs, const CheckpointOptions& opts) {
+  REMAT_CHECK(!opts.reentrant || !opts.policy, Error, "checkpoint region '", opts.name,
+              "': a reentrant region takes no selective policy (its replay runs every op again and keeps no "
+              "cached output); use the non-reentrant default for a policy");
   if (!grad_enabled()) return fn(inputs);
   if (!in_recompute()) tls_counters.regions++;
   if (opts.reentrant) return checkpoint_reentrant(fn, inputs, opts);

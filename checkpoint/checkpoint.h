@@ -11,8 +11,18 @@
 // soon as every placeholder still needed has been regenerated (early stop),
 // and each regenerated tensor is dropped once its consumer has used it.
 //
-// Reentrant: the region records one node; its backward replays the whole
-// function with grad enabled and differentiates it on its own.
+// Reentrant: the region records one node (kept whenever an output depends
+// on something requiring grad, an input or a parameter inside); its backward
+// replays the whole function with grad enabled and differentiates it on its
+// own, accumulating into the .grad of the parameters inside (so they get
+// gradients when no input requires grad too). It keeps nothing but its
+// boundary inputs (saves of op "checkpoint_boundary", like a non-reentrant
+// region's), has no early stop and no policy, and runs under backward() only:
+// grad() raises AutogradError when it runs the node (a target behind one of
+// its inputs), and does not see the parameters inside (grad() with one of
+// them as a target reports it unused). Only its outputs carry gradients out:
+// backward reaching a tensor made inside that left some other way (an
+// auxiliary loss) is an AutogradError naming the region.
 //
 // Early stop is an exception: the replay's save hook throws an internal
 // StopReplay once the last needed tensor is regenerated, and it unwinds
@@ -48,9 +58,10 @@ struct CheckpointOptions {
   // Also compare a checksum of each regenerated tensor's values (costs a pass
   // over every saved tensor in forward and replay).
   bool checksum = false;
-  // Selective saving (non-reentrant): the outputs of ops the policy saves are
-  // kept from the forward, and the replay reuses them instead of running
-  // those ops' kernels. Null: recompute everything.
+  // Selective saving (non-reentrant; a reentrant region with a policy is an
+  // Error): the outputs of ops the policy saves are kept from the forward,
+  // and the replay reuses them instead of running those ops' kernels. Null:
+  // recompute everything.
   Policy policy;
 };
 

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "engine/error.h"
 
@@ -24,7 +25,9 @@ std::string valid_forms(const std::vector<std::string>& sub_regions) {
          "dynamic, dynamic:BYTES (with --memory-budget, or the budget in bytes), "
          "selective:NAMES (" + selective + "save_matmul, "
          "save_attention, save_ops=OP/OP/... with OP one of " +
-         replay_cacheable_list() + "), combined with '+' where they do not overlap";
+         replay_cacheable_list() + "), combined with '+' where they do not overlap; per_block, chunk, selected:, "
+         "uniform:N and block:N also as reentrant regions with :reentrant before any @range "
+         "(per_block:reentrant, uniform:2:reentrant@0-3)";
 }
 
 // Errors name the plan and the reason, then list the valid forms.
@@ -94,8 +97,8 @@ std::string join(const std::set<std::string>& names) {
 std::string RecomputePlan::str() const {
   std::vector<std::string> parts;
   // Block-level regions, in block order: runs of one-block regions with the
-  // same policy become per_block@A-B (or selective:POLICY@A-B); a longer
-  // region is chunk@A-B.
+  // same policy and kind become per_block@A-B (or selective:POLICY@A-B, or
+  // per_block:reentrant@A-B); a longer region is chunk@A-B (chunk:reentrant@A-B).
   std::vector<std::size_t> order(block_regions.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -105,17 +108,20 @@ std::string RecomputePlan::str() const {
     const std::size_t r = order[k];
     const auto& g = block_regions[r];
     const std::string& pol = region_policy_names[r];
+    const bool re = reentrant_region(r);
+    const std::string kind = re ? ":reentrant" : "";
     if (g.size() > 1) {
-      parts.push_back("chunk" + range_str(g.front(), g.back(), n_layers));
+      parts.push_back("chunk" + kind + range_str(g.front(), g.back(), n_layers));
       ++k;
       continue;
     }
     std::size_t e = k + 1;
     while (e < order.size() && block_regions[order[e]].size() == 1 &&
-           block_regions[order[e]][0] == block_regions[order[e - 1]][0] + 1 && region_policy_names[order[e]] == pol)
+           block_regions[order[e]][0] == block_regions[order[e - 1]][0] + 1 && region_policy_names[order[e]] == pol &&
+           reentrant_region(order[e]) == re)
       ++e;
     const std::int64_t lo = g[0], hi = block_regions[order[e - 1]][0];
-    parts.push_back((pol.empty() ? std::string("per_block") : "selective:" + pol) + range_str(lo, hi, n_layers));
+    parts.push_back((pol.empty() ? std::string("per_block") : "selective:" + pol) + kind + range_str(lo, hi, n_layers));
     k = e;
   }
   // Module regions: runs of blocks with the same module.
@@ -154,8 +160,9 @@ std::string RecomputePlan::str() const {
 
 bool RecomputePlan::operator==(const RecomputePlan& o) const {
   auto normalised = [](const RecomputePlan& p) {
-    std::vector<std::pair<std::vector<std::int64_t>, std::string>> r;
-    for (std::size_t i = 0; i < p.block_regions.size(); ++i) r.emplace_back(p.block_regions[i], p.region_policy_names[i]);
+    std::vector<std::tuple<std::vector<std::int64_t>, std::string, bool>> r;
+    for (std::size_t i = 0; i < p.block_regions.size(); ++i)
+      r.emplace_back(p.block_regions[i], p.region_policy_names[i], p.reentrant_region(i));
     std::sort(r.begin(), r.end());
     return r;
   };
@@ -210,6 +217,7 @@ class PlanParser {
     std::string text;
     std::int64_t lo = 0, hi = 0;
     bool ranged = false;
+    bool reentrant = false;  // written C:reentrant (a block-level component only)
     const std::string& full(const PlanParser& p) const { return p.components_[index]; }
   };
 
@@ -227,6 +235,7 @@ class PlanParser {
       t.ranged = true;
       t.text = t.text.substr(0, at);
     }
+    reentrant_suffix(t);
     if (t.text == "keep_last") return keep_last_term(t);
     if (t.text == "keep_gathered") return keep_gathered_term(t);
     if (t.text == "offload" || t.text.rfind("offload:", 0) == 0) return offload_term(t);
@@ -234,6 +243,31 @@ class PlanParser {
     if (t.text == "chunked_loss" || t.text.rfind("chunked_loss:", 0) == 0) return chunked_loss_term(t);
     if (t.text == "dynamic" || t.text.rfind("dynamic:", 0) == 0) return dynamic_term(t);
     region_term(t);
+  }
+
+  // ":reentrant" at the end of a component (before its @range): takes it off
+  // and marks the term, refusing it on anything but block-level regions.
+  void reentrant_suffix(Term& t) const {
+    static const std::string suffix = ":reentrant";
+    if (t.text.size() <= suffix.size() || t.text.compare(t.text.size() - suffix.size(), suffix.size(), suffix) != 0)
+      return;
+    t.text.resize(t.text.size() - suffix.size());
+    t.reentrant = true;
+    const auto colon = t.text.find(':');
+    const std::string head = t.text.substr(0, colon), arg = colon == std::string::npos ? "" : t.text.substr(colon + 1);
+    const bool has_arg = colon != std::string::npos;
+    if (((t.text == "per_block" || t.text == "chunk") && !has_arg) ||
+        ((head == "selected" || head == "uniform" || head == "block") && has_arg))
+      return;
+    const std::string comp = "'" + t.full(*this) + "': ";
+    if (head == "selective" && arg.rfind("save_", 0) == 0)
+      bad_(comp + "a reentrant region cannot hold an op policy (its replay runs every op again and keeps no cached "
+           "output); write selective:" + arg + " for the policy, or per_block:reentrant for reentrant regions");
+    if (standalone(t.text) || head == "selective")
+      bad_(comp + "module regions (" + t.text + ") are non-reentrant only; :reentrant is for block-level regions "
+           "(per_block, chunk, selected:I,J,..., uniform:N, block:N)");
+    bad_(comp + ":reentrant is for block-level regions only (per_block, chunk, selected:I,J,..., uniform:N, "
+         "block:N), not '" + t.text + "'");
   }
 
   // "@A-B" or "@A" after a component: the blocks it applies to.
@@ -330,11 +364,11 @@ class PlanParser {
     if (t.text == "none") {
       if (components_.size() > 1) bad_("'none' cannot be combined");
     } else if (t.text == "per_block") {
-      claim_blocks(t.index, each(t.lo, t.hi));
+      claim_blocks(t, each(t.lo, t.hi));
     } else if (t.text == "chunk") {
       std::vector<std::int64_t> all;
       for (std::int64_t i = t.lo; i <= t.hi; ++i) all.push_back(i);
-      claim_blocks(t.index, {all});
+      claim_blocks(t, {all});
     } else if ((head == "selected" || head == "block") && has_arg && t.ranged) {
       bad_("'" + t.full(*this) + "': " + head + ":... names its blocks itself and takes no @range");
     } else if (head == "selected" && has_arg) {
@@ -362,7 +396,7 @@ class PlanParser {
         bad_("block " + s + " does not exist (the model has " + std::to_string(n_layers_) + " blocks)");
       r.push_back({i});
     }
-    claim_blocks(t.index, r);
+    claim_blocks(t, r);
   }
 
   // uniform:N: consecutive groups of N blocks of the range.
@@ -375,7 +409,7 @@ class PlanParser {
       for (std::int64_t j = i; j < std::min(t.hi + 1, i + g); ++j) grp.push_back(j);
       r.push_back(grp);
     }
-    claim_blocks(t.index, r);
+    claim_blocks(t, r);
   }
 
   // block:N: the first N blocks, one region each.
@@ -384,7 +418,7 @@ class PlanParser {
     if (n > n_layers_) bad_("block:N needs N <= " + std::to_string(n_layers_));
     Regions r;
     for (std::int64_t i = 0; i < n; ++i) r.push_back({i});
-    claim_blocks(t.index, r);
+    claim_blocks(t, r);
   }
 
   // One name of selective:NAMES: an op policy (per-block regions) or a
@@ -394,7 +428,7 @@ class PlanParser {
       if (plan_.policy && !t.ranged) bad_("only one op policy per plan (or give each its @range)");
       plan_.policy = op_policy(name);
       plan_.policy_name = name;
-      claim_blocks(t.index, each(t.lo, t.hi), plan_.policy, name);
+      claim_blocks(t, each(t.lo, t.hi), plan_.policy, name);
     } else if (!standalone(name) && offered(name)) {
       claim_module(t.index, name, t.lo, t.hi);
     } else {
@@ -426,9 +460,11 @@ class PlanParser {
     return r;
   }
 
-  // Component `comp` makes `regions` block-level regions (each block in one region only).
-  void claim_blocks(std::size_t comp, const Regions& regions, const Policy& policy = nullptr,
+  // Term `t` makes `regions` block-level regions (each block in one region
+  // only), reentrant if it says so.
+  void claim_blocks(const Term& t, const Regions& regions, const Policy& policy = nullptr,
                     const std::string& policy_name = "") {
+    const std::size_t comp = t.index;
     for (const auto& r : regions)
       for (auto b : r) {
         if (owner_[std::size_t(b)] >= 0)
@@ -440,6 +476,7 @@ class PlanParser {
       plan_.block_regions.push_back(r);
       plan_.region_policies.push_back(policy);
       plan_.region_policy_names.push_back(policy_name);
+      plan_.region_reentrant.push_back(t.reentrant);
     }
   }
 
@@ -472,6 +509,7 @@ class PlanParser {
         plan_.block_regions.erase(plan_.block_regions.begin() + std::ptrdiff_t(i));
         plan_.region_policies.erase(plan_.region_policies.begin() + std::ptrdiff_t(i));
         plan_.region_policy_names.erase(plan_.region_policy_names.begin() + std::ptrdiff_t(i));
+        plan_.region_reentrant.erase(plan_.region_reentrant.begin() + std::ptrdiff_t(i));
       }
     owner_[std::size_t(last)] = -1;
   }
@@ -520,14 +558,17 @@ class PlanParser {
 };
 
 // Sub-region names are usable in a plan: letters, digits and '_', not
-// "save_*" (op policies) nor "all" (compress:FMT:all).
+// "save_*" (op policies), "all" (compress:FMT:all) nor "reentrant"
+// (C:reentrant).
 void check_sub_region_names(const std::vector<std::string>& sub_regions) {
   for (const auto& n : sub_regions)
     REMAT_CHECK(!n.empty() && n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") ==
-                                  std::string::npos && n.rfind("save_", 0) != 0 && n != "all",
+                                  std::string::npos && n.rfind("save_", 0) != 0 && n != "all" &&
+                    n != "reentrant",
                 Error, "recompute plans: sub-region name '", n,
                 "' is not usable in a plan (names are letters, digits and '_', do not start with 'save_', "
-                "which names op policies, and are not 'all', which compress:FMT:all means)");
+                "which names op policies, and are not 'all', which compress:FMT:all means, nor 'reentrant', which "
+                "C:reentrant means)");
 }
 
 }  // namespace

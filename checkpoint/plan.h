@@ -8,6 +8,15 @@
 //   selected:I,J,...     the named blocks are regions
 //   uniform:N            consecutive groups of N blocks are regions
 //   block:N              the first N blocks are regions
+//   C:reentrant          C one of per_block, chunk, selected:I,J,...,
+//                        uniform:N, block:N (before any @range:
+//                        per_block:reentrant@0-3): the same regions,
+//                        reentrant (checkpoint/checkpoint.h): each records
+//                        one node whose backward replays the whole region
+//                        and differentiates it on its own (no early stop, no
+//                        op policy, no block with side outputs such as an
+//                        MoE block: models/block_stack.h; backward() only,
+//                        not grad())
 //   attention            the attention half of every block is a region
 //   moe_expert           routed-expert compute + unpermute of every MoE block
 //   selective:NAMES      module regions (core_attn, layernorm, mlp, moe_act,
@@ -74,10 +83,12 @@ struct RecomputePlan {
   std::string spec = "none";
   std::int64_t n_layers = 0;  // the blocks it was parsed for
   // Block-level regions: groups of consecutive block indices, each one region,
-  // with the op policy of each (null: recompute everything) and its name.
+  // with the op policy of each (null: recompute everything) and its name,
+  // and whether it is reentrant (C:reentrant; never with a policy).
   std::vector<std::vector<std::int64_t>> block_regions;
   std::vector<Policy> region_policies;
   std::vector<std::string> region_policy_names;
+  std::vector<bool> region_reentrant;
   // The module regions of each block (`modules` is their union).
   std::vector<std::set<std::string>> block_modules;
   // Sub-block module regions applied in every block (names from the list
@@ -127,6 +138,9 @@ struct RecomputePlan {
   }
   // True if block `i` is inside a block-level region.
   bool block_in_region(std::int64_t i) const;
+  // True if block-level region `r` is reentrant (false past region_reentrant's
+  // end: a plan built without it).
+  bool reentrant_region(std::size_t r) const { return r < region_reentrant.size() && region_reentrant[r]; }
   // True if the hooks of a ranged (or whole-model) offload / compression
   // apply to block i.
   static bool in_range(const std::optional<std::pair<std::int64_t, std::int64_t>>& r, std::int64_t i) {
@@ -134,10 +148,11 @@ struct RecomputePlan {
   }
 
   // The plan as a canonical string that parse() turns back into an equal
-  // plan (block ranges written as @A-B; keep_last already applied).
+  // plan (block ranges written as @A-B, reentrant regions as C:reentrant;
+  // keep_last already applied).
   std::string str() const;
-  // Same regions, policies, module regions, offload and compression (the spec
-  // text and offload_dir aside).
+  // Same regions (reentrant or not), policies, module regions, offload and
+  // compression (the spec text and offload_dir aside).
   bool operator==(const RecomputePlan& o) const;
 
   // The decoder's sub-region names, in the order error messages list them.
@@ -145,7 +160,8 @@ struct RecomputePlan {
 
   // Parses `spec` for a model of `n_layers` blocks whose blocks offer the
   // sub-regions `sub_regions` (each non-empty, letters, digits and '_', not
-  // starting with "save_"). Throws Error naming the bad component and why
+  // starting with "save_", not "all" nor "reentrant"). Throws Error naming
+  // the bad component and why
   // (unknown name, out-of-range block, overlapping components), listing the
   // valid forms with these names.
   static RecomputePlan parse(const std::string& spec, std::int64_t n_layers,

@@ -72,7 +72,7 @@ std::vector<std::string> BlockStack::sub_regions() const {
 
 void BlockStack::set_plan(const std::string& spec) { set_plan(RecomputePlan::parse(spec, num_blocks(), sub_regions())); }
 
-void BlockStack::set_plan(const RecomputePlan& plan) {
+void BlockStack::check_plan(const RecomputePlan& plan) const {
   REMAT_CHECK(!plan.chunked_loss || has_lm_head_, Error, "--recompute ", plan.spec,
               ": chunked_loss needs a model whose blocks are followed by an LM head and cross-entropy that run "
               "it (the decoder's); this stack's model has none (BlockStack::set_has_lm_head)");
@@ -84,13 +84,23 @@ void BlockStack::set_plan(const RecomputePlan& plan) {
       RecomputePlan::parse(plan.spec, num_blocks(), offered);
       throw Error("--recompute " + plan.spec + ": sub-region '" + m + "' is offered by no block of this stack");
     }
-  std::vector<std::int64_t> region_of(std::size_t(num_blocks()), -1);
   for (std::size_t r = 0; r < plan.block_regions.size(); ++r)
     for (auto b : plan.block_regions[r]) {
       REMAT_CHECK(b >= 0 && b < num_blocks(), Error, "--recompute ", plan.spec, ": block ", b,
                   " does not exist (the plan was parsed for more blocks than this stack's ", num_blocks(), ")");
-      region_of[std::size_t(b)] = std::int64_t(r);
+      const std::string side = plan.reentrant_region(r) ? at(b).side_outputs() : std::string();
+      REMAT_CHECK(side.empty(), Error, "--recompute ", plan.spec, ": block ", b, " ('", block_name(b),
+                  "') is in a reentrant region, but its forward hands out ", side,
+                  " besides its output, and a reentrant region's backward differentiates only its outputs; use "
+                  "the non-reentrant form (per_block, chunk, ...) for this block");
     }
+}
+
+void BlockStack::set_plan(const RecomputePlan& plan) {
+  check_plan(plan);
+  std::vector<std::int64_t> region_of(std::size_t(num_blocks()), -1);
+  for (std::size_t r = 0; r < plan.block_regions.size(); ++r)
+    for (auto b : plan.block_regions[r]) region_of[std::size_t(b)] = std::int64_t(r);
   // Offload and compression: one set of hooks per stack, around the whole
   // forward or handed to the blocks for the named parts (compression
   // innermost, so offload moves the compressed bytes).
@@ -228,6 +238,7 @@ Tensor BlockStack::forward(const Tensor& x, std::int64_t begin, std::int64_t end
     o.name = group.size() == 1 ? "block " + std::to_string(group[0])
                                : "blocks " + std::to_string(group.front()) + "-" + std::to_string(group.back());
     o.policy = std::size_t(r) < plan_.region_policies.size() ? plan_.region_policies[std::size_t(r)] : plan_.policy;
+    o.reentrant = plan_.reentrant_region(std::size_t(r));  // (parse() gives it no policy)
     h = checkpoint([this, group](const Tensor& t) {
       Tensor u = t;
       for (auto b : group) u = run_block(b, u);

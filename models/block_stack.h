@@ -55,6 +55,12 @@ class Block : public Module {
   // directly. The block owns it; child modules that run named parts of
   // their own take it by reference in their forward (models/layers.h).
   const PartRunner& part_runner() const { return parts_; }
+  // What this block's forward hands out besides its output that backward
+  // differentiates (the decoder's MoE blocks: the router's aux and z
+  // losses, which the model adds to the loss); empty: nothing. A reentrant
+  // region differentiates only its outputs, so BlockStack::set_plan refuses
+  // one over a block that names some.
+  virtual std::string side_outputs() const { return {}; }
   // True if the plan runs part `name` as a region or under save hooks (a
   // block may fuse ops across parts only where neither is the case).
   bool part_wrapped(const std::string& name) const { return regions_.count(name) || part_hooks_.count(name); }
@@ -165,8 +171,9 @@ class BlockStack : public Module {
   // Makes the stack run with `plan` from now on (replacing any earlier one).
   // Throws Error if the plan was parsed for more blocks than the stack has,
   // names a sub-region no block offers (naming it, the blocks' names and
-  // the valid forms), or asks for chunked_loss in a model that declared no
-  // LM head (set_has_lm_head).
+  // the valid forms), asks for chunked_loss in a model that declared no
+  // LM head (set_has_lm_head), or puts a block with side outputs
+  // (Block::side_outputs) in a reentrant region.
   void set_plan(const RecomputePlan& plan);
   // Parses `spec` for this stack (num_blocks(), the blocks' sub_regions())
   // and sets it; parse errors as RecomputePlan::parse.
@@ -213,6 +220,8 @@ class BlockStack : public Module {
 
  private:
   void check_new_block(const std::string& name, const Block* block) const;
+  // set_plan's checks of what `plan` asks of this stack's blocks and model.
+  void check_plan(const RecomputePlan& plan) const;
   const Block& at(std::int64_t i) const;
   std::vector<std::pair<std::string, std::shared_ptr<Block>>> blocks_;
   RecomputePlan plan_;

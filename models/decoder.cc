@@ -30,6 +30,10 @@ std::vector<std::string> DecoderBlock::sub_regions() const {
   return names;
 }
 
+std::string DecoderBlock::side_outputs() const {
+  return moe ? "its router's aux and z losses (which the model adds to the loss)" : "";
+}
+
 void DecoderBlock::set_regions(const std::set<std::string>& names) {
   Block::set_regions(names);
   if (moe)

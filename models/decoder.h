@@ -32,6 +32,8 @@ class DecoderBlock : public Block {
   std::vector<std::string> sub_regions() const override;
   // Also makes the experts discard their activation when "moe_act" is named.
   void set_regions(const std::set<std::string>& names) override;
+  // An MoE block's router losses (MoETerms) leave it beside its output.
+  std::string side_outputs() const override;
   // Incremental decoding (no grad, no dropout, no recompute plan): the
   // block on the positions after those cached in k_cache / v_cache, which it
   // extends (SelfAttention::forward_cached).

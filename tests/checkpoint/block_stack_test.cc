@@ -140,7 +140,8 @@ TEST_CASE("every plan on a user's block stack gives the gradients of none bit fo
   const std::vector<std::string> block_plans = {
       "per_block", "chunk", "selected:0,2", "uniform:2", "block:2", "selective:save_matmul",
       "selective:save_attention", "selective:save_ops=matmul", "per_block+keep_last", "uniform:2+keep_last",
-      "chunk+keep_last", "selected:1,3+block:1", "selective:save_matmul+keep_last"};
+      "chunk+keep_last", "selected:1,3+block:1", "selective:save_matmul+keep_last", "per_block:reentrant",
+      "uniform:2:reentrant", "chunk:reentrant+keep_last"};
   const std::vector<std::string> module_plans = {"selective:norm", "selective:mlp", "selective:norm,mlp",
                                                  "selective:mlp,norm"};
   std::vector<std::string> plans = block_plans;
@@ -163,7 +164,8 @@ TEST_CASE("every plan on a user's block stack gives the gradients of none bit fo
   // plans_dump_test.sh: this model's saves are below offload's 64 KiB floor.)
   const std::vector<std::pair<std::string, std::int64_t>> mixes = {
       {"per_block@0-1+selective:mlp@2-3", 4},       // two block regions, two mlp sub-regions
-      {"selective:save_matmul@0-1+chunk@2-3", 3}};  // two block regions with the policy, one chunk
+      {"selective:save_matmul@0-1+chunk@2-3", 3},   // two block regions with the policy, one chunk
+      {"per_block:reentrant@0-1+selective:mlp@2-3", 4}};  // two reentrant block regions, two mlp sub-regions
   for (const auto& [plan, regions] : mixes) {
     INFO("plan " << plan);
     const Run r = run(plan);

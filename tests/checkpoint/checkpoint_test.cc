@@ -1,8 +1,11 @@
 #include <catch2/catch.hpp>
 
+#include <optional>
+
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/replay_memo.h"
 #include "engine/autograd.h"
+#include "engine/recompute_context.h"
 #include "engine/allocator.h"
 #include "ops/dropout.h"
 #include "ops/ops.h"
@@ -219,6 +222,144 @@ TEST_CASE("parameters inside a region get gradients even when no input requires 
   }
 }
 
+namespace {
+
+// A region with two tensor inputs and three outputs, of a frozen base weight
+// with a trainable low-rank adapter beside it (y1 = silu(x W + (x A) B),
+// dropped out), a gate on the second input (y2 = y1 * (u V)) and an output
+// that depends on no parameter (x + u).
+struct AdapterRegion {
+  Tensor w = param({16, 8}, 21), a = param({4, 8}, 22), b = param({16, 4}, 23), v = param({16, 8}, 24);
+  std::vector<Tensor*> params() { return {&w, &a, &b, &v}; }
+  std::vector<Tensor> operator()(const std::vector<Tensor>& in) const {
+    const Tensor& x = in[0];
+    const Tensor& u = in[1];
+    Tensor y1 = dropout(silu(add(linear(x, w), linear(linear(x, a), b))), 0.25);
+    return {add(x, u), y1, mul(y1, linear(u, v))};
+  }
+};
+
+// Gradients of x, u and each parameter (empty where none) after one backward
+// of the outputs, with the region checkpointed as `o` (or not at all).
+std::vector<std::vector<float>> adapter_grads(AdapterRegion& r, const Tensor& x0, const Tensor& u0, bool x_grad,
+                                              const std::optional<CheckpointOptions>& o) {
+  for (Tensor* p : r.params()) p->set_grad(Tensor());
+  Tensor x = x0.detach(), u = u0.detach();
+  if (x_grad) x.set_requires_grad(true);
+  manual_seed(5);
+  auto fn = [&r](const std::vector<Tensor>& in) { return r(in); };
+  const std::vector<Tensor> y = o ? checkpoint(fn, {x, u}, *o) : fn({x, u});
+  REQUIRE(y.size() == 3);
+  CHECK(y[0].requires_grad() == x_grad);
+  add(add(sum(mul(y[1], y[1])), sum(y[2])), sum(y[0])).backward();
+  std::vector<std::vector<float>> g;
+  for (const Tensor* t : {&x, &u}) g.push_back(t->grad().defined() ? v(t->grad()) : std::vector<float>{});
+  for (Tensor* p : r.params()) g.push_back(p->grad().defined() ? v(p->grad()) : std::vector<float>{});
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("regions give adapters and inner parameters their exact gradients when no input requires grad",
+          "[checkpoint]") {
+  // Frozen sets (bits over w, a, b, v): the base weight (the adapter case),
+  // base and gate, the adapter itself, none. Each run: no input requiring
+  // grad, then x requiring grad; reentrant and not, against the plain run.
+  AdapterRegion r;
+  Generator g(31);
+  const Tensor x = randn({4, 8}, DType::f32, &g), u = randn({4, 8}, DType::f32, &g);
+  for (unsigned frozen : {0b0001u, 0b1001u, 0b0110u, 0b0000u})
+    for (bool x_grad : {false, true}) {
+      const auto params = r.params();
+      for (std::size_t i = 0; i < params.size(); ++i) params[i]->set_requires_grad(!(frozen >> i & 1));
+      const auto plain = adapter_grads(r, x, u, x_grad, std::nullopt);
+      CHECK(plain[0].empty() == !x_grad);
+      CHECK(plain[1].empty());  // u never requires grad
+      for (std::size_t i = 0; i < params.size(); ++i) CHECK(plain[2 + i].empty() == bool(frozen >> i & 1));
+      for (bool reentrant : {false, true}) {
+        INFO("frozen " << frozen << " x requires grad " << x_grad << " reentrant " << reentrant);
+        CheckpointOptions o;
+        o.reentrant = reentrant;
+        reset_checkpoint_counters();
+        CHECK(adapter_grads(r, x, u, x_grad, o) == plain);  // bit for bit, no gradient where plain has none
+        CHECK(checkpoint_counters().replays == 1);          // the region's node ran in backward
+      }
+    }
+  for (Tensor* p : r.params()) p->set_requires_grad(true);
+}
+
+TEST_CASE("a reentrant region's backward is a backward, not a recompute", "[checkpoint]") {
+  // Gradient hooks (a reducer's, ZeRO's release) fire in the region's own
+  // backward after its replay: in_recompute() is false there, as in a plain
+  // backward, while the replayed forward runs in a recompute.
+  Block b;
+  std::vector<bool> forward_in_recompute, post_accumulate_in_recompute;
+  b.w1.register_post_accumulate_hook([&](const Tensor&) { post_accumulate_in_recompute.push_back(in_recompute()); });
+  CheckpointOptions o;
+  o.reentrant = true;
+  Tensor y = checkpoint([&](const Tensor& t) {
+    forward_in_recompute.push_back(in_recompute());
+    return b(t);
+  }, randn({4, 8}), o);
+  sum(y).backward();
+  CHECK(forward_in_recompute == std::vector<bool>{false, true});
+  CHECK(post_accumulate_in_recompute == std::vector<bool>{false});
+}
+
+TEST_CASE("a reentrant region keeps only its boundary, as a checkpoint_boundary save, and takes no policy",
+          "[checkpoint]") {
+  Block b;
+  Tensor x = param({64, 8}, 5);
+  const std::int64_t base = saved_bytes_live();
+  CheckpointOptions o;
+  o.reentrant = true;
+  o.name = "re";
+  Tensor y = checkpoint([&b](const Tensor& t) { return b(t); }, x, o);
+  const auto rep = saved_bytes_report();
+  CHECK(rep.live_bytes - base == std::int64_t(x.nbytes()));  // just the boundary input
+  CHECK(rep.bytes_by_op.at("checkpoint_boundary") == std::int64_t(x.nbytes()));
+  sum(y).backward();
+  CHECK(saved_bytes_live() == base);
+  o.policy = save_matmul_outputs();
+  CHECK_THROWS_WITH(checkpoint([&b](const Tensor& t) { return b(t); }, x, o),
+                    Catch::Contains("checkpoint region 're': a reentrant region takes no selective policy"));
+}
+
+TEST_CASE("a tensor leaving a reentrant region beside its outputs is an error when backward reaches it",
+          "[checkpoint]") {
+  // An auxiliary loss handed out through a capture: the non-reentrant default
+  // differentiates it (none's gradients); a reentrant region, whose forward
+  // keeps no save, names itself and the cause.
+  Block b;
+  Generator g(9);
+  const Tensor x = randn({4, 8}, DType::f32, &g);
+  Tensor side;
+  auto fn = [&](const Tensor& t) {
+    Tensor h = b(t);
+    Tensor aux = sum(mul(h, h));  // (a replay makes it again: the same ops)
+    if (!in_recompute()) side = aux;
+    return h;
+  };
+  b.zero();
+  add(sum(fn(x)), side).backward();
+  const auto plain = v(b.w1.grad());
+  for (bool reentrant : {false, true}) {
+    INFO("reentrant " << reentrant);
+    b.zero();
+    CheckpointOptions o;
+    o.reentrant = reentrant;
+    o.name = "aux";
+    Tensor loss = add(sum(checkpoint(fn, x, o)), side);
+    if (reentrant) {
+      CHECK_THROWS_WITH(loss.backward(), Catch::Contains("reentrant checkpoint region 'aux': backward reached a save") &&
+                                             Catch::Contains("left it other than as an output"));
+    } else {
+      loss.backward();
+      CHECK(v(b.w1.grad()) == plain);
+    }
+  }
+}
+
 TEST_CASE("a region without tensor inputs replays from its parameters", "[checkpoint]") {
   // checkpoint(fn, {}): the function reads only parameters and a captured
   // constant; dropout inside makes the replay restore the RNG too.
@@ -270,6 +411,10 @@ TEST_CASE("grad() with explicit inputs works through non-reentrant regions", "[c
   re.reentrant = true;
   Tensor y3 = checkpoint([&b](const Tensor& t) { return b(t); }, x, re);
   CHECK_THROWS_WITH(grad({sum(y3)}, {x}), Catch::Contains("cannot run under grad()"));
+  // The parameters inside are hidden from grad(): with no input requiring
+  // grad, the node is on no path to one, which grad() reports unused.
+  Tensor y4 = checkpoint([&b](const Tensor& t) { return b(t); }, x.detach(), re);
+  CHECK_THROWS_WITH(grad({sum(y4)}, {b.w1}), Catch::Contains("is not used by the outputs"));
 }
 
 TEST_CASE("under no_grad a region just runs its function", "[checkpoint]") {

@@ -4,7 +4,8 @@
 # bytes the dump holds besides them (the model and its gradients): on `tiny`
 # with dropout, `tiny-moe` with dropout and random routes, and bench-dense;
 # and under checkpoint plans (attention, selective:save_matmul, per_block and
-# moe_expert, each with dynamic). Each dump's metadata must show the budget bound (evictions > 0,
+# moe_expert, each with dynamic; per_block:reentrant, whose replays in
+# backward save through dynamic's hooks). Each dump's metadata must show the budget bound (evictions > 0,
 # computed again > 0) and held (peak allocated <= the budget).
 set -u
 cd "$(dirname "$(readlink -f "$0")")/../.."
@@ -31,7 +32,8 @@ check() {
   done
 }
 budgets="dynamic@20% dynamic@40% dynamic@60% dynamic@80%"
-check tests/checkpoint/data/tiny_dropout.json "$budgets selective:save_matmul+dynamic@80% attention+dynamic@40%"
+check tests/checkpoint/data/tiny_dropout.json "$budgets selective:save_matmul+dynamic@80% attention+dynamic@40%
+  per_block:reentrant+dynamic@30%"
 check tests/checkpoint/data/tiny_moe_random.json "$budgets per_block+dynamic@30% moe_expert+dynamic@50%"
 check bench-dense "$budgets"
 # Bad input: clear errors before any work, and a budget nothing can meet is

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <map>
+
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/plan.h"
 #include "engine/autograd.h"
@@ -99,7 +101,7 @@ TEST_CASE("plans parse against the sub-region names a model's blocks offer", "[c
   CHECK_THROWS_WITH(RecomputePlan::parse("per_block+selective:ffn", 3, mine),
                     Catch::Contains("module regions would nest inside the block's region"));
   CHECK_THROWS_WITH(RecomputePlan::parse("selective:foo", 3, {}), Catch::Contains("selective:NAMES (save_matmul"));
-  for (const std::string bad : {"", "a+b", "x,y", "a:b", "save_x", "a b"})
+  for (const std::string bad : {"", "a+b", "x,y", "a:b", "save_x", "a b", "all", "reentrant"})
     CHECK_THROWS_WITH(RecomputePlan::parse("none", 3, {bad}),
                       Catch::Contains("sub-region name '" + bad + "' is not usable in a plan"));
 }
@@ -369,4 +371,123 @@ TEST_CASE("dynamic[:BYTES] parses, combines with other components and prints bac
   CHECK_THROWS_WITH(RecomputePlan::parse("dynamic@0-1", 4), Catch::Contains("dynamic takes no @range"));
   CHECK_THROWS_WITH(RecomputePlan::parse("dynamic:0", 4), Catch::Contains("at least 1 byte"));
   CHECK_THROWS_WITH(RecomputePlan::parse("dynamic:lots", 4), Catch::Contains("dynamic:lots"));
+}
+
+TEST_CASE("C:reentrant makes reentrant block regions that print back, compare and refuse the rest",
+          "[checkpoint][plan]") {
+  using Reentrant = std::vector<bool>;
+  const auto pb = RecomputePlan::parse("per_block:reentrant", 4);
+  CHECK(pb.block_regions == Groups{{0}, {1}, {2}, {3}});
+  CHECK(pb.region_reentrant == Reentrant{true, true, true, true});
+  for (const auto& policy : pb.region_policies) CHECK(policy == nullptr);
+  CHECK(pb.str() == "per_block:reentrant");
+  CHECK(RecomputePlan::parse("chunk:reentrant", 4).block_regions == Groups{{0, 1, 2, 3}});
+  CHECK(RecomputePlan::parse("chunk:reentrant", 4).str() == "chunk:reentrant");
+  const auto u = RecomputePlan::parse("uniform:2:reentrant@0-3", 6);
+  CHECK(u.block_regions == Groups{{0, 1}, {2, 3}});
+  CHECK(u.region_reentrant == Reentrant{true, true});
+  CHECK(u.str() == "chunk:reentrant@0-1+chunk:reentrant@2-3");
+  CHECK(RecomputePlan::parse("selected:0,2:reentrant", 4).str() == "per_block:reentrant@0+per_block:reentrant@2");
+  CHECK(RecomputePlan::parse("block:2:reentrant", 4).str() == "per_block:reentrant@0-1");
+  // Mixed with plain regions, policies and module regions in other blocks.
+  const auto mixed = RecomputePlan::parse("per_block:reentrant@0-1+per_block@2-3", 4);
+  CHECK(mixed.region_reentrant == Reentrant{true, true, false, false});
+  CHECK(mixed.str() == "per_block:reentrant@0-1+per_block@2-3");
+  CHECK(RecomputePlan::parse("per_block:reentrant@0-1+selective:save_matmul@2-3", 4).str() ==
+        "per_block:reentrant@0-1+selective:save_matmul@2-3");
+  CHECK(RecomputePlan::parse("uniform:2:reentrant@0-1+selective:mlp@2-3", 4).str() ==
+        "chunk:reentrant@0-1+selective:mlp@2-3");
+  // keep_last takes the last block out as from any region.
+  const auto last = RecomputePlan::parse("per_block:reentrant+keep_last", 4);
+  CHECK(last.block_regions == Groups{{0}, {1}, {2}});
+  CHECK(last.region_reentrant == Reentrant{true, true, true});
+  CHECK(last.str() == "per_block:reentrant@0-2");
+  CHECK(RecomputePlan::parse("chunk:reentrant+keep_last", 4).str() == "chunk:reentrant@0-2");
+  // Equality: reentrant or not counts.
+  CHECK_FALSE(RecomputePlan::parse("per_block:reentrant", 4) == RecomputePlan::parse("per_block", 4));
+  CHECK(RecomputePlan::parse("uniform:2:reentrant", 4) ==
+        RecomputePlan::parse("chunk:reentrant@2-3+chunk:reentrant@0-1", 4));
+  for (const std::string spec :
+       {"per_block:reentrant", "chunk:reentrant", "uniform:2:reentrant", "uniform:3:reentrant@1-7", "block:3:reentrant",
+        "selected:1,3,4:reentrant", "per_block:reentrant+keep_last", "per_block:reentrant@0-3+per_block@4-7",
+        "per_block@0-1+per_block:reentrant@2-3+selective:save_matmul@4-7",
+        "uniform:2:reentrant@0-3+selective:mlp@4-7+offload:core_attn@4-7", "per_block:reentrant+offload+compress:fp8",
+        "per_block:reentrant+dynamic:1000000+chunked_loss", "chunk:reentrant@1-2+keep_gathered"}) {
+    INFO(spec);
+    const auto plan = RecomputePlan::parse(spec, 8);
+    INFO("printed: " << plan.str());
+    CHECK(RecomputePlan::parse(plan.str(), 8) == plan);
+    CHECK(RecomputePlan::parse(plan.str(), 8).str() == plan.str());
+  }
+
+  using Catch::Contains;
+  CHECK_THROWS_WITH(RecomputePlan::parse("selective:save_matmul:reentrant", 4),
+                    Contains("'selective:save_matmul:reentrant': a reentrant region cannot hold an op policy"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("selective:save_ops=matmul:reentrant@0-1", 4),
+                    Contains("'selective:save_ops=matmul:reentrant@0-1': a reentrant region cannot hold an op policy"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("attention:reentrant", 4),
+                    Contains("'attention:reentrant': module regions (attention) are non-reentrant only"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("selective:mlp,layernorm:reentrant", 4),
+                    Contains("module regions (selective:mlp,layernorm) are non-reentrant only"));
+  for (const std::string other : {"none", "keep_last", "offload", "offload:mlp", "compress:fp8", "dynamic",
+                                  "chunked_loss", "keep_gathered", "uniform", "per_block:reentrant"})
+    CHECK_THROWS_WITH(RecomputePlan::parse("per_block@0+" + other + ":reentrant", 4),
+                      Contains("'" + other + ":reentrant': :reentrant is for block-level regions only") &&
+                          Contains("not '" + other + "'"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block:reentrant+per_block@1", 4),
+                    Contains("'per_block:reentrant' and 'per_block@1' overlap at block 1"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block:reentrant@0-1+attention@1-3", 4),
+                    Contains("module regions would nest inside the block's region"));
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_block@0-1:reentrant", 4),
+                    Contains("'per_block@0-1:reentrant'") && Contains("expects a non-negative integer"));
+  // The valid forms name it.
+  CHECK_THROWS_WITH(RecomputePlan::parse("per_blok:reentrant", 4),
+                    Contains("not 'per_blok'") && Contains("per_block:reentrant, uniform:2:reentrant@0-3"));
+}
+
+TEST_CASE("reentrant regions are refused over MoE blocks, whose router losses leave them", "[checkpoint][plan]") {
+  // tiny-moe: block 0 dense, blocks 1-3 MoE.
+  DecoderModel moe(ModelConfig::named("tiny-moe"), 0);
+  CHECK_THROWS_WITH(apply_recompute_plan(moe, RecomputePlan::parse("per_block:reentrant", 4)),
+                    Catch::Contains("--recompute per_block:reentrant: block 1 ('1') is in a reentrant region, but its "
+                                    "forward hands out its router's aux and z losses") &&
+                        Catch::Contains("use the non-reentrant form"));
+  CHECK_THROWS_WITH(apply_recompute_plan(moe, RecomputePlan::parse("chunk:reentrant@0-1", 4)),
+                    Catch::Contains("block 1 ('1') is in a reentrant region"));
+  apply_recompute_plan(moe, RecomputePlan::parse("per_block:reentrant@0+per_block@1-3", 4));
+  CHECK(moe.model->blocks->plan().str() == "per_block:reentrant@0+per_block@1-3");
+}
+
+TEST_CASE("reentrant plans run reentrant regions: gradients of none, frozen embedding or not", "[checkpoint][plan]") {
+  // A tiny decoder, one forward and backward a plan; with the embedding
+  // frozen, block 0's region has no input that requires grad (its
+  // parameters get their gradients from the region's own backward). Every
+  // plan gives none's gradients bit for bit, and the frozen weight none.
+  const ModelConfig c = memory_config(4);
+  const std::string embed = "model.embed_tokens.weight";
+  auto grads = [&](const std::string& plan, bool frozen) {
+    DecoderModel m(c, 1);
+    apply_recompute_plan(m, RecomputePlan::parse(plan, c.n_layers));
+    if (frozen) m.parameter(embed).set_requires_grad(false);
+    reset_checkpoint_counters();
+    m.forward_loss(batch_for(c)).loss.backward();
+    std::map<std::string, std::vector<float>> g;
+    for (const auto& [name, p] : m.named_parameters())
+      if (p.grad().defined()) g[name] = p.grad().to_vector<float>();
+    return std::make_pair(g, checkpoint_counters().replays);
+  };
+  for (bool frozen : {false, true}) {
+    INFO("embedding frozen " << frozen);
+    const auto none = grads("none", frozen);
+    CHECK(none.first.count(embed) == !frozen);
+    CHECK(none.first.size() > 10);
+    CHECK(none.second == 0);
+    for (const std::string plan : {"per_block", "per_block:reentrant", "uniform:2:reentrant", "chunk:reentrant",
+                                   "per_block:reentrant@0-1+selective:save_matmul@2-3", "per_block:reentrant+keep_last"}) {
+      INFO(plan);
+      const auto got = grads(plan, frozen);
+      CHECK(got.first == none.first);  // the same parameters, the same bits
+      CHECK(got.second == std::int64_t(RecomputePlan::parse(plan, c.n_layers).block_regions.size()));
+    }
+  }
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Every lossless recompute plan (regions, policies, offload) gives the same
-# dump as `none`, bit for bit: `tiny` with dropout on (so the replay must
-# restore the RNG), two seeds; and `tiny-moe` (learned and random routing,
-# and with router z-loss and capacity drops) with the MoE plans. Compression is lossy: its dumps must stay within a
+# Every lossless recompute plan (regions, reentrant ones too, policies,
+# offload) gives the same dump as `none`, bit for bit: `tiny` with dropout on
+# (so the replay must restore the RNG), two seeds; and `tiny-moe` (learned and random routing,
+# and with router z-loss and capacity drops) with the MoE plans (reentrant
+# regions on its dense block 0 only: an MoE block's router losses leave it
+# beside its output, so set_plan refuses it one). Compression is lossy: its dumps must stay within a
 # stated relative bound of `none` (per tensor, max |a - b| <= R * max |b|).
 # Each comparison also checks what the dumps recorded (compare_dumps.py
 # --plan): `none` ran no plan and did nothing; the plan's dump ran the plan
@@ -45,10 +47,13 @@ dense="per_block chunk selected:0,2==per_block@0+per_block@2 uniform:2==chunk@0-
        selected:1,3+block:1==per_block@0-1+per_block@3 attention+selective:mlp per_block+keep_last==per_block@0-2
        uniform:2+keep_last==chunk@0-1+per_block@2 offload per_block+offload offload:mlp attention+offload:mlp uniform:2+keep_last+offload==chunk@0-1+per_block@2+offload
        block:2+offload:mlp==per_block@0-1+offload:mlp per_block@0-1+selective:save_matmul@2-3 selective:mlp@1-2+attention@0==attention@0+selective:mlp@1-2
-       chunk@1-2+offload@0-1 per_block@2-3+offload:mlp@0-1 uniform:2@0-1+selective:save_attention@2-3==chunk@0-1+selective:save_attention@2-3"
+       chunk@1-2+offload@0-1 per_block@2-3+offload:mlp@0-1 uniform:2@0-1+selective:save_attention@2-3==chunk@0-1+selective:save_attention@2-3
+       per_block:reentrant uniform:2:reentrant==chunk:reentrant@0-1+chunk:reentrant@2-3 chunk:reentrant
+       per_block:reentrant+keep_last==per_block:reentrant@0-2 per_block:reentrant@0-1+selective:save_matmul@2-3
+       per_block:reentrant+offload block:2:reentrant+offload:mlp==per_block:reentrant@0-1+offload:mlp"
 moe="per_block chunk per_block+keep_last==per_block@0-2 attention moe_expert selective:moe_act selective:moe selective:shared_experts
      attention+moe_expert offload per_block+offload offload:moe moe_expert+offload per_block@0-1+moe_expert@2-3
-     selective:save_matmul"
+     selective:save_matmul per_block:reentrant@0+per_block@1-3 per_block:reentrant@0+moe_expert@1-3"
 # The chunked loss (one chunk at the default size on these batches) alone and
 # under a block plan, a policy and offload: none's bits.
 loss="chunked_loss per_block+chunked_loss selective:save_matmul+chunked_loss offload+chunked_loss"
@@ -59,7 +64,8 @@ for seed in 0 1; do
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:bf16 compress:bf16+offload==offload+compress:bf16" 0.005
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:fp8 compress:fp8+offload==offload+compress:fp8" 0.04
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:fp8:mlp" 0.02
-  check tests/checkpoint/data/tiny_dropout.json "$seed" "per_block+compress:fp8 per_block+compress:fp8+offload==per_block+offload+compress:fp8" 0.06
+  check tests/checkpoint/data/tiny_dropout.json "$seed" "per_block+compress:fp8 per_block+compress:fp8+offload==per_block+offload+compress:fp8
+    per_block:reentrant+compress:fp8" 0.06
   check tests/checkpoint/data/tiny_moe_dropout.json "$seed" "compress:fp8 per_block+compress:bf16
     selective:save_matmul+compress:fp8" 0.04
   check tests/checkpoint/data/tiny_dropout.json "$seed" "compress:bf16:all" 0.015
@@ -89,7 +95,7 @@ dump_args=()
 # were on (the lower bound on drops from the config's own numbers).
 zcfg=tests/checkpoint/data/tiny_moe_zloss_capacity.json
 check "$zcfg" 0 "per_block chunk per_block+keep_last==per_block@0-2 attention moe_expert selective:moe_act selective:moe
-  selective:mlp selective:save_matmul attention+moe_expert per_block+offload per_block@0-1+moe_expert@2-3"
+  selective:mlp selective:save_matmul attention+moe_expert per_block+offload per_block@0-1+moe_expert@2-3 per_block:reentrant@0+per_block@1-3"
 if /usr/bin/python3 - "$tmp/none.safetensors" > "$tmp/routing.txt" 2>&1 <<'PY'
 import json, math, struct, sys
 data = open(sys.argv[1], "rb").read()

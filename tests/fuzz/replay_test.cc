@@ -159,7 +159,8 @@ TEST_CASE("pinned serialisations: a config's to_json, JSON dump, plan str and a 
       {"block:2", "per_block@0-1"}, {"selected:1+block:1", "per_block@0-1"}, {"per_block+keep_last", "per_block@0-2"},
       {"selective:mlp,layernorm", "selective:layernorm+selective:mlp"}, {"attention+selective:mlp", "attention+selective:mlp"},
       {"selective:save_ops=matmul/scaled_dot_product_attention", "selective:save_ops=matmul/scaled_dot_product_attention"},
-      {"per_block@0-1+offload:mlp@2-3+compress:fp8", "per_block@0-1+offload:mlp@2-3+compress:fp8"}};
+      {"per_block@0-1+offload:mlp@2-3+compress:fp8", "per_block@0-1+offload:mlp@2-3+compress:fp8"},
+      {"per_block:reentrant", "per_block:reentrant"}, {"uniform:2:reentrant@0-3", "chunk:reentrant@0-1+chunk:reentrant@2-3"}};
   for (const auto& [spec, canonical] : plans) {
     INFO(spec);
     CHECK(remat::RecomputePlan::parse(spec, 4).str() == canonical);

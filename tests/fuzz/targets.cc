@@ -166,6 +166,18 @@ bool plan(std::string_view input) {
       if (!p.block_in_region(b)) broken("plan", "block_in_region disagrees with block_regions");
     }
   }
+  if (p.region_reentrant.size() != p.block_regions.size() || p.region_policies.size() != p.block_regions.size())
+    broken("plan", "'" + spec + "' has region_reentrant or region_policies not one per block region");
+  for (std::size_t r = 0; r < p.block_regions.size(); ++r)
+    if (p.reentrant_region(r) && p.region_policies[r])
+      broken("plan", "'" + spec + "' has a reentrant region with an op policy");
+  bool same = false;
+  try {
+    same = RecomputePlan::parse(p.str(), n_layers) == p;
+  } catch (const Error& e) {
+    broken("plan", "'" + spec + "' prints as '" + p.str() + "', which does not parse: " + e.what());
+  }
+  if (!same) broken("plan", "'" + spec + "' prints as '" + p.str() + "', which parses to another plan");
   if (p.block_in_region(-1) || p.block_in_region(n_layers))
     broken("plan", "block_in_region is true outside [0, " + std::to_string(n_layers) + ")");
   if (p.spec != spec) broken("plan", "spec '" + p.spec + "' is not the parsed '" + spec + "'");

@@ -30,7 +30,9 @@ bool json(std::string_view input);
 bool config(std::string_view input);
 // RecomputePlan::parse. Input: "N\nSPEC" parses SPEC for N layers (N in
 // [1, 4096], clamped); without a leading decimal line, SPEC is the whole
-// input and N is 4. Accepted plans must name only blocks in [0, N), each once.
+// input and N is 4. Accepted plans must name only blocks in [0, N), each once,
+// give each block region its policy and reentrant flag (never both), and
+// print (str()) as a string that parses back to an equal plan.
 bool plan(std::string_view input);
 // load_safetensors on a file holding `input`; an accepted file must survive
 // save_safetensors -> load_safetensors unchanged. The files of config and

@@ -193,7 +193,7 @@ TEST_CASE("every lossless plan under --tp --sp equals none bit for bit; replays 
   for (const bool sp : {false, true}) {
     const Run none = train(c, world, T, sp, 1, "none", 2);
     for (const std::string plan : {"per_block", "uniform:2", "attention", "selective:mlp", "selective:core_attn",
-                                   "chunked_loss:256", "offload", "per_block+offload"}) {
+                                   "chunked_loss:256", "offload", "per_block+offload", "per_block:reentrant"}) {
       INFO("--tp " << T << (sp ? " --sp" : "") << ", plan " << plan);
       const Run got = train(c, world, T, sp, 1, plan, 2);
       CHECK(got.losses == none.losses);

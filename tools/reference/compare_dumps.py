@@ -17,8 +17,8 @@ recomputed_ops with a region (any component but offload, compress and
 selective:moe_act, whose activation is made again inside its consumer's
 backward, not replayed), offloaded_bytes with offload, compressed_saved_bytes with compress, and on
 an MoE config replayed_dispatch_bytes with a region around the router
-(per_block, chunk, selective:moe, selective:mlp, or a selective:save_*
-block region) on a block range that holds an MoE block. chunked_loss is
+(per_block, chunk, reentrant or not, selective:moe, selective:mlp, or a
+selective:save_* block region) on a block range that holds an MoE block. chunked_loss is
 no region (its op makes the head's gradients with its logits).
 
 With --dynamic, B's plan holds `dynamic` (checkpoint/dynamic_remat.h): its
