@@ -84,6 +84,17 @@ for par in "--dp 2" "--pp 2"; do
     || { tail -3 "$tmp/par.txt"; losses "$tmp/one.jsonl"; losses "$tmp/par.jsonl"; }
 done
 
+# 3b. Lossy and planned plans run with adapters (the lossless ones are
+# bit-identical to none: tests/models/lora_test.cc).
+for plan in "compress:fp8" "per_block+offload" "auto --memory-budget 60%" "dynamic --memory-budget 60%"; do
+  # shellcheck disable=SC2086
+  $remat train "${common[@]}" --steps 2 --lora r=4 --recompute $plan > "$tmp/p.txt" 2>&1
+  check "train --lora --recompute $plan runs" 'grep -q "^done: 2 steps" "$tmp/p.txt"' || tail -n 3 "$tmp/p.txt"
+done
+$remat train "${common[@]}" --steps 2 --config tiny-moe --lora r=4 --recompute per_block > "$tmp/p.txt" 2>&1
+check "train --config tiny-moe --lora (expert linears adapted) runs" \
+  'grep -q "^done: 2 steps" "$tmp/p.txt" && grep -q "fine-tuning: LoRA" "$tmp/p.txt"' || tail -n 3 "$tmp/p.txt"
+
 # 4. --freeze by glob.
 $remat train "${common[@]}" --steps 3 --freeze 'model.embed_tokens.*,model.layers.[0-2].*' --save "$tmp/f" \
   > "$tmp/f.txt" 2>&1
