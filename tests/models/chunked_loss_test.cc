@@ -18,24 +18,15 @@
 #include "models/decoder.h"
 #include "models/recompute.h"
 #include "tests/models/llama_style_config.h"
+#include "tests/models/model_test_util.h"
 #include "ops/linear_cross_entropy.h"
 
 using namespace remat;
 
 namespace {
 
-// Token ids [rows, cols] in [0, vocab), from a seed.
-Tensor token_ids(std::int64_t rows, std::int64_t cols, std::int64_t vocab, std::uint64_t seed) {
-  Generator g(seed);
-  std::vector<std::int64_t> v;
-  for (float x : rand({rows, cols}, DType::f32, &g).to_vector<float>())
-    v.push_back(std::min<std::int64_t>(std::int64_t(x * float(vocab)), vocab - 1));
-  return from_vector<std::int64_t>(v, {rows, cols});
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using testing::same_bits;
+using testing::token_ids;
 
 // max |a - b| / max |b|.
 double relative_diff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -19,22 +19,14 @@
 #include "models/recompute.h"
 #include "ops/ops.h"
 #include "tests/models/llama_style_config.h"
+#include "tests/models/model_test_util.h"
 
 using namespace remat;
 
 namespace {
 
-Tensor token_ids(std::int64_t rows, std::int64_t cols, std::int64_t vocab, std::uint64_t seed) {
-  Generator g(seed);
-  std::vector<std::int64_t> v;
-  for (float x : rand({rows, cols}, DType::f32, &g).to_vector<float>())
-    v.push_back(std::min<std::int64_t>(std::int64_t(x * float(vocab)), vocab - 1));
-  return from_vector<std::int64_t>(v, {rows, cols});
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using testing::same_bits;
+using testing::token_ids;
 
 struct Step {
   float loss = 0;
@@ -67,6 +59,22 @@ Step step(const ModelConfig& c, const std::string& plan) {
       s.without_grad.insert(name);
   }
   return s;
+}
+
+// Each plan's step has none's loss and gradients, bit for bit, and leaves
+// the same parameters without a gradient.
+void check_plans(const ModelConfig& c, const Step& none, const std::vector<std::string>& plans) {
+  for (const std::string& plan : plans) {
+    INFO(plan);
+    const Step s = step(c, plan);
+    CHECK(same_bits({s.loss}, {none.loss}));
+    CHECK(s.without_grad == none.without_grad);
+    REQUIRE(s.grads.size() == none.grads.size());
+    for (const auto& [name, g] : none.grads) {
+      INFO(name);
+      CHECK(same_bits(s.grads.at(name), g));
+    }
+  }
 }
 
 ModelConfig with_lora(ModelConfig c, const std::string& spec) {
@@ -220,35 +228,14 @@ TEST_CASE("lora + frozen parameters: every lossless plan, both checkpoint varian
     const Step none = step(c, "none");
     REQUIRE(!none.grads.empty());
     REQUIRE(!none.without_grad.empty());
-    for (const std::string plan : {"per_block", "per_block+keep_last", "chunk", "selective:core_attn",
-                                   "selective:mlp", "attention", "selective:save_matmul", "chunked_loss",
-                                   "offload"}) {
-      INFO(plan);
-      const Step s = step(c, plan);
-      CHECK(same_bits({s.loss}, {none.loss}));
-      CHECK(s.without_grad == none.without_grad);
-      REQUIRE(s.grads.size() == none.grads.size());
-      for (const auto& [name, g] : none.grads) {
-        INFO(name);
-        CHECK(same_bits(s.grads.at(name), g));
-      }
-    }
+    check_plans(c, none, {"per_block", "per_block+keep_last", "chunk", "selective:core_attn", "selective:mlp",
+                          "attention", "selective:save_matmul", "chunked_loss", "offload"});
     // The reentrant variant (refused over MoE blocks, whose router losses
     // leave the region outside its outputs): no input of a region requires
     // grad when the embedding is frozen, and the adapters and inner
     // parameters still get the gradients of none.
     if (c.experts > 0) continue;
-    for (const std::string plan : {"per_block:reentrant", "uniform:2:reentrant", "chunk:reentrant",
-                                   "per_block:reentrant+keep_last"}) {
-      INFO(plan);
-      const Step s = step(c, plan);
-      CHECK(same_bits({s.loss}, {none.loss}));
-      CHECK(s.without_grad == none.without_grad);
-      REQUIRE(s.grads.size() == none.grads.size());
-      for (const auto& [name, g] : none.grads) {
-        INFO(name);
-        CHECK(same_bits(s.grads.at(name), g));
-      }
-    }
+    check_plans(c, none, {"per_block:reentrant", "uniform:2:reentrant", "chunk:reentrant",
+                          "per_block:reentrant+keep_last"});
   }
 }
