@@ -49,6 +49,12 @@ Storage::Storage(std::size_t nbytes, Device device)
       device_(device),
       category_(current_category()) {}
 
+Storage::Storage(void* data, std::size_t nbytes, std::shared_ptr<void> keeper)
+    : external_(data), keeper_(std::move(keeper)), nbytes_(nbytes), device_(kCPU), category_(MemoryCategory::other) {
+  REMAT_CHECK(keeper_ != nullptr, Error, "Storage over external memory: a keeper is required (it keeps the ",
+              nbytes, " bytes alive)");
+}
+
 // ---------------------------------------------------------------------------
 // Basic queries
 
@@ -227,6 +233,26 @@ Tensor empty(const Shape& sizes, TensorOptions opts) {
   impl->sizes = sizes;
   impl->strides = contiguous_strides(sizes);
   impl->dtype = opts.dtype;
+  impl->version = std::make_shared<VersionCounter>();
+  return Tensor(std::move(impl));
+}
+
+Tensor from_blob(void* data, const Shape& sizes, const Shape& strides, DType dtype, std::shared_ptr<void> keeper) {
+  detail::check_dims(sizes, "from_blob");
+  REMAT_CHECK(strides.size() == sizes.size(), ShapeError, "from_blob: ", sizes.size(), " sizes but ", strides.size(),
+              " strides");
+  std::int64_t span = 1;  // elements from the first to one past the last reached
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    REMAT_CHECK(strides[d] >= 0, ShapeError, "from_blob: stride ", strides[d], " of dim ", d,
+                " is negative (remat's views have non-negative strides)");
+    if (sizes[d] == 0) span = 0;
+    if (span != 0) span += (sizes[d] - 1) * strides[d];
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(data, std::size_t(span) * element_size(dtype), std::move(keeper));
+  impl->sizes = sizes;
+  impl->strides = strides;
+  impl->dtype = dtype;
   impl->version = std::make_shared<VersionCounter>();
   return Tensor(std::move(impl));
 }

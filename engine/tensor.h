@@ -27,10 +27,17 @@ class Storage {
   // Allocates `nbytes` on `device` through its caching allocator (with the
   // thread's current memory category and tag).
   Storage(std::size_t nbytes, Device device);
+  // Wraps `nbytes` of host memory at `data` that remat does not own (a NumPy
+  // array's buffer, an embedding program's block): `keeper` keeps it alive
+  // and is dropped when the last tensor over the storage goes. The caching
+  // allocator never sees it (its stats do not count it). CPU only.
+  Storage(void* data, std::size_t nbytes, std::shared_ptr<void> keeper);
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() const { return data_.get(); }
+  void* data() const { return keeper_ ? external_ : data_.get(); }
+  // True for memory wrapped by the constructor above.
+  bool external() const { return keeper_ != nullptr; }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   // The memory category the storage was allocated under.
@@ -38,6 +45,8 @@ class Storage {
 
  private:
   DataPtr data_;
+  void* external_ = nullptr;
+  std::shared_ptr<void> keeper_;  // non-null for external memory
   std::size_t nbytes_;
   Device device_;
   MemoryCategory category_;
@@ -268,6 +277,13 @@ Tensor from_vector(const std::vector<T>& values, Shape sizes = {}, Device device
 // sequence. Does nothing unless t is a meta tensor, or when meta mirrors a
 // GPU (engine/meta_mirror.h: there the read's copies are in host memory).
 void mirror_host_read(const Tensor& t, DType dtype);
+// A CPU tensor over memory the caller owns (no copy): `sizes` and `strides`
+// (in elements) from `data`, which must hold every element they reach;
+// `keeper` keeps the memory alive for as long as any tensor or view over it
+// lives. Writes through remat are visible to the owner and the other way
+// round. Throws ShapeError for a negative size or stride.
+Tensor from_blob(void* data, const Shape& sizes, const Shape& strides, DType dtype, std::shared_ptr<void> keeper);
+
 // Standard normal / uniform [0, 1) values drawn from `gen` (the device's
 // default generator when null). Floating dtypes only.
 Tensor randn(const Shape& sizes, TensorOptions opts = {}, Generator* gen = nullptr);

@@ -4,7 +4,17 @@
 #include <string>
 #include <vector>
 
+#include "train/train_options.h"
+
 namespace remat::tools {
+
+// The options `./remat train ARGS` would train with: the same flags,
+// defaults and errors (Error naming a bad flag or value), --model's config,
+// --recompute auto resolved by the planner, --threads applied. For programs
+// that drive the Trainer themselves (the Python module); the flags that act
+// only after training (--save-hf, --save-adapter, --log, --progress) are
+// an Error there.
+TrainOptions train_options_from_args(const std::vector<std::string>& args);
 
 // ./remat train: trains a model, showing progress; see
 // docs/REFERENCE.md#command-line.

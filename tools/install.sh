@@ -5,6 +5,8 @@
 #   DIR/lib/libremat.so, libremat.a the libraries (CPU kernels, plus CUDA when built with it)
 #   DIR/lib/pkgconfig/remat.pc      pkg-config: cflags and libs
 #   DIR/lib/cmake/remat/            find_package(remat) -> target remat::remat
+#   DIR/lib/pythonX.Y/dist-packages/remat.so   the Python module (import remat; on
+#                                   Debian's path for DIR=/usr/local, else PYTHONPATH)
 #
 # Run through ./remat, which builds everything first.
 set -euo pipefail
@@ -115,4 +117,11 @@ if(PACKAGE_FIND_VERSION STREQUAL PACKAGE_VERSION)
   set(PACKAGE_VERSION_EXACT TRUE)
 endif()
 CM
+# The Python module: one self-contained extension (the libraries linked in),
+# in the folder Debian's python3 searches under /usr/local (X.Y: its version).
+pydir="$prefix/$(/usr/bin/python3 -c 'import sys; print("lib/python%d.%d/dist-packages" % sys.version_info[:2])')"
+mkdir -p "$pydir"
+install -m 0755 bazel-bin/python/remat.so "$pydir/remat.so"
+echo "  python module: $pydir/remat.so"
+
 echo "installed remat in $prefix ($(du -sh "$prefix/include/remat" | cut -f1) headers, libremat.so $(du -h "$prefix/lib/libremat.so" | cut -f1), libremat.a $(du -h "$prefix/lib/libremat.a" | cut -f1))"

@@ -509,13 +509,30 @@ void print_summary(const Trainer& trainer, const TrainCli& cli, const StepReport
                 static_cast<long long>(r.skipped), static_cast<long long>(r.overflows), trainer.loss_scale());
   if (!cli.options.save_dir.empty()) std::printf("state saved in %s/state.safetensors\n", cli.options.save_dir.c_str());
 }
-}  // namespace
 
-int run_train(const std::vector<std::string>& args) {
+// Every flag of the train command.
+std::vector<FlagSpec> train_flag_specs() {
   std::vector<FlagSpec> specs = model_and_schedule_flags();
   for (FlagSpec& spec : fine_tune_flag_specs()) specs.push_back(std::move(spec));
   for (FlagSpec& spec : run_flags()) specs.push_back(std::move(spec));
-  Flags f("train", "train a model, showing progress", args, with_auto_plan_flags(std::move(specs)));
+  return with_auto_plan_flags(std::move(specs));
+}
+}  // namespace
+
+TrainOptions train_options_from_args(const std::vector<std::string>& args) {
+  Flags f("train", "the options of a training run", args, train_flag_specs());
+  // What only the command does with the Trainer's results (writing files
+  // after run(), printing): a program does it itself, so these are refused
+  // rather than silently ignored.
+  for (const char* flag : {"save-hf", "save-adapter", "log", "progress"})
+    REMAT_CHECK(!f.has(flag), Error, "--", flag, " is the train command's own (it acts after training); a program "
+                "driving the Trainer does that itself (docs/PYTHON.md)");
+  apply_threads_flag(f);
+  return options_from_flags(f).options;
+}
+
+int run_train(const std::vector<std::string>& args) {
+  Flags f("train", "train a model, showing progress", args, train_flag_specs());
   apply_threads_flag(f);
   ProgressOutput progress(resolve_progress(f.get("progress"), ::isatty(STDOUT_FILENO) != 0, process_env()));
   const TrainCli cli = options_from_flags(f);

@@ -341,24 +341,42 @@ struct Trainer::StepLoss {
 };
 
 void Trainer::run(const std::function<void(const StepStats&)>& on_step) {
-  model_->train(true);
   const std::int64_t stop = opts_.stop_after > 0 ? std::min(opts_.steps, step_ + opts_.stop_after) : opts_.steps;
   RunState run{step_, stop, Clock::now(), NonFinitePolicy(opts_.on_nonfinite, opts_.max_nonfinite_skips), 0};
   while (step_ < run.stop) {
-    const StepStart start = begin_step();
-    const double lr = schedule_lr(opts_.schedule, step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
-    StepStats s;
-    s.loss_scale = scaler_.scale();  // (the one backward is seeded with)
-    const StepLoss loss = micro_steps(start.batch, start.attempt, s);
-    apply_update(loss.loss, lr, start.attempt, run, s);
-    collect_stats(start, run, lr, loss, s);
-    if (!s.skipped) evaluate_and_save(run.stop, s);
+    const StepStats s = one_step(run);
     if (on_step) on_step(s);
   }
   // Resumed at the last step: no step ran, and --save still gets the state
   // (a copy of the one resumed, in this run's layout: a sharded set under --zero).
   if (run.first >= run.stop && !opts_.save_dir.empty()) save(opts_.save_dir);
 }
+
+StepStats Trainer::train_step() {
+  REMAT_CHECK(step_ < opts_.steps, Error, "Trainer::train_step: the run's ", opts_.steps,
+              " steps are done (make a Trainer with more steps, resuming from a save, to go on)");
+  if (!stepping_)
+    stepping_ = std::make_unique<RunState>(
+        RunState{step_, opts_.steps, Clock::now(), NonFinitePolicy(opts_.on_nonfinite, opts_.max_nonfinite_skips), 0});
+  return one_step(*stepping_);
+}
+
+// One iteration of the run: a step (or a skipped attempt), its figures,
+// and the evaluation and save due after it.
+StepStats Trainer::one_step(RunState& run) {
+  model_->train(true);
+  const StepStart start = begin_step();
+  const double lr = schedule_lr(opts_.schedule, step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
+  StepStats s;
+  s.loss_scale = scaler_.scale();  // (the one backward is seeded with)
+  const StepLoss loss = micro_steps(start.batch, start.attempt, s);
+  apply_update(loss.loss, lr, start.attempt, run, s);
+  collect_stats(start, run, lr, loss, s);
+  if (!s.skipped) evaluate_and_save(run.stop, s);
+  return s;
+}
+
+Trainer::~Trainer() = default;
 
 Trainer::StepStart Trainer::begin_step() {
   StepStart start;

@@ -72,6 +72,11 @@ class Trainer {
   // loss or gradient norm throws NonFiniteError (see on_nonfinite) before
   // any update or save, so the state on disk stays the last good one.
   void run(const std::function<void(const StepStats&)>& on_step);
+  // Runs the next step as run() does (evaluating and saving on its
+  // eval_every / save_every steps and the last) and returns its figures:
+  // for a program's own loop. Ignores stop_after; Error after the last step.
+  StepStats train_step();
+  ~Trainer();
   // Mean loss over eval_batches fixed held-out batches (no grad; does not
   // touch any training RNG).
   double evaluate();
@@ -141,6 +146,7 @@ class Trainer {
   void build_optimizer();  // gradient reducer, AdamW over this rank's parameters, the batch sampler
 
   // ---- one step of run()
+  StepStats one_step(RunState& run);  // a step of run(), or of train_step()
   StepStart begin_step();  // resets the peaks, draws the batch, zeroes gradients, snapshots the counters
   // Every micro-batch's forward and backward (one path for both layouts):
   // the step's loss; s gets aux_loss, routing, boundary bytes, pipeline_in_flight.
@@ -187,6 +193,7 @@ class Trainer {
   std::unique_ptr<ZeroOptimizer> zero_;    // --zero 1|2 (then no optimizer_)
   std::unique_ptr<BatchSampler> sampler_;
   std::int64_t step_ = 0;
+  std::unique_ptr<RunState> stepping_;  // train_step()'s run (made by its first call)
   std::vector<std::string> resume_notes_;
   LossScaler scaler_;  // f16: dynamic loss scaling
   ParallelLayout layout_;

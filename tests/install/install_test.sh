@@ -5,7 +5,8 @@
 # block stack) trains under several recompute plans, its loss falls and is the
 # same under every plan, and a bad plan is refused; loading a model saved with
 # HF names reproduces the in-tree model's loss exactly. Also: no internal
-# header is installed.
+# header is installed, and the Python module imports from the prefix (a
+# fresh interpreter outside the tree) and computes.
 set -u
 cd "$(dirname "$(readlink -f "$0")")/../.."
 passed=0
@@ -25,6 +26,14 @@ check() {  # a pipeline fails when any command in it fails (an example's exit co
 check "./remat install --prefix" "tools/install.sh --prefix '$tmp/prefix'"
 check "no internal header is installed" \
   "! find '$tmp/prefix/include' -name kernel_util.h -o -name gemm.h -o -name strided.h -o -name immortal.h -o -name philox.h -o -path '*cuda*' | grep -q ."
+check "the Python module imports from the install prefix and computes" \
+  "cd '$tmp' && PYTHONPATH=\$(ls -d '$tmp'/prefix/lib/python3*/dist-packages) /usr/bin/python3 -c '
+import remat, numpy as np
+assert remat.__file__.startswith(\"$tmp/prefix/\"), remat.__file__
+x = remat.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+(x @ x).sum().backward()
+assert np.array_equal(x.grad.numpy(), np.array([[7, 11], [9, 13]], np.float32)), x.grad
+'"
 check "CMake build of the examples" \
   "cmake -S examples -B '$tmp/cmake' -DCMAKE_PREFIX_PATH='$tmp/prefix' && cmake --build '$tmp/cmake'"
 check "pkg-config build of the examples" \

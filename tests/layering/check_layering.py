@@ -5,10 +5,10 @@ Every top-level folder is a layer; a file may include headers of its own
 folder and of folders in lower layers only:
 
     engine < ops < cuda < checkpoint, parallel < moe < models < train, tokenizer
-           < tools < api < examples
+           < tools < api, python < examples
 
 checkpoint and parallel share a layer and may not include each other, and
-so do train and tokenizer;
+so do train and tokenizer, and api and python (the Python module);
 tests/ may include anything and is not checked. Every `#include "..."` (and
 `#include <remat/...>`, the installed API) of every .h .cc .cu .cuh .cpp
 file under a layer folder is read. An include that points up (or sideways)
@@ -37,7 +37,7 @@ LAYERS = [
     ["models"],
     ["train", "tokenizer"],
     ["tools"],
-    ["api"],
+    ["api", "python"],
     ["examples"],
 ]
 RANK = {folder: rank for rank, folders in enumerate(LAYERS) for folder in folders}
