@@ -127,7 +127,35 @@ std::string tensor_repr(const Tensor& t) {
   return os.str();
 }
 
-std::int64_t dim_arg(const Tensor& t, std::int64_t d) { return d < 0 ? d + t.dim() : d; }
+// t[key] for key an int, a slice (step >= 1) or a tuple of them, one per
+// leading dim: a view (select for ints, slice for slices).
+Tensor index_view(const Tensor& t, const py::object& key) {
+  const py::tuple keys = py::isinstance<py::tuple>(key) ? key.cast<py::tuple>() : py::make_tuple(key);
+  REMAT_CHECK(std::int64_t(keys.size()) <= t.dim(), ShapeError, "index: ", keys.size(), " indices for a tensor of shape ",
+              shape_str(t.sizes()));
+  Tensor v = t;
+  std::int64_t d = 0;  // the dim of v the next key indexes
+  for (const py::handle& k : keys) {
+    if (py::isinstance<py::int_>(k)) {
+      std::int64_t i = k.cast<std::int64_t>();
+      const std::int64_t n = v.size(d);
+      if (i < -n || i >= n)  // IndexError: what ends Python's iteration over t
+        throw py::index_error("index " + std::to_string(i) + " is out of range for dim " + std::to_string(d) +
+                              " of size " + std::to_string(n) + " (shape " + shape_str(t.sizes()) + ")");
+      v = v.select(d, i < 0 ? i + n : i);
+    } else if (py::isinstance<py::slice>(k)) {
+      py::ssize_t start = 0, stop = 0, step = 0, len = 0;
+      if (!k.cast<py::slice>().compute(py::ssize_t(v.size(d)), &start, &stop, &step, &len))
+        throw py::error_already_set();
+      REMAT_CHECK(step >= 1, ShapeError, "index: slice step ", step, " (remat's views take steps >= 1)");
+      v = v.slice(d, start, start + len * step - (len > 0 ? step - 1 : 0), step);
+      ++d;
+    } else {
+      throw py::type_error("a tensor index is an int, a slice or a tuple of them, not " + std::string(py::repr(k)));
+    }
+  }
+  return v;
+}
 
 void bind_tensor_views(py::class_<Tensor>& c) {
   c.def("view", [](const Tensor& t, const py::args& s) { return t.view(shape_arg(s.size() == 1 ? s[0] : s)); })
@@ -239,9 +267,16 @@ void bind_tensor_class(py::module_& m) {
       .def("__float__", &Tensor::item)
       .def("__int__", [](const Tensor& t) { return std::int64_t(t.item()); })
       .def("shares_memory", &Tensor::shares_storage_with, py::arg("other"));
+  c.def("__getitem__", &index_view, py::arg("key"), "A view: ints select, slices (step >= 1) narrow.")
+      .def("__setitem__", [](const Tensor& t, const py::object& key, const py::object& value) {
+        Tensor v = index_view(t, key);
+        if (py::isinstance<Tensor>(value))
+          v.copy_(value.cast<Tensor>());
+        else
+          v.fill_(value.cast<double>());
+      }, py::arg("key"), py::arg("value"), "Writes a number or a tensor (broadcast) into the view t[key].");
   bind_tensor_views(c);
   bind_tensor_autograd(c);
-  (void)dim_arg;
 }
 
 }  // namespace

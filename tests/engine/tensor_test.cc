@@ -211,3 +211,27 @@ TEST_CASE("release_storage keeps the shape and makes any element access an error
   CHECK_THROWS_WITH(t.to_vector<float>(), Catch::Contains("tensor of shape [3, 4] was released"));
   CHECK_THROWS_AS(t.raw_data(), Error);
 }
+
+TEST_CASE("from_blob: a tensor over the caller's memory, no copy; the keeper goes with the last view", "[tensor]") {
+  std::vector<float> mem = {0, 1, 2, 3, 4, 5};
+  auto alive = std::make_shared<int>(0);
+  std::weak_ptr<int> watch = alive;
+  const std::int64_t before = allocator_for(kCPU).stats().allocated_bytes;
+  {
+    Tensor t = from_blob(mem.data(), {2, 3}, {3, 1}, DType::f32, std::move(alive));
+    CHECK(t.raw_data() == mem.data());
+    CHECK(values(t) == mem);
+    CHECK(allocator_for(kCPU).stats().allocated_bytes == before);  // the allocator never saw it
+    Tensor col = t.transpose(0, 1).select(0, 1);                    // a view keeps it too
+    t = Tensor();
+    CHECK_FALSE(watch.expired());
+    col.fill_(7.0);  // writes land in the caller's memory
+    CHECK(mem == std::vector<float>{0, 7, 2, 3, 7, 5});
+    Tensor s = from_blob(mem.data(), {3, 2}, {1, 3}, DType::f32, std::make_shared<int>(0));  // strided
+    CHECK(values(s) == std::vector<float>{0, 3, 7, 7, 2, 5});
+  }
+  CHECK(watch.expired());
+  CHECK_THROWS_AS(from_blob(mem.data(), {2}, {-1}, DType::f32, std::make_shared<int>(0)), ShapeError);
+  CHECK_THROWS_AS(from_blob(mem.data(), {2, 3}, {1}, DType::f32, std::make_shared<int>(0)), ShapeError);
+  CHECK_THROWS_AS(from_blob(mem.data(), {2}, {1}, DType::f32, nullptr), Error);
+}

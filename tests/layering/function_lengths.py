@@ -26,7 +26,7 @@ import sys
 # The layers above ops/ (tests/layering/check_layering.py); cuda/ is a back
 # end, not orchestration, and engine/ and ops/ hold kernels.
 FOLDERS = ["checkpoint", "parallel", "moe", "models", "train", "tokenizer",
-           "tools", "api", "examples"]
+           "tools", "api", "python", "examples"]
 SOURCE_EXTS = (".h", ".cc", ".cpp")
 SCOPE = re.compile(r"\b(namespace|class|struct|union|enum)\b|extern\s*\"C\"")
 NAME = re.compile(r"([~\w:<>]+|operator\s*\S+)\s*\(")

@@ -129,6 +129,20 @@ TEST_CASE("resume: 20 + resume + 20 steps equal 40 straight, bit for bit", "[tra
         straight.model().parameter("lm_head.weight").to_vector<float>());
 }
 
+TEST_CASE("train_step: a program's own loop gives run()'s steps bit for bit", "[train]") {
+  Trainer straight(small_options(12));
+  const std::vector<double> all = losses_of(straight);
+  Trainer stepped(small_options(12));
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const StepStats s = stepped.train_step();
+    INFO("step " << i + 1);
+    CHECK(s.step == std::int64_t(i) + 1);
+    CHECK(s.loss == all[i]);  // exact equality
+  }
+  CHECK(stepped.step() == 12);
+  CHECK_THROWS_WITH(stepped.train_step(), Catch::Contains("the run's 12 steps are done"));
+}
+
 TEST_CASE("a corrupt state file is rejected and the previous good state is still there",
           "[train][resume]") {
   const std::string dir = temp_dir();
