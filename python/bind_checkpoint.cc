@@ -7,7 +7,6 @@
 // save, or any Python callable op_name -> remat.SaveDecision (or a bool:
 // True saves). The region function is called again by backward's replay,
 // with the GIL taken.
-#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 

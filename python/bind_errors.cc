@@ -16,7 +16,39 @@ namespace {
 
 // The foreign exception in flight on this thread (see rethrow_if_foreign).
 thread_local std::exception_ptr pending_foreign;
-py::handle foreign_class;  // remat._ForeignException, set once at import
+// The exception classes, set once at import (the module's attributes keep
+// them alive for as long as the module lives).
+py::handle foreign_class, error, shape, dtype, device, oom, mismatch, autograd, io;
+
+// remat's errors (and foreign exceptions) as Python errors; rethrows the
+// others (pybind11's own and the standard ones: the next translator's).
+// Most derived first: a C++ subclass must not be caught as remat::Error.
+void translate_remat(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const ShapeError& e) {
+    PyErr_SetString(shape.ptr(), e.what());
+  } catch (const DTypeError& e) {
+    PyErr_SetString(dtype.ptr(), e.what());
+  } catch (const DeviceError& e) {
+    PyErr_SetString(device.ptr(), e.what());
+  } catch (const OutOfMemoryError& e) {
+    PyErr_SetString(oom.ptr(), e.what());
+  } catch (const CheckpointMismatchError& e) {
+    PyErr_SetString(mismatch.ptr(), e.what());
+  } catch (const AutogradError& e) {
+    PyErr_SetString(autograd.ptr(), e.what());
+  } catch (const IOError& e) {
+    PyErr_SetString(io.ptr(), e.what());
+  } catch (const Error& e) {
+    PyErr_SetString(error.ptr(), e.what());
+  } catch (const std::exception&) {
+    throw;
+  } catch (...) {
+    pending_foreign = std::current_exception();
+    PyErr_SetString(foreign_class.ptr(), "a C++ exception crossing Python frames (remat internal)");
+  }
+}
 
 // A new exception class remat.NAME with `bases` (a tuple of classes).
 py::object make_exception(py::module_& m, const char* name, const py::tuple& bases, const char* doc) {
@@ -38,9 +70,6 @@ void rethrow_if_foreign(const py::error_already_set& e) {
 
 void bind_errors(py::module_& m) {
   py::handle builtins = py::module_::import("builtins");
-  // Kept alive by the module's attributes for as long as the module lives;
-  // the translator below reads them through static handles.
-  static py::handle error, shape, dtype, device, oom, mismatch, autograd, io;
   error = make_exception(m, "Error", py::make_tuple(builtins.attr("RuntimeError")),
                          "Every error remat raises derives from this.");
   shape = make_exception(m, "ShapeError", py::make_tuple(error, builtins.attr("ValueError")),
@@ -61,33 +90,19 @@ void bind_errors(py::module_& m) {
   // A BaseException, so that a user's `except Exception` does not swallow it.
   foreign_class = make_exception(m, "_ForeignException", py::make_tuple(builtins.attr("BaseException")),
                                  "Internal: a C++ control-flow exception crossing Python frames.");
-  // Most derived first: a C++ subclass must not be caught as remat::Error.
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const ShapeError& e) {
-      PyErr_SetString(shape.ptr(), e.what());
-    } catch (const DTypeError& e) {
-      PyErr_SetString(dtype.ptr(), e.what());
-    } catch (const DeviceError& e) {
-      PyErr_SetString(device.ptr(), e.what());
-    } catch (const OutOfMemoryError& e) {
-      PyErr_SetString(oom.ptr(), e.what());
-    } catch (const CheckpointMismatchError& e) {
-      PyErr_SetString(mismatch.ptr(), e.what());
-    } catch (const AutogradError& e) {
-      PyErr_SetString(autograd.ptr(), e.what());
-    } catch (const IOError& e) {
-      PyErr_SetString(io.ptr(), e.what());
-    } catch (const Error& e) {
-      PyErr_SetString(error.ptr(), e.what());
-    } catch (const std::exception&) {
-      throw;  // pybind11's own and the standard ones: the next translator's
-    } catch (...) {
-      pending_foreign = std::current_exception();
-      PyErr_SetString(foreign_class.ptr(), "a C++ exception crossing Python frames (remat internal)");
-    }
-  });
+  py::register_exception_translator(&translate_remat);
+}
+
+void set_python_error(std::exception_ptr p) {
+  try {
+    translate_remat(p);
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
 }
 
 }  // namespace remat::python

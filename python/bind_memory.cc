@@ -155,6 +155,7 @@ void bind_memory(py::module_& m) {
   m.def("empty_cache", [](const py::object& d) { allocator_for(device_arg(d)).empty_cache(); },
         py::arg("device") = "cpu");
   m.def("set_memory_limit", [](std::int64_t bytes, const py::object& d) {
+    if (bytes < 0) throw py::value_error("remat.set_memory_limit: " + std::to_string(bytes) + " bytes (0 lifts the limit)");
     allocator_for(device_arg(d)).set_memory_limit(bytes);
   }, py::arg("bytes"), py::arg("device") = "cpu",
      "Caps the allocator's reserved bytes (0: none): beyond it an allocation raises remat.OutOfMemoryError.");

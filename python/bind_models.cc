@@ -108,9 +108,10 @@ void bind_decoder(py::module_& m) {
          "(recompute=\"auto\", memory_budget=...), whose planner profiles the step.");
   m.def("load_hf_model", [](const std::string& dir, std::int64_t batch, std::int64_t seq, const py::object& device,
                             const std::string& lora) {
+    const Device where = device_arg(device);  // (Python objects: before the GIL goes)
+    const LoraConfig adapters = lora.empty() ? LoraConfig{} : LoraConfig::parse(lora);
     py::gil_scoped_release nogil;
-    return std::shared_ptr<DecoderModel>(
-        load_hf_model(dir, batch, seq, device_arg(device), lora.empty() ? LoraConfig{} : LoraConfig::parse(lora)));
+    return std::shared_ptr<DecoderModel>(load_hf_model(dir, batch, seq, where, adapters));
   }, py::arg("dir"), py::arg("batch") = 1, py::arg("seq") = 128, py::arg("device") = "cpu", py::arg("lora") = "",
      "A Hugging Face folder's model with its weights (Llama, Qwen2, Qwen2-MoE, Mixtral); lora adds adapters.");
 }

@@ -6,6 +6,7 @@
 // tensor's storage (engine/tensor.h from_blob), holding the buffer until the
 // last view goes. bf16 and fp8 have no NumPy dtype: exporting them is a
 // DTypeError that says to convert first.
+#include <pybind11/numpy.h>
 #include <pybind11/operators.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -39,6 +40,9 @@ std::string buffer_format(DType t) {
 // The dtype of a buffer's format and item size (DTypeError for the others).
 DType buffer_dtype(const py::buffer_info& b) {
   const std::string& f = b.format;
+  if (!f.empty() && (f[0] == '>' || f[0] == '!'))  // (this build is little-endian: x86-64)
+    throw DTypeError("remat.from_numpy: a big-endian array (format '" + f + "') would be misread; convert it to "
+                     "the native byte order first, e.g. a.astype(a.dtype.newbyteorder('='))");
   const char c = f.empty() ? '?' : f.back();  // (a leading byte-order mark such as '<' or '=')
   if (c == 'f' && b.itemsize == 4) return DType::f32;
   if (c == 'e' && b.itemsize == 2) return DType::f16;
@@ -62,6 +66,53 @@ py::buffer_info tensor_buffer(const Tensor& t) {
   }
   return py::buffer_info(t.numel() == 0 ? nullptr : t.raw_data(), item, format, py::ssize_t(t.dim()), shape,
                          strides, /*readonly=*/false);
+}
+
+// The buffer protocol, by hand: pybind11 2.10's def_buffer lets an
+// exception thrown while describing the buffer (a bf16 tensor, a CUDA one)
+// escape a C callback and abort the interpreter; here it becomes the Python
+// error it stands for. The view keeps the tensor object (view->obj).
+extern "C" int tensor_getbuffer(PyObject* obj, Py_buffer* view, int flags) {
+  view->obj = nullptr;
+  try {
+    const Tensor& t = py::handle(obj).cast<const Tensor&>();
+    auto info = std::make_unique<py::buffer_info>(tensor_buffer(t));
+    const bool c_order_only = (flags & PyBUF_STRIDES) != PyBUF_STRIDES ||
+                              (flags & PyBUF_C_CONTIGUOUS) == PyBUF_C_CONTIGUOUS ||
+                              (flags & PyBUF_ANY_CONTIGUOUS) == PyBUF_ANY_CONTIGUOUS;
+    const bool f_order = (flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS && (flags & PyBUF_ANY_CONTIGUOUS) !=
+                         PyBUF_ANY_CONTIGUOUS;
+    if ((c_order_only && !t.is_contiguous()) || (f_order && t.dim() > 1))
+      throw py::buffer_error("the consumer asked for a contiguous buffer and this tensor of shape " +
+                             shape_str(t.sizes()) + " with strides " + shape_str(t.strides()) +
+                             " is not (t.contiguous() is)");
+    view->buf = info->ptr;
+    view->len = info->itemsize * info->size;
+    view->itemsize = info->itemsize;
+    view->readonly = 0;
+    view->ndim = int(info->ndim);
+    view->format = (flags & PyBUF_FORMAT) == PyBUF_FORMAT ? const_cast<char*>(info->format.c_str()) : nullptr;
+    view->shape = (flags & PyBUF_ND) == PyBUF_ND ? info->shape.data() : nullptr;
+    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? info->strides.data() : nullptr;
+    view->suboffsets = nullptr;
+    view->internal = info.release();  // (owned by the view: tensor_releasebuffer)
+    view->obj = obj;
+    Py_INCREF(obj);
+    return 0;
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return -1;
+  }
+}
+
+extern "C" void tensor_releasebuffer(PyObject*, Py_buffer* view) {
+  std::unique_ptr<py::buffer_info> owned(static_cast<py::buffer_info*>(view->internal));
+}
+
+// A NumPy array over a CPU tensor's elements (no copy; its base keeps `self`).
+py::array tensor_to_numpy(const py::object& self) {
+  const py::buffer_info b = tensor_buffer(self.cast<const Tensor&>());
+  return py::array(py::dtype(b), b.shape, b.strides, b.ptr, self);
 }
 
 // `p` owned through a shared_ptr<void> whose deleter takes the GIL (a
@@ -105,14 +156,13 @@ Tensor tensor_from_data(const py::object& data, const py::object& dtype, bool re
   if (py::isinstance<Tensor>(data)) {
     t = data.cast<Tensor>().detach().clone();
   } else {
-    py::object array = data;
-    if (!py::isinstance<py::buffer>(data) || py::isinstance<py::bytes>(data)) {
-      py::module_ np = py::module_::import("numpy");
-      array = np.attr("asarray")(data);
-      const std::string kind = py::str(array.attr("dtype").attr("kind"));
-      // Python floats are float64 and ints int64: floats become f32, remat's default.
-      if (kind == "f") array = array.attr("astype")(np.attr("float32"));
-    }
+    // Through NumPy: Python floats (and float64 arrays) become f32, remat's
+    // default floating dtype; ints int64.
+    py::module_ np = py::module_::import("numpy");
+    py::object array = np.attr("asarray")(data);
+    const py::object dt = array.attr("dtype");
+    if (std::string(py::str(dt.attr("kind"))) == "f" && dt.attr("itemsize").cast<int>() == 8)
+      array = array.attr("astype")(np.attr("float32"));
     t = from_buffer(array.cast<py::buffer>()).clone();
   }
   if (!dtype.is_none()) t = t.to(dtype_arg(dtype));
@@ -157,11 +207,14 @@ Tensor index_view(const Tensor& t, const py::object& key) {
   return v;
 }
 
+// view(2, 3), view((2, 3)) and view(6) alike.
+Shape sizes_args(const py::args& s) { return s.size() == 1 ? shape_arg(s[0]) : shape_arg(s); }
+
 void bind_tensor_views(py::class_<Tensor>& c) {
-  c.def("view", [](const Tensor& t, const py::args& s) { return t.view(shape_arg(s.size() == 1 ? s[0] : s)); })
-      .def("reshape", [](const Tensor& t, const py::args& s) { return t.reshape(shape_arg(s.size() == 1 ? s[0] : s)); })
-      .def("permute", [](const Tensor& t, const py::args& s) { return t.permute(shape_arg(s.size() == 1 ? s[0] : s)); })
-      .def("expand", [](const Tensor& t, const py::args& s) { return t.expand(shape_arg(s.size() == 1 ? s[0] : s)); })
+  c.def("view", [](const Tensor& t, const py::args& s) { return t.view(sizes_args(s)); })
+      .def("reshape", [](const Tensor& t, const py::args& s) { return t.reshape(sizes_args(s)); })
+      .def("permute", [](const Tensor& t, const py::args& s) { return t.permute(sizes_args(s)); })
+      .def("expand", [](const Tensor& t, const py::args& s) { return t.expand(sizes_args(s)); })
       .def("transpose", &Tensor::transpose, py::arg("dim0"), py::arg("dim1"))
       .def("t", &Tensor::t)
       .def_property_readonly("T", &Tensor::t)
@@ -228,8 +281,11 @@ void bind_tensor_autograd(py::class_<Tensor>& c) {
 void bind_tensor_class(py::module_& m) {
   py::class_<Tensor> c(m, "Tensor", py::buffer_protocol(),
                        "A handle to sizes, strides and an offset over shared storage (engine/tensor.h).");
-  c.def_buffer([](const Tensor& t) { return tensor_buffer(t); })
-      .def_property_readonly("shape", [](const Tensor& t) { return shape_tuple(t.sizes()); })
+  // The buffer slots are ours (tensor_getbuffer above), not pybind11's.
+  PyBufferProcs* buffer = reinterpret_cast<PyTypeObject*>(c.ptr())->tp_as_buffer;
+  buffer->bf_getbuffer = &tensor_getbuffer;
+  buffer->bf_releasebuffer = &tensor_releasebuffer;
+  c.def_property_readonly("shape", [](const Tensor& t) { return shape_tuple(t.sizes()); })
       .def("size", [](const Tensor& t, std::optional<std::int64_t> d) -> py::object {
         return d ? py::object(py::int_(t.size(*d))) : py::object(shape_tuple(t.sizes()));
       }, py::arg("dim") = py::none())
@@ -243,16 +299,18 @@ void bind_tensor_class(py::module_& m) {
       .def_property_readonly("nbytes", &Tensor::nbytes)
       .def("is_contiguous", &Tensor::is_contiguous)
       .def("data_ptr", [](const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.raw_data()); })
-      .def("numpy", [](py::object self) {
-        return py::module_::import("numpy").attr("asarray")(self);
-      }, "The elements as a NumPy array over the same memory (CPU tensors; no copy).")
+      .def("numpy", &tensor_to_numpy, "The elements as a NumPy array over the same memory (CPU tensors; no copy).")
+      .def("__array__", [](const py::object& self, const py::object& dtype, const py::object&) -> py::object {
+        py::array a = tensor_to_numpy(self);
+        return dtype.is_none() ? py::object(a) : a.attr("astype")(dtype);
+      }, py::arg("dtype") = py::none(), py::arg("copy") = py::none())
       .def("item", &Tensor::item)
       .def("tolist", [](py::object self) {
         const Tensor t = self.cast<Tensor>();
         py::object src = self;
         if (!t.device().is_cpu() || t.dtype() == DType::bf16 || t.dtype() == DType::fp8_e4m3)
           src = py::cast(t.detach().to(kCPU).to(DType::f32));
-        return py::module_::import("numpy").attr("asarray")(src).attr("tolist")();
+        return tensor_to_numpy(src).attr("tolist")();
       })
       .def("__len__", [](const Tensor& t) {
         if (t.dim() == 0) throw py::type_error("len() of a 0-dim tensor");

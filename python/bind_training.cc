@@ -118,10 +118,17 @@ void bind_optim(py::module_& m) {
                        double weight_decay) {
         std::vector<std::pair<std::string, Tensor>> named;
         for (const py::handle& h : params) {
-          if (py::isinstance<Tensor>(h))
+          if (py::isinstance<Tensor>(h)) {
             named.emplace_back("param" + std::to_string(named.size()), h.cast<Tensor>());
-          else
-            named.push_back(h.cast<std::pair<std::string, Tensor>>());  // (name, tensor): named_parameters()
+            continue;
+          }
+          const bool pair = py::isinstance<py::tuple>(h) && py::len(h) == 2 &&
+                            py::isinstance<py::str>(h[py::int_(0)]) && py::isinstance<Tensor>(h[py::int_(1)]);
+          if (!pair)
+            throw py::type_error("remat.optim.AdamW: params holds remat.Tensor values or (name, Tensor) pairs "
+                                 "(model.trainable_parameters()); item " + std::to_string(named.size()) + " is " +
+                                 std::string(py::repr(h)));
+          named.push_back(h.cast<std::pair<std::string, Tensor>>());
         }
         AdamWOptions o;
         o.beta1 = beta1;

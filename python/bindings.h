@@ -10,6 +10,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -44,6 +45,11 @@ class PyRef {
 // itself; otherwise returns. The module's exception translator stashes such
 // exceptions (per thread) and raises an internal BaseException for them.
 void rethrow_if_foreign(const py::error_already_set& e);
+
+// Sets the Python error for exception `p` (remat's as remat.Error and its
+// subclasses, pybind11's as theirs, others as RuntimeError): for C entry
+// points that must not let an exception out (the buffer protocol).
+void set_python_error(std::exception_ptr p);
 
 // fn(args...) for a Python callable remat calls back (a hook, a region, a
 // policy, a custom op's forward or backward). Call with the GIL held.
