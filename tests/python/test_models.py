@@ -110,6 +110,26 @@ def test_same_batch_from_remat_batches_bit_identical(tmp_path):
         assert np.array_equal(g0[name], g1[name]), name
 
 
+def test_batches_from_token_shards(tmp_path):
+    """remat.batches over shards `./remat tokenize` wrote: the shards'
+    vocabulary, and every row a window of the text's token ids."""
+    tok_path = os.path.join(REPO_ROOT, "tests/tokenizer/data/qwen3/tokenizer.json")
+    text = " ".join(f"In the beginning {i} God created the heaven and the earth." for i in range(300))
+    (tmp_path / "text.txt").write_text(text)
+    subprocess.run([os.path.join(REPO_ROOT, "bazel-bin/tools/remat"), "tokenize", "--tokenizer", tok_path,
+                    "--data", str(tmp_path / "text.txt"), "--out", str(tmp_path / "shards")],
+                   check=True, stdout=subprocess.DEVNULL)
+    ids = remat.Tokenizer(tok_path).encode(text)
+    b = remat.batches(str(tmp_path / "shards"), 3, 16, seed=1)
+    assert b.vocab == remat.Tokenizer(tok_path).vocab_size
+    joined = ",".join(map(str, ids))
+    for _ in range(2):
+        batch = next(b)
+        assert batch.shape == (3, 17) and batch.dtype == remat.i64
+        for row in batch.numpy().tolist():
+            assert ",".join(map(str, row)) in joined, row  # a window of the document's ids
+
+
 def test_record_memory_html(tokens):
     model = remat.DecoderModel("tiny", seed=1)
     with remat.record_memory() as rec:
