@@ -81,6 +81,7 @@ py::object tensors_to_result(const std::vector<Tensor>& tensors);
 
 void bind_errors(py::module_& m);
 void bind_tensor(py::module_& m);
+void bind_dlpack(py::module_& m);
 void bind_ops(py::module_& m);
 void bind_autograd(py::module_& m);
 void bind_checkpoint(py::module_& m);

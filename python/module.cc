@@ -89,6 +89,7 @@ PYBIND11_MODULE(remat, m) {
   m.doc() = "remat: a tensor and autograd engine whose saved tensors are first-class (docs/PYTHON.md)";
   bind_errors(m);
   bind_tensor(m);
+  bind_dlpack(m);
   bind_ops(m);
   bind_autograd(m);
   bind_checkpoint(m);
