@@ -41,29 +41,27 @@ class PythonSavedTensorHooks final : public TypedSavedTensorHooks {
     py::gil_scoped_acquire gil;
     return py::bool_(call_python(wants_.get(), t, info));
   }
+  // A remat.Tensor that pack returns is kept as a Tensor, so that hooks
+  // outside this scope (offload, compression) take it as they take any save.
   std::any pack_tensor(const Tensor& t, const SaveInfo& info) override {
     py::gil_scoped_acquire gil;
     py::object packed = with_info_ ? call_python(pack_.get(), t, info) : call_python(pack_.get(), t);
+    if (py::isinstance<Tensor>(packed)) return packed.cast<Tensor>();
     return PyRef(std::move(packed));
   }
   Tensor unpack_tensor(std::any packed, const SaveInfo& info) override {
     py::gil_scoped_acquire gil;
-    const PyRef& obj = std::any_cast<const PyRef&>(packed);
-    py::object r = with_info_ ? call_python(unpack_.get(), obj.get(), info)
-                               : call_python(unpack_.get(), obj.get());
+    const Tensor* as_tensor = std::any_cast<Tensor>(&packed);
+    const py::object obj = as_tensor ? py::cast(*as_tensor) : std::any_cast<const PyRef&>(packed).get();
+    py::object r = with_info_ ? call_python(unpack_.get(), obj, info) : call_python(unpack_.get(), obj);
     if (!py::isinstance<Tensor>(r))
       throw py::type_error("saved-tensor hooks '" + name_ + "': unpack must return a remat.Tensor (the " +
                            std::string(info.op) + " save of shape " + shape_str(info.meta.sizes) + "), got a " +
                            std::string(py::str(r.get_type().attr("__name__"))));
     return r.cast<Tensor>();
   }
-  // What the packed object keeps: a remat.Tensor's bytes (else nothing counted).
-  std::size_t held_bytes(const std::any& packed) const override {
-    const PyRef* obj = std::any_cast<PyRef>(&packed);
-    if (!obj) return 0;
-    py::gil_scoped_acquire gil;
-    return py::isinstance<Tensor>(obj->get()) ? obj->get().cast<Tensor>().nbytes() : 0;
-  }
+  // A packed Tensor's bytes count as held (the base class's rule); another
+  // Python object counts as nothing.
 
  private:
   PyRef pack_, unpack_, wants_;

@@ -328,6 +328,24 @@ def test_offload_stacked_with_checkpoint_bit_identical(ref):
     assert_bit_identical(grads(ts), ref)
 
 
+def test_python_hook_offload_and_checkpoint_stacked_bit_identical(ref):
+    """Offload outside, a Python hook inside it, a checkpoint region inside
+    that: the Python hook packs first (the innermost scope), offload takes
+    the tensor it returns, and the gradients stay none's. (The other way
+    round the Python hook would see nothing: offload packs tensors into its
+    own records, and a Python hook is given tensors only.)"""
+    seen = []
+    ts = params()
+    with remat.offload_saved_tensors(min_bytes=0) as hooks:
+        with remat.saved_tensors_hooks(lambda t, info: (seen.append(info.op), t)[1], lambda t, info: t,
+                                       with_info=True):
+            y = remat.checkpoint(block, *ts)
+            loss = (y * y).sum()
+    loss.backward()
+    assert_bit_identical(grads(ts), ref)
+    assert hooks.stats()["saves"] > 0 and seen, (hooks.stats(), seen)
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
 def test_compress_saved_tensors_close(ref, fmt):
     ts = params()

@@ -223,6 +223,17 @@ def test_trainer_with_recompute_and_save(tmp_path):
     assert os.listdir(tmp_path / "ck")
 
 
+def test_trainer_auto_plan_under_a_budget():
+    """recompute="auto" with memory_budget: the planner chooses a plan before
+    the first step (options.recompute is it) and the steps run under it."""
+    t = remat.Trainer(config="tiny", recompute="auto", memory_budget="50%", steps=2, batch=2, seq=64,
+                      eval_every=0, threads=1, profile_rounds=2)
+    chosen = t.options.recompute
+    assert chosen and chosen != "auto" and chosen != "none", chosen
+    remat.Plan.parse(chosen, t.model.config.n_layers)  # a plan string the model takes
+    assert [t.step()["step"] for _ in range(2)] == [1, 2]
+
+
 def test_adamw_own_loop_decreases_loss(tokens):
     remat.manual_seed(0)
     model = remat.DecoderModel("tiny", seed=2)
