@@ -19,8 +19,12 @@ namespace remat {
 void detail::check_dims(const Shape& sizes, const char* op) {
   REMAT_CHECK(std::int64_t(sizes.size()) <= kMaxTensorDims, ShapeError, op, ": ", sizes.size(),
               " dims requested; at most ", kMaxTensorDims, " are supported");
-  for (auto s : sizes)
+  std::int64_t bytes = 8;  // (the widest element: the element count times 8 must fit too)
+  for (auto s : sizes) {
     REMAT_CHECK(s >= 0, ShapeError, op, ": negative size in ", shape_str(sizes));
+    REMAT_CHECK(!__builtin_mul_overflow(bytes, s, &bytes), ShapeError, op, ": shape ", shape_str(sizes),
+                " has more elements than 64-bit byte counts can address");
+  }
 }
 
 Tensor detail::with_grad(const Tensor& input, Tensor out, const char* name,

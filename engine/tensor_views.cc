@@ -175,9 +175,11 @@ Tensor Tensor::narrow(std::int64_t d, std::int64_t start, std::int64_t length) c
   d = wrap_dim(d, dim(), "narrow");
   const std::int64_t n = sizes()[std::size_t(d)];
   if (start < 0) start += n;
-  REMAT_CHECK(start >= 0 && length >= 0 && start + length <= n, ShapeError, "narrow: range [",
-              start, ", ", start + length, ") is outside dim ", d, " of size ", n, " (shape ",
-              shape_str(sizes()), ")");
+  std::int64_t end = 0;
+  const bool overflows = __builtin_add_overflow(start, length, &end);
+  REMAT_CHECK(start >= 0 && length >= 0 && !overflows && end <= n, ShapeError, "narrow: range [", start, ", ",
+              overflows ? std::string("beyond 2^63") : std::to_string(end), ") is outside dim ", d, " of size ", n,
+              " (shape ", shape_str(sizes()), ")");
   Shape s = sizes();
   s[std::size_t(d)] = length;
   const Shape in = sizes();

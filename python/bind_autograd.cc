@@ -21,7 +21,49 @@
 namespace remat::python {
 
 py::object scope_context(std::function<std::shared_ptr<void>()> make, py::object value) {
-  return py::cast(ScopeContext{std::move(make), std::move(value), nullptr});
+  auto s = std::make_unique<ScopeContext>();
+  s->make = std::move(make);
+  s->value = std::move(value);
+  return py::cast(std::move(s));
+}
+
+namespace {
+
+// The scopes this thread has entered and not left, innermost last.
+thread_local std::vector<const ScopeContext*> open_scopes;
+
+bool innermost_here(const ScopeContext& s) {
+  return s.owner == std::this_thread::get_id() && !open_scopes.empty() && open_scopes.back() == &s;
+}
+
+void enter_scope(ScopeContext& s) {
+  if (s.active) throw AutogradError("this scope is already entered (make a new one for each with-block)");
+  s.active = s.make();
+  s.owner = std::this_thread::get_id();
+  open_scopes.push_back(&s);
+}
+
+void exit_scope(ScopeContext& s) {
+  if (!s.active) return;
+  if (!innermost_here(s))
+    throw py::value_error(s.owner != std::this_thread::get_id()
+                              ? "a remat scope must be left by the thread that entered it"
+                              : "remat scopes must be left innermost first (this one encloses a scope still open)");
+  open_scopes.pop_back();
+  s.active.reset();
+}
+
+}  // namespace
+
+ScopeContext::~ScopeContext() {
+  if (!active) return;
+  if (innermost_here(*this)) {
+    open_scopes.pop_back();
+    return;  // (active closes the scope here, on its thread)
+  }
+  // Closing it here would pop another scope off a stack (or another
+  // thread's): leave it open, as the program did.
+  (void)new std::shared_ptr<void>(std::move(active));
 }
 
 namespace {
@@ -125,6 +167,10 @@ void bind_custom_op(py::module_& m) {
       .def_property_readonly("op", [](const PyOpContext& c) { return c.get().op(); })
       .def("__setattr__", [](const PyOpContext& c, const std::string& k, py::object v) {
         if (!c.forward) throw AutogradError("custom op '" + c.get().op() + "': set attributes on ctx in forward");
+        // A tensor is kept detached: ctx.y = y would otherwise make a cycle
+        // (y's node -> ctx -> y) the garbage collector cannot see. Tensors
+        // backward needs with their history checked go through save_for_backward.
+        if (py::isinstance<Tensor>(v)) v = py::cast(v.cast<Tensor>().detach());
         c.attributes()[py::str(k)] = std::move(v);
       })
       .def("__getattr__", [](const PyOpContext& c, const std::string& k) -> py::object {
@@ -229,12 +275,11 @@ void bind_gradcheck(py::module_& m) {
 void bind_autograd(py::module_& m) {
   py::class_<ScopeContext>(m, "Scope", "A context manager over one of remat's scopes.")
       .def("__enter__", [](ScopeContext& s) {
-        if (s.active) throw AutogradError("this scope is already entered (make a new one for each with-block)");
-        s.active = s.make();
+        enter_scope(s);
         return s.value;
       })
       .def("__exit__", [](ScopeContext& s, const py::args&) {
-        s.active.reset();
+        exit_scope(s);
         return false;
       });
   bind_grad_mode(m);

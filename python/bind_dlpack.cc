@@ -69,8 +69,11 @@ void capsule_destructor(PyObject* capsule) {
 
 py::capsule to_dlpack(const Tensor& t) {
   REMAT_CHECK(!t.device().is_meta(), DeviceError, "__dlpack__: a meta tensor has no elements to share");
+  REMAT_CHECK(!t.requires_grad(), AutogradError, "__dlpack__: a tensor that requires grad (shape ",
+              shape_str(t.sizes()), ") is not exported, as the consumer's writes would bypass autograd: use "
+              "t.detach()");
   auto ex = std::make_unique<Export>();
-  ex->tensor = t;
+  ex->tensor = t.detach();  // (a handle of its own: it keeps the storage even if t moves in place)
   ex->shape.assign(t.sizes().begin(), t.sizes().end());
   ex->strides.assign(t.strides().begin(), t.strides().end());
   DLTensor& d = ex->managed.dl_tensor;

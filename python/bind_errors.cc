@@ -42,6 +42,8 @@ void translate_remat(std::exception_ptr p) {
     PyErr_SetString(io.ptr(), e.what());
   } catch (const Error& e) {
     PyErr_SetString(error.ptr(), e.what());
+  } catch (const py::cast_error& e) {  // a Python value of the wrong type for a parameter
+    PyErr_SetString(PyExc_TypeError, e.what());
   } catch (const std::exception&) {
     throw;
   } catch (...) {

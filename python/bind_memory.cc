@@ -12,6 +12,8 @@
 #include <pybind11/stl.h>
 
 #include <fstream>
+#include <set>
+#include <string>
 
 #include "engine/allocator.h"
 #include "engine/autograd.h"
@@ -58,6 +60,13 @@ py::dict event_dict(const MemoryEvent& e) {
   return d;
 }
 
+// The devices being recorded now. Only touched with the GIL held (enter
+// and exit are Python calls), which serialises them.
+std::set<std::string>& recording_devices() {
+  static std::set<std::string> devices;
+  return devices;
+}
+
 // One recording of a device's allocator: history on from __enter__ to
 // __exit__, with the bytes held when it started.
 class MemoryRecorder {
@@ -69,6 +78,10 @@ class MemoryRecorder {
   }
   MemoryRecorder& enter() {
     REMAT_CHECK(!on_, Error, "remat.record_memory: this recorder is already recording");
+    // One recording per allocator: the history is the allocator's, and a
+    // nested one ending would end the outer one's too.
+    REMAT_CHECK(recording_devices().insert(alloc_.device().str()).second, Error, "remat.record_memory: ",
+                alloc_.device().str(), "'s allocator is already being recorded (one recording at a time per device)");
     alloc_.reset_peak();
     const MemoryStats before = alloc_.stats();
     rec_.initial_bytes = before.category_bytes;
@@ -85,7 +98,9 @@ class MemoryRecorder {
     rec_.events = alloc_.history();
     alloc_.enable_history(0);
     on_ = false;
+    recording_devices().erase(alloc_.device().str());
   }
+  ~MemoryRecorder() { exit(); }
   void mark(const std::string& label) {
     REMAT_CHECK(on_, Error, "remat.record_memory: mark(\"", label, "\") outside the with-block that records");
     alloc_.mark(label);

@@ -75,7 +75,8 @@ void bind_decoder(py::module_& m) {
       .def(py::init([](const py::object& config, std::uint64_t seed) {
         return std::make_shared<DecoderModel>(config_arg(config), seed);
       }), py::arg("config"), py::arg("seed") = 0, "Seeded weights for config (a ModelConfig or a name).")
-      .def_property_readonly("config", &DecoderModel::config)
+      .def_property_readonly("config", [](const DecoderModel& md) { return md.config(); },
+                             "A copy of the model's config (the model keeps its own).")
       .def("forward_loss", [](const DecoderModel& md, const Tensor& tokens) {
         py::gil_scoped_release nogil;
         return md.forward_loss(tokens);

@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <sstream>
 
 #include "engine/autograd.h"
@@ -54,9 +55,14 @@ DType buffer_dtype(const py::buffer_info& b) {
                    "(convert, e.g. a.astype(numpy.float32))");
 }
 
+// The description of a CPU tensor's elements for NumPy. A tensor that
+// requires grad is refused: writes through NumPy would bypass the version
+// counter that keeps saved tensors honest.
 py::buffer_info tensor_buffer(const Tensor& t) {
   REMAT_CHECK(t.device().is_cpu(), DeviceError, "a tensor on ", t.device().str(),
               " cannot be viewed from NumPy: copy it to the CPU first (t.to(\"cpu\"))");
+  REMAT_CHECK(!t.requires_grad(), AutogradError, "a tensor that requires grad (shape ", shape_str(t.sizes()),
+              ") cannot be viewed from NumPy, whose writes autograd would not see: use t.detach().numpy()");
   const std::string format = buffer_format(t.dtype());
   const auto item = py::ssize_t(element_size(t.dtype()));
   std::vector<py::ssize_t> shape, strides;
@@ -71,18 +77,26 @@ py::buffer_info tensor_buffer(const Tensor& t) {
 // The buffer protocol, by hand: pybind11 2.10's def_buffer lets an
 // exception thrown while describing the buffer (a bf16 tensor, a CUDA one)
 // escape a C callback and abort the interpreter; here it becomes the Python
-// error it stands for. The view keeps the tensor object (view->obj).
+// error it stands for. The view keeps the tensor object (view->obj) and,
+// through a detached handle, the storage itself: an in-place move of the
+// tensor (Module::to, convert_) must not free memory a view still reads.
+struct BufferView {
+  py::buffer_info info;
+  Tensor pinned;
+};
+
 extern "C" int tensor_getbuffer(PyObject* obj, Py_buffer* view, int flags) {
   view->obj = nullptr;
   try {
     const Tensor& t = py::handle(obj).cast<const Tensor&>();
-    auto info = std::make_unique<py::buffer_info>(tensor_buffer(t));
+    auto internal = std::make_unique<BufferView>(BufferView{tensor_buffer(t), t.detach()});
+    py::buffer_info* info = &internal->info;
     const bool c_order_only = (flags & PyBUF_STRIDES) != PyBUF_STRIDES ||
                               (flags & PyBUF_C_CONTIGUOUS) == PyBUF_C_CONTIGUOUS ||
                               (flags & PyBUF_ANY_CONTIGUOUS) == PyBUF_ANY_CONTIGUOUS;
     const bool f_order = (flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS && (flags & PyBUF_ANY_CONTIGUOUS) !=
                          PyBUF_ANY_CONTIGUOUS;
-    if ((c_order_only && !t.is_contiguous()) || (f_order && t.dim() > 1))
+    if ((c_order_only && !t.is_contiguous()) || (f_order && (t.dim() > 1 || !t.is_contiguous())))
       throw py::buffer_error("the consumer asked for a contiguous buffer and this tensor of shape " +
                              shape_str(t.sizes()) + " with strides " + shape_str(t.strides()) +
                              " is not (t.contiguous() is)");
@@ -95,7 +109,7 @@ extern "C" int tensor_getbuffer(PyObject* obj, Py_buffer* view, int flags) {
     view->shape = (flags & PyBUF_ND) == PyBUF_ND ? info->shape.data() : nullptr;
     view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? info->strides.data() : nullptr;
     view->suboffsets = nullptr;
-    view->internal = info.release();  // (owned by the view: tensor_releasebuffer)
+    view->internal = internal.release();  // (owned by the view: tensor_releasebuffer)
     view->obj = obj;
     Py_INCREF(obj);
     return 0;
@@ -106,13 +120,15 @@ extern "C" int tensor_getbuffer(PyObject* obj, Py_buffer* view, int flags) {
 }
 
 extern "C" void tensor_releasebuffer(PyObject*, Py_buffer* view) {
-  std::unique_ptr<py::buffer_info> owned(static_cast<py::buffer_info*>(view->internal));
+  std::unique_ptr<BufferView> owned(static_cast<BufferView*>(view->internal));
 }
 
-// A NumPy array over a CPU tensor's elements (no copy; its base keeps `self`).
+// A NumPy array over a CPU tensor's elements, no copy; its base is a
+// detached handle, which keeps the storage (see BufferView).
 py::array tensor_to_numpy(const py::object& self) {
-  const py::buffer_info b = tensor_buffer(self.cast<const Tensor&>());
-  return py::array(py::dtype(b), b.shape, b.strides, b.ptr, self);
+  const Tensor& t = self.cast<const Tensor&>();
+  const py::buffer_info b = tensor_buffer(t);
+  return py::array(py::dtype(b), b.shape, b.strides, b.ptr, py::cast(t.detach()));
 }
 
 // `p` owned through a shared_ptr<void> whose deleter takes the GIL (a
@@ -145,7 +161,9 @@ Tensor from_buffer(const py::buffer& buffer) {
     strides.push_back(st / info->itemsize);
   }
   void* data = info->ptr;
-  if (info->readonly)  // remat's tensors are writable: a read-only buffer is copied while we hold it
+  // Copied while we hold it: a read-only buffer (remat's tensors are
+  // writable) or a misaligned one (the kernels assume aligned elements).
+  if (info->readonly || reinterpret_cast<std::uintptr_t>(data) % std::uintptr_t(info->itemsize) != 0)
     return from_blob(data, sizes, strides, dtype, std::make_shared<int>(0)).clone();
   return from_blob(data, sizes, strides, dtype, gil_owned(std::move(info)));
 }
@@ -186,8 +204,10 @@ Tensor index_view(const Tensor& t, const py::object& key) {
   Tensor v = t;
   std::int64_t d = 0;  // the dim of v the next key indexes
   for (const py::handle& k : keys) {
-    if (py::isinstance<py::int_>(k)) {
-      std::int64_t i = k.cast<std::int64_t>();
+    if (py::isinstance<py::bool_>(k))
+      throw py::type_error("a tensor index is an int or a slice; a bool (" + std::string(py::repr(k)) + ") is neither");
+    if (PyIndex_Check(k.ptr())) {  // an int, a NumPy integer, anything with __index__
+      std::int64_t i = py::int_(py::reinterpret_borrow<py::object>(k)).cast<std::int64_t>();
       const std::int64_t n = v.size(d);
       if (i < -n || i >= n)  // IndexError: what ends Python's iteration over t
         throw py::index_error("index " + std::to_string(i) + " is out of range for dim " + std::to_string(d) +
@@ -306,10 +326,10 @@ void bind_tensor_class(py::module_& m) {
       }, py::arg("dtype") = py::none(), py::arg("copy") = py::none())
       .def("item", &Tensor::item)
       .def("tolist", [](py::object self) {
-        const Tensor t = self.cast<Tensor>();
-        py::object src = self;
+        const Tensor t = self.cast<Tensor>().detach();
+        py::object src = py::cast(t);
         if (!t.device().is_cpu() || t.dtype() == DType::bf16 || t.dtype() == DType::fp8_e4m3)
-          src = py::cast(t.detach().to(kCPU).to(DType::f32));
+          src = py::cast(t.to(kCPU).to(DType::f32));
         return tensor_to_numpy(src).attr("tolist")();
       })
       .def("__len__", [](const Tensor& t) {
@@ -323,7 +343,14 @@ void bind_tensor_class(py::module_& m) {
         return t.item() != 0;
       })
       .def("__float__", &Tensor::item)
-      .def("__int__", [](const Tensor& t) { return std::int64_t(t.item()); })
+      .def("__int__", [](const Tensor& t) {
+        const double v = t.item();
+        if (!std::isfinite(v) || v < -9.2233720368547758e18 || v >= 9.2233720368547758e18)
+          throw py::value_error("int() of " + std::to_string(v) + ": not a finite value within int64");
+        return std::int64_t(v);
+      })
+      .def_property_readonly_static("__array_ufunc__", [](const py::object&) { return py::none(); },
+                                    "None: NumPy operators defer to remat's (t + array raises, not a silent ndarray)")
       .def("shares_memory", &Tensor::shares_storage_with, py::arg("other"));
   c.def("__getitem__", &index_view, py::arg("key"), "A view: ints select, slices (step >= 1) narrow.")
       .def("__setitem__", [](const Tensor& t, const py::object& key, const py::object& value) {

@@ -94,7 +94,8 @@ void bind_trainer(py::module_& m) {
         t.resume(dir);
       }, py::arg("dir"))
       .def_property_readonly("steps_done", &Trainer::step)
-      .def_property_readonly("options", &Trainer::options, py::return_value_policy::reference_internal)
+      .def_property_readonly("options", [](const Trainer& t) { return t.options(); },
+                             "A copy of the run's options (recompute: the plan auto chose).")
       .def_property_readonly("model", [](Trainer& t) -> DecoderModel& { return t.model(); },
                              py::return_value_policy::reference_internal)
       .def_property_readonly("rank", &Trainer::rank)

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/device.h"
@@ -97,10 +98,17 @@ namespace remat::python {
 // the scope (through `make`) and returns `value`; __exit__ destroys it.
 // Scopes are thread-local stacks: enter and exit on one thread, innermost
 // first (a with-statement does).
+// A scope is left only by the thread that entered it and innermost first:
+// __exit__ raises otherwise and leaves the scope in place, and a scope still
+// open when its object is collected is closed only if that is safe (its
+// thread, innermost), else deliberately leaked: the engine's scope stacks
+// are per thread and popped from the top.
 struct ScopeContext {
   std::function<std::shared_ptr<void>()> make;
   py::object value = py::none();
   std::shared_ptr<void> active;
+  std::thread::id owner;  // the thread that entered it
+  ~ScopeContext();
 };
 
 // `make`'s scope as a context manager yielding `value` from __enter__.

@@ -35,16 +35,18 @@ Device device_arg(const py::handle& obj) {
                        std::string(py::str(obj.get_type().attr("__name__"))));
 }
 
+// An int, a NumPy integer, anything with __index__ (not a bool).
+bool is_index(const py::handle& obj) { return PyIndex_Check(obj.ptr()) && !py::isinstance<py::bool_>(obj); }
+
 Shape shape_arg(const py::handle& obj) {
-  if (py::isinstance<py::int_>(obj)) return {obj.cast<std::int64_t>()};
+  if (is_index(obj)) return {py::int_(py::reinterpret_borrow<py::object>(obj)).cast<std::int64_t>()};
   if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj))
     throw py::type_error("a shape is an int or a sequence of ints, not a " +
                          std::string(py::str(obj.get_type().attr("__name__"))));
   Shape s;
   for (const py::handle& d : obj) {
-    if (!py::isinstance<py::int_>(d))
-      throw py::type_error("a shape's entries are ints, not " + std::string(py::repr(d)));
-    s.push_back(d.cast<std::int64_t>());
+    if (!is_index(d)) throw py::type_error("a shape's entries are ints, not " + std::string(py::repr(d)));
+    s.push_back(py::int_(py::reinterpret_borrow<py::object>(d)).cast<std::int64_t>());
   }
   return s;
 }

@@ -174,6 +174,8 @@ TEST_CASE("printing shows values, shape, dtype and device", "[tensor]") {
 TEST_CASE("bad shapes and indices name the op", "[tensor]") {
   Tensor x = zeros({2, 3});
   CHECK_THROWS_WITH(x.narrow(1, 2, 2), Catch::Contains("narrow: range [2, 4) is outside dim 1"));
+  CHECK_THROWS_WITH(x.narrow(1, 1, INT64_MAX), Catch::Contains("narrow: range [1, beyond 2^63) is outside dim 1"));
+  CHECK_THROWS_WITH(zeros({std::int64_t(1) << 62, 4}), Catch::Contains("has more elements than 64-bit byte counts"));
   CHECK_THROWS_WITH(x.transpose(0, 2), Catch::Contains("transpose: dim 2 is out of range"));
   CHECK_THROWS_WITH(x.permute({0, 0}), Catch::Contains("permute: dim 0 repeated"));
   CHECK_THROWS_WITH(x.at({2, 0}), Catch::Contains("at: index [2, 0] is out of range"));

@@ -226,7 +226,9 @@ def test_trainer_with_recompute_and_save(tmp_path):
 def test_trainer_auto_plan_under_a_budget():
     """recompute="auto" with memory_budget: the planner chooses a plan before
     the first step (options.recompute is it) and the steps run under it."""
-    t = remat.Trainer(config="tiny", recompute="auto", memory_budget="50%", steps=2, batch=2, seq=64,
+    # (75%: the planner's margin for measurement spread leaves no plan at 50%
+    # on a loaded machine now and then)
+    t = remat.Trainer(config="tiny", recompute="auto", memory_budget="75%", steps=2, batch=2, seq=64,
                       eval_every=0, threads=1, profile_rounds=2)
     chosen = t.options.recompute
     assert chosen and chosen != "auto" and chosen != "none", chosen
@@ -258,7 +260,7 @@ def test_adamw_on_plain_tensors():
         opt.zero_grad()
         (w * w).sum().backward()
         opt.step()
-    assert np.abs(np.asarray(w)).max() < 1.0
+    assert np.abs(np.asarray(w.detach())).max() < 1.0
     import remat.optim as optim_module  # importable as a submodule too
     assert optim_module.AdamW is remat.optim.AdamW
 
