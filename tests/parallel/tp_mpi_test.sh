@@ -183,7 +183,7 @@ moe=(--config tiny-moe --steps 3 --warmup 2 --eval-every 0 --seed 5 --progress o
 env -u OMP_NUM_THREADS $remat train "${moe[@]}" --log "$tmp/moe_one.jsonl" > "$tmp/moe_one.txt" 2>&1
 timeout 300 mpirun "${flags[@]}" -np 2 $remat train "${moe[@]}" --tp 2 --sp --recompute per_block \
   --log "$tmp/moe_tp2sp.jsonl" > "$tmp/moe_tp2sp.txt" 2>&1
-check "tiny-moe under --tp 2 --sp (per_block) logs one process's losses, aux losses and routing" \
+check "tiny-moe under --tp 2 --sp (per_block) logs one process's losses, aux losses and routing (up to near-ties)" \
   "/usr/bin/python3 - '$tmp' <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -193,7 +193,14 @@ assert len(one) == 3 and len(got) == 3
 for a, b in zip(one, got):
     assert abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (a['loss'], b['loss'])
     assert abs(a['loss_aux'] - b['loss_aux']) <= 1e-5 * a['loss_aux'], (a['loss_aux'], b['loss_aux'])
-    assert [l['tokens_per_expert'] for l in a['moe']] == [l['tokens_per_expert'] for l in b['moe']], (a['moe'], b['moe'])
+    # The same routes up to near-ties: the tensor-parallel run sums in
+    # another order (its losses agree to rounding), so a token whose top
+    # experts' scores are within rounding may go to the other one (seen on
+    # an AVX-512 machine: one slot of 1024 moved). Every layer routes the
+    # same slots, and at most 2 of them move (4 counts change by 1).
+    for la, lb in zip(a['moe'], b['moe']):
+        ta, tb = la['tokens_per_expert'], lb['tokens_per_expert']
+        assert sum(ta) == sum(tb) and sum(abs(x - y) for x, y in zip(ta, tb)) <= 4, (a['moe'], b['moe'])
 PY" || tail -3 "$tmp"/moe_*.txt
 $remat bench --config tiny --tp 3 > "$tmp/bad_bench.txt" 2>&1
 check "bench --tp 3 names what does not divide" 'grep -q "config tiny does not split into 3" "$tmp/bad_bench.txt"'
