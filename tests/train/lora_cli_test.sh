@@ -85,8 +85,10 @@ for par in "--dp 2" "--pp 2"; do
 done
 
 # 3b. Lossy and planned plans run with adapters (the lossless ones are
-# bit-identical to none: tests/models/lora_test.cc).
-for plan in "compress:fp8" "per_block+offload" "auto --memory-budget 60%" "dynamic --memory-budget 60%"; do
+# bit-identical to none: tests/models/lora_test.cc). auto at 75%: the
+# planner's margin grows with the profile's spread, and on a loaded machine
+# (a clean suite on two cores) it reached 20% and left no plan at 60%.
+for plan in "compress:fp8" "per_block+offload" "auto --memory-budget 75%" "dynamic --memory-budget 60%"; do
   # shellcheck disable=SC2086
   $remat train "${common[@]}" --steps 2 --lora r=4 --recompute $plan > "$tmp/p.txt" 2>&1
   check "train --lora --recompute $plan runs" 'grep -q "^done: 2 steps" "$tmp/p.txt"' || tail -n 3 "$tmp/p.txt"
