@@ -191,13 +191,18 @@ def rows(n): return [json.loads(l) for l in open(f'{d}/{n}.jsonl')]
 one, got = rows('moe_one'), rows('moe_tp2sp')
 assert len(one) == 3 and len(got) == 3
 for a, b in zip(one, got):
-    assert abs(a['loss'] - b['loss']) <= 1e-5 * a['loss'], (a['loss'], b['loss'])
-    assert abs(a['loss_aux'] - b['loss_aux']) <= 1e-5 * a['loss_aux'], (a['loss_aux'], b['loss_aux'])
     # The same routes up to near-ties: the tensor-parallel run sums in
-    # another order (its losses agree to rounding), so a token whose top
-    # experts' scores are within rounding may go to the other one (seen on
-    # an AVX-512 machine: one slot of 1024 moved). Every layer routes the
-    # same slots, and at most 2 of them move (4 counts change by 1).
+    # another order, so a token whose top experts' scores are within
+    # rounding may go to the other one (on a machine whose BLIS kernels
+    # round differently from the last one's: one slot of 1024 moved in
+    # steps 2 and 3). Every layer routes the same slots, and at most 2 of
+    # them move (4 counts change by 1). A moved slot shifts the aux loss
+    # (it counts slots) and the loss by up to ~1e-4: the losses agree to
+    # 1e-5 where the routes are the same, to 2e-4 where a slot moved.
+    same = all(la['tokens_per_expert'] == lb['tokens_per_expert'] for la, lb in zip(a['moe'], b['moe']))
+    tol = 1e-5 if same else 2e-4
+    assert abs(a['loss'] - b['loss']) <= tol * a['loss'], (a['loss'], b['loss'], same)
+    assert abs(a['loss_aux'] - b['loss_aux']) <= tol * a['loss_aux'], (a['loss_aux'], b['loss_aux'], same)
     for la, lb in zip(a['moe'], b['moe']):
         ta, tb = la['tokens_per_expert'], lb['tokens_per_expert']
         assert sum(ta) == sum(tb) and sum(abs(x - y) for x, y in zip(ta, tb)) <= 4, (a['moe'], b['moe'])
