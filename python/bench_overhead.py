@@ -8,8 +8,9 @@ Per step: the CLI's own step time (its --log `step_ms`, measured inside the
 Trainer) against the wall time between two returns of step() in Python
 (the step, the GIL hand-over, the dict of figures and the loop itself).
 The first 5 steps of each run (warm-up) and the last (it evaluates) are
-left out. Prints one JSON object: the medians of both in tokens/s and their
-ratio (CLI / Python: 1.0 = no overhead).
+left out. Prints one JSON object: the medians of both in tokens/s, their
+interquartile ranges (tokens/s at the slower and faster quartile step
+times) and the ratio of the medians (CLI / Python: 1.0 = no overhead).
 """
 import argparse
 import json
@@ -61,11 +62,15 @@ def main():
     for _ in range(args.rounds):
         cli += cli_step_ms(args, flags)
         py += python_step_ms(args, kwargs)
-    cli_tok = tokens / (statistics.median(cli) / 1e3)
-    py_tok = tokens / (statistics.median(py) / 1e3)
+    def tok_s(ms):  # tokens/s at the median step time, and at its quartiles (the spread)
+        q1, q2, q3 = statistics.quantiles(ms, n=4)
+        return [round(tokens / (q / 1e3), 1) for q in (q2, q3, q1)]
+
+    cli_tok, py_tok = tok_s(cli), tok_s(py)
     print(json.dumps({"config": args.config, "threads": args.threads, "rounds": args.rounds,
-                      "steps_measured_each": len(cli), "cli_tokens_per_s": round(cli_tok, 1),
-                      "python_tokens_per_s": round(py_tok, 1), "ratio_cli_over_python": round(cli_tok / py_tok, 4)}))
+                      "steps_measured_each": len(cli), "cli_tokens_per_s": cli_tok[0],
+                      "cli_tokens_per_s_iqr": cli_tok[1:], "python_tokens_per_s": py_tok[0],
+                      "python_tokens_per_s_iqr": py_tok[1:], "ratio_cli_over_python": round(cli_tok[0] / py_tok[0], 4)}))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,11 @@ py::object scope_context(std::function<std::shared_ptr<void>()> make, py::object
   return py::cast(std::move(s));
 }
 
+py::object hooks_scope(std::shared_ptr<SavedTensorHooks> hooks, py::object value) {
+  return scope_context([hooks = std::move(hooks)] { return std::make_shared<SavedTensorHooksScope>(hooks); },
+                       std::move(value));
+}
+
 namespace {
 
 // The scopes this thread has entered and not left, innermost last.
@@ -218,7 +223,7 @@ void bind_saved_tensor_hooks(py::module_& m) {
                                   bool with_info, const std::string& name) {
     auto hooks = std::make_shared<PythonSavedTensorHooks>(PyRef(pack), PyRef(unpack),
                                                           wants.is_none() ? PyRef() : PyRef(wants), with_info, name);
-    return scope_context([hooks] { return std::make_shared<SavedTensorHooksScope>(hooks); });
+    return hooks_scope(std::move(hooks));
   }, py::arg("pack"), py::arg("unpack"), py::arg("wants") = py::none(), py::arg("with_info") = false,
      py::arg("name") = "python",
      "A context manager: tensors saved for backward inside it go through pack(tensor) -> object, and backward "

@@ -124,7 +124,7 @@ void bind_memory_scopes(py::module_& m) {
     o.dir = dir;
     o.synchronous = synchronous;
     auto hooks = std::make_shared<OffloadHooks>(o);
-    return scope_context([hooks] { return std::make_shared<SavedTensorHooksScope>(hooks); }, py::cast(hooks));
+    return hooks_scope(hooks, py::cast(hooks));
   }, py::arg("min_bytes") = 64 * 1024, py::arg("dir") = "", py::arg("synchronous") = false,
      "A context manager: saves of min_bytes or more inside it are written to a spill file in dir (the temp "
      "folder by default) and read back for backward.");
@@ -145,7 +145,7 @@ void bind_memory_scopes(py::module_& m) {
     o.all_saves = all_saves;
     o.min_bytes = min_bytes;
     auto hooks = std::make_shared<CompressHooks>(o);
-    return scope_context([hooks] { return std::make_shared<SavedTensorHooksScope>(hooks); });
+    return hooks_scope(std::move(hooks));
   }, py::arg("format") = "fp8", py::arg("all_saves") = false, py::arg("min_bytes") = 4096,
      "A context manager: matmul inputs (all_saves: every floating save) saved inside it are kept in bf16 or "
      "fp8 (MXFP8) and widened for backward (lossy).");

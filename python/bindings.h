@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/autograd.h"
 #include "engine/device.h"
 #include "engine/dtype.h"
 #include "engine/shape.h"
@@ -113,5 +114,9 @@ struct ScopeContext {
 
 // `make`'s scope as a context manager yielding `value` from __enter__.
 py::object scope_context(std::function<std::shared_ptr<void>()> make, py::object value = py::none());
+
+// A context manager pushing `hooks` on the saved-tensor hook stack
+// (SavedTensorHooksScope) while it is entered; yields `value`.
+py::object hooks_scope(std::shared_ptr<SavedTensorHooks> hooks, py::object value = py::none());
 
 }  // namespace remat::python

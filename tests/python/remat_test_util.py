@@ -4,6 +4,10 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
+
+import remat
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULE_DIR = os.path.join(REPO_ROOT, "bazel-bin", "python")
 
@@ -28,3 +32,28 @@ def assert_isolated_ok(code, timeout=120):
     assert r.returncode == 0, (f"isolated check exited with status {r.returncode}\n"
                                f"--- stdout\n{r.stdout}\n--- stderr\n{r.stderr[-4000:]}")
     return r
+
+
+# A small seeded block the hook and checkpoint tests share: its inputs, the
+# block, the gradients after a backward, and a bit-for-bit comparison.
+def params(seed=3):
+    remat.manual_seed(seed)
+    x = remat.randn((4, 16), requires_grad=True)
+    w1 = remat.randn((32, 16), requires_grad=True)
+    w2 = remat.randn((16, 32), requires_grad=True)
+    return x, w1, w2
+
+
+def block(x, w1, w2):
+    return remat.linear(remat.silu(remat.linear(x, w1)), w2)
+
+
+def grads(ts):
+    return [np.asarray(t.grad).copy() for t in ts]
+
+
+def assert_bit_identical(a, b):
+    assert len(a) == len(b)
+    for u, v in zip(a, b):
+        assert u.dtype == v.dtype and u.shape == v.shape
+        assert np.array_equal(u, v), f"max |diff| {np.abs(u - v).max()}"

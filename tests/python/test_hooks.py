@@ -8,29 +8,7 @@ import numpy as np
 import pytest
 
 import remat
-
-
-def params(seed=3):
-    remat.manual_seed(seed)
-    x = remat.randn((4, 16), requires_grad=True)
-    w1 = remat.randn((32, 16), requires_grad=True)
-    w2 = remat.randn((16, 32), requires_grad=True)
-    return x, w1, w2
-
-
-def block(x, w1, w2):
-    return remat.linear(remat.silu(remat.linear(x, w1)), w2)
-
-
-def grads(ts):
-    return [np.asarray(t.grad).copy() for t in ts]
-
-
-def assert_bit_identical(a, b):
-    assert len(a) == len(b)
-    for u, v in zip(a, b):
-        assert u.dtype == v.dtype and u.shape == v.shape
-        assert np.array_equal(u, v), f"max |diff| {np.abs(u - v).max()}"
+from remat_test_util import assert_bit_identical, block, grads, params
 
 
 def reference_grads():
