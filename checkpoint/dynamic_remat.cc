@@ -40,6 +40,7 @@ struct Entry {
   std::int64_t bytes = 0;
   MemoryCategory category = MemoryCategory::activation;
   std::int64_t saves = 0;                // live handles
+  bool cached = false;                   // a rebuilt result no save holds, kept for the rebuilds still to come
   std::uint64_t last_access = 0;
   std::vector<std::weak_ptr<Record>> consumers;
   std::int64_t cls = -1;                 // evicted equivalence class (this generation)
@@ -186,6 +187,48 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
     if (--e.saves > 0) return;
     on_gone(e);
     e.strong.reset();
+    release_caches_of(*e.producer);
+  }
+
+  // ---- rebuilt intermediates
+  //
+  // A rebuild's result that no save holds (a projection that a rotary
+  // embedding or a split read, say) would be freed at once and computed again
+  // for each consumer rebuilt after it. It is kept instead, evictable like a
+  // save, while a consumer call still has a result a rebuild may need: one
+  // with live saves, or itself kept.
+
+  static bool still_needed(const Entry& e) {
+    for (const auto& w : e.consumers)
+      if (auto r = w.lock())
+        for (const auto& o : r->results)
+          if (auto oe = o.lock(); oe && (oe->saves > 0 || oe->cached)) return true;
+    return false;
+  }
+
+  void keep_cached(Entry& e, const std::shared_ptr<Storage>& st) {
+    if (e.saves > 0 || e.cached || !still_needed(e)) return;
+    e.cached = true;
+    e.strong = st;
+    candidates[e.id] = &e;
+    stats.cached_bytes += e.bytes;
+  }
+
+  void uncache(Entry& e) {
+    if (!e.cached) return;
+    e.cached = false;
+    candidates.erase(e.id);
+    stats.cached_bytes -= e.bytes;
+    e.strong.reset();
+  }
+
+  // The inputs of `r` kept for rebuilds that no longer need them go.
+  void release_caches_of(const Record& r) {
+    for (const Record::Input& i : r.inputs)
+      if (i.entry && i.entry->cached && !still_needed(*i.entry)) {
+        uncache(*i.entry);
+        release_caches_of(*i.entry->producer);
+      }
   }
 
   // e became resident with saves: the registry and the candidates know it.
@@ -261,6 +304,8 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
       if (e->saves > 0) {
         e->strong = t.impl().storage;
         on_resident(*e);
+      } else {
+        keep_cached(*e, t.impl().storage);
       }
       e->last_access = ++clock;
     }
@@ -306,6 +351,24 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
     classes[std::size_t(a)].cost += classes[std::size_t(b)].cost;
   }
 
+  // Whether a non-resident entry will be computed again if nothing changes:
+  // an evicted save, or a dead intermediate such a save is made from (within
+  // a few calls). A dead result that only resident tensors were made from is
+  // never needed again, and evicting its input costs it nothing.
+  static bool needed_again(const Entry& n, int depth = 4) {
+    if (n.resident()) return false;
+    if (n.saves > 0) return true;
+    if (depth == 0) return false;
+    for (const auto& w : n.consumers)
+      if (auto r = w.lock())
+        for (const auto& o : r->results)
+          if (auto oe = o.lock(); oe && needed_again(*oe, depth - 1)) return true;
+    return false;
+  }
+
+  // e's neighbours in DTR's sense: its call's inputs (computing e again
+  // needs them) and its consumers' results that will be computed again
+  // (they would need e).
   template <class Fn>
   void for_each_neighbour(Entry& e, Fn&& fn) {
     for (const Record::Input& i : e.producer->inputs)
@@ -313,7 +376,7 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
     for (const auto& w : e.consumers)
       if (auto r = w.lock())
         for (const auto& o : r->results)
-          if (auto oe = o.lock()) fn(*oe);
+          if (auto oe = o.lock(); oe && needed_again(*oe)) fn(*oe);
   }
 
   // DTR's h with the equivalence-class neighbour cost.
@@ -332,8 +395,13 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
   }
 
   void evict(Entry& e) {
-    on_gone(e);
-    e.strong.reset();  // the storage is freed: nothing else held it
+    if (e.cached) {
+      uncache(e);
+      release_caches_of(*e.producer);
+    } else {
+      on_gone(e);
+      e.strong.reset();  // the storage is freed: nothing else held it
+    }
     ++stats.evictions;
     stats.evicted_bytes += e.bytes;
     allocator_for(device()).mark(kEvictMarker + std::string(e.producer->op));
@@ -406,10 +474,11 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
     std::vector<const Entry*> held;
     for (const auto& [id, e] : candidates) held.push_back(e);
     std::sort(held.begin(), held.end(), [](const Entry* a, const Entry* b) { return a->bytes > b->bytes; });
-    o << ". Saved tensors resident: " << held.size();
+    o << ". Saved tensors resident (and rebuilt ones kept): " << held.size();
     for (std::size_t i = 0; i < held.size() && i < 4; ++i) {
       const Entry& e = *held[i];
-      o << (i ? "; " : " (largest: ") << format_bytes(e.bytes) << " saved by '" << e.holder << "', "
+      o << (i ? "; " : " (largest: ") << format_bytes(e.bytes)
+        << (e.cached ? " kept for rebuilds, made by '" : " saved by '") << (e.cached ? e.producer->op : e.holder) << "', "
         << (e.strong.use_count() > 1 ? "in use" : !e.producer->fn ? "not recomputable" : "modified in place");
     }
     if (!held.empty()) o << ")";
@@ -490,7 +559,7 @@ void DynamicRemat::set_budget(std::int64_t budget) {
 DynamicRematStats DynamicRemat::stats() const {
   DynamicRematStats s = core_->stats;
   for (const auto& [id, e] : core_->candidates) {
-    s.resident_saved_bytes += e->bytes;
+    if (!e->cached) s.resident_saved_bytes += e->bytes;
     if (core_->evictable(*e)) s.evictable_bytes += e->bytes;
   }
   return s;

@@ -18,7 +18,8 @@
 //    neighbours into a block the request fits is preferred;
 //  - unpacking an evicted save computes it again (its evicted inputs first,
 //    recursively) with grad mode off and the call's draws replayed, bit for
-//    bit; the rebuilt tensor is evictable again.
+//    bit; the rebuilt tensor is evictable again, and a rebuilt result no
+//    save holds is kept (evictable) while another rebuild may read it.
 //
 // Pinned (never evicted): parameters, gradients and optimizer state (no op
 // produced them), tensors made outside ops (factories, host data), the
@@ -79,6 +80,7 @@ struct DynamicRematStats {
   std::int64_t fragmentation_picks = 0;  // evictions chosen for the free block they leave over a better score
   std::int64_t evictable_bytes = 0;   // now: resident saves that could be evicted
   std::int64_t resident_saved_bytes = 0;  // now: resident saves of recorded storages
+  std::int64_t cached_bytes = 0;      // now: rebuilt results no save holds, kept (evictable) for rebuilds to come
 };
 
 // The runtime: records, handles, the eviction policy and its counters. One
