@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 
 #include "engine/error.h"
 #include "engine/rng.h"
@@ -88,11 +89,12 @@ void BlockStack::check_plan(const RecomputePlan& plan) const {
     for (auto b : plan.block_regions[r]) {
       REMAT_CHECK(b >= 0 && b < num_blocks(), Error, "--recompute ", plan.spec, ": block ", b,
                   " does not exist (the plan was parsed for more blocks than this stack's ", num_blocks(), ")");
-      const std::string side = plan.reentrant_region(r) ? at(b).side_outputs() : std::string();
+      const std::string side = plan.reentrant_region(r) && !side_ ? at(b).side_outputs() : std::string();
       REMAT_CHECK(side.empty(), Error, "--recompute ", plan.spec, ": block ", b, " ('", block_name(b),
                   "') is in a reentrant region, but its forward hands out ", side,
-                  " besides its output, and a reentrant region's backward differentiates only its outputs; use "
-                  "the non-reentrant form (per_block, chunk, ...) for this block");
+                  " besides its output, which a reentrant region's backward differentiates only as outputs, and "
+                  "this stack has no channel to return them through (BlockStack::set_side_outputs); use the "
+                  "non-reentrant form (per_block, chunk, ...) for this block");
     }
 }
 
@@ -234,19 +236,43 @@ Tensor BlockStack::forward(const Tensor& x, std::int64_t begin, std::int64_t end
       continue;
     }
     const auto& group = plan_.block_regions[std::size_t(r)];
-    CheckpointOptions o;
-    o.name = group.size() == 1 ? "block " + std::to_string(group[0])
-                               : "blocks " + std::to_string(group.front()) + "-" + std::to_string(group.back());
-    o.policy = std::size_t(r) < plan_.region_policies.size() ? plan_.region_policies[std::size_t(r)] : plan_.policy;
-    o.reentrant = plan_.reentrant_region(std::size_t(r));  // (parse() gives it no policy)
-    h = checkpoint([this, group](const Tensor& t) {
+    h = run_region(std::size_t(r), group, h);
+    i = group.back() + 1;
+  }
+  return h;
+}
+
+Tensor BlockStack::run_region(std::size_t r, const std::vector<std::int64_t>& group, const Tensor& h) const {
+  CheckpointOptions o;
+  o.name = group.size() == 1 ? "block " + std::to_string(group[0])
+                             : "blocks " + std::to_string(group.front()) + "-" + std::to_string(group.back());
+  o.policy = r < plan_.region_policies.size() ? plan_.region_policies[r] : plan_.policy;
+  o.reentrant = plan_.reentrant_region(r);  // (parse() gives it no policy)
+  const bool side = o.reentrant && side_ && std::any_of(group.begin(), group.end(), [this](std::int64_t b) {
+                      return !at(b).side_outputs().empty();
+                    });
+  if (!side)
+    return checkpoint([this, group](const Tensor& t) {
       Tensor u = t;
       for (auto b : group) u = run_block(b, u);
       return u;
     }, h, o);
-    i = group.back() + 1;
-  }
-  return h;
+  // The blocks' side outputs leave as the region's outputs 1.. (its replays
+  // return them again; only the first run's metrics are kept).
+  auto kept = std::make_shared<std::any>();
+  auto first = std::make_shared<bool>(true);
+  std::vector<Tensor> outs = checkpoint(
+      [this, group, channel = side_, kept, first](const std::vector<Tensor>& in) {
+        Tensor u = in[0];
+        std::vector<Tensor> out = channel->capture([&] {
+          for (auto b : group) u = run_block(b, u);
+        }, std::exchange(*first, false) ? kept.get() : nullptr);
+        out.insert(out.begin(), u);
+        return out;
+      },
+      {h}, o);
+  side_->emit(std::vector<Tensor>(outs.begin() + 1, outs.end()), std::move(*kept));
+  return outs[0];
 }
 
 }  // namespace remat

@@ -17,6 +17,7 @@
 //   Tensor h = stack->forward(x);
 #pragma once
 
+#include <any>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -139,6 +140,25 @@ class UnitRun {
   std::string unit_;
 };
 
+// Side outputs (Block::side_outputs) through a reentrant region, whose
+// backward differentiates only the region's outputs: the region's function
+// captures what its blocks hand out and returns it as extra outputs, and the
+// stack then hands the region's versions (which carry its history) on to
+// where the blocks would have put them. The model that knows where that is
+// provides it (the decoder: its MoE layers' router losses).
+class SideOutputChannel {
+ public:
+  virtual ~SideOutputChannel() = default;
+  // Runs `run` with the side outputs it makes captured and returns them, as
+  // many on every run of the same blocks. With `keep`, also stores there
+  // what else the run reports (the original run's metrics; a replay passes
+  // null and reports nothing).
+  virtual std::vector<Tensor> capture(const std::function<void()>& run, std::any* keep) = 0;
+  // Hands on `outputs` (what capture returned, as the region returned them)
+  // with what capture kept.
+  virtual void emit(std::vector<Tensor> outputs, std::any kept) = 0;
+};
+
 // Blocks in order, each a named child module (parameter names
 // "<stack's name>.<block's name>.<parameter>"), run under a recompute plan.
 class BlockStack : public Module {
@@ -173,7 +193,8 @@ class BlockStack : public Module {
   // names a sub-region no block offers (naming it, the blocks' names and
   // the valid forms), asks for chunked_loss in a model that declared no
   // LM head (set_has_lm_head), or puts a block with side outputs
-  // (Block::side_outputs) in a reentrant region.
+  // (Block::side_outputs) in a reentrant region of a stack with no
+  // set_side_outputs channel.
   void set_plan(const RecomputePlan& plan);
   // Parses `spec` for this stack (num_blocks(), the blocks' sub_regions())
   // and sets it; parse errors as RecomputePlan::parse.
@@ -182,6 +203,9 @@ class BlockStack : public Module {
   // The model around the stack ends in an LM head and cross-entropy that
   // runs the plan's chunked_loss (the decoder's does); default false.
   void set_has_lm_head(bool yes) { has_lm_head_ = yes; }
+  // Where the blocks' side outputs go when a reentrant region holds them
+  // (null: nowhere, and such a plan is refused).
+  void set_side_outputs(std::shared_ptr<SideOutputChannel> channel) { side_ = std::move(channel); }
   // Calls `observer` around every block's forward from now on (null: none).
   void set_observer(std::shared_ptr<BlockObserver> observer) { observer_ = std::move(observer); }
   // Calls `hooks` around every run of a block (replays included) from now
@@ -234,7 +258,10 @@ class BlockStack : public Module {
   std::vector<std::int64_t> region_of_;  // block -> index into plan_.block_regions, or -1
   std::shared_ptr<BlockObserver> observer_;
   std::shared_ptr<UnitRunHooks> unit_hooks_;
+  std::shared_ptr<SideOutputChannel> side_;
   Tensor run_block(std::int64_t i, const Tensor& x) const;  // block i's forward, observed
+  // Block-level region r (blocks `group`) on h, under options o.
+  Tensor run_region(std::size_t r, const std::vector<std::int64_t>& group, const Tensor& h) const;
 };
 
 }  // namespace remat

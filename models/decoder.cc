@@ -103,6 +103,7 @@ DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, ExpertPlace
   Generator gen(seed);
   model = register_module("model", std::make_shared<DecoderStack>(c, gen, placement));
   model->blocks->set_has_lm_head(true);
+  model->blocks->set_side_outputs(moe_terms_channel());  // reentrant regions over MoE blocks return the router losses
   if (!c.tie_embeddings) {
     lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab, c.init_std, gen));
     lm_head->adaptable = false;  // (the chunked loss and tensor parallelism read its weight)

@@ -1,8 +1,11 @@
 #include "models/moe_layer.h"
 
 #include <algorithm>
+#include <any>
+#include <functional>
 
 #include "checkpoint/replay_memo.h"
+#include "models/block_stack.h"
 #include "engine/recompute_context.h"
 #include "moe/router.h"
 #include "ops/ops.h"
@@ -131,6 +134,40 @@ MoETermsScope::MoETermsScope(MoETerms& terms) : previous_(tls_terms) { tls_terms
 MoETermsScope::~MoETermsScope() { tls_terms = previous_; }
 MoETerms* MoETermsScope::current() { return tls_terms; }
 
+namespace {
+class MoETermsChannel final : public SideOutputChannel {
+ public:
+  struct Kept {
+    std::size_t aux = 0;  // how many of the outputs are aux losses (the rest are z-losses)
+    std::vector<MoELayerStats> stats;
+  };
+  std::vector<Tensor> capture(const std::function<void()>& run, std::any* keep) override {
+    MoETerms local;
+    local.replays = true;
+    {
+      MoETermsScope collect(local);
+      run();
+    }
+    std::vector<Tensor> out = local.aux;
+    out.insert(out.end(), local.z.begin(), local.z.end());
+    if (keep) *keep = Kept{local.aux.size(), std::move(local.stats)};
+    return out;
+  }
+  void emit(std::vector<Tensor> outputs, std::any kept) override {
+    MoETerms* terms = MoETermsScope::current();
+    if (!terms) return;
+    Kept k = std::any_cast<Kept>(std::move(kept));
+    REMAT_CHECK(k.aux <= outputs.size(), Error, "MoE terms: a reentrant region returned ", outputs.size(),
+                " router losses, fewer than its ", k.aux, " aux losses");
+    terms->aux.insert(terms->aux.end(), outputs.begin(), outputs.begin() + std::ptrdiff_t(k.aux));
+    terms->z.insert(terms->z.end(), outputs.begin() + std::ptrdiff_t(k.aux), outputs.end());
+    terms->stats.insert(terms->stats.end(), k.stats.begin(), k.stats.end());
+  }
+};
+}  // namespace
+
+std::shared_ptr<SideOutputChannel> moe_terms_channel() { return std::make_shared<MoETermsChannel>(); }
+
 Tensor MoELayer::forward(const Tensor& x_in, const PartRunner& parts) const {
   return parts.run("moe", [this, &parts](const std::vector<Tensor>& in) {
     const Tensor& x = in[0];
@@ -184,7 +221,12 @@ Tensor MoELayer::moe_part(const Tensor& t, const PartRunner& parts) const {
     y = add(y, parts.run("shared_experts", [this](const std::vector<Tensor>& v) {
       return std::vector<Tensor>{shared_experts(v[0])};
     }, {t})[0]);
-  once([&] { report(r, routing); });
+  if (!in_recompute()) {
+    report(r, routing);
+  } else if (MoETerms* terms = MoETermsScope::current(); terms && terms->replays) {
+    terms->aux.push_back(r.aux);  // a reentrant region's replay: its outputs again, the metrics not
+    if (r.z.defined()) terms->z.push_back(r.z);
+  }
   return y;
 }
 

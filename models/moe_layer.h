@@ -18,6 +18,8 @@
 
 namespace remat {
 
+class SideOutputChannel;  // models/block_stack.h
+
 // Routing metrics of one layer for one forward (original pass only).
 struct MoELayerStats {
   std::int64_t layer = 0;
@@ -41,6 +43,9 @@ struct MoETerms {
   std::vector<Tensor> aux;  // each layer's load-balancing loss (0-dim, differentiable)
   std::vector<Tensor> z;    // each layer's router z-loss (0-dim; only when ModelConfig::z_coef > 0)
   std::vector<MoELayerStats> stats;
+  // Replays add their aux and z losses too (not their metrics): a reentrant
+  // region's capture (moe_terms_channel), whose replay returns them again.
+  bool replays = false;
 };
 
 // RAII: while alive on this thread, every MoE layer's original forward
@@ -58,6 +63,12 @@ class MoETermsScope {
  private:
   MoETerms* previous_;
 };
+
+// The router losses (aux, then z) and routing metrics of the MoE layers run
+// inside a reentrant region, returned as the region's outputs and handed on
+// to this thread's MoETermsScope (models/block_stack.h, SideOutputChannel):
+// the metrics of the region's first run only, so they count once.
+std::shared_ptr<SideOutputChannel> moe_terms_channel();
 
 // Where a routed expert's index sits in a parameter name (or an optimizer
 // state name that contains one): "model.layers.3.mlp.experts.5.up_proj.weight"

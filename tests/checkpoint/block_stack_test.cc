@@ -3,7 +3,9 @@
 // really checkpoint and save less, and bad plans are rejected saying why.
 #include <catch2/catch.hpp>
 
+#include <any>
 #include <cstring>
+#include <utility>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/plan.h"
@@ -277,4 +279,96 @@ TEST_CASE("chunked_loss is refused on a stack whose model declared no LM head", 
   CHECK(m.model->blocks->plan().chunked_loss);
   apply_recompute_plan(m, RecomputePlan::parse("per_block+chunked_loss:512", 2));
   CHECK(m.model->blocks->plan().str() == "per_block+chunked_loss:512");
+}
+
+namespace {
+
+// Side outputs on a user's stack: each block also hands out a penalty
+// (mean of its MLP's output squared) that the model adds to the loss, to the
+// list open on this thread.
+thread_local std::vector<Tensor>* tls_penalties = nullptr;
+
+class PenaltyBlock : public ResidualBlock {
+ public:
+  using ResidualBlock::ResidualBlock;
+  Tensor forward(const Tensor& x) const override {
+    const Tensor m = mlp->forward(norm->forward(x));
+    const Tensor penalty = mean(mul(m, m));  // computed on every run (a replay must run the same ops)
+    if (tls_penalties) tls_penalties->push_back(penalty);
+    return add(x, dropout(m, 0.2, training()));
+  }
+  std::string side_outputs() const override { return "a penalty on its MLP's output"; }
+};
+
+// Opens `list` as this thread's penalty list for the scope.
+class PenaltyScope {
+ public:
+  explicit PenaltyScope(std::vector<Tensor>* list) : previous_(std::exchange(tls_penalties, list)) {}
+  ~PenaltyScope() { tls_penalties = previous_; }
+  PenaltyScope(const PenaltyScope&) = delete;
+  PenaltyScope& operator=(const PenaltyScope&) = delete;
+
+ private:
+  std::vector<Tensor>* previous_;
+};
+
+class PenaltyChannel final : public SideOutputChannel {
+ public:
+  std::vector<Tensor> capture(const std::function<void()>& run, std::any*) override {
+    std::vector<Tensor> local;
+    PenaltyScope open(&local);
+    run();
+    return local;
+  }
+  void emit(std::vector<Tensor> outputs, std::any) override {
+    if (tls_penalties) tls_penalties->insert(tls_penalties->end(), outputs.begin(), outputs.end());
+  }
+};
+
+// Loss and gradients of one step of 4 PenaltyBlocks under `plan` (the stack
+// given the channel when `channel`).
+Run penalty_run(const std::string& plan, bool channel) {
+  Generator gen(5);
+  Embedding embed(kVocab, kDim, 0.5, gen);
+  BlockStack stack;
+  for (int i = 0; i < 4; ++i) stack.add_block(std::to_string(i), std::make_shared<PenaltyBlock>(kDim, gen));
+  Linear head(kDim, kVocab, 0.2, gen);
+  if (channel) stack.set_side_outputs(std::make_shared<PenaltyChannel>());
+  stack.set_plan(plan);
+  manual_seed(11);
+  std::vector<Tensor> penalties;
+  Tensor loss;
+  {
+    PenaltyScope open(&penalties);
+    loss = cross_entropy(head.forward(stack.forward(embed.forward(ids(1)))), ids(2));
+  }
+  REQUIRE(penalties.size() == 4);
+  for (const Tensor& p : penalties) loss = add(loss, mul(p, 0.1));
+  loss.backward();
+  Run r;
+  r.loss = loss.to_vector<float>().at(0);
+  for (const auto& [name, p] : stack.named_parameters()) r.grads.emplace_back(name, p.grad().to_vector<float>());
+  for (const auto& [name, p] : embed.named_parameters()) r.grads.emplace_back(name, p.grad().to_vector<float>());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("side outputs leave a reentrant region as its outputs through the stack's channel", "[checkpoint][block_stack]") {
+  // Without a channel the plan is refused naming the block and what it hands out.
+  CHECK_THAT(error_of([] { penalty_run("per_block:reentrant", false); }),
+             Catch::Contains("block 0 ('0') is in a reentrant region, but its forward hands out a penalty on its "
+                             "MLP's output") &&
+                 Catch::Contains("BlockStack::set_side_outputs"));
+  const Run none = penalty_run("none", false);
+  for (const std::string plan : {"per_block:reentrant", "chunk:reentrant", "uniform:2:reentrant", "per_block"}) {
+    INFO(plan);
+    const Run got = penalty_run(plan, true);
+    CHECK(got.loss == none.loss);
+    REQUIRE(got.grads.size() == none.grads.size());
+    for (std::size_t i = 0; i < got.grads.size(); ++i) {
+      INFO(got.grads[i].first);
+      CHECK(same_bits(got.grads[i].second, none.grads[i].second));
+    }
+  }
 }

@@ -3,8 +3,8 @@
 # offload) gives the same dump as `none`, bit for bit: `tiny` with dropout on
 # (so the replay must restore the RNG), two seeds; and `tiny-moe` (learned and random routing,
 # and with router z-loss and capacity drops) with the MoE plans (reentrant
-# regions on its dense block 0 only: an MoE block's router losses leave it
-# beside its output, so set_plan refuses it one). Compression is lossy: its dumps must stay within a
+# regions over MoE blocks too: the router losses leave each as outputs of
+# the region, and the routing metrics count once). Compression is lossy: its dumps must stay within a
 # stated relative bound of `none` (per tensor, max |a - b| <= R * max |b|).
 # Each comparison also checks what the dumps recorded (compare_dumps.py
 # --plan): `none` ran no plan and did nothing; the plan's dump ran the plan
@@ -53,7 +53,10 @@ dense="per_block chunk selected:0,2==per_block@0+per_block@2 uniform:2==chunk@0-
        per_block:reentrant+offload block:2:reentrant+offload:mlp==per_block:reentrant@0-1+offload:mlp"
 moe="per_block chunk per_block+keep_last==per_block@0-2 attention moe_expert selective:moe_act selective:moe selective:shared_experts
      attention+moe_expert offload per_block+offload offload:moe moe_expert+offload per_block@0-1+moe_expert@2-3
-     selective:save_matmul per_block:reentrant@0+per_block@1-3 per_block:reentrant@0+moe_expert@1-3"
+     selective:save_matmul per_block:reentrant@0+per_block@1-3 per_block:reentrant@0+moe_expert@1-3
+     per_block:reentrant chunk:reentrant uniform:2:reentrant==chunk:reentrant@0-1+chunk:reentrant@2-3
+     per_block:reentrant+keep_last==per_block:reentrant@0-2 per_block:reentrant+offload
+     per_block:reentrant@0-1+moe_expert@2-3"
 # The chunked loss (one chunk at the default size on these batches) alone and
 # under a block plan, a policy and offload: none's bits.
 loss="chunked_loss per_block+chunked_loss selective:save_matmul+chunked_loss offload+chunked_loss"
@@ -95,7 +98,8 @@ dump_args=()
 # were on (the lower bound on drops from the config's own numbers).
 zcfg=tests/checkpoint/data/tiny_moe_zloss_capacity.json
 check "$zcfg" 0 "per_block chunk per_block+keep_last==per_block@0-2 attention moe_expert selective:moe_act selective:moe
-  selective:mlp selective:save_matmul attention+moe_expert per_block+offload per_block@0-1+moe_expert@2-3 per_block:reentrant@0+per_block@1-3"
+  selective:mlp selective:save_matmul attention+moe_expert per_block+offload per_block@0-1+moe_expert@2-3 per_block:reentrant@0+per_block@1-3
+  per_block:reentrant chunk:reentrant"
 if /usr/bin/python3 - "$tmp/none.safetensors" > "$tmp/routing.txt" 2>&1 <<'PY'
 import json, math, struct, sys
 data = open(sys.argv[1], "rb").read()

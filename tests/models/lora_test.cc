@@ -230,11 +230,10 @@ TEST_CASE("lora + frozen parameters: every lossless plan, both checkpoint varian
     REQUIRE(!none.without_grad.empty());
     check_plans(c, none, {"per_block", "per_block+keep_last", "chunk", "selective:core_attn", "selective:mlp",
                           "attention", "selective:save_matmul", "chunked_loss", "offload"});
-    // The reentrant variant (refused over MoE blocks, whose router losses
-    // leave the region outside its outputs): no input of a region requires
-    // grad when the embedding is frozen, and the adapters and inner
-    // parameters still get the gradients of none.
-    if (c.experts > 0) continue;
+    // The reentrant variant (over MoE blocks, the router losses leave each
+    // region as outputs of its own): no input of a region requires grad when
+    // the embedding is frozen, and the adapters and inner parameters still
+    // get the gradients of none.
     check_plans(c, none, {"per_block:reentrant", "uniform:2:reentrant", "chunk:reentrant",
                           "per_block:reentrant+keep_last"});
   }
