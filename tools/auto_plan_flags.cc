@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "checkpoint/time_estimate.h"
+#include "engine/allocator.h"
 #include "engine/error.h"
 #include "parallel/process_group.h"
 
@@ -106,7 +107,10 @@ std::int64_t dynamic_budget_bytes(const Flags& f, const ModelConfig& c, const st
   ProfileOptions opts = profile_options_for_flags(f, c, dtype, device, seed, false, job);
   opts.candidates = {"none"};
   opts.rounds = 1;
-  return parse_memory_budget(text, profile_plans(opts));
+  const std::int64_t budget = parse_memory_budget(text, profile_plans(opts));
+  // The profile's segments go back, so the run's reserved bytes are its own.
+  allocator_for(device).empty_cache();
+  return budget;
 }
 
 std::string resolve_dynamic(const Flags& f, RecomputePlan plan, const ModelConfig& c, const std::string& dtype,
