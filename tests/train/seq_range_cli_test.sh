@@ -4,7 +4,7 @@
 # as `seq` (and tokens_per_s counts batch x seq), the same seed draws the
 # same lengths and losses again, a pipeline and data-parallel ranks
 # (mpirun -np 2) log one process's losses, bench's plans see the same
-# lengths; --seq that disagrees with MAX, a bad range and --sp are refused,
+# lengths, dynamic rematerialization holds its budget over them; --seq that disagrees with MAX, a bad range and --sp are refused,
 # naming the flags.
 set -u
 # shellcheck source=tests/script_checks.sh
@@ -50,6 +50,27 @@ check "a run resumed after 2 steps draws the third step's length and loss again"
   '[ "$(seqs "$tmp/r2.jsonl")" = "$(seqs "$tmp/a.jsonl" | cut -d" " -f3)" ] &&
    [ "$(grep -o "\"loss\": [^,]*" "$tmp/r2.jsonl")" = "$(grep -o "\"loss\": [^,]*" "$tmp/a.jsonl" | tail -1)" ]' \
   || { tail -3 "$tmp/r1.txt" "$tmp/r2.txt"; cat "$tmp/r2.jsonl"; }
+
+# Dynamic rematerialization over varying lengths: --memory-budget 50% of
+# none's activations (from an in-process profile of none at MAX). Every
+# step stays within the budget, evicts on the long batches, logs none's
+# losses, and the run reserves less than none does (the profile's cached
+# segments are returned, so what is reserved is the run's own).
+$remat train "${common[@]}" --seq-range 32:128 --log "$tmp/dn.jsonl" > "$tmp/dn.txt" 2>&1
+$remat train "${common[@]}" --seq-range 32:128 --recompute dynamic --memory-budget 50% --log "$tmp/dd.jsonl" \
+  > "$tmp/dd.txt" 2>&1
+check "dynamic 50% over --seq-range 32:128: within the budget, none's losses, less reserved than none" \
+  '/usr/bin/python3 - "$tmp/dn.jsonl" "$tmp/dd.jsonl" <<'"'"'PY'"'"'
+import json, sys
+none, dyn = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+assert len(none) == len(dyn) == 3, (none, dyn)
+assert [r["seq"] for r in none] == [r["seq"] for r in dyn]
+assert [r["loss"] for r in none] == [r["loss"] for r in dyn], (none, dyn)
+assert all(r["peak_allocated_bytes"] <= r["memory_budget_bytes"] for r in dyn), dyn
+assert max(r["peak_allocated_bytes"] for r in none) > dyn[0]["memory_budget_bytes"], none
+assert sum(r["evictions"] for r in dyn) > 0, dyn
+assert max(r["peak_reserved_bytes"] for r in dyn) < max(r["peak_reserved_bytes"] for r in none), (none, dyn)
+PY' || { tail -3 "$tmp/dd.txt"; cat "$tmp/dn.jsonl" "$tmp/dd.jsonl"; }
 
 # Refusals, each naming what is wrong.
 $remat train "${common[@]}" --seq-range 8:32 --recompute chunked_loss:64 > "$tmp/e0.txt" 2>&1
