@@ -260,7 +260,7 @@ class BlockStack : public Module {
   std::shared_ptr<UnitRunHooks> unit_hooks_;
   std::shared_ptr<SideOutputChannel> side_;
   Tensor run_block(std::int64_t i, const Tensor& x) const;  // block i's forward, observed
-  // Block-level region r (blocks `group`) on h, under options o.
+  // Runs block-level region r of the plan (blocks `group`) on h.
   Tensor run_region(std::size_t r, const std::vector<std::int64_t>& group, const Tensor& h) const;
 };
 

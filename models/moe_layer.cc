@@ -5,8 +5,8 @@
 #include <functional>
 
 #include "checkpoint/replay_memo.h"
-#include "models/block_stack.h"
 #include "engine/recompute_context.h"
+#include "models/block_stack.h"
 #include "moe/router.h"
 #include "ops/ops.h"
 
@@ -221,12 +221,7 @@ Tensor MoELayer::moe_part(const Tensor& t, const PartRunner& parts) const {
     y = add(y, parts.run("shared_experts", [this](const std::vector<Tensor>& v) {
       return std::vector<Tensor>{shared_experts(v[0])};
     }, {t})[0]);
-  if (!in_recompute()) {
-    report(r, routing);
-  } else if (MoETerms* terms = MoETermsScope::current(); terms && terms->replays) {
-    terms->aux.push_back(r.aux);  // a reentrant region's replay: its outputs again, the metrics not
-    if (r.z.defined()) terms->z.push_back(r.z);
-  }
+  report(r, routing);
   return y;
 }
 
@@ -238,7 +233,11 @@ Tensor MoELayer::shared_experts(const Tensor& t) const {
 
 void MoELayer::report(const RouterOutput& r, const Routing& routing) const {
   MoETerms* terms = MoETermsScope::current();
-  if (!terms) return;
+  const bool replay = in_recompute();
+  if (!terms || (replay && !terms->replays)) return;
+  terms->aux.push_back(r.aux);
+  if (r.z.defined()) terms->z.push_back(r.z);
+  if (replay) return;  // a reentrant region's replay: its losses again, not the metrics
   MoELayerStats st;
   st.layer = layer_;
   st.tokens_per_expert = r.slots_per_expert;
@@ -252,8 +251,6 @@ void MoELayer::report(const RouterOutput& r, const Routing& routing) const {
     st.aux = r.aux.item();
     st.z = r.z.defined() ? r.z.item() : 0.0;
   }
-  terms->aux.push_back(r.aux);
-  if (r.z.defined()) terms->z.push_back(r.z);
   terms->stats.push_back(st);
 }
 

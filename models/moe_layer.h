@@ -117,7 +117,8 @@ class MoELayer : public Module {
   Tensor routed_experts(const Tensor& xp, const Routing& routing) const;
   // The shared expert (gated when it has a gate) on t [T, d].
   Tensor shared_experts(const Tensor& t) const;
-  // Appends the layer's terms and metrics to the open MoETermsScope's terms.
+  // Appends the layer's terms and metrics to the open MoETermsScope's terms
+  // (in a replay nothing, or only the terms where the scope takes replays).
   void report(const RouterOutput& r, const Routing& routing) const;
   ModelConfig config_;
   std::int64_t layer_;

@@ -262,13 +262,14 @@ TEST_CASE("dynamic remat: a rebuilt result nothing saved is kept for its other c
 }
 
 TEST_CASE("dynamic remat: a dead result only resident tensors were made from adds nothing to its input's cost") {
-  // s = 1.5 x is cheap; the product s W read from it is dead, but the sum
-  // made from that product is resident, so evicting s costs only the
-  // scaling. p = x W3 (saved by gelu, older) costs a GEMM. The first
-  // eviction takes s, not p.
-  Tensor w = param({512, 512}, 31, 0.05), w3 = param({512, 512}, 32, 0.05);
+  // s = 1.5 x is cheap; the product s W read from it (a GEMM) is dead, but
+  // the sum made from that product is resident, so evicting s costs only the
+  // scaling. p = x2 W3 (saved by gelu, older, as many bytes) costs a GEMM as
+  // large as s W, some twenty times the scaling. The first eviction takes s;
+  // counting the dead product as s's neighbour, it took p.
+  Tensor w = param({2048, 512}, 31, 0.02), w3 = param({512, 2048}, 32, 0.05);
   Generator g(6);
-  const Tensor x = randn({512, 512}, DType::f32, &g);
+  const Tensor x = randn({512, 2048}, DType::f32, &g), x2 = randn({512, 512}, DType::f32, &g);
   auto run = [&](bool evict_one) {
     w.set_grad(Tensor());
     w3.set_grad(Tensor());
@@ -278,9 +279,9 @@ TEST_CASE("dynamic remat: a dead result only resident tensors were made from add
     std::string first;
     {
       DynamicRematScope scope(dtr);
-      const Tensor gp = gelu(matmul(x, w3));
-      const Tensor y = add(matmul(mul(x, 1.5), w), gp);
-      loss = sum(gelu(y));
+      const Tensor gp = gelu(matmul(x2, w3));
+      const Tensor y = add(matmul(mul(x, 1.5), w), 0.5);
+      loss = add(sum(gelu(y)), sum(gp));
       if (evict_one) {
         a.enable_history(1 << 12);
         dtr->set_budget(a.stats().allocated_bytes);
