@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 
@@ -42,6 +43,7 @@ struct Entry {
   std::int64_t saves = 0;                // live handles
   bool cached = false;                   // a rebuilt result no save holds, kept for the rebuilds still to come
   std::uint64_t last_access = 0;
+  std::uint64_t next_use = 0;            // the latest call that read it (its producer's until one did)
   std::vector<std::weak_ptr<Record>> consumers;
   std::int64_t cls = -1;                 // evicted equivalence class (this generation)
   std::uint64_t cls_generation = 0;
@@ -65,6 +67,7 @@ struct Record {
   std::vector<std::weak_ptr<Entry>> results;
   std::vector<RngState> draws;
   std::int64_t ns = 0;
+  std::uint64_t seq = 0;  // recording order
   MemoryCategory category = MemoryCategory::activation;  // its results' (a rebuild allocates under it)
 };
 
@@ -96,6 +99,7 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
   std::unordered_map<const Storage*, std::shared_ptr<Entry>> by_storage;
   std::size_t purge_at = 4096;
   std::map<std::uint64_t, Entry*> candidates;  // resident entries with saves, by id (deterministic order)
+  std::multiset<std::uint64_t> held_uses;       // next_use of every entry with saves, resident or not
   struct Class {
     std::int64_t parent;
     std::int64_t cost;
@@ -127,6 +131,7 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
     rec->fn = std::move(fn);
     rec->draws = call.draws;
     rec->ns = std::max<std::int64_t>(1, call.ns);
+    rec->seq = std::uint64_t(stats.recorded_calls);
     rec->category = current_category();
     if (!opts.device)
       for (const Tensor& t : *call.results)
@@ -144,6 +149,7 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
           in.view = View::of(t);
           in.version = t.version();
           in.entry->consumers.push_back(rec);
+          set_next_use(*in.entry, rec->seq);
         } else {
           in.pinned = t.detach();
         }
@@ -168,6 +174,7 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
       e->bytes = std::int64_t(s->nbytes());
       e->category = s->category();
       e->last_access = ++clock;
+      e->next_use = rec->seq;
       by_storage[s] = e;
       rec->results[k] = e;
     }
@@ -177,6 +184,7 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
 
   void hold(Entry& e, const char* op, std::int64_t region) {
     if (e.saves++ > 0) return;
+    held_uses.insert(e.next_use);
     e.holder = op;
     e.region = region;
     e.strong = e.weak.lock();
@@ -185,9 +193,31 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
 
   void drop(Entry& e) {
     if (--e.saves > 0) return;
+    held_uses.erase(held_uses.find(e.next_use));
     on_gone(e);
     e.strong.reset();
     release_caches_of(*e.producer);
+  }
+
+  void set_next_use(Entry& e, std::uint64_t seq) {
+    if (seq <= e.next_use) return;
+    if (e.saves > 0) {
+      held_uses.erase(held_uses.find(e.next_use));
+      held_uses.insert(seq);
+    }
+    e.next_use = seq;
+  }
+
+  // How many calls away e's next use is, estimated from the backward order:
+  // backward reads saves in the reverse of the order calls read them in, so
+  // the latest reader among the held saves marks where it is now, and a
+  // tensor whose readers are far older is needed far later. Unlike the
+  // paper's staleness (time since the last access), a tensor rebuilt for an
+  // early rebuild does not look recent.
+  double distance(const Entry& e) const {
+    if (!opts.next_use) return double(clock - e.last_access + 1);
+    const std::uint64_t now = held_uses.empty() ? std::uint64_t(stats.recorded_calls) : *held_uses.rbegin();
+    return double(now > e.next_use ? now - e.next_use : 0) + 1;
   }
 
   // ---- rebuilt intermediates
@@ -390,8 +420,7 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
       seen.push_back(c);
       cost += classes[std::size_t(c)].cost;
     });
-    const double staleness = double(clock - e.last_access + 1);
-    return double(cost) / (double(e.bytes) * staleness);
+    return double(cost) / (double(e.bytes) * distance(e));
   }
 
   void evict(Entry& e) {

@@ -68,6 +68,9 @@ struct DynamicRematOptions {
   // whose freed block merges into a free block the request fits.
   bool fragmentation_aware = true;
   double near_equal = 1.25;
+  // Divide by the distance to a tensor's next use, estimated from the
+  // backward order, instead of the paper's staleness (false: staleness).
+  bool next_use = true;
 };
 
 // Counters since the runtime was made.

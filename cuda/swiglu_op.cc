@@ -16,8 +16,11 @@ Tensor forward(const Tensor& gate, const Tensor& up) {
   return out;
 }
 
+// With dy_writable, dup lands in dy's buffer when d is that buffer (dy
+// already dense in the compute dtype): each thread loads its elements of dy
+// before it stores theirs.
 std::vector<Tensor> backward(const Tensor& dy, const Tensor& gate, const Tensor& up, bool need_dgate,
-                             bool need_dup) {
+                             bool need_dup, bool dy_writable) {
   REMAT_CHECK(dy.sizes() == gate.sizes() && dy.device() == gate.device(), ShapeError,
               "swiglu backward: gradient ", describe(dy), " does not match gate ", describe(gate));
   // Dense operands of one dtype: gate's, or f32 (the CPU's compute type) if
@@ -28,7 +31,8 @@ std::vector<Tensor> backward(const Tensor& dy, const Tensor& gate, const Tensor&
   Tensor g = contiguous_detached(gate.detach().to(dt));
   Tensor u = need_dgate ? contiguous_detached(up.detach().to(dt)) : Tensor();
   Tensor dgate = need_dgate ? empty(gate.sizes(), opts) : Tensor();
-  Tensor dup = need_dup ? empty(gate.sizes(), opts) : Tensor();
+  const bool in_place = dy_writable && d.shares_storage_with(dy) && d.sizes() == gate.sizes();
+  Tensor dup = need_dup ? (in_place ? d : empty(gate.sizes(), opts)) : Tensor();
   swiglu_backward(need_dgate ? dgate.raw_data() : nullptr, need_dup ? dup.raw_data() : nullptr, d.raw_data(),
                   g.raw_data(), need_dgate ? u.raw_data() : nullptr, gate.numel(), dt, op_stream());
   return {dgate, dup};

@@ -274,6 +274,13 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<TensorMeta> outputs;            // one per op output
   std::vector<std::vector<GradHook>> output_hooks;  // hooks on output grads
   BackwardFn backward_fn;
+  // A view's node (narrow, slice, select): the region of its input's
+  // gradient that its output's gradient is. Where the input's gradient
+  // buffer already exists and is the engine's alone, the engine adds the
+  // gradient into that region instead of running backward_fn (a zero-filled
+  // copy of the input's shape, added in whole): the same sums, without the
+  // copy.
+  std::function<Tensor(const Tensor& input_grad)> view_region;
 
  protected:
   const char* name_;
@@ -333,6 +340,10 @@ namespace detail {
 // acc += g in place (same shape and device; acc contiguous), summed in f32 and
 // rounded to acc's dtype, on the CPU or a CUDA device (engine/gradient_kernels.cc).
 void add_into(Tensor& acc, const Tensor& g);
+// Whether `t` may be overwritten without anyone seeing it: this handle is the
+// only one, no other tensor shares its storage, it covers that storage
+// densely, the caching allocator owns the storage, and t has no history.
+bool writable_alone(const Tensor& t);
 // Sums `g` over broadcast dims so that its shape becomes `shape`, in f32 in
 // input order (deterministic), on g's device; returns g's dtype.
 Tensor sum_to_shape(const Tensor& g, const Shape& shape);

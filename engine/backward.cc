@@ -48,12 +48,33 @@ void add_to_buffer(GraphTask& task, const Edge& e, const Tensor& g) {
   Tensor& slot = buf.at(e.input_nr);
   if (!slot.defined()) {
     slot = g;
+  } else if (detail::writable_alone(slot)) {
+    // Two consumers, and the first one's gradient is the engine's alone:
+    // sum into it (the same sum as into a copy, one buffer fewer).
+    detail::add_into(slot, g);
   } else {
-    // Two consumers: sum into a fresh tensor (never into a caller's tensor).
+    // Sum into a fresh tensor (never into a caller's tensor).
     Tensor sum = slot.clone();
     detail::add_into(sum, g);
     slot = sum;
   }
+}
+
+// A view node's gradient added into its region of its input's buffer, where
+// that buffer exists and is the engine's alone (Node::view_region); false
+// when the node must run its backward instead.
+bool add_into_region(GraphTask& task, Node& node, const Tensor& g) {
+  if (!node.view_region || node.next_edges.size() != 1 || !node.next_edges[0].valid() || !g.defined()) return false;
+  const Edge& e = node.next_edges[0];
+  auto it = task.buffers.find(e.node.get());
+  if (it == task.buffers.end() || e.input_nr >= it->second.size()) return false;
+  Tensor& slot = it->second[e.input_nr];
+  const TensorMeta& m = e.node->outputs.at(e.input_nr);
+  if (!detail::writable_alone(slot) || slot.dtype() != m.dtype || slot.sizes() != m.sizes) return false;
+  Tensor region = node.view_region(slot);
+  if (region.sizes() != g.sizes()) return false;
+  detail::add_into(region, g);
+  return true;
 }
 
 void collect(GraphTask& task, const std::vector<Edge>& roots) {
@@ -157,9 +178,9 @@ void execute(GraphTask& task, const std::vector<Edge>& roots, const std::vector<
         }
       TagScope tag(node->name());
       NoGradGuard no_grad;  // backward itself records nothing
-      out = node->apply(grads);
+      if (!add_into_region(task, *node, grads[0])) out = node->apply(grads);
       detail::count_node_run();
-      if (!is_accumulator)
+      if (!is_accumulator && (!out.empty() || !node->view_region))
         REMAT_CHECK(out.size() == node->next_edges.size(), AutogradError, "backward of op '",
                     node->name(), "' returned ", out.size(), " gradients for ",
                     node->next_edges.size(), " inputs");

@@ -17,6 +17,13 @@ namespace remat {
 // ---------------------------------------------------------------------------
 // Gradient arithmetic the engine needs itself
 
+bool detail::writable_alone(const Tensor& t) {
+  if (!t.defined() || t.impl_ptr().use_count() != 1 || t.requires_grad()) return false;
+  const TensorImpl& impl = t.impl();
+  return impl.storage && impl.storage.use_count() == 1 && !impl.storage->external() && !impl.released &&
+         t.storage_offset() == 0 && t.is_contiguous() && t.nbytes() == impl.storage->nbytes();
+}
+
 void detail::add_into(Tensor& acc, const Tensor& g) {
   REMAT_CHECK(acc.sizes() == g.sizes(), ShapeError, "gradient accumulation: shapes ",
               shape_str(acc.sizes()), " and ", shape_str(g.sizes()), " differ");

@@ -38,6 +38,22 @@ Tensor detail::with_grad(const Tensor& input, Tensor out, const char* name,
   return out;
 }
 
+Tensor detail::with_view_grad(const Tensor& input, Tensor out, const char* name,
+                              std::function<Tensor(const Tensor&)> pick) {
+  if (auto node = autograd::make_node(name, {&input})) {
+    const Shape sizes = input.sizes();
+    const DType dtype = input.dtype();
+    node->backward_fn = [sizes, dtype, pick](Node&, std::vector<Tensor>& g) {
+      Tensor r = zeros(sizes, TensorOptions(dtype, g[0].device()));
+      pick(r).copy_(g[0]);
+      return std::vector<Tensor>{r};
+    };
+    node->view_region = std::move(pick);
+    autograd::set_history(out, node);
+  }
+  return out;
+}
+
 void detail::check_inplace(const Tensor& self, const char* op) {
   REMAT_CHECK(!(grad_enabled() && self.requires_grad()), AutogradError, op,
               ": in-place write to a tensor of shape ", shape_str(self.sizes()),

@@ -20,6 +20,10 @@ void check_dims(const Shape& sizes, const char* op);
 // Records `out` as produced from `input` by a one-input op whose backward is
 // `bw` (a function of the output gradient), when autograd needs it; returns out.
 Tensor with_grad(const Tensor& input, Tensor out, const char* name, std::function<Tensor(const Tensor&)> bw);
+// The same for a view `out` of `input` whose elements are pick(input): its
+// backward scatters the gradient into zeros of input's shape and dtype, and
+// its node's view_region is `pick` (engine/autograd.h).
+Tensor with_view_grad(const Tensor& input, Tensor out, const char* name, std::function<Tensor(const Tensor&)> pick);
 // Throws AutogradError for an in-place write (`op`) to a tensor that requires
 // grad while grad mode is on.
 void check_inplace(const Tensor& self, const char* op);

@@ -9,18 +9,6 @@
 
 namespace remat {
 
-namespace {
-// The gradient of a view that picks part of an input of shape `sizes`: zeros
-// with `g` written where `pick` selects.
-Tensor scatter_view_grad(const Tensor& g, const Shape& sizes, DType dtype,
-                         const std::function<Tensor(const Tensor&)>& pick) {
-  Tensor r = zeros(sizes, TensorOptions(dtype, g.device()));
-  Tensor dst = pick(r);
-  dst.copy_(g);
-  return r;
-}
-}  // namespace
-
 // ---------------------------------------------------------------------------
 // Views
 
@@ -182,12 +170,8 @@ Tensor Tensor::narrow(std::int64_t d, std::int64_t start, std::int64_t length) c
               " (shape ", shape_str(sizes()), ")");
   Shape s = sizes();
   s[std::size_t(d)] = length;
-  const Shape in = sizes();
-  const DType dt = dtype();
-  return detail::with_grad(*this, make_view(s, strides(), storage_offset() + start * strides()[std::size_t(d)]),
-                   "narrow", [=](const Tensor& g) {
-                     return scatter_view_grad(g, in, dt, [=](const Tensor& r) { return r.narrow(d, start, length); });
-                   });
+  return detail::with_view_grad(*this, make_view(s, strides(), storage_offset() + start * strides()[std::size_t(d)]),
+                        "narrow", [=](const Tensor& r) { return r.narrow(d, start, length); });
 }
 
 Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t end, std::int64_t step) const {
@@ -201,12 +185,8 @@ Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t end, std::
   Shape s = sizes(), st = strides();
   s[std::size_t(d)] = (end - start + step - 1) / step;
   st[std::size_t(d)] *= step;
-  const Shape in = sizes();
-  const DType dt = dtype();
-  return detail::with_grad(*this, make_view(s, st, storage_offset() + start * strides()[std::size_t(d)]),
-                   "slice", [=](const Tensor& g) {
-                     return scatter_view_grad(g, in, dt, [=](const Tensor& r) { return r.slice(d, start, end, step); });
-                   });
+  return detail::with_view_grad(*this, make_view(s, st, storage_offset() + start * strides()[std::size_t(d)]),
+                        "slice", [=](const Tensor& r) { return r.slice(d, start, end, step); });
 }
 
 Tensor Tensor::select(std::int64_t d, std::int64_t index) const {
@@ -218,12 +198,8 @@ Tensor Tensor::select(std::int64_t d, std::int64_t index) const {
   Shape s = sizes(), st = strides();
   s.erase(s.begin() + d);
   st.erase(st.begin() + d);
-  const Shape in = sizes();
-  const DType dt = dtype();
-  return detail::with_grad(*this, make_view(s, st, storage_offset() + index * strides()[std::size_t(d)]),
-                   "select", [=](const Tensor& g) {
-                     return scatter_view_grad(g, in, dt, [=](const Tensor& r) { return r.select(d, index); });
-                   });
+  return detail::with_view_grad(*this, make_view(s, st, storage_offset() + index * strides()[std::size_t(d)]),
+                        "select", [=](const Tensor& r) { return r.select(d, index); });
 }
 
 Tensor Tensor::expand(const Shape& sizes_in) const {

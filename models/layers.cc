@@ -329,13 +329,20 @@ Tensor MLP::forward(const Tensor& x) const {
     return tp->leave(down(gu[0], gu[1]));
   }
   const Tensor whole = tp ? tp->enter(x) : x;
-  const Tensor g = gate_proj->forward(whole);  // (gate before up)
-  const Tensor u = up_proj->forward(whole);
-  return tp ? tp->leave(down(g, u)) : down(g, u);
+  Tensor g = gate_proj->forward(whole);  // (gate before up)
+  Tensor u = up_proj->forward(whole);
+  return tp ? tp->leave(down(std::move(g), std::move(u))) : down(std::move(g), std::move(u));
 }
 
-Tensor MLP::down(const Tensor& g, const Tensor& u) const {
-  if (!recompute_activation) return down_proj->forward(swiglu(g, u));
+Tensor MLP::down(Tensor g, Tensor u) const {
+  if (!recompute_activation) {
+    const Tensor a = swiglu(g, u);
+    // From here g and u are swiglu's saves alone, so dynamic remat may evict
+    // them while the down projection allocates.
+    g = Tensor();
+    u = Tensor();
+    return down_proj->forward(a);
+  }
   DiscardedOutput act("moe_act", [](const std::vector<Tensor>& in) { return swiglu(in[0], in[1]); }, {g, u});
   SavedTensorHooksScope scope(act.hooks());
   return down_proj->forward(act.output());

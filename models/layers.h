@@ -198,7 +198,7 @@ class MLP : public Module {
   std::shared_ptr<const TensorParallel> tp;
 
  private:
-  Tensor down(const Tensor& g, const Tensor& u) const;  // down(swiglu(g, u)), this rank's part
+  Tensor down(Tensor g, Tensor u) const;  // down(swiglu(g, u)), this rank's part; lets go of g and u first
 };
 
 }  // namespace remat

@@ -217,6 +217,10 @@ Tensor MoELayer::moe_part(const Tensor& t, const PartRunner& parts) const {
   }, {xp})[0];
   Tensor row_w = index_select(r.weights.reshape({-1}), 0, routing.slot_of_row);
   Tensor y = dispatcher->combine(yp, row_w.to(yp.dtype()), routing);
+  // The rows are saves from here on: held by no local, dynamic remat may
+  // evict them while the shared expert runs.
+  xp = Tensor();
+  yp = Tensor();
   if (shared_expert)
     y = add(y, parts.run("shared_experts", [this](const std::vector<Tensor>& v) {
       return std::vector<Tensor>{shared_experts(v[0])};

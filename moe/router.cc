@@ -61,11 +61,16 @@ RouterOutput route(const Tensor& x, const Tensor& router_weight, const RouterOpt
 
   // Logits from an FP32 copy of x that is not kept for backward: the router
   // linear's save of it becomes a recipe, regenerated before its backward.
+  // An f32 x is its own copy: the linear saves x itself, like any save (a
+  // recipe would hold x where dynamic remat cannot evict it).
   Tensor logits;
-  {
+  const Tensor w32 = router_weight.dtype() == DType::f32 ? router_weight : cast(router_weight, DType::f32);
+  if (x.dtype() == DType::f32) {
+    logits = linear(x, w32);
+  } else {
     DiscardedOutput x32("router_cast", [](const std::vector<Tensor>& in) { return cast(in[0], DType::f32); }, {x});
     SavedTensorHooksScope scope(x32.hooks());
-    logits = linear(x32.output(), router_weight.dtype() == DType::f32 ? router_weight : cast(router_weight, DType::f32));
+    logits = linear(x32.output(), w32);
   }
   out.probs = softmax(logits, -1);
 

@@ -77,6 +77,9 @@ class OpBackward {
 
   // The gradient of output i (zeros of its shape when none flowed).
   const Tensor& grad(std::size_t i = 0) const { return grads_.at(i); }
+  // Whether the backward may write into output i's gradient (a result in
+  // its buffer, say): nothing else can read it (detail::writable_alone).
+  bool grad_writable(std::size_t i = 0) const { return detail::writable_alone(grads_.at(i)); }
   // Whether input i needs a gradient.
   bool needs(std::size_t i) const { return node_.needs_input_grad(i); }
   // Shape, dtype and device input i had at the call.

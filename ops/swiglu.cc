@@ -37,7 +37,7 @@ OpResults forward(const std::vector<Tensor>& in, NoState&) {
 
 std::vector<Tensor> backward(const OpBackward<NoState>& b) {
   return swiglu_kernels().run(b.grad().device(), &SwigluKernels::backward, b.grad(), b.saved("gate"),
-                              b.saved("up"), b.needs(0), b.needs(1));
+                              b.saved("up"), b.needs(0), b.needs(1), b.grad_writable());
 }
 
 // Per element: exp, add, divide, two multiplies.
@@ -75,12 +75,15 @@ Tensor forward_cpu(const Tensor& gate, const Tensor& up) {
   return out;
 }
 
+// With dy_writable and dy already f32 and dense, dup lands in dy's buffer:
+// each block reads its dy elements for dgate before it overwrites them.
 std::vector<Tensor> backward_cpu(const Tensor& dy, const Tensor& gate, const Tensor& up, bool need_dgate,
-                                 bool need_dup) {
+                                 bool need_dup, bool dy_writable) {
   Tensor df = f32_contiguous(dy), gf = f32_contiguous(gate);
   Tensor uf = need_dgate ? f32_contiguous(up) : Tensor();
   Tensor dgate = need_dgate ? empty(gate.sizes(), DType::f32) : Tensor();
-  Tensor dup = need_dup ? empty(gate.sizes(), DType::f32) : Tensor();
+  const bool in_place = dy_writable && df.shares_storage_with(dy) && df.is_contiguous();
+  Tensor dup = need_dup ? (in_place ? df : empty(gate.sizes(), DType::f32)) : Tensor();
   if (skip_compute(df)) return {dgate, dup};
   const float* pd = df.data<float>();
   const float* pg = gf.data<float>();

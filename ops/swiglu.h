@@ -18,8 +18,11 @@ struct SwigluKernels {
   Tensor (*forward)(const Tensor& gate, const Tensor& up);
   // {dgate, dup} with s = sigmoid(gate): dgate = dy * up * s * (1 + gate * (1 - s))
   // (when need_dgate; up is undefined otherwise), dup = dy * gate * s (when need_dup).
+  // dy_writable: nothing else reads dy (OpBackward::grad_writable), so dup
+  // may be written into its buffer (the backward then holds one gate-sized
+  // buffer fewer).
   std::vector<Tensor> (*backward)(const Tensor& dy, const Tensor& gate, const Tensor& up, bool need_dgate,
-                                  bool need_dup);
+                                  bool need_dup, bool dy_writable);
 };
 KernelTable<SwigluKernels>& swiglu_kernels();
 

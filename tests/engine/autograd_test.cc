@@ -299,3 +299,62 @@ TEST_CASE("a gradient placement receives a leaf's first gradient, later ones add
   d.set_grad_placement([&](const Tensor&) { return flat.narrow(0, 0, 3); });
   CHECK_THROWS_WITH(sum(d).backward(), Catch::Contains("gradient placement") && Catch::Contains("[3]"));
 }
+
+TEST_CASE("a gradient the engine holds alone is summed into; a caller's or a hook's never is", "[autograd][memory]") {
+  // y has two consumers: the second gradient adds into the first one's buffer
+  // when nothing else holds it, with the same values as a sum into a copy.
+  Tensor x = leaf({1, 2, 3}, {3});
+  Tensor y = x * 2.0;
+  sum(y * 3.0 + y * 5.0).backward();
+  CHECK(vals(x.grad()) == std::vector<float>{16, 16, 16});
+
+  // Seeds the caller holds: the same output seeded twice sums into a copy,
+  // and the caller's seeds keep their values.
+  Tensor z = leaf({1, 2}, {2});
+  Tensor w = z * 1.0;
+  const Tensor s1 = from_vector<float>({1, 2}, {2}), s2 = from_vector<float>({10, 20}, {2});
+  backward({w, w}, {s1, s2});
+  CHECK(vals(z.grad()) == std::vector<float>{11, 22});
+  CHECK(vals(s1) == std::vector<float>{1, 2});
+  CHECK(vals(s2) == std::vector<float>{10, 20});
+
+  // A hook that keeps the gradient it sees: what it kept is not written.
+  Tensor a = leaf({1, 2}, {2});
+  Tensor h = a * 1.0;
+  Tensor kept;
+  h.register_hook([&](const Tensor& g) {
+    kept = g;
+    return Tensor();
+  });
+  Tensor u = h * 1.0;
+  sum(u * 2.0 + u * 4.0).backward();
+  CHECK(vals(kept) == std::vector<float>{6, 6});
+  CHECK(vals(a.grad()) == std::vector<float>{6, 6});
+}
+
+TEST_CASE("a narrow's gradient adds into its region of the input's gradient buffer", "[autograd][memory]") {
+  // Eight row blocks of y, each scaled by its own factor: backward writes the
+  // first block's gradient into a zero-filled buffer of y's shape and adds
+  // the others into their rows of it, so one such buffer is live at a time.
+  constexpr std::int64_t rows = 2048, cols = 64, parts = 8, per = rows / parts;
+  const std::int64_t bytes = rows * cols * 4;
+  Tensor x = ones({rows, cols});
+  x.set_requires_grad(true);
+  Tensor y = x * 1.0;
+  std::vector<Tensor> outs;
+  for (std::int64_t p = 0; p < parts; ++p) outs.push_back(y.narrow(0, p * per, per) * double(p + 1));
+  Tensor loss = sum(cat(outs, 0));
+  outs.clear();
+  y = Tensor();
+  CachingAllocator& cpu = allocator_for(kCPU);
+  const std::int64_t before = cpu.stats().allocated_bytes;
+  cpu.reset_peak();
+  loss.backward();
+  // Live at the peak: two gradients of y's size and a block's (2.13x y's
+  // bytes). A zero-filled buffer per narrow added another whole one (3.13x).
+  const std::int64_t peak = cpu.stats().allocated_peak - before;
+  INFO("peak during backward " << peak << " bytes, y is " << bytes);
+  CHECK(peak < 2 * bytes + bytes / 2);
+  const auto g = vals(x.grad());
+  for (std::int64_t r = 0; r < rows; r += per / 2) CHECK(g[std::size_t(r * cols)] == float(r / per + 1));
+}

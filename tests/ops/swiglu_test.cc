@@ -96,3 +96,37 @@ TEST_CASE("swiglu rejects bad operands with clear messages", "[ops][swiglu]") {
   CHECK_THROWS_WITH(swiglu(zeros({2}, DType::i32), zeros({2}, DType::i32)),
                     Catch::Contains("swiglu: gate must be floating"));
 }
+
+TEST_CASE("swiglu's backward writes dup into a gradient nothing else holds", "[ops][swiglu][memory]") {
+  // The gradient reaching swiglu comes from the scale after it, and nothing
+  // else holds it: dup goes into its buffer. A hook keeping that gradient
+  // makes it the hook's too: dup gets a buffer of its own. Same bits either
+  // way, and the kept gradient is untouched.
+  const std::int64_t n = 256;
+  const std::int64_t bytes = n * n * 4;
+  const Tensor gate0 = normal({n, n}, 21, 2.0), up0 = normal({n, n}, 22);
+  auto run = [&](bool keep, std::int64_t* peak) {
+    Tensor g = gate0.detach().set_requires_grad(), u = up0.detach().set_requires_grad();
+    Tensor y = swiglu(g, u);
+    Tensor kept;
+    if (keep)
+      y.register_hook([&](const Tensor& d) {
+        kept = d;
+        return Tensor();
+      });
+    Tensor loss = sum(y * 1.5);
+    y = Tensor();
+    CachingAllocator& cpu = allocator_for(kCPU);
+    const std::int64_t before = cpu.stats().allocated_bytes;
+    cpu.reset_peak();
+    loss.backward();
+    *peak = cpu.stats().allocated_peak - before;
+    if (keep) CHECK(kept.to_vector<float>() == std::vector<float>(std::size_t(n * n), 1.5f));
+    return std::vector<std::vector<float>>{g.grad().to_vector<float>(), u.grad().to_vector<float>()};
+  };
+  std::int64_t alone = 0, held = 0;
+  const auto a = run(false, &alone), b = run(true, &held);
+  CHECK(a == b);
+  INFO("peak during backward: " << alone << " bytes alone, " << held << " held; a gradient is " << bytes);
+  CHECK(held - alone == bytes);
+}
