@@ -48,7 +48,8 @@ std::vector<FlagSpec> bench_flag_specs() {
                  "another variant of the same interleaved run"),
        text_flag("json", "write the results to FILE"),
        text_flag("offload-dir", "directory for the offload plans' spill file (default: $TMPDIR or /tmp)"),
-       text_flag("seq-range", "MIN:MAX: each step's batch draws its sequence length uniformly from [MIN, MAX], the "
+       text_flag("seq-range", "MIN:MAX[:log]: each step's batch draws its sequence length from [MIN, MAX], uniformly "
+                 "or (:log) with P(S) ~ 1/S, the "
                  "same lengths for every plan (from --seed); the model is built for MAX"),
        bool_flag("estimate", "predict activation bytes per plan from what the ops save, next to a measured step"),
        text_flag("html", "write a page plotting memory against step time per plan to FILE"),

@@ -66,9 +66,7 @@ struct BenchOptions {
   // (model.seq is MAX); every worker draws the same lengths from --seed, so
   // the plans are compared on identical batches.
   std::optional<SeqRange> seq_range;
-  std::string seq_range_text() const {
-    return seq_range ? std::to_string(seq_range->min) + ":" + std::to_string(seq_range->max) : "";
-  }
+  std::string seq_range_text() const { return seq_range ? remat::seq_range_text(*seq_range) : ""; }
 
   // The baseline's column ("torch") is in the tables.
   bool torch() const { return baseline == BenchBaseline::torch; }

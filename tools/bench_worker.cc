@@ -142,7 +142,7 @@ WorkerOptions worker_options(const std::vector<std::string>& args) {
            text_flag("dtype", "compute dtype: f32 or bf16", "f32"),
            text_flag("device", "cpu, cuda or cuda:N", "cpu"),
            text_flag("offload-dir", "directory for the offload plans' spill file"),
-           text_flag("seq-range", "MIN:MAX: each step's batch draws its sequence length from the range (the model "
+           text_flag("seq-range", "MIN:MAX[:log]: each step's batch draws its sequence length from the range (the model "
                      "built for MAX)"),
            text_flag("kernel-profile", "on CUDA: write each kernel table's GPU time per timed step, forward and "
                      "backward apart, to FILE (cuda/kernel_profiler.h)")});

@@ -96,7 +96,8 @@ std::vector<FlagSpec> model_and_schedule_flags() {
     number_flag("clip", "global gradient-norm clip (0: none)", 1.0, {.min = 0}),
     int_flag("batch", "sequences per optimizer step (default: the config's)", std::nullopt, {.min = 1}),
     int_flag("seq", "tokens per sequence (default: the config's)", std::nullopt, {.min = 1}),
-    text_flag("seq-range", "MIN:MAX: each step's batch draws its sequence length uniformly from [MIN, MAX] (seeded: "
+    text_flag("seq-range", "MIN:MAX[:log]: each step's batch draws its sequence length from [MIN, MAX], uniformly "
+              "or (:log) with P(S) ~ 1/S, most batches short (seeded: "
               "the same lengths on every run); the model is built for MAX (--seq, if given, must be MAX); "
               "evaluation stays at MAX; --log adds each step's `seq`"),
     int_flag("grad-accum", "micro-batches per step (gradients summed; the batch divides by ranks x N)", 1,
@@ -382,8 +383,9 @@ void print_header(Trainer& trainer, const TrainCli& cli) {
   std::printf("  data: %s", trainer.corpus().name.c_str());
   if (trainer.corpus().entropy_floor >= 0)
     std::printf(", entropy floor %.3f nats/byte", trainer.corpus().entropy_floor);
-  const std::string seq = o.seq_range ? fmt("[%lld, %lld] tokens (a length per batch, --seq-range)",
-                                            static_cast<long long>(o.seq_range->min), static_cast<long long>(c.seq))
+  const std::string seq = o.seq_range ? fmt("[%lld, %lld] tokens (a length per batch%s, --seq-range)",
+                                            static_cast<long long>(o.seq_range->min), static_cast<long long>(c.seq),
+                                            o.seq_range->log ? ", log-uniform" : "")
                                       : std::to_string(c.seq) + " tokens";
   std::printf("\n  %lld steps of %lld x %s%s, lr %.2g (warm-up %lld, %s to %.2g), start loss ~ ln %lld = %.3f\n",
               static_cast<long long>(o.steps), static_cast<long long>(c.batch), seq.c_str(),

@@ -148,7 +148,13 @@ std::vector<std::int64_t> window_starts(const TokenSource& source, std::int64_t 
 }
 }  // namespace
 
-SeqRange parse_seq_range(const std::string& text, const std::string& flag) {
+SeqRange parse_seq_range(const std::string& full, const std::string& flag) {
+  std::string text = full;
+  bool log = false;
+  if (text.size() > 4 && text.compare(text.size() - 4, 4, ":log") == 0) {
+    log = true;
+    text.resize(text.size() - 4);
+  }
   const auto colon = text.find(':');
   auto number = [&](const std::string& part) -> std::int64_t {
     const bool digits = !part.empty() && part.size() <= 12 && part.find_first_not_of("0123456789") == std::string::npos;
@@ -156,10 +162,15 @@ SeqRange parse_seq_range(const std::string& text, const std::string& flag) {
   };
   SeqRange r;
   if (colon != std::string::npos) r = {number(text.substr(0, colon)), number(text.substr(colon + 1))};
-  REMAT_CHECK(colon != std::string::npos && r.min >= 1 && r.max >= 1, Error, flag, " '", text,
-              "': expected MIN:MAX, two integers >= 1 (e.g. 64:512)");
-  REMAT_CHECK(r.min <= r.max, Error, flag, " ", text, ": MIN (", r.min, ") must be <= MAX (", r.max, ")");
+  REMAT_CHECK(colon != std::string::npos && r.min >= 1 && r.max >= 1, Error, flag, " '", full,
+              "': expected MIN:MAX or MIN:MAX:log, two integers >= 1 (e.g. 64:512)");
+  REMAT_CHECK(r.min <= r.max, Error, flag, " ", full, ": MIN (", r.min, ") must be <= MAX (", r.max, ")");
+  r.log = log;
   return r;
+}
+
+std::string seq_range_text(const SeqRange& r) {
+  return std::to_string(r.min) + ":" + std::to_string(r.max) + (r.log ? ":log" : "");
 }
 
 BatchSampler::BatchSampler(const std::vector<std::uint8_t>& data, std::int64_t batch, std::int64_t seq,
@@ -184,6 +195,10 @@ BatchSampler::BatchSampler(TokenSource source, std::int64_t batch, SeqRange rang
   REMAT_CHECK(range.min >= 1 && range.min <= range.max, Error, "BatchSampler: the range of sequence lengths [",
               range.min, ", ", range.max, "] must have 1 <= min <= max");
   windows_ = window_starts(source_, seq_ + 1);
+  if (range.log) {
+    double sum = 0;
+    for (std::int64_t s = range.min; s <= range.max; ++s) cumulative_.push_back(sum += 1.0 / double(s));
+  }
   std::int64_t all = 0;
   for (const auto& t : source_) all += t.count;
   REMAT_CHECK(windows_.back() > 0 && (source_.size() > 1 || source_[0].count > seq_ + 1), Error, "BatchSampler: ",
@@ -195,7 +210,12 @@ std::int64_t BatchSampler::draw_seq() {
   std::uint32_t w[2];
   philox_fill_words(w, 2, gen_.reserve(2));
   const std::uint64_t r = std::uint64_t(w[0]) << 32 | w[1];
-  return range_->min + std::int64_t(r % std::uint64_t(range_->max - range_->min + 1));
+  if (!range_->log) return range_->min + std::int64_t(r % std::uint64_t(range_->max - range_->min + 1));
+  // The inverse CDF at u in [0, 1): the first length whose cumulative weight
+  // passes u of the total (IEEE sums and a product: the same on every machine).
+  const double u = double(r >> 11) * 0x1p-53;
+  const auto it = std::upper_bound(cumulative_.begin(), cumulative_.end(), u * cumulative_.back());
+  return range_->min + std::min<std::int64_t>(it - cumulative_.begin(), std::int64_t(cumulative_.size()) - 1);
 }
 
 Tensor BatchSampler::next() {

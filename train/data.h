@@ -59,19 +59,26 @@ bool is_shard_data(const std::string& path);
 // or a split with no room for one window of `window` tokens.
 Corpus shard_corpus(const std::string& path, std::int64_t window, double val_fraction = 0.1);
 
-// A range of sequence lengths [min, max] (--seq-range MIN:MAX).
+// A range of sequence lengths [min, max] (--seq-range MIN:MAX[:log]).
 struct SeqRange {
   std::int64_t min = 0, max = 0;
+  // Lengths drawn with P(S) proportional to 1/S (log-uniform: as many
+  // batches in [64, 128) as in [256, 512), most of them short, as document
+  // lengths are) instead of uniformly.
+  bool log = false;
 };
 
-// "MIN:MAX" (e.g. "64:512") as a SeqRange; Error naming `flag` and the text
-// unless both are integers with 1 <= MIN <= MAX.
+// "MIN:MAX" or "MIN:MAX:log" (e.g. "64:512") as a SeqRange; Error naming
+// `flag` and the text unless both are integers with 1 <= MIN <= MAX.
 SeqRange parse_seq_range(const std::string& text, const std::string& flag = "--seq-range");
+// The text parse_seq_range reads back.
+std::string seq_range_text(const SeqRange& r);
 
 // Draws batches of `batch` windows of `seq + 1` tokens at Philox-random
 // offsets; a window never crosses from one span (shard) into the next.
-// With a SeqRange, every batch first draws its own length S uniformly from
-// the integers [min, max] (one 64-bit Philox draw from the same generator,
+// With a SeqRange, every batch first draws its own length S from the
+// integers [min, max], uniformly or log-uniformly (one 64-bit Philox draw
+// from the same generator; the log-uniform inverse CDF in IEEE sums only,
 // so a seed gives the same lengths and windows everywhere and state() /
 // set_state() resume exactly), then its windows of S + 1 tokens.
 class BatchSampler {
@@ -97,6 +104,7 @@ class BatchSampler {
   std::vector<std::int64_t> windows_;  // cumulative window starts per span (windows of seq_ + 1)
   std::int64_t batch_, seq_;           // seq_: the fixed length, or the range's max
   std::optional<SeqRange> range_;
+  std::vector<double> cumulative_;     // log-uniform: sum of 1/s for s in [min, min + i]
   Generator gen_;
 };
 

@@ -43,7 +43,7 @@ void validate_train_options(const TrainOptions& o) {
               "TrainOptions.adapter (--adapter ", o.adapter, ") needs its base model (init_model, --model DIR) and "
               "config.lora set to the adapter's");
   if (const auto& r = o.seq_range) {
-    const std::string text = std::to_string(r->min) + ":" + std::to_string(r->max);
+    const std::string text = seq_range_text(*r);
     REMAT_CHECK(r->min >= 1 && r->min <= r->max, Error, "TrainOptions.seq_range (--seq-range) ", text,
                 ": expected 1 <= MIN <= MAX");
     REMAT_CHECK(r->max == o.config.seq, Error, "TrainOptions.seq_range (--seq-range) ", text,

@@ -4,6 +4,7 @@
 // their spans, clear errors).
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cstdint>
 #include <set>
 #include <vector>
@@ -165,6 +166,41 @@ TEST_CASE("BatchSampler and parse_seq_range refuse what cannot work", "[train][d
   CHECK(parse_seq_range("5:5").max == 5);
   CHECK_THROWS_WITH(parse_seq_range("32:8"), Catch::Contains("--seq-range 32:8: MIN (32) must be <= MAX (8)"));
   for (const char* bad : {"", "8", "8:", ":8", "0:8", "8:x", "-1:8", "8:16:32", "1e3:2e3"})
-    CHECK_THROWS_WITH(parse_seq_range(bad), Catch::Contains("expected MIN:MAX, two integers >= 1"));
+    CHECK_THROWS_WITH(parse_seq_range(bad), Catch::Contains("two integers >= 1 (e.g. 64:512)"));
   CHECK_THROWS_WITH(parse_seq_range("a:b", "bench --seq-range"), Catch::StartsWith("bench --seq-range 'a:b'"));
+  const SeqRange lr = parse_seq_range("64:512:log");
+  CHECK((lr.min == 64 && lr.max == 512 && lr.log));
+  CHECK(!r.log);
+  CHECK(seq_range_text(lr) == "64:512:log");
+  CHECK(seq_range_text(r) == "64:512");
+  for (const char* bad : {"64:512:", "64:512:lin", "64:log", ":log"})
+    CHECK_THROWS_WITH(parse_seq_range(bad), Catch::Contains("expected MIN:MAX or MIN:MAX:log"));
+}
+
+TEST_CASE("log-uniform lengths: P(S) ~ 1/S over the range, the same for a seed", "[data]") {
+  std::vector<std::uint8_t> data(20000);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = std::uint8_t(i * 7 % 251);
+  auto lengths = [&](bool log, std::uint64_t seed) {
+    BatchSampler s(data, 1, SeqRange{64, 511, log}, seed);
+    std::vector<std::int64_t> out;
+    for (int i = 0; i < 3000; ++i) out.push_back(s.next().size(1) - 1);
+    return out;
+  };
+  const auto a = lengths(true, 5);
+  CHECK(a == lengths(true, 5));
+  CHECK(a != lengths(true, 6));
+  // Each octave [64, 128), [128, 256), [256, 512) holds about a third of the
+  // draws (log-uniform); uniform puts 1/7, 2/7 and 4/7 there.
+  auto octaves = [](const std::vector<std::int64_t>& v) {
+    std::array<double, 3> f{};
+    for (std::int64_t s : v) {
+      REQUIRE((s >= 64 && s <= 511));
+      f[s < 128 ? 0 : s < 256 ? 1 : 2] += 1.0 / double(v.size());
+    }
+    return f;
+  };
+  for (double f : octaves(a)) CHECK(f == Approx(1.0 / 3).margin(0.04));
+  const auto u = octaves(lengths(false, 5));
+  CHECK(u[0] == Approx(1.0 / 7).margin(0.04));
+  CHECK(u[2] == Approx(4.0 / 7).margin(0.04));
 }

@@ -33,6 +33,12 @@ for r in rows:  # (6 significant digits in the log)
     assert abs(tokens / (4 * r["seq"]) - 1) < 1e-4, (r, tokens)
 PY' || cat "$tmp/a.jsonl"
 
+$remat train "${common[@]}" --steps 12 --seq-range 8:64:log --log "$tmp/l.jsonl" > "$tmp/l.txt" 2>&1
+check "train --seq-range 8:64:log draws log-uniform lengths in [8, 64] and says so" \
+  'grep -q "12 steps of 4 x \[8, 64\] tokens (a length per batch, log-uniform" "$tmp/l.txt" &&
+   /usr/bin/python3 -c "import json,sys; s=[json.loads(l)[\"seq\"] for l in open(sys.argv[1])]; assert len(s) == 12 and all(8 <= x <= 64 for x in s) and len(set(s)) > 1, s" "$tmp/l.jsonl"' \
+  || { tail -5 "$tmp/l.txt"; seqs "$tmp/l.jsonl"; }
+
 $remat train "${common[@]}" --seq-range 8:32 --seq 32 --log "$tmp/b.jsonl" > "$tmp/b.txt" 2>&1
 check "the same seed draws the same lengths and losses again (--seq 32 = MAX accepted)" \
   '[ "$(seqs "$tmp/a.jsonl")" = "$(seqs "$tmp/b.jsonl")" ] &&
