@@ -337,8 +337,9 @@ struct AutogradCounters {
 AutogradCounters autograd_counters();
 
 namespace detail {
-// acc += g in place (same shape and device; acc contiguous), summed in f32 and
-// rounded to acc's dtype, on the CPU or a CUDA device (engine/gradient_kernels.cc).
+// acc += g in place (same shape and device; acc in any strided layout, e.g.
+// a view's region of a gradient buffer), summed in f32 and rounded to acc's
+// dtype, on the CPU or a CUDA device (engine/gradient_kernels.cc).
 void add_into(Tensor& acc, const Tensor& g);
 // Whether `t` may be overwritten without anyone seeing it: this handle is the
 // only one, no other tensor shares its storage, it covers that storage

@@ -302,11 +302,25 @@ TEST_CASE("a gradient placement receives a leaf's first gradient, later ones add
 
 TEST_CASE("a gradient the engine holds alone is summed into; a caller's or a hook's never is", "[autograd][memory]") {
   // y has two consumers: the second gradient adds into the first one's buffer
-  // when nothing else holds it, with the same values as a sum into a copy.
-  Tensor x = leaf({1, 2, 3}, {3});
+  // when nothing else holds it, with the same values as a sum into a copy,
+  // and no third buffer of y's size (a sum into a copy needs one).
+  constexpr std::int64_t n = 256 * 1024;
+  const std::int64_t bytes = n * 4;
+  Tensor x = ones({n});
+  x.set_requires_grad(true);
   Tensor y = x * 2.0;
-  sum(y * 3.0 + y * 5.0).backward();
-  CHECK(vals(x.grad()) == std::vector<float>{16, 16, 16});
+  Tensor u = y * 3.0, v = y * 5.0;
+  y = Tensor();
+  const Tensor seed_u = ones({n}), seed_v = ones({n});
+  CachingAllocator& cpu = allocator_for(kCPU);
+  const std::int64_t before = cpu.stats().allocated_bytes;
+  cpu.reset_peak();
+  // u's and v's gradients, then their sum in y's slot, then x's gradient.
+  backward({u, v}, {seed_u, seed_v});
+  const std::int64_t peak = cpu.stats().allocated_peak - before;
+  INFO("peak during backward " << peak << " bytes, y is " << bytes);
+  CHECK(peak < 2 * bytes + bytes / 2);
+  CHECK(vals(x.grad()) == std::vector<float>(std::size_t(n), 16.0f));
 
   // Seeds the caller holds: the same output seeded twice sums into a copy,
   // and the caller's seeds keep their values.
@@ -318,18 +332,21 @@ TEST_CASE("a gradient the engine holds alone is summed into; a caller's or a hoo
   CHECK(vals(s1) == std::vector<float>{1, 2});
   CHECK(vals(s2) == std::vector<float>{10, 20});
 
-  // A hook that keeps the gradient it sees: what it kept is not written.
+  // A hook keeps the gradient of a view of b; the view's backward hands b a
+  // view of that same storage as b's first gradient, and c's gradient comes
+  // second: it is summed into a copy, and what the hook kept is not written.
   Tensor a = leaf({1, 2}, {2});
-  Tensor h = a * 1.0;
+  Tensor b = a * 1.0;
+  Tensor c = b * 3.0;
+  Tensor h = b.reshape({2, 1});
   Tensor kept;
   h.register_hook([&](const Tensor& g) {
     kept = g;
     return Tensor();
   });
-  Tensor u = h * 1.0;
-  sum(u * 2.0 + u * 4.0).backward();
-  CHECK(vals(kept) == std::vector<float>{6, 6});
-  CHECK(vals(a.grad()) == std::vector<float>{6, 6});
+  (sum(h * 2.0) + sum(c)).backward();
+  CHECK(vals(kept) == std::vector<float>{2, 2});
+  CHECK(vals(a.grad()) == std::vector<float>{5, 5});
 }
 
 TEST_CASE("a narrow's gradient adds into its region of the input's gradient buffer", "[autograd][memory]") {

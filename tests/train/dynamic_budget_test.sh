@@ -7,17 +7,15 @@
 # bytes must be at most the budget the run printed, the run must evict and
 # rebuild, and the losses must be none's bit for bit.
 set -u
-cd "$(dirname "$(readlink -f "$0")")/../.."
-passed=0
-failed=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=tests/script_checks.sh
+source "$(dirname "$(readlink -f "$0")")/../script_checks.sh"
 remat=./bazel-bin/tools/remat
-check() {  # CONFIG BUDGET
-  local config=$1 budget=$2
-  if $remat train --config "$config" --steps 50 --recompute dynamic --memory-budget "$budget" \
-       --log "$tmp/dyn.jsonl" > "$tmp/out.txt" 2>&1 &&
-     /usr/bin/python3 - "$tmp/out.txt" "$tmp/dyn.jsonl" "$tmp/none_$config.jsonl" > "$tmp/cmp.txt" 2>&1 <<'PY'
+
+# CONFIG BUDGET: 50 steps under dynamic, checked against none's log.
+holds() {
+  $remat train --config "$1" --steps 50 --recompute dynamic --memory-budget "$2" --log "$tmp/dyn.jsonl" \
+    > "$tmp/out.txt" 2>&1 &&
+  /usr/bin/python3 - "$tmp/out.txt" "$tmp/dyn.jsonl" "$tmp/none_$1.jsonl" > "$tmp/cmp.txt" 2>&1 <<'PY'
 import json, re, sys
 out = open(sys.argv[1]).read()
 m = re.search(r"--recompute dynamic:(\d+)", out)
@@ -33,24 +31,18 @@ assert not over, f"steps over the budget of {budget} bytes: {over[:5]}"
 assert sum(r["evictions"] for r in dyn) > 0 and sum(r["rebuilds"] for r in dyn) > 0, "the budget never bound"
 diff = [(a["step"], a["loss"], b["loss"]) for a, b in zip(dyn, none) if a["loss"] != b["loss"]]
 assert not diff, f"losses differ from none: {diff[:3]}"
-print(f"budget {budget}: max peak {max(r['peak_allocated_bytes'] for r in dyn)}")
 PY
-  then
-    passed=$((passed + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAILED: train --config $config --recompute dynamic --memory-budget $budget, 50 steps:"
-    sed 's/^/    /' "$tmp/cmp.txt" 2>/dev/null
-    tail -3 "$tmp/out.txt" | sed 's/^/    /'
-  fi
 }
+
 for config in tiny tiny-moe; do
   $remat train --config $config --steps 50 --log "$tmp/none_$config.jsonl" > /dev/null 2>&1 || {
     echo "FAILED: train --config $config (none)"
     exit 1
   }
 done
-for b in 20% 40% 60% 80%; do check tiny $b; done
-for b in 40% 60% 80%; do check tiny-moe $b; done
-echo "remat-tests: $passed passed, $failed failed, 0 skipped"
-[ "$failed" -eq 0 ]
+for run in "tiny 20%" "tiny 40%" "tiny 60%" "tiny 80%" "tiny-moe 40%" "tiny-moe 60%" "tiny-moe 80%"; do
+  # shellcheck disable=SC2086
+  check "train --config ${run% *} --recompute dynamic --memory-budget ${run#* }: 50 steps within budget, none's losses" \
+    "holds $run" || { sed 's/^/    /' "$tmp/cmp.txt" 2>/dev/null; tail -3 "$tmp/out.txt" | sed 's/^/    /'; }
+done
+finish
