@@ -141,20 +141,9 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
         }
     std::vector<const Storage*> input_storages;
     for (const Tensor& t : *call.inputs) {
-      Record::Input in;
-      if (t.defined()) {
-        input_storages.push_back(t.impl().storage.get());
-        in.entry = entry_of(t);
-        if (in.entry) {
-          in.view = View::of(t);
-          in.version = t.version();
-          in.entry->consumers.push_back(rec);
-          set_next_use(*in.entry, rec->seq);
-        } else {
-          in.pinned = t.detach();
-        }
-      }
-      rec->inputs.push_back(std::move(in));
+      if (t.defined()) input_storages.push_back(t.impl().storage.get());
+      rec->inputs.push_back(input_of(t, rec));
+      if (rec->inputs.back().entry) set_next_use(*rec->inputs.back().entry, rec->seq);
     }
     rec->results.resize(call.results->size());
     if (!rec->fn) return;  // a collective's results stay plain tensors (pinned where a record needs them)
@@ -178,6 +167,43 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
       by_storage[s] = e;
       rec->results[k] = e;
     }
+    for (const DerivedResult& d : call.derived) derive(call, *rec, d);
+  }
+
+  // How a record reads `t`: its entry (and view) if a recorded call made it,
+  // else the tensor itself.
+  Record::Input input_of(const Tensor& t, const std::shared_ptr<Record>& consumer) {
+    Record::Input in;
+    if (!t.defined()) return in;
+    in.entry = entry_of(t);
+    if (in.entry) {
+      in.view = View::of(t);
+      in.version = t.version();
+      in.entry->consumers.push_back(consumer);
+    } else {
+      in.pinned = t.detach();
+    }
+    return in;
+  }
+
+  // A result the call's other results give more cheaply (DerivedResult):
+  // its producer becomes a record of that derivation. The call's own record
+  // still lists it, so rebuilding the call restores it too.
+  void derive(const ProducedCall& call, const Record& rec, const DerivedResult& d) {
+    if (d.result >= rec.results.size() || !d.fn) return;
+    auto e = rec.results[d.result].lock();
+    if (!e) return;
+    auto dr = std::make_shared<Record>();
+    dr->op = d.op;
+    dr->fn = d.fn;
+    dr->ns = std::max<std::int64_t>(1, std::int64_t(double(rec.ns) * d.cost_fraction));
+    dr->seq = rec.seq;
+    dr->category = rec.category;
+    for (std::size_t k : d.from_results) dr->inputs.push_back(input_of((*call.results).at(k), dr));
+    for (std::size_t k : d.from_inputs) dr->inputs.push_back(input_of((*call.inputs).at(k), dr));
+    dr->results = {e};
+    e->producer = std::move(dr);
+    e->result = 0;
   }
 
   // ---- saves
@@ -279,11 +305,16 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
   Tensor materialize(Entry& e) {
     e.last_access = ++clock;
     if (auto st = e.weak.lock()) return tensor_over(st, e.base, e.version);
-    const std::vector<Tensor> out = rebuild(*e.producer);
+    std::vector<Tensor> in = rebuild_inputs(*e.producer);
+    // Rebuilding a derived result's sources may have restored it (its source
+    // call computes it too).
+    if (auto st = e.weak.lock()) return tensor_over(st, e.base, e.version);
+    const std::vector<Tensor> out = rebuild(*e.producer, std::move(in));
     return tensor_over(out[e.result].impl().storage, e.base, e.version);
   }
 
   std::vector<Tensor> rebuild_inputs(const Record& r) {
+    REMAT_CHECK(r.fn != nullptr, AutogradError, "dynamic remat: op '", r.op, "' cannot be computed again");
     std::vector<Tensor> in;
     in.reserve(r.inputs.size());
     for (const Record::Input& i : r.inputs) {
@@ -302,10 +333,9 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
     return in;
   }
 
-  // Computes r's results again; the evicted entries among them are resident again.
-  std::vector<Tensor> rebuild(Record& r) {
-    REMAT_CHECK(r.fn != nullptr, AutogradError, "dynamic remat: op '", r.op, "' cannot be computed again");
-    std::vector<Tensor> in = rebuild_inputs(r);
+  // Computes r's results again from `in` (rebuild_inputs(r)); the evicted
+  // entries among them are resident again.
+  std::vector<Tensor> rebuild(Record& r, std::vector<Tensor> in) {
     allocator_for(device()).mark(kRebuildMarker + std::string(r.op));
     const std::int64_t t0 = now_ns();
     std::vector<Tensor> out;

@@ -19,7 +19,10 @@
 //  - unpacking an evicted save computes it again (its evicted inputs first,
 //    recursively) with grad mode off and the call's draws replayed, bit for
 //    bit; the rebuilt tensor is evictable again, and a rebuilt result no
-//    save holds is kept (evictable) while another rebuild may read it.
+//    save holds is kept (evictable) while another rebuild may read it. A
+//    result its call declares derivable from its other results
+//    (DerivedResult: add_rms_norm's y is rms_norm of h) is rebuilt from
+//    them, at the declared fraction of the call's cost.
 //
 // Pinned (never evicted): parameters, gradients and optimizer state (no op
 // produced them), tensors made outside ops (factories, host data), the

@@ -30,7 +30,7 @@ ProducerCapture::ProducerCapture() {
 ProducerCapture::~ProducerCapture() = default;
 
 void ProducerCapture::report(const char* op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& results,
-                             bool collective, RecomputeFn recompute) {
+                             bool collective, RecomputeFn recompute, std::vector<DerivedResult> derived) {
   if (!observer_) return;
   ProducerObserver* observer = observer_;
   observer_ = nullptr;
@@ -41,6 +41,7 @@ void ProducerCapture::report(const char* op, const std::vector<Tensor>& inputs, 
   call.ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
   call.draws = draws_->take();
   call.collective = collective;
+  if (!collective) call.derived = std::move(derived);
   draws_.reset();
   hide_.reset();
   observer->produced(call, collective ? RecomputeFn() : std::move(recompute));

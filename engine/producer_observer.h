@@ -23,6 +23,19 @@ namespace remat {
 // of the call's draws and with grad mode off.
 using RecomputeFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs)>;
 
+// A result of a call that its other results (and inputs) give again more
+// cheaply than the whole forward, bit for bit: a fused residual add and norm's
+// normalised output is rms_norm of its sum. Dynamic rematerialization
+// rebuilds the result from these sources instead of running the call again.
+struct DerivedResult {
+  std::size_t result = 0;                 // index into the call's results
+  std::vector<std::size_t> from_results;  // sources: these results, then
+  std::vector<std::size_t> from_inputs;   // these inputs, in this order
+  RecomputeFn fn;                         // sources -> {the result}, with grad mode off
+  const char* op = "";                    // what fn runs (names the rebuild)
+  double cost_fraction = 1;               // its time, as a fraction of the call's
+};
+
 // One reported call.
 struct ProducedCall {
   const char* op = "";
@@ -33,6 +46,7 @@ struct ProducedCall {
   // It ran a collective (the op record says so): its results depend on other
   // ranks and cannot be computed again here; `recompute` is null.
   bool collective = false;
+  std::vector<DerivedResult> derived;  // cheaper ways to some results (none for a collective)
 };
 
 class ProducerObserver {
@@ -70,9 +84,9 @@ class ProducerCapture {
 
   bool active() const { return observer_ != nullptr; }
   // Reports the call (once; nothing when inactive). Call after the forward
-  // returned; `recompute` is ignored for a collective.
+  // returned; `recompute` and `derived` are ignored for a collective.
   void report(const char* op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& results, bool collective,
-              RecomputeFn recompute);
+              RecomputeFn recompute, std::vector<DerivedResult> derived = {});
 
  private:
   ProducerObserver* observer_ = nullptr;

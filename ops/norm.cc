@@ -616,6 +616,19 @@ std::vector<Tensor> add_rms_backward(const OpBackward<NormState>& b) {
   return {b.needs(0) ? r[0] : Tensor(), b.needs(1) ? r[0] : Tensor(), r[1]};
 }
 
+// y is rms_norm(h, weight) bit for bit (norm_test checks it): dynamic
+// rematerialization rebuilds y from a resident h instead of the add and the
+// projection it came from. rms_norm reads h twice and writes y, against the
+// fused call's five passes over a row (x, residual, h written, h, y).
+std::vector<DerivedResult> add_rms_derive(const NormState& s) {
+  return {{.result = 1,
+           .from_results = {0},
+           .from_inputs = {2},
+           .fn = [eps = s.eps](const std::vector<Tensor>& hw) { return std::vector<Tensor>{kRmsNorm.call1(hw, {eps})}; },
+           .op = "rms_norm",
+           .cost_fraction = 0.6}};
+}
+
 // What rms_norm(h, weight) saves; add saves nothing.
 const Op<NormState> kAddRmsNorm({.name = "add_rms_norm",
                                  .inputs = {"x", "residual", "weight"},
@@ -625,7 +638,7 @@ const Op<NormState> kAddRmsNorm({.name = "add_rms_norm",
                                            {"rstd", SaveFrom::intermediate, 0}},
                                  .summary = "h = x + residual and y = rms_norm(h, weight), fused"},
                                 {.check = check_add_rms, .forward = add_rms_forward, .backward = add_rms_backward,
-                                 .cost = norm_cost},
+                                 .cost = norm_cost, .derive = add_rms_derive},
                                 &add_rms_norm_kernels());
 
 // LayerNorm

@@ -124,6 +124,10 @@ struct OpFns {
   std::vector<Tensor> (*backward)(const OpBackward<State>& b) = nullptr;
   // What a call costs.
   OpCost (*cost)(const std::vector<Tensor>& in, const State& state) = nullptr;
+  // Results that other results give again more cheaply than the forward, bit
+  // for bit (engine/producer_observer.h's DerivedResult), for dynamic
+  // rematerialization; called with the state the call started with.
+  std::vector<DerivedResult> (*derive)(const State& state) = nullptr;
 };
 
 namespace detail {
@@ -222,6 +226,8 @@ class Op final : public OpDef {
     std::vector<Tensor> results = r.outputs;
     results.insert(results.end(), r.intermediates.begin(), r.intermediates.end());
     RecomputeFn again;
+    std::vector<DerivedResult> derived;
+    if (first && fns_.derive) derived = fns_.derive(*first);
     if (first)
       again = [this, st = std::move(*first)](const std::vector<Tensor>& inputs) {
         State s2 = st;
@@ -232,7 +238,7 @@ class Op final : public OpDef {
         out.insert(out.end(), r2.intermediates.begin(), r2.intermediates.end());
         return out;
       };
-    capture.report(name(), in, results, spec().collective, std::move(again));
+    capture.report(name(), in, results, spec().collective, std::move(again), std::move(derived));
   }
 
   OpFns<State> fns_;

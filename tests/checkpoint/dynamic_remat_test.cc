@@ -4,6 +4,7 @@
 // offload, custom ops, and the error when nothing is left to evict.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -272,11 +273,13 @@ TEST_CASE("dynamic remat: a dead result only resident tensors were made from add
   // s = 1.5 x is cheap; the product s W read from it (a GEMM) is dead, but
   // the sum made from that product is resident, so evicting s costs only the
   // scaling. p = x2 W3 (saved by gelu, older, as many bytes) costs a GEMM as
-  // large as s W, some twenty times the scaling. The first eviction takes s;
-  // counting the dead product as s's neighbour, it took p.
-  Tensor w = param({2048, 512}, 31, 0.02), w3 = param({512, 2048}, 32, 0.05);
+  // large as s W, some eighty times the scaling (large, so that a scaling
+  // slowed by other processes on the machine still scores below it). The
+  // first eviction takes s; counting the dead product as s's neighbour, it
+  // took p.
+  Tensor w = param({2048, 2048}, 31, 0.02), w3 = param({2048, 2048}, 32, 0.02);
   Generator g(6);
-  const Tensor x = randn({512, 2048}, DType::f32, &g), x2 = randn({512, 512}, DType::f32, &g);
+  const Tensor x = randn({512, 2048}, DType::f32, &g), x2 = randn({512, 2048}, DType::f32, &g);
   auto run = [&](bool evict_one) {
     w.set_grad(Tensor());
     w3.set_grad(Tensor());
@@ -305,4 +308,43 @@ TEST_CASE("dynamic remat: a dead result only resident tensors were made from add
     return std::vector<Tensor>{w.grad().clone(), w3.grad().clone()};
   };
   CHECK(same_bits(run(false), run(true)));
+}
+
+TEST_CASE("dynamic remat: a result its call's other results give is rebuilt from them (add_rms_norm's y)") {
+  // y = rms_norm(h) bit for bit, so an evicted y is rebuilt from a resident h
+  // by rms_norm, not by the fused call and the projections h was made from.
+  // With h evicted too, the fused call runs once and restores both.
+  Tensor w1 = param({32, 32}, 41, 0.3), w2 = param({32, 32}, 42, 0.3), w3 = param({32, 32}, 43, 0.3);
+  Tensor wn = param({32}, 44, 1.0);
+  Generator g(8);
+  const Tensor x = randn({16, 32}, DType::f32, &g);
+  auto run = [&](bool evict, bool hold_h, std::vector<std::string>* rebuilt) {
+    for (Tensor* p : {&w1, &w2, &w3, &wn}) p->set_grad(Tensor());
+    auto dtr = std::make_shared<DynamicRemat>(DynamicRematOptions{});
+    CachingAllocator& a = allocator_for(kCPU);
+    Tensor loss, held;
+    {
+      DynamicRematScope scope(dtr);
+      const AddRmsNorm n = add_rms_norm(matmul(x, w1), matmul(x, w2), wn);
+      if (hold_h) held = n.h;  // in use: not evictable
+      loss = add(sum(gelu(matmul(n.y, w3))), sum(mul(n.h, n.h)));
+    }
+    if (evict) CHECK(dtr->evict_all() > 0);
+    a.enable_history(1 << 12);
+    loss.backward();
+    for (const MemoryEvent& e : a.history())
+      if (rebuilt && e.kind == MemoryEvent::Kind::marker && e.tag.rfind(kRebuildMarker, 0) == 0)
+        rebuilt->push_back(e.tag.substr(std::strlen(kRebuildMarker)));
+    a.enable_history(0);
+    return std::vector<Tensor>{w1.grad().clone(), w2.grad().clone(), w3.grad().clone(), wn.grad().clone()};
+  };
+  const auto ref = run(false, false, nullptr);
+  std::vector<std::string> rebuilt;
+  CHECK(same_bits(ref, run(true, true, &rebuilt)));
+  REQUIRE(!rebuilt.empty());
+  CHECK(rebuilt.front() == "rms_norm");  // y, first unpacked (by the last matmul's backward)
+  rebuilt.clear();
+  CHECK(same_bits(ref, run(true, false, &rebuilt)));
+  CHECK(std::count(rebuilt.begin(), rebuilt.end(), "add_rms_norm") == 1);
+  CHECK(std::count(rebuilt.begin(), rebuilt.end(), "rms_norm") == 0);
 }
