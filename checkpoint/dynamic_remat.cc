@@ -139,9 +139,7 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
           opts.device = t.device();
           break;
         }
-    std::vector<const Storage*> input_storages;
     for (const Tensor& t : *call.inputs) {
-      if (t.defined()) input_storages.push_back(t.impl().storage.get());
       rec->inputs.push_back(input_of(t, rec));
       if (rec->inputs.back().entry) set_next_use(*rec->inputs.back().entry, rec->seq);
     }
@@ -151,7 +149,11 @@ struct DynamicRemat::Core final : ProducerObserver, MemoryPressureHandler,
       const Tensor& t = (*call.results)[k];
       if (!t.defined() || !t.impl().storage) continue;
       const Storage* s = t.impl().storage.get();
-      if (entry_of(t) || std::find(input_storages.begin(), input_storages.end(), s) != input_storages.end()) continue;
+      // Not the call's product: an input (or its view) handed back, or a
+      // tensor its attributes held (a dispatch's row index). An entry for it
+      // would keep the record, whose function holds that tensor, alive for
+      // as long as the tensor lives: for ever.
+      if (entry_of(t) || s->serial() < call.first_serial) continue;
       auto e = std::make_shared<Entry>();
       e->id = ++next_id;
       e->producer = rec;

@@ -25,6 +25,7 @@ ProducerCapture::ProducerCapture() {
   hide_.emplace(nullptr);
   draws_.emplace();
   start_ = std::chrono::steady_clock::now();
+  first_serial_ = Storage::next_serial();
 }
 
 ProducerCapture::~ProducerCapture() = default;
@@ -40,6 +41,7 @@ void ProducerCapture::report(const char* op, const std::vector<Tensor>& inputs, 
   call.results = &results;
   call.ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
   call.draws = draws_->take();
+  call.first_serial = first_serial_;
   call.collective = collective;
   if (!collective) call.derived = std::move(derived);
   draws_.reset();

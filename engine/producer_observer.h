@@ -43,6 +43,9 @@ struct ProducedCall {
   const std::vector<Tensor>* results = nullptr;  // outputs, then intermediates
   std::vector<RngState> draws;                   // the random draws its forward made, in order
   std::int64_t ns = 0;                           // the forward's wall time
+  // Storages with a smaller serial existed before the call: a result over one
+  // (a tensor its attributes held, handed back) is not its product.
+  std::uint64_t first_serial = 0;
   // It ran a collective (the op record says so): its results depend on other
   // ranks and cannot be computed again here; `recompute` is null.
   bool collective = false;
@@ -93,6 +96,7 @@ class ProducerCapture {
   std::optional<ProducerObserverScope> hide_;
   std::optional<RngDrawLog> draws_;
   std::chrono::steady_clock::time_point start_;
+  std::uint64_t first_serial_ = 0;
 };
 
 }  // namespace remat

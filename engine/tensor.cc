@@ -3,6 +3,7 @@
 // devices) in tensor_copy.cc, printing in tensor_print.cc.
 #include "engine/tensor.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -63,17 +64,29 @@ void detail::check_inplace(const Tensor& self, const char* op) {
 // ---------------------------------------------------------------------------
 // Storage
 
+namespace {
+std::atomic<std::uint64_t> storage_serials{1};  // the next Storage's serial
+}  // namespace
+
 Storage::Storage(std::size_t nbytes, Device device)
     : data_(allocator_for(device).allocate(nbytes, device.is_cuda() ? current_stream() : 0)),
       nbytes_(nbytes),
       device_(device),
-      category_(current_category()) {}
+      category_(current_category()),
+      serial_(storage_serials.fetch_add(1, std::memory_order_relaxed)) {}
 
 Storage::Storage(void* data, std::size_t nbytes, std::shared_ptr<void> keeper)
-    : external_(data), keeper_(std::move(keeper)), nbytes_(nbytes), device_(kCPU), category_(MemoryCategory::other) {
+    : external_(data),
+      keeper_(std::move(keeper)),
+      nbytes_(nbytes),
+      device_(kCPU),
+      category_(MemoryCategory::other),
+      serial_(storage_serials.fetch_add(1, std::memory_order_relaxed)) {
   REMAT_CHECK(keeper_ != nullptr, Error, "Storage over external memory: a keeper is required (it keeps the ",
               nbytes, " bytes alive)");
 }
+
+std::uint64_t Storage::next_serial() { return storage_serials.load(std::memory_order_relaxed); }
 
 // ---------------------------------------------------------------------------
 // Basic queries

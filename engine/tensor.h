@@ -42,6 +42,10 @@ class Storage {
   Device device() const { return device_; }
   // The memory category the storage was allocated under.
   MemoryCategory category() const { return category_; }
+  // Creation order, process-wide: a storage made later has a larger serial.
+  std::uint64_t serial() const { return serial_; }
+  // The serial the next storage made (on any thread) gets at least.
+  static std::uint64_t next_serial();
 
  private:
   DataPtr data_;
@@ -50,6 +54,7 @@ class Storage {
   std::size_t nbytes_;
   Device device_;
   MemoryCategory category_;
+  std::uint64_t serial_;
 };
 
 // Counts in-place writes to a storage's elements; shared by a base and its views.
