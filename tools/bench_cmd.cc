@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <exception>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -58,8 +59,9 @@ BenchRows hand_rows(const BenchOptions& o) {
 
 // With auto among the plans: one profile (in this process, before any
 // worker), then one row per budget ("auto" for one budget, "auto B" for
-// several), each running the plan chosen and checked for it. With --pareto a
-// budget no plan reaches is reported and skipped (a finding, not a failure).
+// several), each running the plan chosen and checked for it. A budget no plan
+// reaches is reported and skipped (a finding, not a failure: the other plans
+// still run and compare); only when no row is left does the bench stop.
 // The planner's choices for a worker of several processes (--dp, --ep):
 // the profile must run as the worker runs (its ranks, --zero), so `plan`
 // runs under mpirun for every budget at once; its --json gives the choices,
@@ -140,26 +142,28 @@ BenchRows auto_rows(const Flags& f, const BenchOptions& o) {
                 static_cast<long long>(np), static_cast<long long>(o.zero));
     std::fflush(stdout);
     const std::map<std::string, AutoPlan> chosen = job_choices(f, o);
-    return rows_with_choices(o, [&](const std::string& b) -> std::optional<AutoPlan> {
+    BenchRows rows = rows_with_choices(o, [&](const std::string& b) -> std::optional<AutoPlan> {
       const auto it = chosen.find(b);
-      REMAT_CHECK(it != chosen.end() || o.pareto, Error, "bench: --memory-budget ", b,
-                  ": no plan fits on the ranks (the planner's output above says the smallest peak)");
-      if (it == chosen.end()) return std::nullopt;
+      if (it == chosen.end()) return std::nullopt;  // (job_choices printed why)
       return it->second;
     });
+    REMAT_CHECK(!rows.names.empty(), Error, "bench: no plan fits any --memory-budget on the ranks (the planner's "
+                "output above says the smallest peak), and no other plan is listed");
+    return rows;
   }
   std::printf("remat bench: profiling %s for --recompute auto (%lld rounds of each plan component)\n", c.name.c_str(),
               static_cast<long long>(f.get_int("profile-rounds")));
   std::fflush(stdout);
   const ProfileOptions popts = profile_options_for_flags(f, c, dtype_name(o.dtype), o.device, o.seed, false);
   const PlanProfile prof = profile_plans(popts);
+  std::exception_ptr first_skip;
   BenchRows rows = rows_with_choices(o, [&](const std::string& b) -> std::optional<AutoPlan> {
     std::optional<CheckedPlan> checked;
     try {
       checked = checked_choice(f, prof, popts, b);
     } catch (const Error& e) {
-      if (!o.pareto) throw;
       std::printf("  auto %-6s skipped: %s\n", b.c_str(), e.what());
+      if (!first_skip) first_skip = std::current_exception();
       return std::nullopt;
     }
     const AutoPlan& a = checked->plan;
@@ -169,6 +173,7 @@ BenchRows auto_rows(const Flags& f, const BenchOptions& o) {
     return a;
   });
   std::printf("  (profile: %zu components in %.0f s)\n", prof.candidates.size(), prof.seconds);
+  if (rows.names.empty() && first_skip) std::rethrow_exception(first_skip);  // (nothing else to run: the planner's own error)
   return rows;
 }
 

@@ -46,12 +46,13 @@ class BenchReport {
     std::vector<BenchPoint> points;
     plan_table(rows, points);
     const JsonObject torch_row = torch_ ? torch_line() : JsonObject();
-    std::printf("(medians over repeats, [min-max] across them; activations = peak - persistent (parameters + "
+    std::printf("(medians over repeats, [min-max] across them%s; activations = peak - persistent (parameters + "
                 "gradients + optimizer state); replay = backward - %s's backward, rep/fwd in %s forwards; ratios "
                 "against %s%s)\n",
+                o_.seq_range ? ", of each process's mean step (its run's time over its steps: the lengths vary)" : "",
                 base_plan().c_str(), base_plan().c_str(), base_plan().c_str(),
                 torch_ ? fmt("; x torch: tokens/s over %s's", m_.framework.c_str()).c_str() : "");
-    best_step_table();
+    if (!o_.seq_range) best_step_table();  // (with varying lengths the fastest step is the shortest batch's)
     estimate_table();
     const std::vector<JsonObject> auto_rows = planner_table();
     if (o_.ep > 1) comm_table();

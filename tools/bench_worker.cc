@@ -410,27 +410,38 @@ class WorkerSteps {
   WorkerSeries series_;
 };
 
-// The BENCH-RESULT object: medians over the timed steps, the highest peaks,
-// the FLOPs, and with several ranks rank 0's collectives per phase.
+// The BENCH-RESULT object: per-step figures over the timed steps (medians;
+// under --seq-range means, every step's batch having its own length), the
+// highest peaks, the FLOPs, and with several ranks rank 0's collectives per
+// phase.
 JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const ParallelLayout& layout, int W,
                          Device device) {
   const ModelConfig& c = model.config();
+  // Under --seq-range the median step is the median length's, which hides
+  // what the long batches cost; the mean is the run's time over its steps.
+  const bool ranged = !s.tokens.empty();
+  auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return v.empty() ? 0.0 : sum / double(v.size());
+  };
+  auto per_step = [&](const std::vector<double>& v) { return ranged ? mean(v) : median(v); };
   JsonObject j;
-  j.set("step_ms", median(s.step_ms)).set("forward_ms", median(s.fwd_ms)).set("backward_ms", median(s.bwd_ms));
-  j.set("step_ms_best", min_of(s.step_ms));
-  j.set("estimated_step_ms", s.estimated_ms.empty() ? 0.0 : median(s.estimated_ms));
+  j.set("step_ms", per_step(s.step_ms)).set("forward_ms", per_step(s.fwd_ms)).set("backward_ms", per_step(s.bwd_ms));
+  j.set("step_ms_best", ranged ? mean(s.step_ms) : min_of(s.step_ms));  // (ranged: the fastest is the shortest batch)
+  j.set("estimated_step_ms", s.estimated_ms.empty() ? 0.0 : per_step(s.estimated_ms));
   // A GEMM peak probe while the cores are warm from the steps: bench keeps the
   // highest figure of all (short bursts of other load lower any one of them).
   if (device.is_cpu()) j.set("gemm_peak_flops", measure_peak_flops(5));
-  j.set("replay_wall_ms", median(s.replay_wall));
-  j.set("offloaded_bytes", median(s.offloaded)).set("offload_ms", median(s.offload_wait));
+  j.set("replay_wall_ms", per_step(s.replay_wall));
+  j.set("offloaded_bytes", per_step(s.offloaded)).set("offload_ms", per_step(s.offload_wait));
   j.set("rss_peak_bytes", median(s.rss_peak)).set("spill_page_cache_bytes", median(s.page_cache));
-  j.set("zero_comm_wait_ms", median(s.zero_wait));
-  j.set("compressed_saved_bytes", median(s.compressed));
+  j.set("zero_comm_wait_ms", per_step(s.zero_wait));
+  j.set("compressed_saved_bytes", per_step(s.compressed));
   if (const auto& d = model.block_stack().dynamic_remat()) {
     j.set("memory_budget_bytes", d->options().budget).set("budget_headroom_bytes", d->options().budget - s.peak_alloc);
-    j.set("evictions", median(s.evictions)).set("evicted_bytes", median(s.evicted_bytes));
-    j.set("rebuilds", median(s.rebuilds)).set("rebuild_ms", median(s.rebuild_ms));
+    j.set("evictions", per_step(s.evictions)).set("evicted_bytes", per_step(s.evicted_bytes));
+    j.set("rebuilds", per_step(s.rebuilds)).set("rebuild_ms", per_step(s.rebuild_ms));
   }
   j.set("peak_allocated_bytes", s.peak_alloc).set("peak_reserved_bytes", s.peak_res);
   if (W > 1) j.set("peak_allocated_bytes_rank0", s.peak_alloc_rank0);
@@ -438,14 +449,8 @@ JsonObject worker_result(const WorkerSeries& s, const DecoderModel& model, const
   j.set("recomputed_ops", s.ops).set("replayed_comm_bytes", s.replayed);
   // Rank 0's replayed FLOPs stand for each rank's: times W for the job's.
   // (--seq-range: the means over the timed steps, the same lengths in every worker)
-  auto mean = [](const std::vector<double>& v) {
-    double sum = 0;
-    for (double x : v) sum += x;
-    return sum / double(v.size());
-  };
-  const bool ranged = !s.tokens.empty();
   j.set("model_flops", ranged ? mean(s.model_flops) : model_flops(model, layout.ep));
-  j.set("replay_flops", median(s.replay_flops) * double(W));
+  j.set("replay_flops", per_step(s.replay_flops) * double(W));
   j.set("tokens", ranged ? mean(s.tokens) : double(c.batch * c.seq));
   if (W > 1) {
     const CommCounters& comm = s.comm_step;

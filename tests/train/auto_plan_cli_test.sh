@@ -117,6 +117,15 @@ assert abs(a0["time_vs_best_hand_best"] - a0["step_ms_best"] / rows["per_block"]
 PY
 then ok; else bad "bench none,per_block,auto"; cat "$tmp/bench.txt"; fi
 
+# bench: a budget no plan reaches skips its auto row and the other plans still
+# run; with nothing else listed the planner's error stops it.
+if $remat bench --config tiny --recompute none,auto --memory-budget 1MiB $fast --repeats 1 --warmup 0 --steps 1 \
+     --json "$tmp/bench1.json" > "$tmp/bench1.txt" 2>&1 &&
+   grep -q "auto 1MiB   skipped: .*smallest predicted peak" "$tmp/bench1.txt" &&
+   /usr/bin/python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["rows"]; assert [x["plan"] for x in r] == ["none"], r' \
+     "$tmp/bench1.json"
+then ok; else bad "bench none,auto at 1MiB: none runs, auto is skipped"; cat "$tmp/bench1.txt"; fi
+
 # Errors: no budget, a budget without auto, a bad budget, a budget below every plan.
 expect_error() {
   local what=$1 pattern=$2
@@ -129,4 +138,6 @@ expect_error "budget without auto" "needs --recompute auto" $remat dump --config
 expect_error "bad budget" "expected bytes with an optional unit" $remat plan --config tiny --memory-budget 12parsecs $fast
 expect_error "budget below every plan" "smallest predicted peak is .* reached by --recompute" \
   $remat plan --config tiny --memory-budget 1MiB $fast
+expect_error "bench: auto alone below every plan" "smallest predicted peak is .* reached by --recompute" \
+  $remat bench --config tiny --recompute auto --memory-budget 1MiB $fast --repeats 1 --warmup 0 --steps 1
 finish

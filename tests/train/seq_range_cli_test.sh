@@ -119,7 +119,7 @@ done
 $remat bench --config tiny --recompute none,per_block --repeats 1 --warmup 0 --steps 3 --threads 1 \
   --peak-flops 1e12 --seq-range 8:32 --json "$tmp/bench.json" > "$tmp/bench.txt" 2>&1
 check "bench --seq-range 8:32: rows report the range, and both plans saw the same tokens" \
-  '/usr/bin/python3 - "$tmp/bench.json" <<'"'"'PY'"'"'
+  '/usr/bin/python3 - "$tmp/bench.json" "$tmp/bench.txt" <<'"'"'PY'"'"'
 import json, sys
 d = json.load(open(sys.argv[1]))
 rows = d["rows"]
@@ -128,6 +128,10 @@ assert len(rows) == 2 and all(r["seq_min"] == 8 and r["seq_max"] == 32 for r in 
 tokens = [r["tokens_per_s"] * r["step_ms"] / 1e3 for r in rows]
 assert abs(tokens[0] / tokens[1] - 1) < 1e-4, tokens
 assert 8 * 8 <= tokens[0] <= 8 * 32, tokens  # (the mean over the steps of batch 8 x seq in [8, 32])
+# Per-step figures are means over the run, not the median step: the fastest step
+# is no figure of its own (it would be the shortest batch), and the text says so.
+assert all(r["step_ms_best"] == r["step_ms"] for r in rows), rows
+assert "each process\x27s mean step" in open(sys.argv[2]).read()
 PY' || tail -20 "$tmp/bench.txt"
 
 finish
