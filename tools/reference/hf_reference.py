@@ -32,7 +32,8 @@ plus an `info` line with the smallest routing margin of the MoE layers, and
 with --f32-floor one with how far the same model run by PyTorch in float32
 (the folder's values) is from float64 by the gradients' measure: the size of
 float32 rounding alone, to read the gradients' figure against (about 1e-6 on
-the tiny test models).
+the tiny test models), and one with only the matmuls in float32 (the rest
+float64): what float32 GEMMs alone cost.
 
 The model (float64, the folder's values; inputs = tokens[:, :-1], targets =
 tokens[:, 1:]; h = hidden_size, Dh = head_dim or h / num_attention_heads):
@@ -632,7 +633,8 @@ def main(argv=None):
                     help="the dump's LoRA adapters: alpha (required), r and targets (checked when given)")
     ap.add_argument("--freeze", metavar="GLOB[,GLOB...]", help="parameters without a gradient")
     ap.add_argument("--f32-floor", action="store_true",
-                    help="also print (info) how far the same model run by PyTorch in float32 is from float64")
+                    help="also print (info) how far the same model run by PyTorch in float32 is from float64, "
+                    "and the same with only its matmuls in float32")
     args = ap.parse_args(argv)
 
     try:
@@ -753,22 +755,45 @@ def main(argv=None):
     return 0 if ok else 1
 
 
-def f32_floor(values, tokens, c, coef, params, names, ce64):
-    """An info line: the same model and loss in float32 (PyTorch's kernels),
-    its gradients against the float64 ones by the gradient check's measure --
-    how close float32 arithmetic itself comes."""
-    p32 = {k: t.to(torch.float32).clone().requires_grad_(k in names) for k, t in values.items()}
-    ce, aux, _ = forward(p32, tokens, c)
-    (ce + coef * aux).backward()
+class _Float32Matmuls(torch.overrides.TorchFunctionMode):
+    """Every float64 matmul (`@`, torch.matmul; their backward too) computed
+    in float32 and widened again: the rest of the model stays float64."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in ("matmul", "__matmul__") and args[0].dtype == torch.float64:
+            return func(args[0].to(torch.float32), args[1].to(torch.float32), **kwargs).to(torch.float64)
+        return func(*args, **kwargs)
+
+
+def _worst_against(params, p, names):
+    """(the worst max |g - g64| / max |g64| over `names`, its name)."""
     worst = (0.0, names[0])
     for k in names:
         g64 = params[k].grad if params[k].grad is not None else torch.zeros_like(params[k])
-        g32 = p32[k].grad.to(torch.float64) if p32[k].grad is not None else torch.zeros_like(g64)
+        g = p[k].grad.to(torch.float64) if p[k].grad is not None else torch.zeros_like(g64)
         scale = g64.abs().max().item()
-        worst = max(worst, ((g32 - g64).abs().max().item() / (scale if scale > 0 else 1.0), k))
-    return (f"info torch float32 of the same model: worst grad.{worst[1]}: {worst[0]:.2e} from float64 "
-            f"(loss.ce rel diff {abs(ce.item() - ce64) / abs(ce64):.2e})")
+        worst = max(worst, ((g - g64).abs().max().item() / (scale if scale > 0 else 1.0), k))
+    return worst
 
+
+def f32_floor(values, tokens, c, coef, params, names, ce64):
+    """Two info lines: the same model and loss in float32 (PyTorch's kernels),
+    its gradients against the float64 ones by the gradient check's measure --
+    how close float32 arithmetic itself comes -- and the same with only the
+    matmuls in float32 (what float32 GEMMs alone cost)."""
+    p32 = {k: t.to(torch.float32).clone().requires_grad_(k in names) for k, t in values.items()}
+    ce, aux, _ = forward(p32, tokens, c)
+    (ce + coef * aux).backward()
+    worst = _worst_against(params, p32, names)
+    pmm = {k: t.to(torch.float64).clone().requires_grad_(k in names) for k, t in values.items()}
+    with _Float32Matmuls():
+        ce_mm, aux_mm, _ = forward(pmm, tokens, c)
+        (ce_mm + coef * aux_mm).backward()
+    worst_mm = _worst_against(params, pmm, names)
+    return (f"info torch float32 of the same model: worst grad.{worst[1]}: {worst[0]:.2e} from float64 "
+            f"(loss.ce rel diff {abs(ce.item() - ce64) / abs(ce64):.2e})\n"
+            f"info torch float64 with float32 matmuls only: worst grad.{worst_mm[1]}: {worst_mm[0]:.2e}")
 
 if __name__ == "__main__":
     sys.exit(main())
