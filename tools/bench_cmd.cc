@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <exception>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
